@@ -1,0 +1,30 @@
+//! hafleet's contract: every message that crosses NATS, every subject, stream and header name,
+//! and the validated values that may reach an HAProxy config.
+//!
+//! ```text
+//!  watcher ──RouteEvent──▶ hafleet.routes.<fleet> ──▶ renderer
+//!  renderer ──ConfigVersion──▶ hafleet.configs.<fleet> ──▶ applier
+//!  applier ──ApplyReport──▶ hafleet.reports.<fleet>.<host> ──▶ watcher
+//! ```
+//!
+//! Nothing here does I/O. Values that end up in `haproxy.cfg` (hosts, paths, names) are newtypes
+//! whose only constructors check them against allowlists, so a message that deserializes is a
+//! message whose strings are safe to render.
+
+pub mod messages;
+pub mod subjects;
+pub mod values;
+
+pub use messages::*;
+pub use subjects::*;
+pub use values::*;
+
+/// Version of the message schema. Bumped on any incompatible change; consumers reject messages
+/// with a schema they do not know instead of misreading them.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Hex sha256 of bytes, the one hash every component uses for configs and payloads.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}

@@ -1,0 +1,360 @@
+//! Messages on the three streams. Each carries `schema` so a consumer can refuse what it does not
+//! understand; all of them round-trip through JSON unchanged.
+
+use crate::values::{FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName, PathKind};
+use crate::{InvalidValue, SCHEMA_VERSION};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// Why a payload could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("payload is not a valid message: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("schema {found} is not supported (this build reads schema {SCHEMA_VERSION})")]
+    Schema { found: u32 },
+    #[error(
+        "config of version {version} does not match its sha256 (claimed {claimed}, got {actual})"
+    )]
+    Sha256Mismatch { version: u64, claimed: String, actual: String },
+}
+
+fn check_schema(found: u32) -> Result<(), DecodeError> {
+    if found == SCHEMA_VERSION { Ok(()) } else { Err(DecodeError::Schema { found }) }
+}
+
+/// Identifies one Ingress object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct IngressKey {
+    pub namespace: Namespace,
+    pub name: ObjectName,
+}
+
+impl std::fmt::Display for IngressKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Service port that routes point at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ServiceRef {
+    pub namespace: Namespace,
+    pub name: ObjectName,
+    /// The Service's `port` (not the NodePort), after resolving a named port.
+    pub port: u16,
+}
+
+/// One address HAProxy sends traffic to: a Ready node's InternalIP and the Service's NodePort.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Server {
+    pub node: ObjectName,
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// The servers behind one Service port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Backend {
+    pub service: ServiceRef,
+    /// Sorted by node name; empty when no node is Ready (HAProxy then answers 503).
+    pub servers: Vec<Server>,
+}
+
+/// One fully resolved routing rule of an Ingress.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Route {
+    /// `None` matches any host (a rule without `host`, or the default backend).
+    pub host: Option<HttpHost>,
+    pub path: HttpPath,
+    pub kind: PathKind,
+    pub backend: Backend,
+}
+
+/// What happened to an Ingress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RouteChange {
+    /// The Ingress's routes are now exactly these.
+    Upsert { routes: Vec<Route> },
+    /// The Ingress is gone from this fleet (deleted, re-annotated or no longer selected).
+    Delete,
+}
+
+/// One Ingress's routes for one fleet, published on `hafleet.routes.<fleet>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteEvent {
+    pub schema: u32,
+    pub fleet: FleetName,
+    pub ingress: IngressKey,
+    /// `metadata.creationTimestamp` in Unix seconds: on a conflict the older Ingress wins.
+    pub created_unix: i64,
+    /// `metadata.resourceVersion` of the Ingress the event was computed from, for explanations.
+    pub resource_version: String,
+    pub change: RouteChange,
+    /// Which watcher run published it; a new run starts with a snapshot.
+    pub epoch: u64,
+}
+
+/// Published by a watcher once it has listed everything after a (re)start, after the upserts of
+/// every live Ingress: whatever a fleet holds that is not in `live` was deleted meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutesSnapshot {
+    pub schema: u32,
+    pub epoch: u64,
+    pub live: Vec<(FleetName, IngressKey)>,
+}
+
+/// Anything on the routes stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RouteMessage {
+    Event(RouteEvent),
+    Snapshot(RoutesSnapshot),
+}
+
+impl RouteMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("route messages always serialize")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let msg: RouteMessage = serde_json::from_slice(bytes)?;
+        check_schema(match &msg {
+            RouteMessage::Event(e) => e.schema,
+            RouteMessage::Snapshot(s) => s.schema,
+        })?;
+        Ok(msg)
+    }
+}
+
+/// A route event that went into a version: which Ingress, and where in the routes stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cause {
+    pub stream_seq: u64,
+    /// `None` for a snapshot sweep.
+    pub ingress: Option<IngressKey>,
+    /// `upsert`, `delete`, `sweep` or `rollback`.
+    pub what: String,
+    pub resource_version: Option<String>,
+}
+
+/// A numbered, explained HAProxy config for one fleet, published on `hafleet.configs.<fleet>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigVersion {
+    pub schema: u32,
+    pub fleet: FleetName,
+    /// 1, 2, 3, … per fleet, never reused.
+    pub version: u64,
+    pub parent: Option<u64>,
+    /// Hex sha256 of `config`.
+    pub sha256: String,
+    pub created_unix_ms: u64,
+    /// The route events that made this version.
+    pub causes: Vec<Cause>,
+    /// Things an operator should know: conflicts resolved, routes dropped and why.
+    pub notes: Vec<String>,
+    pub config: String,
+}
+
+impl ConfigVersion {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("config versions always serialize")
+    }
+
+    /// Decodes and checks that the config is the one the sha256 names.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let v: ConfigVersion = serde_json::from_slice(bytes)?;
+        check_schema(v.schema)?;
+        let actual = crate::sha256_hex(v.config.as_bytes());
+        if actual != v.sha256 {
+            return Err(DecodeError::Sha256Mismatch {
+                version: v.version,
+                claimed: v.sha256,
+                actual,
+            });
+        }
+        Ok(v)
+    }
+}
+
+/// The step of a rollout that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyStage {
+    Connect,
+    Upload,
+    Validate,
+    Swap,
+    Reload,
+    Verify,
+}
+
+/// What a host did with a version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ApplyOutcome {
+    /// The version is live and HAProxy reloaded onto it.
+    Applied,
+    /// The host already ran this exact config; nothing was touched.
+    Unchanged,
+    /// The version is not live. `restored` says whether the last-known-good config was put back
+    /// (only needed when the failure came after the swap).
+    Failed { stage: ApplyStage, message: String, restored: bool },
+}
+
+/// One host's result for one version, published on `hafleet.reports.<fleet>.<host>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyReport {
+    pub schema: u32,
+    pub fleet: FleetName,
+    pub host: HostName,
+    pub version: u64,
+    pub sha256: String,
+    pub outcome: ApplyOutcome,
+    pub finished_unix_ms: u64,
+    pub duration_ms: u64,
+}
+
+impl ApplyReport {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("reports always serialize")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let r: ApplyReport = serde_json::from_slice(bytes)?;
+        check_schema(r.schema)?;
+        Ok(r)
+    }
+}
+
+/// Convenience for callers that build an [`IngressKey`] from raw strings.
+impl IngressKey {
+    pub fn new(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
+        Ok(IngressKey { namespace: Namespace::new(namespace)?, name: ObjectName::new(name)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route() -> Route {
+        Route {
+            host: Some(HttpHost::new("shop.example.com").unwrap()),
+            path: HttpPath::new("/api").unwrap(),
+            kind: PathKind::Prefix,
+            backend: Backend {
+                service: ServiceRef {
+                    namespace: Namespace::new("shop").unwrap(),
+                    name: ObjectName::new("api").unwrap(),
+                    port: 80,
+                },
+                servers: vec![Server {
+                    node: ObjectName::new("node-1").unwrap(),
+                    addr: "127.0.0.2".parse().unwrap(),
+                    port: 30080,
+                }],
+            },
+        }
+    }
+
+    fn event(change: RouteChange) -> RouteMessage {
+        RouteMessage::Event(RouteEvent {
+            schema: SCHEMA_VERSION,
+            fleet: FleetName::new("edge").unwrap(),
+            ingress: IngressKey::new("shop", "web").unwrap(),
+            created_unix: 1_700_000_000,
+            resource_version: "42".into(),
+            change,
+            epoch: 7,
+        })
+    }
+
+    #[test]
+    fn route_messages_round_trip() {
+        for msg in [
+            event(RouteChange::Upsert { routes: vec![route()] }),
+            event(RouteChange::Delete),
+            RouteMessage::Snapshot(RoutesSnapshot {
+                schema: SCHEMA_VERSION,
+                epoch: 7,
+                live: vec![(FleetName::new("edge").unwrap(), IngressKey::new("a", "b").unwrap())],
+            }),
+        ] {
+            assert_eq!(RouteMessage::decode(&msg.encode()).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn unknown_schema_is_refused() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
+        json["schema"] = 99.into();
+        let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
+        assert!(matches!(err, DecodeError::Schema { found: 99 }), "{err}");
+    }
+
+    #[test]
+    fn an_unsafe_host_inside_a_message_fails_to_decode() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&event(RouteChange::Upsert { routes: vec![route()] }).encode())
+                .unwrap();
+        json["change"]["routes"][0]["host"] = "x.com\n  use_backend evil".into();
+        assert!(RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).is_err());
+    }
+
+    fn version(config: &str) -> ConfigVersion {
+        ConfigVersion {
+            schema: SCHEMA_VERSION,
+            fleet: FleetName::new("edge").unwrap(),
+            version: 3,
+            parent: Some(2),
+            sha256: crate::sha256_hex(config.as_bytes()),
+            created_unix_ms: 1,
+            causes: vec![Cause {
+                stream_seq: 9,
+                ingress: Some(IngressKey::new("shop", "web").unwrap()),
+                what: "upsert".into(),
+                resource_version: Some("42".into()),
+            }],
+            notes: vec!["conflict".into()],
+            config: config.into(),
+        }
+    }
+
+    #[test]
+    fn config_versions_round_trip_and_check_their_hash() {
+        let v = version("global\n");
+        assert_eq!(ConfigVersion::decode(&v.encode()).unwrap(), v);
+        let mut tampered = v.clone();
+        tampered.config.push_str("  # changed\n");
+        let err = ConfigVersion::decode(&tampered.encode()).unwrap_err();
+        assert!(matches!(err, DecodeError::Sha256Mismatch { version: 3, .. }), "{err}");
+    }
+
+    #[test]
+    fn reports_round_trip() {
+        for outcome in [
+            ApplyOutcome::Applied,
+            ApplyOutcome::Unchanged,
+            ApplyOutcome::Failed {
+                stage: ApplyStage::Validate,
+                message: "bad".into(),
+                restored: false,
+            },
+        ] {
+            let r = ApplyReport {
+                schema: SCHEMA_VERSION,
+                fleet: FleetName::new("edge").unwrap(),
+                host: HostName::new("lb-1").unwrap(),
+                version: 3,
+                sha256: "ab".into(),
+                outcome,
+                finished_unix_ms: 5,
+                duration_ms: 6,
+            };
+            assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
+        }
+    }
+}

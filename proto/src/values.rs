@@ -1,0 +1,318 @@
+//! Validated values. Every string that can reach `haproxy.cfg` or a NATS subject is one of these
+//! newtypes, and the only ways to build one (`new`, `FromStr`, serde) run an allowlist check.
+//! Allowlists, not denylists: a value is accepted only if every character is known to be inert
+//! in HAProxy's config grammar (no spaces, quotes, `#`, `\`, `$`, braces or control characters).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Why a value was refused. Messages name the value and the rule it broke, so they can be put in
+/// a Kubernetes Event as they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidValue {
+    #[error("{what} {value:?} is empty")]
+    Empty { what: &'static str, value: String },
+    #[error("{what} {value:?} is longer than {max} characters")]
+    TooLong { what: &'static str, value: String, max: usize },
+    #[error("{what} {value:?} is not allowed: {rule}")]
+    Rule { what: &'static str, value: String, rule: &'static str },
+}
+
+fn rule(what: &'static str, value: &str, rule: &'static str) -> InvalidValue {
+    InvalidValue::Rule { what, value: value.to_owned(), rule }
+}
+
+fn check_len(what: &'static str, value: &str, max: usize) -> Result<(), InvalidValue> {
+    if value.is_empty() {
+        return Err(InvalidValue::Empty { what, value: value.to_owned() });
+    }
+    if value.len() > max {
+        return Err(InvalidValue::TooLong { what, value: value.to_owned(), max });
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric, ≤ 63.
+fn check_label(what: &'static str, value: &str) -> Result<(), InvalidValue> {
+    check_len(what, value, 63)?;
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if !value.chars().all(ok_char) {
+        return Err(rule(what, value, "only lowercase letters, digits and '-' (RFC 1123 label)"));
+    }
+    if value.starts_with('-') || value.ends_with('-') {
+        return Err(rule(what, value, "must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
+/// RFC 1123 subdomain: dot-separated labels, ≤ 253 in all.
+fn check_subdomain(what: &'static str, value: &str) -> Result<(), InvalidValue> {
+    check_len(what, value, 253)?;
+    for label in value.split('.') {
+        check_label(what, label).map_err(|_| {
+            rule(what, value, "must be dot-separated RFC 1123 labels (lowercase, digits, '-')")
+        })?;
+    }
+    Ok(())
+}
+
+macro_rules! validated_string {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $check:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// Checks `value` against the allowlist; the only way in.
+            pub fn new(value: impl Into<String>) -> Result<Self, InvalidValue> {
+                let value = value.into();
+                let check: fn(&'static str, &str) -> Result<(), InvalidValue> = $check;
+                check($what, &value)?;
+                Ok(Self(value))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = InvalidValue;
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                Self::new(value)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = InvalidValue;
+            fn from_str(value: &str) -> Result<Self, Self::Err> {
+                Self::new(value)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+validated_string!(
+    /// A fleet: a set of HAProxy servers that run the same config. An RFC 1123 label, so it is
+    /// one NATS subject token and a safe file and consumer name.
+    FleetName,
+    "fleet name",
+    check_label
+);
+
+validated_string!(
+    /// One HAProxy server of a fleet, as the applier's inventory names it. An RFC 1123 label.
+    HostName,
+    "host name",
+    check_label
+);
+
+validated_string!(
+    /// A Kubernetes namespace (RFC 1123 label).
+    Namespace,
+    "namespace",
+    check_label
+);
+
+validated_string!(
+    /// A Kubernetes object name (RFC 1123 subdomain): Ingress, Service or Node names.
+    ObjectName,
+    "object name",
+    check_subdomain
+);
+
+validated_string!(
+    /// An HTTP host an Ingress rule matches: an RFC 1123 hostname in lowercase. Wildcard hosts
+    /// (`*.example.com`) are refused for now rather than matched wrongly.
+    HttpHost,
+    "host",
+    |what, value| {
+        if value.starts_with("*.") {
+            return Err(rule(what, value, "wildcard hosts are not supported yet"));
+        }
+        check_subdomain(what, value)
+    }
+);
+
+validated_string!(
+    /// An HTTP path an Ingress rule matches. Starts with `/`; characters limited to RFC 3986
+    /// unreserved characters, `/`, a few inert sub-delimiters (`+ , ; = : @ !`) and `%` followed
+    /// by two hex digits. Nothing HAProxy's config parser treats specially.
+    HttpPath,
+    "path",
+    |what, value| {
+        check_len(what, value, 1024)?;
+        if !value.starts_with('/') {
+            return Err(rule(what, value, "must start with '/'"));
+        }
+        let bytes = value.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => {}
+                b'-' | b'.' | b'_' | b'~' | b'/' | b'+' | b',' | b';' | b'=' | b':' | b'@'
+                | b'!' => {}
+                b'%' => {
+                    let hex = |j: usize| bytes.get(j).is_some_and(|c| c.is_ascii_hexdigit());
+                    if !(hex(i + 1) && hex(i + 2)) {
+                        return Err(rule(what, value, "'%' must start a %XX escape"));
+                    }
+                    i += 2;
+                }
+                _ => {
+                    return Err(rule(
+                        what,
+                        value,
+                        "only letters, digits, '/', '-', '.', '_', '~', '+', ',', ';', '=', ':', \
+                         '@', '!' and %XX escapes",
+                    ));
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+);
+
+impl HttpPath {
+    /// The root path `/`.
+    pub fn root() -> Self {
+        Self("/".to_owned())
+    }
+
+    /// The path without a trailing `/` (except for the root). Kubernetes `Prefix` matching
+    /// ignores a trailing slash: `/foo/` and `/foo` match the same requests.
+    pub fn trimmed(&self) -> HttpPath {
+        if self.0.len() > 1 && self.0.ends_with('/') {
+            HttpPath(self.0.trim_end_matches('/').to_owned()).non_empty()
+        } else {
+            self.clone()
+        }
+    }
+
+    fn non_empty(self) -> HttpPath {
+        if self.0.is_empty() { HttpPath::root() } else { self }
+    }
+}
+
+/// How a path matches, as Kubernetes defines it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PathKind {
+    /// The request path equals the rule's path.
+    Exact,
+    /// The request path's segments start with the rule's segments: `/foo` matches `/foo` and
+    /// `/foo/bar`, not `/foobar`.
+    Prefix,
+}
+
+impl PathKind {
+    /// Parses Kubernetes' `pathType`. `ImplementationSpecific` is hafleet's choice to make; it
+    /// means `Prefix` here, the behaviour users of other controllers expect most often.
+    pub fn from_k8s(path_type: &str) -> Result<Self, InvalidValue> {
+        match path_type {
+            "Exact" => Ok(PathKind::Exact),
+            "Prefix" | "ImplementationSpecific" => Ok(PathKind::Prefix),
+            other => {
+                Err(rule("pathType", other, "must be Exact, Prefix or ImplementationSpecific"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_accept_rfc1123_and_refuse_the_rest() {
+        for ok in ["edge", "a", "lb-1", "x0", &"a".repeat(63)] {
+            assert!(FleetName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Edge", "-a", "a-", "a.b", "a b", "a_b", "é", &"a".repeat(64), "_x"] {
+            assert!(FleetName::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hosts_are_lowercase_hostnames_without_wildcards() {
+        for ok in ["example.com", "a.b-c.d", "localhost", "x1.io"] {
+            assert!(HttpHost::new(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "Example.com",
+            "*.example.com",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a;b",
+            "a\nuse_backend x",
+            "a}",
+            "exa\"mple",
+            "ex$ample",
+        ] {
+            assert!(HttpHost::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths_refuse_everything_haproxy_could_read_as_syntax() {
+        for ok in ["/", "/foo", "/foo/bar/", "/a-b_c.d~e", "/%2Fx", "/v1;x=1,y:2@h!", "/a+b"] {
+            assert!(HttpPath::new(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "foo", "/a b", "/a#b", "/a\"b", "/a'b", "/a\\b", "/a$b", "/a{b}", "/a\nb", "/a\tb",
+            "/%zz", "/%2", "/ü", "/a?b", "/a*b", "/a(b)", "/a&b",
+        ] {
+            assert!(HttpPath::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn trimmed_drops_trailing_slashes_but_keeps_the_root() {
+        assert_eq!(HttpPath::new("/foo/").unwrap().trimmed().as_str(), "/foo");
+        assert_eq!(HttpPath::new("/foo//").unwrap().trimmed().as_str(), "/foo");
+        assert_eq!(HttpPath::new("/").unwrap().trimmed().as_str(), "/");
+        assert_eq!(HttpPath::new("//").unwrap().trimmed().as_str(), "/");
+        assert_eq!(HttpPath::new("/foo").unwrap().trimmed().as_str(), "/foo");
+    }
+
+    #[test]
+    fn deserializing_runs_the_same_checks() {
+        let ok: HttpHost = serde_json::from_str("\"example.com\"").unwrap();
+        assert_eq!(ok.as_str(), "example.com");
+        let bad = serde_json::from_str::<HttpHost>("\"evil.com\\nuse_backend x\"");
+        assert!(bad.is_err());
+        let bad = serde_json::from_str::<HttpPath>("\"/x y\"");
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn path_types_follow_kubernetes() {
+        assert_eq!(PathKind::from_k8s("Exact").unwrap(), PathKind::Exact);
+        assert_eq!(PathKind::from_k8s("Prefix").unwrap(), PathKind::Prefix);
+        assert_eq!(PathKind::from_k8s("ImplementationSpecific").unwrap(), PathKind::Prefix);
+        assert!(PathKind::from_k8s("Regex").is_err());
+    }
+}

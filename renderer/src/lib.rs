@@ -1,0 +1,55 @@
+//! hafleet-renderer: keeps each fleet's desired state in sled, renders HAProxy configs with
+//! minijinja, and publishes numbered, explained config versions.
+//!
+//! Pure decisions: [`state`] (messages → desired state), [`model`] (state → render model),
+//! [`render`] (model → text), [`versions`] (text → new version or not). Adapters: [`store`]
+//! (sled) and [`bus`] (NATS). Wiring: [`run`].
+
+pub mod bus;
+pub mod model;
+pub mod render;
+pub mod run;
+pub mod state;
+pub mod store;
+pub mod versions;
+
+use clap::{Parser, Subcommand};
+
+/// Renders HAProxy configs for hafleet fleets from the route events the watcher publishes.
+#[derive(Debug, Parser)]
+#[command(name = "hafleet-renderer", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume route events and publish config versions until SIGTERM or Ctrl-C.
+    Run(run::RunArgs),
+    /// Print the built-in HAProxy template, as a starting point for --template.
+    Template,
+}
+
+impl Cli {
+    /// Parses the command line and runs it; `main` is nothing more.
+    pub async fn parse_and_run() -> anyhow::Result<()> {
+        init_tracing();
+        match Cli::parse().command {
+            Command::Run(args) => run::run(args).await,
+            Command::Template => {
+                print!("{}", render::BUILTIN_TEMPLATE);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,236 @@
+//! From a fleet's desired state to the model the template renders. Pure and deterministic: the
+//! same Ingresses give the same model whatever order they arrived in (invariant 4).
+//!
+//! Decisions made here:
+//! - conflicts: the same host + path + match kind claimed by two Ingresses goes to the older
+//!   Ingress (creation time, then namespace/name); the other is named in `notes`;
+//! - order: HAProxy takes the first `use_backend` that matches, so rules with a host come before
+//!   rules for any host, longer paths before shorter ones, and `Exact` before `Prefix`;
+//! - backends: one per Service port, shared by every rule that points at it.
+
+use crate::state::IngressEntry;
+use hafleet_proto::{FleetName, IngressKey, PathKind, ServiceRef};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, btree_map::Entry};
+
+/// What the template sees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RenderModel {
+    pub fleet: String,
+    pub rules: Vec<RuleModel>,
+    pub backends: Vec<BackendModel>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleModel {
+    /// `None`: any host.
+    pub host: Option<String>,
+    /// Trailing slash removed for `prefix` (Kubernetes ignores it); as written for `exact`.
+    pub path: String,
+    /// `exact` or `prefix`.
+    pub kind: &'static str,
+    pub backend: String,
+    /// `namespace/name` of the Ingress the rule comes from.
+    pub ingress: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendModel {
+    pub name: String,
+    /// `namespace/service:port`.
+    pub service: String,
+    pub servers: Vec<ServerModel>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerModel {
+    pub name: String,
+    /// `ip:port`, IPv6 in brackets.
+    pub addr: String,
+}
+
+/// HAProxy proxy name of a Service port. Kubernetes names never contain `_`, so the parts cannot
+/// run into each other.
+fn backend_name(s: &ServiceRef) -> String {
+    format!("be_{}_{}_{}", s.namespace, s.name, s.port)
+}
+
+/// Builds the model of one fleet.
+pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) -> RenderModel {
+    let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
+    owners.sort_by_key(|(key, entry)| (entry.created_unix, *key));
+
+    let mut claimed: BTreeMap<(Option<String>, String, PathKind), (RuleModel, &IngressKey)> =
+        BTreeMap::new();
+    let mut backends: BTreeMap<String, BackendModel> = BTreeMap::new();
+    let mut notes = Vec::new();
+
+    for (key, entry) in owners {
+        for route in &entry.routes {
+            let path = match route.kind {
+                PathKind::Prefix => route.path.trimmed(),
+                PathKind::Exact => route.path.clone(),
+            };
+            let host = route.host.as_ref().map(|h| h.to_string());
+            let claim = (host.clone(), path.to_string(), route.kind);
+            let name = backend_name(&route.backend.service);
+            match claimed.entry(claim) {
+                Entry::Occupied(owner) => {
+                    let (_, owner) = owner.get();
+                    if *owner != key {
+                        notes.push(format!(
+                            "{key}: {}{} ({:?}) is already routed by {owner}, the older \
+                             Ingress; ignored",
+                            host.as_deref().unwrap_or("*"),
+                            path,
+                            route.kind,
+                        ));
+                    }
+                    continue;
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert((
+                        RuleModel {
+                            host,
+                            path: path.to_string(),
+                            kind: match route.kind {
+                                PathKind::Exact => "exact",
+                                PathKind::Prefix => "prefix",
+                            },
+                            backend: name.clone(),
+                            ingress: key.to_string(),
+                        },
+                        key,
+                    ));
+                }
+            }
+            backends.entry(name.clone()).or_insert_with(|| BackendModel {
+                name,
+                service: format!(
+                    "{}/{}:{}",
+                    route.backend.service.namespace,
+                    route.backend.service.name,
+                    route.backend.service.port
+                ),
+                servers: route
+                    .backend
+                    .servers
+                    .iter()
+                    .map(|s| ServerModel {
+                        name: s.node.to_string(),
+                        addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
+                    })
+                    .collect(),
+            });
+        }
+    }
+
+    let mut rules: Vec<RuleModel> = claimed.into_values().map(|(rule, _)| rule).collect();
+    rules.sort_by(|a, b| {
+        let key = |r: &RuleModel| {
+            (r.host.is_none(), Reverse(r.path.len()), r.kind != "exact", r.host.clone())
+        };
+        key(a).cmp(&key(b)).then_with(|| a.path.cmp(&b.path))
+    });
+
+    RenderModel {
+        fleet: fleet.to_string(),
+        rules,
+        backends: backends.into_values().collect(),
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hafleet_proto::{Backend, HttpHost, HttpPath, Namespace, ObjectName, Route, Server};
+
+    pub(crate) fn route(host: Option<&str>, path: &str, kind: PathKind, svc: &str) -> Route {
+        Route {
+            host: host.map(|h| HttpHost::new(h).unwrap()),
+            path: HttpPath::new(path).unwrap(),
+            kind,
+            backend: Backend {
+                service: ServiceRef {
+                    namespace: Namespace::new("default").unwrap(),
+                    name: ObjectName::new(svc).unwrap(),
+                    port: 80,
+                },
+                servers: vec![Server {
+                    node: ObjectName::new("node-1").unwrap(),
+                    addr: "127.0.0.2".parse().unwrap(),
+                    port: 30080,
+                }],
+            },
+        }
+    }
+
+    fn fleet_of(entries: Vec<(&str, i64, Vec<Route>)>) -> BTreeMap<IngressKey, IngressEntry> {
+        entries
+            .into_iter()
+            .map(|(name, created, routes)| {
+                (
+                    IngressKey::new("default", name).unwrap(),
+                    IngressEntry { created_unix: created, resource_version: "1".into(), routes },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_older_ingress_wins_a_conflict_and_the_loser_is_noted() {
+        let f = FleetName::new("edge").unwrap();
+        let state = fleet_of(vec![
+            ("young", 200, vec![route(Some("a.com"), "/x/", PathKind::Prefix, "young")]),
+            ("old", 100, vec![route(Some("a.com"), "/x", PathKind::Prefix, "old")]),
+        ]);
+        let m = build(&f, &state);
+        assert_eq!(m.rules.len(), 1);
+        assert_eq!(m.rules[0].ingress, "default/old");
+        assert_eq!(m.backends.len(), 1);
+        assert_eq!(m.notes.len(), 1);
+        assert!(m.notes[0].starts_with("default/young: a.com/x"), "{}", m.notes[0]);
+    }
+
+    #[test]
+    fn host_rules_come_first_then_longer_paths_then_exact() {
+        let f = FleetName::new("edge").unwrap();
+        let state = fleet_of(vec![(
+            "web",
+            1,
+            vec![
+                route(None, "/", PathKind::Prefix, "any"),
+                route(Some("a.com"), "/", PathKind::Prefix, "root"),
+                route(Some("a.com"), "/api", PathKind::Prefix, "api"),
+                route(Some("a.com"), "/api", PathKind::Exact, "exact"),
+                route(Some("a.com"), "/api/v1", PathKind::Prefix, "v1"),
+            ],
+        )]);
+        let order: Vec<(Option<String>, String, &str)> =
+            build(&f, &state).rules.into_iter().map(|r| (r.host, r.path, r.kind)).collect();
+        let a = || Some("a.com".to_owned());
+        assert_eq!(
+            order,
+            [
+                (a(), "/api/v1".into(), "prefix"),
+                (a(), "/api".into(), "exact"),
+                (a(), "/api".into(), "prefix"),
+                (a(), "/".into(), "prefix"),
+                (None, "/".into(), "prefix"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_model_does_not_depend_on_arrival_order() {
+        let f = FleetName::new("edge").unwrap();
+        let a = ("a", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")]);
+        let b = ("b", 1, vec![route(Some("b.com"), "/", PathKind::Prefix, "b")]);
+        let one = build(&f, &fleet_of(vec![a.clone(), b.clone()]));
+        let two = build(&f, &fleet_of(vec![b, a]));
+        assert_eq!(one, two);
+    }
+}

@@ -1,0 +1,192 @@
+//! The renderer's loop: consume route messages, coalesce bursts, commit state and versions,
+//! publish, then ack.
+//!
+//! ```text
+//! routes stream ──▶ batch (first message + whatever arrives within --coalesce-ms)
+//!   ──▶ skip seq ≤ applied_seq ──▶ state::apply ──▶ versions::next_version per touched fleet
+//!   ──▶ store.commit (state + versions + applied_seq, one transaction, flushed)
+//!   ──▶ publish unpublished versions ──▶ ack the batch
+//! ```
+//! A crash anywhere in there repeats work but loses none: unacked messages come back and are
+//! skipped by sequence, and versions stored but not yet published are published at start-up.
+
+use crate::bus;
+use crate::render::Renderer;
+use crate::state::{self, Applied};
+use crate::store::Store;
+use crate::versions::next_version;
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures::StreamExt;
+use hafleet_proto::{ConfigVersion, RouteMessage};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{info, warn};
+
+/// Settings of `hafleet-renderer run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// NATS server URL.
+    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Directory of the renderer's state store (sled). Keep it on persistent storage: it holds
+    /// every fleet's desired state and config history.
+    #[arg(long, env = "HAFLEET_DATA_DIR", default_value = "/var/lib/hafleet/renderer")]
+    pub data_dir: PathBuf,
+    /// minijinja template to render instead of the built-in one (see
+    /// renderer/templates/haproxy.cfg.j2 for the model it receives).
+    #[arg(long, env = "HAFLEET_TEMPLATE")]
+    pub template: Option<PathBuf>,
+    /// How long to wait for more route events after one arrives, so that a burst of changes
+    /// makes one version instead of many.
+    #[arg(long, env = "HAFLEET_COALESCE_MS", default_value_t = 200)]
+    pub coalesce_ms: u64,
+    /// Most route events folded into one batch.
+    #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
+    pub max_batch: usize,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let renderer = match &args.template {
+        Some(path) => {
+            let source = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read template {}", path.display()))?;
+            Renderer::new(source).with_context(|| format!("template {}", path.display()))?
+        }
+        None => Renderer::builtin(),
+    };
+    let store = Store::open(&args.data_dir)?;
+    let client = async_nats::connect(&args.nats_url)
+        .await
+        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
+    let js = jetstream::new(client.clone());
+    bus::ensure_stream(&js, hafleet_proto::CONFIGS).await?;
+    publish_unpublished(&client, &js, &store).await?;
+
+    let consumer = bus::routes_consumer(&js).await?;
+    let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
+    info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
+
+    let coalesce = Duration::from_millis(args.coalesce_ms);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let first = tokio::select! {
+            m = messages.next() => m,
+            _ = &mut shutdown => break,
+        };
+        let first = match first {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                warn!(error = %e, "routes stream hiccup; continuing");
+                continue;
+            }
+            None => break,
+        };
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + coalesce;
+        while batch.len() < args.max_batch {
+            match tokio::time::timeout_at(deadline, messages.next()).await {
+                Ok(Some(Ok(m))) => batch.push(m),
+                Ok(Some(Err(e))) => {
+                    warn!(error = %e, "routes stream hiccup while batching");
+                    break;
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        process(&store, &renderer, &batch)?;
+        publish_unpublished(&client, &js, &store).await?;
+        for m in &batch {
+            if let Err(e) = m.ack().await {
+                // Not fatal: the message comes back and is skipped by its sequence.
+                warn!(error = %e, "ack failed");
+            }
+        }
+    }
+    info!("renderer stopping");
+    client.drain().await.ok();
+    Ok(())
+}
+
+/// Applies a batch and commits it. Returns the versions it made.
+#[tracing::instrument(skip_all, fields(messages = batch.len()))]
+fn process(
+    store: &Store,
+    renderer: &Renderer,
+    batch: &[jetstream::Message],
+) -> anyhow::Result<Vec<ConfigVersion>> {
+    let applied = store.applied_seq()?;
+    let mut last_seq = applied;
+    let mut desired = store.desired()?;
+    let mut out = Applied::default();
+    for m in batch {
+        let seq = match m.info() {
+            Ok(info) => info.stream_sequence,
+            Err(e) => {
+                warn!(error = %e, "message without JetStream metadata; skipped");
+                continue;
+            }
+        };
+        if seq <= applied {
+            continue;
+        }
+        last_seq = last_seq.max(seq);
+        match RouteMessage::decode(&m.payload) {
+            Ok(msg) => state::apply(&mut desired, seq, &msg, &mut out),
+            // One unreadable message must not block every fleet behind it.
+            Err(e) => warn!(seq, error = %e, "route message skipped"),
+        }
+    }
+    let mut versions = Vec::new();
+    for (fleet, causes) in out.causes {
+        let ingresses = desired.get(&fleet).cloned().unwrap_or_default();
+        let latest = store.latest(&fleet)?;
+        match next_version(renderer, &fleet, &ingresses, latest.as_ref(), causes, now_unix_ms()) {
+            Ok(Some(v)) => {
+                info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256,
+                      causes = v.causes.len(), notes = v.notes.len(), "new config version");
+                for note in &v.notes {
+                    warn!(fleet = %v.fleet, version = v.version, note = %note, "route ignored");
+                }
+                versions.push(v);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(fleet = %fleet, error = ?anyhow::Error::from(e), "render failed; no new version")
+            }
+        }
+    }
+    store.commit(&out.writes, &versions, last_seq)?;
+    Ok(versions)
+}
+
+async fn publish_unpublished(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    store: &Store,
+) -> anyhow::Result<()> {
+    for v in store.unpublished()? {
+        bus::publish_version(client, js, &v).await?;
+        store.set_published(&v.fleet, v.version)?;
+        info!(fleet = %v.fleet, version = v.version, "version published");
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.ok();
+}

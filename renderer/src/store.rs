@@ -1,0 +1,292 @@
+//! sled adapter: desired state, config versions, and how far the routes stream was applied.
+//!
+//! ```text
+//! ingresses: <fleet> 0x00 <namespace> 0x00 <name>  -> IngressEntry (JSON)
+//! versions:  <fleet> 0x00 <version: u64 BE>         -> ConfigVersion (JSON)
+//! meta:      "applied_seq"                          -> u64 BE: last routes-stream sequence applied
+//!            "published" 0x00 <fleet>               -> u64 BE: last version published to NATS
+//! ```
+//! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
+//! after a crash the store is either before or after the batch, never in between.
+
+use crate::state::{Desired, IngressEntry, StateWrite};
+use hafleet_proto::{ConfigVersion, FleetName, IngressKey};
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the state store at {path}")]
+    Open { path: String, source: sled::Error },
+    #[error("state store I/O failed")]
+    Io(#[from] sled::Error),
+    #[error("state store holds a record that does not decode: {key}")]
+    Corrupt { key: String, source: serde_json::Error },
+}
+
+impl From<TransactionError<StoreError>> for StoreError {
+    fn from(e: TransactionError<StoreError>) -> Self {
+        match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e) => StoreError::Io(e),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    db: sled::Db,
+    ingresses: sled::Tree,
+    versions: sled::Tree,
+    meta: sled::Tree,
+}
+
+const APPLIED_SEQ: &[u8] = b"applied_seq";
+
+fn join(parts: &[&str]) -> Vec<u8> {
+    parts.join("\0").into_bytes()
+}
+
+fn version_key(fleet: &FleetName, version: u64) -> Vec<u8> {
+    let mut key = join(&[fleet.as_str(), ""]);
+    key.extend_from_slice(&version.to_be_bytes());
+    key
+}
+
+fn published_key(fleet: &FleetName) -> Vec<u8> {
+    join(&["published", fleet.as_str()])
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    let mut buf = [0u8; 8];
+    buf.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(buf)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &[u8], value: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(value).map_err(|source| StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).replace('\0', "/"),
+        source,
+    })
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = sled::open(path)
+            .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+        Ok(Store {
+            ingresses: db.open_tree("ingresses")?,
+            versions: db.open_tree("versions")?,
+            meta: db.open_tree("meta")?,
+            db,
+        })
+    }
+
+    /// The last routes-stream sequence whose effect is stored.
+    pub fn applied_seq(&self) -> Result<u64, StoreError> {
+        Ok(self.meta.get(APPLIED_SEQ)?.map(|v| be_u64(&v)).unwrap_or(0))
+    }
+
+    /// Every fleet's Ingresses.
+    pub fn desired(&self) -> Result<Desired, StoreError> {
+        let mut desired = Desired::new();
+        for item in self.ingresses.iter() {
+            let (key, value) = item?;
+            let text = String::from_utf8_lossy(&key).into_owned();
+            let mut parts = text.split('\0');
+            let (Some(fleet), Some(ns), Some(name)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let (Ok(fleet), Ok(ingress)) = (FleetName::new(fleet), IngressKey::new(ns, name))
+            else {
+                continue;
+            };
+            let entry: IngressEntry = decode(&key, &value)?;
+            desired.entry(fleet).or_default().insert(ingress, entry);
+        }
+        // Fleets whose every Ingress is gone still have versions and must still be rendered.
+        for fleet in self.fleets_with_versions()? {
+            desired.entry(fleet).or_default();
+        }
+        Ok(desired)
+    }
+
+    fn fleets_with_versions(&self) -> Result<Vec<FleetName>, StoreError> {
+        let mut fleets = Vec::new();
+        for item in self.versions.iter().keys() {
+            let key = item?;
+            let end = key.iter().position(|b| *b == 0).unwrap_or(key.len());
+            if let Ok(f) = FleetName::new(String::from_utf8_lossy(&key[..end]).into_owned())
+                && fleets.last() != Some(&f)
+            {
+                fleets.push(f);
+            }
+        }
+        Ok(fleets)
+    }
+
+    /// The newest version of a fleet.
+    pub fn latest(&self, fleet: &FleetName) -> Result<Option<ConfigVersion>, StoreError> {
+        let prefix = join(&[fleet.as_str(), ""]);
+        match self.versions.scan_prefix(&prefix).next_back() {
+            Some(item) => {
+                let (key, value) = item?;
+                Ok(Some(decode(&key, &value)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn version(
+        &self,
+        fleet: &FleetName,
+        version: u64,
+    ) -> Result<Option<ConfigVersion>, StoreError> {
+        let key = version_key(fleet, version);
+        self.versions.get(&key)?.map(|v| decode(&key, &v)).transpose()
+    }
+
+    /// Versions of a fleet, oldest first.
+    pub fn versions(&self, fleet: &FleetName) -> Result<Vec<ConfigVersion>, StoreError> {
+        let prefix = join(&[fleet.as_str(), ""]);
+        self.versions
+            .scan_prefix(&prefix)
+            .map(|item| {
+                let (key, value) = item?;
+                decode(&key, &value)
+            })
+            .collect()
+    }
+
+    /// Commits a batch: state writes, new versions and the applied sequence, atomically; then
+    /// flushes to disk before returning, so the caller may ack the batch's messages.
+    pub fn commit(
+        &self,
+        writes: &[StateWrite],
+        new_versions: &[ConfigVersion],
+        applied_seq: u64,
+    ) -> Result<(), StoreError> {
+        let encoded: Vec<(Vec<u8>, Vec<u8>)> =
+            new_versions.iter().map(|v| (version_key(&v.fleet, v.version), v.encode())).collect();
+        (&self.ingresses, &self.versions, &self.meta).transaction(
+            |(ingresses, versions, meta)| {
+                for write in writes {
+                    match write {
+                        StateWrite::Put(fleet, key, entry) => {
+                            let k =
+                                join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
+                            let v = serde_json::to_vec(entry).expect("entries serialize");
+                            ingresses.insert(k, v)?;
+                        }
+                        StateWrite::Remove(fleet, key) => {
+                            let k =
+                                join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
+                            ingresses.remove(k)?;
+                        }
+                    }
+                }
+                for (k, v) in &encoded {
+                    versions.insert(k.as_slice(), v.as_slice())?;
+                }
+                meta.insert(APPLIED_SEQ, &applied_seq.to_be_bytes())?;
+                Ok::<(), ConflictableTransactionError<StoreError>>(())
+            },
+        )?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The last version of `fleet` known to be published to NATS.
+    pub fn published(&self, fleet: &FleetName) -> Result<u64, StoreError> {
+        Ok(self.meta.get(published_key(fleet))?.map(|v| be_u64(&v)).unwrap_or(0))
+    }
+
+    pub fn set_published(&self, fleet: &FleetName, version: u64) -> Result<(), StoreError> {
+        self.meta.insert(published_key(fleet), &version.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Versions stored but not yet published, oldest first, across all fleets.
+    pub fn unpublished(&self) -> Result<Vec<ConfigVersion>, StoreError> {
+        let mut out = Vec::new();
+        for fleet in self.fleets_with_versions()? {
+            let published = self.published(&fleet)?;
+            out.extend(self.versions(&fleet)?.into_iter().filter(|v| v.version > published));
+        }
+        Ok(out)
+    }
+
+    /// Every fleet that has versions, with its versions, for history commands.
+    pub fn history(&self) -> Result<BTreeMap<FleetName, Vec<ConfigVersion>>, StoreError> {
+        self.fleets_with_versions()?
+            .into_iter()
+            .map(|f| Ok((f.clone(), self.versions(&f)?)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hafleet_proto::SCHEMA_VERSION;
+
+    fn version(fleet: &FleetName, n: u64) -> ConfigVersion {
+        ConfigVersion {
+            schema: SCHEMA_VERSION,
+            fleet: fleet.clone(),
+            version: n,
+            parent: n.checked_sub(1).filter(|p| *p > 0),
+            sha256: hafleet_proto::sha256_hex(b"x"),
+            created_unix_ms: 0,
+            causes: vec![],
+            notes: vec![],
+            config: "x".into(),
+        }
+    }
+
+    #[test]
+    fn a_commit_survives_reopening_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let key = IngressKey::new("default", "web").unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let entry =
+                IngressEntry { created_unix: 1, resource_version: "5".into(), routes: vec![] };
+            store
+                .commit(
+                    &[StateWrite::Put(fleet.clone(), key.clone(), entry)],
+                    &[version(&fleet, 1), version(&fleet, 2)],
+                    17,
+                )
+                .unwrap();
+            store.set_published(&fleet, 1).unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.applied_seq().unwrap(), 17);
+        assert!(store.desired().unwrap()[&fleet].contains_key(&key));
+        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 2);
+        let unpublished: Vec<u64> =
+            store.unpublished().unwrap().iter().map(|v| v.version).collect();
+        assert_eq!(unpublished, [2]);
+    }
+
+    #[test]
+    fn versions_sort_numerically_not_as_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let all: Vec<ConfigVersion> = (1..=12).map(|n| version(&fleet, n)).collect();
+        store.commit(&[], &all, 1).unwrap();
+        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 12);
+        // A fleet whose name is a prefix of another's must not see the other's versions.
+        let other = FleetName::new("edge-2").unwrap();
+        store.commit(&[], &[version(&other, 99)], 2).unwrap();
+        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 12);
+        assert_eq!(store.versions(&fleet).unwrap().len(), 12);
+    }
+}

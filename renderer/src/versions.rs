@@ -1,0 +1,60 @@
+//! Whether a fleet's desired state makes a new config version. Pure: the clock is a parameter.
+
+use crate::model;
+use crate::render::{RenderError, Renderer};
+use crate::state::IngressEntry;
+use hafleet_proto::{Cause, ConfigVersion, FleetName, IngressKey, SCHEMA_VERSION, sha256_hex};
+use std::collections::BTreeMap;
+
+/// Renders `ingresses` and returns the next version of `fleet`, or `None` when the config is
+/// byte for byte the one `latest` already holds (invariant 4: same state, same version).
+pub fn next_version(
+    renderer: &Renderer,
+    fleet: &FleetName,
+    ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    latest: Option<&ConfigVersion>,
+    causes: Vec<Cause>,
+    now_unix_ms: u64,
+) -> Result<Option<ConfigVersion>, RenderError> {
+    let model = model::build(fleet, ingresses);
+    let config = renderer.render(&model)?;
+    let sha256 = sha256_hex(config.as_bytes());
+    if latest.is_some_and(|l| l.sha256 == sha256) {
+        return Ok(None);
+    }
+    let parent = latest.map(|l| l.version);
+    Ok(Some(ConfigVersion {
+        schema: SCHEMA_VERSION,
+        fleet: fleet.clone(),
+        version: parent.unwrap_or(0) + 1,
+        parent,
+        sha256,
+        created_unix_ms: now_unix_ms,
+        causes,
+        notes: model.notes,
+        config,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_state_makes_no_new_version_and_a_change_makes_the_next_one() {
+        let r = Renderer::builtin();
+        let fleet = FleetName::new("edge").unwrap();
+        let empty = BTreeMap::new();
+        let v1 = next_version(&r, &fleet, &empty, None, vec![], 1).unwrap().unwrap();
+        assert_eq!((v1.version, v1.parent), (1, None));
+        assert!(next_version(&r, &fleet, &empty, Some(&v1), vec![], 2).unwrap().is_none());
+
+        let mut one = BTreeMap::new();
+        one.insert(
+            IngressKey::new("default", "web").unwrap(),
+            IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![] },
+        );
+        // An Ingress without routes renders the same config: still no new version.
+        assert!(next_version(&r, &fleet, &one, Some(&v1), vec![], 3).unwrap().is_none());
+    }
+}
