@@ -1,0 +1,212 @@
+//! A fleet's inventory: which HAProxy servers it has and how to reach and drive each one.
+//! Parsed from TOML and validated up front, because its paths and names end up in commands run
+//! on those servers.
+//!
+//! ```toml
+//! [[hosts]]
+//! name = "lb-1"                                # RFC 1123 label; names reports
+//! address = "10.0.0.10"                        # IP address or DNS name
+//! port = 22                                    # default 22
+//! user = "hafleet"                             # default "hafleet"
+//! config_path = "/etc/haproxy/haproxy.cfg"     # the file HAProxy's master loads (-f)
+//! master_socket = "/run/haproxy-master.sock"   # HAProxy's master CLI (-S)
+//! haproxy_bin = "haproxy"                      # default "haproxy"
+//! ```
+//! The first host is the canary: each version goes there alone before it goes anywhere else.
+
+use hafleet_proto::{HostName, HttpHost};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("inventory is not valid TOML")]
+    Parse(#[from] toml::de::Error),
+    #[error("inventory lists no hosts")]
+    Empty,
+    #[error("host {host}: {what} {value:?} is not allowed: {rule}")]
+    Invalid { host: String, what: &'static str, value: String, rule: &'static str },
+    #[error("host name {0} appears twice")]
+    Duplicate(String),
+    #[error("host name: {0}")]
+    Name(#[from] hafleet_proto::InvalidValue),
+}
+
+/// One HAProxy server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub name: HostName,
+    pub address: String,
+    pub port: u16,
+    pub user: String,
+    pub config_path: String,
+    pub master_socket: String,
+    pub haproxy_bin: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInventory {
+    hosts: Vec<RawHost>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    name: String,
+    address: String,
+    #[serde(default = "default_port")]
+    port: u16,
+    #[serde(default = "default_user")]
+    user: String,
+    #[serde(default = "default_config_path")]
+    config_path: String,
+    #[serde(default = "default_master_socket")]
+    master_socket: String,
+    #[serde(default = "default_haproxy_bin")]
+    haproxy_bin: String,
+}
+
+fn default_port() -> u16 {
+    22
+}
+fn default_user() -> String {
+    "hafleet".into()
+}
+fn default_config_path() -> String {
+    "/etc/haproxy/haproxy.cfg".into()
+}
+fn default_master_socket() -> String {
+    "/run/haproxy-master.sock".into()
+}
+fn default_haproxy_bin() -> String {
+    "haproxy".into()
+}
+
+/// Parses and validates an inventory. Hosts keep their order: the first is the canary.
+pub fn parse(text: &str) -> Result<Vec<Host>, InventoryError> {
+    let raw: RawInventory = toml::from_str(text)?;
+    if raw.hosts.is_empty() {
+        return Err(InventoryError::Empty);
+    }
+    let mut seen = BTreeSet::new();
+    let mut hosts = Vec::with_capacity(raw.hosts.len());
+    for h in raw.hosts {
+        let name = HostName::new(h.name)?;
+        if !seen.insert(name.clone()) {
+            return Err(InventoryError::Duplicate(name.to_string()));
+        }
+        let invalid = |what, value: &str, rule| InventoryError::Invalid {
+            host: name.to_string(),
+            what,
+            value: value.to_owned(),
+            rule,
+        };
+        if h.address.parse::<IpAddr>().is_err() && HttpHost::new(h.address.as_str()).is_err() {
+            return Err(invalid("address", &h.address, "must be an IP address or a DNS name"));
+        }
+        let user_ok = !h.user.is_empty()
+            && h.user.len() <= 32
+            && h.user.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && h.user
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c));
+        if !user_ok {
+            return Err(invalid("user", &h.user, "must be a POSIX user name ([a-z_][a-z0-9_-]*)"));
+        }
+        for (what, path) in [("config_path", &h.config_path), ("master_socket", &h.master_socket)] {
+            if !is_safe_path(path) || !path.starts_with('/') {
+                return Err(invalid(what, path, "must be an absolute path of [A-Za-z0-9._/-]"));
+            }
+        }
+        if !is_safe_path(&h.haproxy_bin) {
+            return Err(invalid(
+                "haproxy_bin",
+                &h.haproxy_bin,
+                "must be a path of [A-Za-z0-9._/-]",
+            ));
+        }
+        if h.port == 0 {
+            return Err(invalid("port", "0", "must be 1-65535"));
+        }
+        hosts.push(Host {
+            name,
+            address: h.address,
+            port: h.port,
+            user: h.user,
+            config_path: h.config_path,
+            master_socket: h.master_socket,
+            haproxy_bin: h.haproxy_bin,
+        });
+    }
+    Ok(hosts)
+}
+
+fn is_safe_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 4096
+        && !p.split('/').any(|part| part == "..")
+        && p.chars().all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_in_and_order_is_kept() {
+        let hosts = parse(
+            r#"
+            [[hosts]]
+            name = "lb-2"
+            address = "10.0.0.2"
+            [[hosts]]
+            name = "lb-1"
+            address = "lb-1.example.com"
+            port = 2222
+            user = "edge"
+            config_path = "/srv/haproxy/haproxy.cfg"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(hosts[0].name.as_str(), "lb-2");
+        assert_eq!(hosts[0].port, 22);
+        assert_eq!(hosts[0].user, "hafleet");
+        assert_eq!(hosts[0].config_path, "/etc/haproxy/haproxy.cfg");
+        assert_eq!(hosts[1].port, 2222);
+        assert_eq!(hosts[1].config_path, "/srv/haproxy/haproxy.cfg");
+    }
+
+    #[test]
+    fn unsafe_values_are_refused_with_the_field_named() {
+        let case = |field: &str| {
+            let text = format!("[[hosts]]\nname = \"lb-1\"\naddress = \"10.0.0.1\"\n{field}\n");
+            // What an operator sees: the error and its causes.
+            let mut err: &dyn std::error::Error = &parse(&text).unwrap_err();
+            let mut text = err.to_string();
+            while let Some(source) = err.source() {
+                text = format!("{text}: {source}");
+                err = source;
+            }
+            text
+        };
+        assert!(case("config_path = \"/etc/x;rm -rf /\"").contains("config_path"));
+        assert!(case("config_path = \"relative.cfg\"").contains("config_path"));
+        assert!(case("master_socket = \"/run/../etc/x\"").contains("master_socket"));
+        assert!(case("user = \"root; id\"").contains("user"));
+        assert!(case("haproxy_bin = \"$(id)\"").contains("haproxy_bin"));
+        assert!(case("port = 0").contains("port"));
+        assert!(case("colour = \"red\"").contains("colour"), "unknown fields are errors");
+        let bad_addr = "[[hosts]]\nname = \"lb-1\"\naddress = \"a b\"\n";
+        assert!(parse(bad_addr).unwrap_err().to_string().contains("address"));
+    }
+
+    #[test]
+    fn names_must_be_unique_labels_and_the_list_not_empty() {
+        let dup = "[[hosts]]\nname=\"a\"\naddress=\"1.1.1.1\"\n[[hosts]]\nname=\"a\"\naddress=\"1.1.1.2\"\n";
+        assert!(matches!(parse(dup), Err(InventoryError::Duplicate(_))));
+        assert!(matches!(parse("hosts = []"), Err(InventoryError::Empty)));
+        assert!(parse("[[hosts]]\nname=\"LB_1\"\naddress=\"1.1.1.1\"\n").is_err());
+    }
+}

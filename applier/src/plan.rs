@@ -1,0 +1,114 @@
+//! Pure rollout decisions: the order hosts get a version in, and reading HAProxy's master CLI
+//! to tell whether a reload took.
+
+/// Waves of host indexes: the canary (the first host) alone, then the others in groups of at
+/// most `parallelism`. A wave starts only when every host of the one before has succeeded.
+pub fn waves(hosts: usize, parallelism: usize) -> Vec<Vec<usize>> {
+    let parallelism = parallelism.max(1);
+    let mut waves = Vec::new();
+    if hosts == 0 {
+        return waves;
+    }
+    waves.push(vec![0]);
+    let rest: Vec<usize> = (1..hosts).collect();
+    waves.extend(rest.chunks(parallelism).map(|c| c.to_vec()));
+    waves
+}
+
+/// What `show proc` on HAProxy's master CLI says (HAProxy 2.6 format):
+///
+/// ```text
+/// #<PID>          <type>          <reloads>       <uptime>        <version>
+/// 20559           master          1 [failed: 0]   0d00h00m02s     2.6.12-1+deb12u4
+/// # workers
+/// 20571           worker          0               0d00h00m01s     2.6.12-1+deb12u4
+/// # programs
+/// ```
+/// A worker's `<reloads>` counts the reloads it has lived through: the newest worker shows 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcState {
+    pub reloads: u64,
+    pub failed: u64,
+    /// (pid, reloads lived through)
+    pub workers: Vec<(u32, u64)>,
+}
+
+pub fn parse_show_proc(text: &str) -> Option<ProcState> {
+    let mut master = None;
+    let mut workers = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [_, "master", reloads, "[failed:", failed, ..] => {
+                master = Some((reloads.parse().ok()?, failed.trim_end_matches(']').parse().ok()?));
+            }
+            [pid, "worker", reloads, ..] => {
+                workers.push((pid.parse().ok()?, reloads.parse().ok()?))
+            }
+            _ => {}
+        }
+    }
+    let (reloads, failed) = master?;
+    Some(ProcState { reloads, failed, workers })
+}
+
+/// Where a reload stands, comparing `show proc` before and after asking for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadCheck {
+    /// A new worker runs the new config.
+    Done,
+    /// HAProxy refused the config on reload; the old workers still serve.
+    Failed,
+    /// The master has not finished reloading yet: ask again.
+    Pending,
+}
+
+pub fn check_reload(before: &ProcState, after: &ProcState) -> ReloadCheck {
+    if after.failed > before.failed {
+        return ReloadCheck::Failed;
+    }
+    let new_worker = after
+        .workers
+        .iter()
+        .any(|(pid, reloads)| *reloads == 0 && !before.workers.iter().any(|(p, _)| p == pid));
+    if after.reloads > before.reloads && new_worker {
+        ReloadCheck::Done
+    } else {
+        ReloadCheck::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Captured from HAProxy 2.6.12 (Debian bookworm): start, reload, reload of a broken file.
+    const START: &str = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n20559           master          0 [failed: 0]   0d00h00m01s     2.6.12-1+deb12u4\n# workers\n20562           worker          0               0d00h00m01s     2.6.12-1+deb12u4\n# programs\n\n";
+    const RELOADED: &str = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n20559           master          1 [failed: 0]   0d00h00m02s     2.6.12-1+deb12u4\n# workers\n20571           worker          0               0d00h00m01s     2.6.12-1+deb12u4\n# programs\n\n";
+    const BROKEN: &str = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n20559           master          2 [failed: 1]   0d00h00m02s     2.6.12-1+deb12u4\n# workers\n20571           worker          1               0d00h00m01s     2.6.12-1+deb12u4\n# programs\n\n";
+
+    #[test]
+    fn show_proc_of_haproxy_2_6_parses() {
+        let s = parse_show_proc(START).unwrap();
+        assert_eq!(s, ProcState { reloads: 0, failed: 0, workers: vec![(20562, 0)] });
+        assert!(parse_show_proc("Unknown command").is_none());
+    }
+
+    #[test]
+    fn a_reload_is_done_failed_or_pending() {
+        let start = parse_show_proc(START).unwrap();
+        let reloaded = parse_show_proc(RELOADED).unwrap();
+        let broken = parse_show_proc(BROKEN).unwrap();
+        assert_eq!(check_reload(&start, &reloaded), ReloadCheck::Done);
+        assert_eq!(check_reload(&reloaded, &broken), ReloadCheck::Failed);
+        assert_eq!(check_reload(&start, &start), ReloadCheck::Pending);
+    }
+
+    #[test]
+    fn the_canary_goes_alone_then_bounded_waves() {
+        assert_eq!(waves(0, 2), Vec::<Vec<usize>>::new());
+        assert_eq!(waves(1, 2), vec![vec![0]]);
+        assert_eq!(waves(5, 2), vec![vec![0], vec![1, 2], vec![3, 4]]);
+        assert_eq!(waves(3, 0), vec![vec![0], vec![1], vec![2]]);
+    }
+}

@@ -1,0 +1,238 @@
+//! Putting a version live on hosts. Per host:
+//!
+//! ```text
+//! connect ─▶ live sha256 = version's? ──yes──▶ Unchanged
+//!              │ no
+//!              ▼
+//!            upload to <config>.hafleet-new, check its sha256
+//!            haproxy -c -f <config>.hafleet-new            (refused: Failed, live file untouched)
+//!            show proc (before)
+//!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
+//!            reload on the master CLI; poll show proc until a new worker runs
+//!              │ failed or timed out
+//!              └─▶ restore last-good, reload again ─▶ Failed { restored }
+//! ```
+//! The live file is only ever replaced by rename, so it is always a complete file that passed
+//! `haproxy -c` (invariant 1).
+
+use crate::inventory::Host;
+use crate::plan::{self, ReloadCheck};
+use crate::ssh::{HostConn, SshSettings};
+use hafleet_proto::{ApplyOutcome, ApplyStage, ConfigVersion};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Scripts run on hosts with `sh -c`; arguments come as `$1`, `$2`, … (quoted by the caller).
+mod scripts {
+    /// $1 = live config path. Prints its sha256, or nothing if it does not exist.
+    pub const LIVE_SHA: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; fi"#;
+    /// $1 = live config path; the config on stdin. Writes it next to the live file (same file
+    /// system, so the later rename is atomic) and prints the sha256 of what landed.
+    pub const UPLOAD: &str =
+        r#"set -e; umask 027; cat > "$1.hafleet-new"; sha256sum "$1.hafleet-new" | cut -d' ' -f1"#;
+    /// $1 = haproxy binary, $2 = live config path.
+    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new"; fi; printf '%s\n' "$out"; exit $rc"#;
+    /// $1 = live config path. Keeps the live file as last-known-good, then renames the new one
+    /// over it.
+    pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new" "$1""#;
+    /// $1 = live config path. Puts last-known-good back, atomically.
+    pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
+    /// $1 = master socket, $2 = master CLI command.
+    pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
+}
+
+/// How rollouts behave.
+#[derive(Debug, Clone)]
+pub struct RolloutSettings {
+    pub ssh: SshSettings,
+    /// Hosts updated at once after the canary.
+    pub parallelism: usize,
+    /// How long a reload may take before it counts as failed.
+    pub reload_timeout: Duration,
+}
+
+/// A failure on one host, before it becomes an [`ApplyOutcome`].
+struct Failure {
+    stage: ApplyStage,
+    message: String,
+    restored: bool,
+}
+
+fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
+    let mut message: String = message.into();
+    if message.len() > 2000 {
+        let mut cut = 2000;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    Failure { stage, message, restored: false }
+}
+
+/// Puts `version` live on one host and says how it went. Never panics on remote trouble.
+#[tracing::instrument(skip_all, fields(host = %host.name, version = version.version))]
+pub async fn apply_host(
+    host: &Host,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> ApplyOutcome {
+    let conn = match HostConn::connect(host, &settings.ssh).await {
+        Ok(c) => c,
+        Err(e) => {
+            return failed(fail(ApplyStage::Connect, format!("{e}")));
+        }
+    };
+    let result = apply_on(&conn, host, version, settings).await;
+    conn.close().await;
+    match result {
+        Ok(outcome) => outcome,
+        Err(f) => failed(f),
+    }
+}
+
+fn failed(f: Failure) -> ApplyOutcome {
+    ApplyOutcome::Failed { stage: f.stage, message: f.message, restored: f.restored }
+}
+
+async fn apply_on(
+    conn: &HostConn,
+    host: &Host,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> Result<ApplyOutcome, Failure> {
+    let live = host.config_path.as_str();
+    let live_sha = remote(conn, ApplyStage::Upload, scripts::LIVE_SHA, &[live], None).await?;
+    if live_sha.trim() == version.sha256 {
+        return Ok(ApplyOutcome::Unchanged);
+    }
+
+    let landed =
+        remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live], Some(version.config.as_bytes()))
+            .await?;
+    if landed.trim() != version.sha256 {
+        return Err(fail(
+            ApplyStage::Upload,
+            format!("uploaded file has sha256 {} instead of {}", landed.trim(), version.sha256),
+        ));
+    }
+
+    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live], None).await?;
+
+    let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Reload, m))?;
+    remote(conn, ApplyStage::Swap, scripts::SWAP, &[live], None).await?;
+
+    match reload(conn, host, &before, settings.reload_timeout).await {
+        Ok(()) => Ok(ApplyOutcome::Applied),
+        Err(mut failure) => {
+            warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
+            failure.restored = restore(conn, host, settings.reload_timeout).await;
+            Err(failure)
+        }
+    }
+}
+
+/// Runs a script; a non-zero exit becomes a failure of `stage` carrying the script's output.
+async fn remote(
+    conn: &HostConn,
+    stage: ApplyStage,
+    script: &str,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+) -> Result<String, Failure> {
+    match conn.run(script, args, stdin).await {
+        Ok(out) if out.success => Ok(out.stdout),
+        Ok(out) => Err(fail(stage, format!("{}{}", out.stdout, out.stderr).trim().to_owned())),
+        Err(e) => Err(fail(stage, format!("ssh: {e}"))),
+    }
+}
+
+async fn show_proc(conn: &HostConn, host: &Host) -> Result<plan::ProcState, String> {
+    let out = conn
+        .run(scripts::MASTER_CLI, &[&host.master_socket, "show proc"], None)
+        .await
+        .map_err(|e| format!("ssh: {e}"))?;
+    plan::parse_show_proc(&out.stdout).ok_or_else(|| {
+        format!(
+            "cannot read `show proc` from the master socket {}: {}{}",
+            host.master_socket,
+            out.stdout.trim(),
+            out.stderr.trim()
+        )
+    })
+}
+
+/// Asks the master to reload and waits until a new worker runs or the reload failed.
+async fn reload(
+    conn: &HostConn,
+    host: &Host,
+    before: &plan::ProcState,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    remote(conn, ApplyStage::Reload, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
+        .await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // While the master re-executes, its socket may refuse connections: that is "pending".
+        if let Ok(after) = show_proc(conn, host).await {
+            match plan::check_reload(before, &after) {
+                ReloadCheck::Done => return Ok(()),
+                ReloadCheck::Failed => {
+                    return Err(fail(
+                        ApplyStage::Reload,
+                        "HAProxy's master refused the new config on reload (show proc counts a \
+                         failed reload)",
+                    ));
+                }
+                ReloadCheck::Pending => {}
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(fail(
+                ApplyStage::Verify,
+                format!("no new HAProxy worker within {} ms of the reload", timeout.as_millis()),
+            ));
+        }
+    }
+}
+
+/// Puts last-known-good back and reloads onto it. True if HAProxy runs it again.
+async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
+    if remote(conn, ApplyStage::Swap, scripts::RESTORE, &[&host.config_path], None).await.is_err() {
+        return false;
+    }
+    let Ok(before) = show_proc(conn, host).await else { return false };
+    let restored = reload(conn, host, &before, timeout).await.is_ok();
+    info!(restored, "last-known-good restored");
+    restored
+}
+
+/// Rolls `version` out over `hosts` in waves (canary first). A host that cannot be reached is
+/// skipped; any other failure halts the rollout after its wave, leaving later hosts on the
+/// version they run. Returns every host's outcome that was attempted, in host order.
+pub async fn roll_out(
+    hosts: &[Host],
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> Vec<(usize, ApplyOutcome, Duration)> {
+    let mut results = Vec::new();
+    for wave in plan::waves(hosts.len(), settings.parallelism) {
+        let outcomes = futures::future::join_all(wave.iter().map(|&i| async move {
+            let started = std::time::Instant::now();
+            let outcome = apply_host(&hosts[i], version, settings).await;
+            (i, outcome, started.elapsed())
+        }))
+        .await;
+        let halt = outcomes.iter().any(|(_, o, _)| {
+            matches!(o, ApplyOutcome::Failed { stage, .. } if *stage != ApplyStage::Connect)
+        });
+        results.extend(outcomes);
+        if halt {
+            warn!(fleet = %version.fleet, version = version.version, "rollout halted");
+            break;
+        }
+    }
+    results
+}

@@ -1,0 +1,183 @@
+//! The applier's loop: take the fleet's newest config version, roll it out, report per host.
+//!
+//! Versions are applied in order, but one that is already superseded by a newer pending version
+//! is acked and skipped: HAProxy only ever needs the newest config. Hosts that could not be
+//! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
+
+use crate::bus;
+use crate::inventory::{self, Host};
+use crate::rollout::{self, RolloutSettings};
+use crate::ssh::SshSettings;
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures::StreamExt;
+use hafleet_proto::{
+    ApplyOutcome, ApplyReport, ApplyStage, ConfigVersion, FleetName, SCHEMA_VERSION,
+};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{error, info, warn};
+
+/// Settings of `hafleet-applier`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The fleet this applier owns; it applies `hafleet.configs.<fleet>` to the inventory's hosts.
+    #[arg(long, env = "HAFLEET_FLEET")]
+    pub fleet: FleetName,
+    /// TOML file listing the fleet's HAProxy hosts (see the README for its fields).
+    #[arg(long, env = "HAFLEET_INVENTORY")]
+    pub inventory: PathBuf,
+    /// NATS server URL.
+    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Private key the applier logs in to hosts with.
+    #[arg(long, env = "HAFLEET_SSH_IDENTITY")]
+    pub ssh_identity: PathBuf,
+    /// known_hosts file holding every host's key. Checked strictly: a host whose key is missing
+    /// or different is refused, never added.
+    #[arg(long, env = "HAFLEET_SSH_KNOWN_HOSTS")]
+    pub ssh_known_hosts: PathBuf,
+    /// Seconds to wait for an SSH connection.
+    #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value_t = 10)]
+    pub ssh_connect_timeout: u64,
+    /// Hosts updated at once after the canary (the inventory's first host) succeeded.
+    #[arg(long, env = "HAFLEET_PARALLELISM", default_value_t = 2)]
+    pub parallelism: usize,
+    /// Milliseconds a reload may take before it counts as failed and is rolled back.
+    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", default_value_t = 10_000)]
+    pub reload_timeout_ms: u64,
+    /// Seconds before hosts that could not be reached get the current version again.
+    #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
+    pub retry_secs: u64,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.inventory)
+        .with_context(|| format!("cannot read inventory {}", args.inventory.display()))?;
+    let hosts = inventory::parse(&text)
+        .with_context(|| format!("inventory {}", args.inventory.display()))?;
+    for path in [&args.ssh_identity, &args.ssh_known_hosts] {
+        anyhow::ensure!(path.is_file(), "{} does not exist or is not a file", path.display());
+    }
+    let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
+    let settings = RolloutSettings {
+        ssh: SshSettings {
+            identity: args.ssh_identity.clone(),
+            known_hosts: args.ssh_known_hosts.clone(),
+            connect_timeout: Duration::from_secs(args.ssh_connect_timeout),
+            control_dir: control_dir.path().to_owned(),
+        },
+        parallelism: args.parallelism,
+        reload_timeout: Duration::from_millis(args.reload_timeout_ms),
+    };
+
+    let client = async_nats::connect(&args.nats_url)
+        .await
+        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
+    let js = jetstream::new(client.clone());
+    bus::ensure_stream(&js, hafleet_proto::REPORTS).await?;
+    let consumer = bus::configs_consumer(&js, &args.fleet).await?;
+    let mut messages = consumer.messages().await.context("cannot pull from the configs stream")?;
+    info!(fleet = %args.fleet, hosts = hosts.len(), "applier running");
+
+    let retry_every = Duration::from_secs(args.retry_secs.max(1));
+    let mut retry: Option<(ConfigVersion, Vec<usize>)> = None;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::select! {
+            m = messages.next() => m,
+            _ = tokio::time::sleep(retry_every), if retry.is_some() => {
+                let (version, unreached) = retry.take().expect("guarded by if");
+                let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
+                info!(version = version.version, hosts = subset.len(), "retrying unreachable hosts");
+                let left = apply_and_report(&js, &subset, &version, &settings).await;
+                let left: Vec<usize> = left.into_iter().map(|i| unreached[i]).collect();
+                if !left.is_empty() {
+                    retry = Some((version, left));
+                }
+                continue;
+            }
+            _ = &mut shutdown => break,
+        };
+        let msg = match next {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                warn!(error = %e, "configs stream hiccup; continuing");
+                continue;
+            }
+            None => break,
+        };
+        let pending = msg.info().map(|i| i.pending).unwrap_or(0);
+        match ConfigVersion::decode(&msg.payload) {
+            Ok(version) if version.fleet != args.fleet => {
+                warn!(got = %version.fleet, "config of another fleet on this fleet's subject; skipped");
+            }
+            Ok(version) if pending > 0 => {
+                info!(version = version.version, pending, "superseded by a newer version; skipped");
+            }
+            Ok(version) => {
+                let unreached = apply_and_report(&js, &hosts, &version, &settings).await;
+                retry = (!unreached.is_empty()).then_some((version, unreached));
+            }
+            Err(e) => error!(error = %e, "config message refused"),
+        }
+        if let Err(e) = msg.ack().await {
+            warn!(error = %e, "ack failed; the version will come again and be found unchanged");
+        }
+    }
+    info!("applier stopping");
+    client.drain().await.ok();
+    Ok(())
+}
+
+/// Rolls out and publishes one report per host attempted. Returns the indexes (into `hosts`)
+/// of hosts that could not be reached.
+async fn apply_and_report(
+    js: &jetstream::Context,
+    hosts: &[Host],
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> Vec<usize> {
+    info!(fleet = %version.fleet, version = version.version, sha256 = %version.sha256, "rolling out");
+    let mut unreached = Vec::new();
+    for (i, outcome, took) in rollout::roll_out(hosts, version, settings).await {
+        let host = &hosts[i];
+        match &outcome {
+            ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
+                info!(host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, "host done")
+            }
+            ApplyOutcome::Failed { stage, message, restored } => {
+                if *stage == ApplyStage::Connect {
+                    unreached.push(i);
+                }
+                warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
+            }
+        }
+        let report = ApplyReport {
+            schema: SCHEMA_VERSION,
+            fleet: version.fleet.clone(),
+            host: host.name.clone(),
+            version: version.version,
+            sha256: version.sha256.clone(),
+            outcome,
+            finished_unix_ms: now_unix_ms(),
+            duration_ms: took.as_millis() as u64,
+        };
+        if let Err(e) = bus::publish_report(js, &report).await {
+            warn!(error = ?anyhow::Error::from(e), "report lost");
+        }
+    }
+    unreached
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+}
