@@ -1,0 +1,141 @@
+//! What the watcher has published and what it must publish next. Pure.
+//!
+//! Each Ingress is in one of three desired states: routed (publish its routes when they differ
+//! from what was published), invalid (publish nothing: the fleet keeps the routes it had, so a
+//! bad edit never takes a working site down), or gone (publish a delete if anything was
+//! published). A fleet change is a delete on the old fleet and an upsert on the new one.
+
+use crate::resolve::Resolved;
+use hafleet_proto::{FleetName, IngressKey, Route};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Desired {
+    Routed(Resolved),
+    /// Refused: keep whatever was published before.
+    Keep,
+}
+
+/// What was last published (and acked) per Ingress.
+pub type Published = BTreeMap<IngressKey, (FleetName, Vec<Route>)>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Upsert(Resolved),
+    Delete { fleet: FleetName, key: IngressKey },
+}
+
+/// The actions that bring `published` to `desired`, deletes first.
+pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> Vec<Action> {
+    let mut deletes = Vec::new();
+    let mut upserts = Vec::new();
+    for (key, (fleet, routes)) in published {
+        match desired.get(key) {
+            None => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
+            Some(Desired::Routed(r)) if &r.fleet != fleet => {
+                deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() });
+            }
+            Some(Desired::Routed(r)) if &r.routes != routes => {
+                upserts.push(Action::Upsert(r.clone()))
+            }
+            Some(_) => {}
+        }
+    }
+    for (key, want) in desired {
+        if let Desired::Routed(r) = want {
+            match published.get(key) {
+                None => upserts.push(Action::Upsert(r.clone())),
+                Some((fleet, _)) if fleet != &r.fleet => upserts.push(Action::Upsert(r.clone())),
+                Some(_) => {}
+            }
+        }
+    }
+    deletes.extend(upserts);
+    deletes
+}
+
+/// Records that `action` was published.
+pub fn record(published: &mut Published, action: &Action) {
+    match action {
+        Action::Upsert(r) => {
+            published.insert(r.key.clone(), (r.fleet.clone(), r.routes.clone()));
+        }
+        Action::Delete { fleet, key } => {
+            if published.get(key).is_some_and(|(f, _)| f == fleet) {
+                published.remove(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(name: &str, fleet: &str, n_routes: usize) -> Resolved {
+        let route = crate::resolve::tests_support::route();
+        Resolved {
+            fleet: FleetName::new(fleet).unwrap(),
+            key: IngressKey::new("default", name).unwrap(),
+            created_unix: 0,
+            resource_version: "1".into(),
+            routes: vec![route; n_routes],
+            warnings: vec![],
+        }
+    }
+
+    fn apply(published: &mut Published, desired: &BTreeMap<IngressKey, Desired>) -> Vec<Action> {
+        let actions = diff(published, desired);
+        for a in &actions {
+            record(published, a);
+        }
+        actions
+    }
+
+    #[test]
+    fn new_changed_unchanged_and_gone() {
+        let mut published = Published::new();
+        let mut desired = BTreeMap::new();
+        let a = resolved("a", "edge", 1);
+        desired.insert(a.key.clone(), Desired::Routed(a.clone()));
+        assert_eq!(apply(&mut published, &desired), [Action::Upsert(a.clone())]);
+        assert!(apply(&mut published, &desired).is_empty(), "unchanged publishes nothing");
+        let a2 = resolved("a", "edge", 2);
+        desired.insert(a.key.clone(), Desired::Routed(a2.clone()));
+        assert_eq!(apply(&mut published, &desired), [Action::Upsert(a2)]);
+        desired.clear();
+        assert_eq!(
+            apply(&mut published, &desired),
+            [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }]
+        );
+        assert!(published.is_empty());
+    }
+
+    #[test]
+    fn an_invalid_edit_keeps_the_old_routes() {
+        let mut published = Published::new();
+        let a = resolved("a", "edge", 1);
+        let mut desired = BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]);
+        apply(&mut published, &desired);
+        desired.insert(a.key.clone(), Desired::Keep);
+        assert!(apply(&mut published, &desired).is_empty());
+        assert_eq!(published.len(), 1);
+    }
+
+    #[test]
+    fn moving_to_another_fleet_deletes_then_upserts() {
+        let mut published = Published::new();
+        let a = resolved("a", "edge", 1);
+        apply(&mut published, &BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]));
+        let moved = resolved("a", "core", 1);
+        let actions = apply(
+            &mut published,
+            &BTreeMap::from([(a.key.clone(), Desired::Routed(moved.clone()))]),
+        );
+        assert_eq!(
+            actions,
+            [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }, Action::Upsert(moved)]
+        );
+        assert_eq!(published[&a.key].0.as_str(), "core");
+    }
+}

@@ -1,0 +1,37 @@
+//! hafleet-watcher: watches annotated Ingresses and the Services and Nodes they route to, and
+//! publishes each Ingress's fully resolved routes for its fleet.
+//!
+//! Pure decisions: [`resolve`] (objects → validated routes) and [`index`] (what to publish).
+//! Adapters: [`kube`] (reflectors, Events) and [`bus`] (NATS). Wiring: [`run`].
+
+pub mod bus;
+pub mod index;
+pub mod kube;
+pub mod resolve;
+pub mod run;
+
+use clap::Parser;
+
+/// Publishes the routes of Ingresses annotated `hafleet.io/fleet: <fleet>` to NATS JetStream.
+///
+/// Reads the cluster from KUBECONFIG (or the in-cluster service account).
+#[derive(Debug, Parser)]
+#[command(name = "hafleet-watcher", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub run: run::RunArgs,
+}
+
+impl Cli {
+    /// Parses the command line and runs it; `main` is nothing more.
+    pub async fn parse_and_run() -> anyhow::Result<()> {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        run::run(Cli::parse().run).await
+    }
+}

@@ -1,0 +1,345 @@
+//! From Kubernetes objects to a fleet's routes. Pure: Ingress, Services and Nodes in, a
+//! validated [`Resolved`] or the reasons it was refused out.
+//!
+//! Routes go to Ready nodes' InternalIP at the Service's NodePort (kube-proxy takes it from
+//! there). A Service that does not exist yet resolves to no servers (HAProxy answers 503 until
+//! it appears); a Service without NodePorts is an error, because no node could ever serve it.
+
+use hafleet_proto::{
+    Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
+    Server, ServiceRef,
+};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// The annotation that puts an Ingress on a fleet.
+pub const FLEET_ANNOTATION: &str = "hafleet.io/fleet";
+const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+
+/// An Ingress's routes for its fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub fleet: FleetName,
+    pub key: IngressKey,
+    pub created_unix: i64,
+    pub resource_version: String,
+    pub routes: Vec<Route>,
+    /// Things worth telling the Ingress's owner that do not stop it from being routed.
+    pub warnings: Vec<String>,
+}
+
+/// Why an Ingress is not routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Not for hafleet (no fleet annotation, or another ingress class): nothing to say.
+    NotSelected,
+    /// Meant for hafleet but wrong: say so on the Ingress.
+    Invalid(Vec<String>),
+}
+
+/// Services by (namespace, name).
+pub type Services = BTreeMap<(String, String), Service>;
+
+/// Decides whether `ingress` is hafleet's and resolves it.
+pub fn resolve(
+    ingress: &Ingress,
+    ingress_class: Option<&str>,
+    services: &Services,
+    nodes: &[Node],
+) -> Result<Resolved, Refused> {
+    let meta = &ingress.metadata;
+    let annotations = meta.annotations.as_ref();
+    let Some(fleet) = annotations.and_then(|a| a.get(FLEET_ANNOTATION)) else {
+        return Err(Refused::NotSelected);
+    };
+    if let Some(want) = ingress_class {
+        let class =
+            ingress.spec.as_ref().and_then(|s| s.ingress_class_name.as_deref()).or_else(|| {
+                annotations.and_then(|a| a.get(LEGACY_CLASS_ANNOTATION)).map(|s| s.as_str())
+            });
+        if class != Some(want) {
+            return Err(Refused::NotSelected);
+        }
+    }
+
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    let fleet = FleetName::new(fleet.as_str())
+        .map_err(|e| errors.push(format!("annotation {FLEET_ANNOTATION}: {e}")))
+        .ok();
+    let namespace = meta.namespace.as_deref().unwrap_or("default");
+    let key = IngressKey::new(namespace, meta.name.as_deref().unwrap_or_default())
+        .map_err(|e| errors.push(e.to_string()))
+        .ok();
+
+    let ready = ready_nodes(nodes);
+    let mut routes = Vec::new();
+    let spec = ingress.spec.as_ref();
+    let rules = spec.and_then(|s| s.rules.as_deref()).unwrap_or_default();
+    for (i, rule) in rules.iter().enumerate() {
+        let host = match rule.host.as_deref() {
+            None | Some("") => None,
+            Some(h) => match HttpHost::new(h) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    errors.push(format!("rules[{i}].host: {e}"));
+                    continue;
+                }
+            },
+        };
+        let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
+        for (j, p) in paths.iter().enumerate() {
+            let at = format!("rules[{i}].http.paths[{j}]");
+            let path = match HttpPath::new(p.path.as_deref().unwrap_or("/")) {
+                Ok(path) => path,
+                Err(e) => {
+                    errors.push(format!("{at}.path: {e}"));
+                    continue;
+                }
+            };
+            let kind = match PathKind::from_k8s(&p.path_type) {
+                Ok(k) => k,
+                Err(e) => {
+                    errors.push(format!("{at}.pathType: {e}"));
+                    continue;
+                }
+            };
+            match backend(namespace, &p.backend, services, &ready, &mut warnings) {
+                Ok(backend) => routes.push(Route { host: host.clone(), path, kind, backend }),
+                Err(e) => errors.push(format!("{at}.backend: {e}")),
+            }
+        }
+    }
+    if let Some(default) = spec.and_then(|s| s.default_backend.as_ref()) {
+        match backend(namespace, default, services, &ready, &mut warnings) {
+            Ok(backend) => routes.push(Route {
+                host: None,
+                path: HttpPath::root(),
+                kind: PathKind::Prefix,
+                backend,
+            }),
+            Err(e) => errors.push(format!("defaultBackend: {e}")),
+        }
+    }
+
+    match (fleet, key) {
+        (Some(fleet), Some(key)) if errors.is_empty() => Ok(Resolved {
+            fleet,
+            key,
+            created_unix: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or(0),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            routes,
+            warnings,
+        }),
+        _ => Err(Refused::Invalid(errors)),
+    }
+}
+
+/// Ready nodes with an InternalIP, sorted by name.
+fn ready_nodes(nodes: &[Node]) -> Vec<(ObjectName, IpAddr)> {
+    let mut ready: Vec<(ObjectName, IpAddr)> = nodes
+        .iter()
+        .filter_map(|n| {
+            let status = n.status.as_ref()?;
+            let is_ready = status
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if !is_ready || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+                return None;
+            }
+            let ip = status
+                .addresses
+                .as_ref()?
+                .iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .find_map(|a| a.address.parse::<IpAddr>().ok())?;
+            let name = ObjectName::new(n.metadata.name.clone()?).ok()?;
+            Some((name, ip))
+        })
+        .collect();
+    ready.sort();
+    ready
+}
+
+fn backend(
+    namespace: &str,
+    backend: &IngressBackend,
+    services: &Services,
+    nodes: &[(ObjectName, IpAddr)],
+    warnings: &mut Vec<String>,
+) -> Result<Backend, String> {
+    if backend.resource.is_some() {
+        return Err("resource backends are not supported; use a Service".into());
+    }
+    let svc = backend.service.as_ref().ok_or("no service")?;
+    let name = ObjectName::new(svc.name.as_str()).map_err(|e| e.to_string())?;
+    let ns = Namespace::new(namespace).map_err(|e| e.to_string())?;
+    let port = svc.port.as_ref().ok_or("service.port is missing")?;
+    let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
+        warnings.push(format!("service {namespace}/{name} does not exist; requests get 503"));
+        let port = port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
+        return Ok(Backend { service: ServiceRef { namespace: ns, name, port }, servers: vec![] });
+    };
+    let spec = service.spec.as_ref().ok_or("service has no spec")?;
+    let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if kind != "NodePort" && kind != "LoadBalancer" {
+        return Err(format!(
+            "service {namespace}/{name} is of type {kind}; hafleet routes to NodePorts, so it \
+             must be NodePort or LoadBalancer"
+        ));
+    }
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let found = match (&port.number, &port.name) {
+        (Some(n), _) => ports.iter().find(|p| p.port == *n),
+        (None, Some(pname)) => ports.iter().find(|p| p.name.as_deref() == Some(pname.as_str())),
+        (None, None) => None,
+    }
+    .ok_or_else(|| format!("service {namespace}/{name} has no port {port:?}"))?;
+    let node_port = found
+        .node_port
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| format!("service {namespace}/{name} port {} has no nodePort", found.port))?;
+    let service_port = u16::try_from(found.port).map_err(|_| "service port out of range")?;
+    Ok(Backend {
+        service: ServiceRef { namespace: ns, name, port: service_port },
+        servers: nodes
+            .iter()
+            .map(|(node, addr)| Server { node: node.clone(), addr: *addr, port: node_port })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ingress(v: serde_json::Value) -> Ingress {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn web_ingress(host: &str, path: &str) -> Ingress {
+        ingress(json!({
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7",
+                         "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"rules": [{"host": host, "http": {"paths": [
+                {"path": path, "pathType": "Prefix",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+        }))
+    }
+
+    fn services(kind: &str) -> Services {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"type": kind, "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}
+        }))
+        .unwrap();
+        [(("shop".to_owned(), "web".to_owned()), svc)].into()
+    }
+
+    fn node(name: &str, ip: &str, ready: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}],
+                       "conditions": [{"type": "Ready", "status": ready}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_nodeport_ingress_resolves_to_ready_nodes() {
+        let nodes = [
+            node("n2", "127.0.0.3", "True"),
+            node("n1", "127.0.0.2", "True"),
+            node("n3", "127.0.0.4", "False"),
+        ];
+        let r = resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort"), &nodes)
+            .unwrap();
+        assert_eq!(r.fleet.as_str(), "edge");
+        assert_eq!(r.key.to_string(), "shop/web");
+        assert_eq!(r.resource_version, "7");
+        assert_eq!(r.created_unix, 1_767_225_600);
+        let servers: Vec<String> = r.routes[0]
+            .backend
+            .servers
+            .iter()
+            .map(|s| format!("{} {}:{}", s.node, s.addr, s.port))
+            .collect();
+        assert_eq!(servers, ["n1 127.0.0.2:30080", "n2 127.0.0.3:30080"]);
+    }
+
+    #[test]
+    fn without_the_annotation_or_with_another_class_it_is_not_ours() {
+        let mut ing = web_ingress("a.com", "/");
+        let s = services("NodePort");
+        assert!(resolve(&ing, Some("hafleet"), &s, &[]) == Err(Refused::NotSelected));
+        ing.spec.as_mut().unwrap().ingress_class_name = Some("hafleet".into());
+        assert!(resolve(&ing, Some("hafleet"), &s, &[]).is_ok());
+        ing.metadata.annotations = None;
+        assert_eq!(resolve(&ing, None, &s, &[]), Err(Refused::NotSelected));
+    }
+
+    #[test]
+    fn injection_attempts_and_clusterip_services_are_refused_with_reasons() {
+        let s = services("NodePort");
+        let Err(Refused::Invalid(why)) =
+            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s, &[])
+        else {
+            panic!("a path with a newline must be refused")
+        };
+        assert!(why[0].starts_with("rules[0].http.paths[0].path"), "{why:?}");
+        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s, &[])
+        else {
+            panic!("a host with a brace must be refused")
+        };
+        assert!(why[0].starts_with("rules[0].host"), "{why:?}");
+        let Err(Refused::Invalid(why)) =
+            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"), &[])
+        else {
+            panic!("ClusterIP cannot be routed")
+        };
+        assert!(why[0].contains("ClusterIP"), "{why:?}");
+        let mut bad_fleet = web_ingress("a.com", "/");
+        bad_fleet
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(FLEET_ANNOTATION.into(), "Edge!".into());
+        assert!(matches!(resolve(&bad_fleet, None, &s, &[]), Err(Refused::Invalid(_))));
+    }
+
+    #[test]
+    fn a_missing_service_routes_to_nothing_with_a_warning() {
+        let r = resolve(&web_ingress("a.com", "/"), None, &Services::new(), &[]).unwrap();
+        assert!(r.routes[0].backend.servers.is_empty());
+        assert_eq!(r.warnings.len(), 1);
+    }
+}
+
+/// Shared fixtures for the watcher's unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    pub fn route() -> Route {
+        Route {
+            host: Some(HttpHost::new("a.com").unwrap()),
+            path: HttpPath::root(),
+            kind: PathKind::Prefix,
+            backend: Backend {
+                service: ServiceRef {
+                    namespace: Namespace::new("default").unwrap(),
+                    name: ObjectName::new("web").unwrap(),
+                    port: 80,
+                },
+                servers: vec![],
+            },
+        }
+    }
+}

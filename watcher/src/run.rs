@@ -1,0 +1,243 @@
+//! The watcher's loop.
+//!
+//! ```text
+//! watches (Ingress, Service, Node) ──tick──▶ debounce ──▶ resolve every Ingress from the caches
+//!   ──▶ index::diff against what was published ──▶ publish (acked) ──▶ index::record
+//! ```
+//! After start-up, once every cache is listed and every live Ingress is published, a snapshot
+//! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
+
+use crate::bus;
+use crate::index::{self, Action, Desired, Published};
+use crate::kube::{self as kube_adapter, Caches, Warnings};
+use crate::resolve::{self, Refused, Services};
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures::StreamExt;
+use hafleet_proto::{
+    IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{info, warn};
+
+/// Settings of `hafleet-watcher`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// NATS server URL.
+    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Only Ingresses of this class (spec.ingressClassName, or the legacy
+    /// kubernetes.io/ingress.class annotation). Unset: every Ingress carrying hafleet.io/fleet.
+    #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
+    pub ingress_class: Option<String>,
+    /// Milliseconds to let a burst of cluster changes settle before resolving.
+    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", default_value_t = 100)]
+    pub debounce_ms: u64,
+    /// Seconds between re-resolving everything from the caches even without changes, which
+    /// retries publishes that failed. Reads only the local caches; never polls the API server.
+    #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
+    pub resync_secs: u64,
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
+    let nats = async_nats::connect(&args.nats_url)
+        .await
+        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
+    let js = jetstream::new(nats.clone());
+    bus::ensure_stream(&js, hafleet_proto::ROUTES).await?;
+
+    let (caches, mut changes) = kube_adapter::watch(client.clone());
+    let warnings = Warnings::new(client);
+    let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let mut state = State { epoch, seq: 0, published: Published::new(), warned: BTreeSet::new() };
+
+    // Drive the watches until every cache holds its initial list.
+    let ready = caches.ready();
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            r = &mut ready => { r.context("watch caches never became ready")?; break; }
+            _ = changes.next() => {}
+        }
+    }
+    info!(epoch, "caches listed; publishing the initial state");
+    loop {
+        match sync(&args, &caches, &warnings, &js, &mut state).await {
+            Ok(()) => break,
+            Err(e) => {
+                warn!(error = ?e, "initial publish failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    publish_snapshot(&js, &mut state).await;
+
+    let debounce = Duration::from_millis(args.debounce_ms);
+    let resync = Duration::from_secs(args.resync_secs.max(1));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            tick = changes.next() => {
+                if tick.is_none() { break; }
+                // Let the burst settle, keeping the caches current meanwhile.
+                let settle = tokio::time::sleep(debounce);
+                tokio::pin!(settle);
+                loop {
+                    tokio::select! {
+                        _ = &mut settle => break,
+                        _ = changes.next() => {}
+                    }
+                }
+            }
+            _ = tokio::time::sleep(resync) => {}
+            _ = &mut shutdown => break,
+        }
+        if let Err(e) = sync(&args, &caches, &warnings, &js, &mut state).await {
+            warn!(error = ?e, "publish failed; will retry");
+        }
+    }
+    info!("watcher stopping");
+    nats.drain().await.ok();
+    Ok(())
+}
+
+struct State {
+    epoch: u64,
+    seq: u64,
+    published: Published,
+    /// (ingress, resourceVersion, reason) already reported, so each is said once.
+    warned: BTreeSet<(IngressKey, String, String)>,
+}
+
+impl State {
+    fn next_msg_id(&mut self) -> String {
+        self.seq += 1;
+        format!("watcher-{}-{}", self.epoch, self.seq)
+    }
+}
+
+/// Resolves everything from the caches and publishes what changed. Stops at the first failed
+/// publish; what was not published is found again next time.
+async fn sync(
+    args: &RunArgs,
+    caches: &Caches,
+    warnings: &Warnings,
+    js: &jetstream::Context,
+    state: &mut State,
+) -> anyhow::Result<()> {
+    let services: Services = caches
+        .services
+        .state()
+        .into_iter()
+        .filter_map(|s| {
+            Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), (*s).clone()))
+        })
+        .collect();
+    let nodes: Vec<_> = caches.nodes.state().into_iter().map(|n| (*n).clone()).collect();
+
+    let mut desired = BTreeMap::new();
+    for ing in caches.ingresses.state() {
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let name = ing.metadata.name.as_deref().unwrap_or_default();
+        let rv = ing.metadata.resource_version.clone().unwrap_or_default();
+        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, &nodes) {
+            Ok(r) => {
+                for w in &r.warnings {
+                    if state.warned.insert((r.key.clone(), rv.clone(), w.clone())) {
+                        warn!(ingress = %r.key, warning = %w, "ingress routed with a caveat");
+                        warnings.warn(&ing, "BackendMissing", w.clone()).await;
+                    }
+                }
+                desired.insert(r.key.clone(), Desired::Routed(r));
+            }
+            Err(Refused::NotSelected) => {}
+            Err(Refused::Invalid(why)) => {
+                let Ok(key) = IngressKey::new(ns, name) else {
+                    warn!(namespace = ns, name, "ingress with an invalid name ignored");
+                    continue;
+                };
+                let note = format!("not routed by hafleet: {}", why.join("; "));
+                if state.warned.insert((key.clone(), rv, note.clone())) {
+                    warn!(ingress = %key, reason = %note, "ingress refused");
+                    warnings.warn(&ing, "InvalidIngress", note).await;
+                }
+                desired.insert(key, Desired::Keep);
+            }
+        }
+    }
+
+    for action in index::diff(&state.published, &desired) {
+        let (fleet, key, msg) = match &action {
+            Action::Upsert(r) => (
+                r.fleet.clone(),
+                r.key.clone(),
+                RouteEvent {
+                    schema: SCHEMA_VERSION,
+                    fleet: r.fleet.clone(),
+                    ingress: r.key.clone(),
+                    created_unix: r.created_unix,
+                    resource_version: r.resource_version.clone(),
+                    change: RouteChange::Upsert { routes: r.routes.clone() },
+                    epoch: state.epoch,
+                },
+            ),
+            Action::Delete { fleet, key } => (
+                fleet.clone(),
+                key.clone(),
+                RouteEvent {
+                    schema: SCHEMA_VERSION,
+                    fleet: fleet.clone(),
+                    ingress: key.clone(),
+                    created_unix: 0,
+                    resource_version: String::new(),
+                    change: RouteChange::Delete,
+                    epoch: state.epoch,
+                },
+            ),
+        };
+        let id = state.next_msg_id();
+        let seq =
+            bus::publish(js, hafleet_proto::routes_subject(&fleet), &id, &RouteMessage::Event(msg))
+                .await?;
+        let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
+        info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
+        index::record(&mut state.published, &action);
+    }
+    Ok(())
+}
+
+async fn publish_snapshot(js: &jetstream::Context, state: &mut State) {
+    let live = state.published.iter().map(|(k, (f, _))| (f.clone(), k.clone())).collect();
+    let msg =
+        RouteMessage::Snapshot(RoutesSnapshot { schema: SCHEMA_VERSION, epoch: state.epoch, live });
+    loop {
+        let id = state.next_msg_id();
+        match bus::publish(js, hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, &msg).await {
+            Ok(seq) => {
+                info!(
+                    epoch = state.epoch,
+                    ingresses = state.published.len(),
+                    stream_seq = seq,
+                    "snapshot published"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(error = ?anyhow::Error::from(e), "snapshot publish failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+}
