@@ -56,7 +56,7 @@ fi
 # would (root's profile here runs pyenv init, which would slow every remote command).
 if [ "$(id -u)" -eq 0 ] && ! id hafleet-host >/dev/null 2>&1; then
   log "creating user hafleet-host"
-  useradd --system --create-home --home-dir /var/lib/hafleet-host --shell /bin/sh hafleet-host
+  useradd --system --create-home --home-dir /var/lib/hafleet-host --shell /bin/sh -p '*' hafleet-host
 fi
 if [ "$(id -u)" -eq 0 ]; then mkdir -p /run/sshd && chmod 0755 /run/sshd; fi
 

@@ -10,7 +10,7 @@
 //! user = "hafleet"                             # default "hafleet"
 //! config_path = "/etc/haproxy/haproxy.cfg"     # the file HAProxy's master loads (-f)
 //! master_socket = "/run/haproxy-master.sock"   # HAProxy's master CLI (-S)
-//! haproxy_bin = "haproxy"                      # default "haproxy"
+//! haproxy_bin = "/usr/sbin/haproxy"            # the default; sshd's PATH lacks /usr/sbin
 //! ```
 //! The first host is the canary: each version goes there alone before it goes anywhere else.
 
@@ -81,7 +81,7 @@ fn default_master_socket() -> String {
     "/run/haproxy-master.sock".into()
 }
 fn default_haproxy_bin() -> String {
-    "haproxy".into()
+    "/usr/sbin/haproxy".into()
 }
 
 /// Parses and validates an inventory. Hosts keep their order: the first is the canary.

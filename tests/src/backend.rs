@@ -1,0 +1,101 @@
+//! A tiny HTTP backend standing in for kube-proxy at `<node InternalIP>:<nodePort>`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Answers every request with `200` and the body `"<name> <request-path>\n"`, then closes the
+/// connection. Stops listening (and drops open connections) on drop.
+pub struct HttpBackend {
+    name: String,
+    addr: SocketAddr,
+    hits: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for HttpBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpBackend").field("name", &self.name).field("addr", &self.addr).finish()
+    }
+}
+
+impl HttpBackend {
+    /// Listens on `ip:port` (port 0 picks a free one; see [`HttpBackend::addr`]).
+    pub async fn start(ip: Ipv4Addr, port: u16, name: &str) -> Result<HttpBackend> {
+        let listener = TcpListener::bind((ip, port))
+            .await
+            .with_context(|| format!("backend {name}: bind {ip}:{port}"))?;
+        let addr = listener.local_addr()?;
+        let hits = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(serve(listener, name.to_string(), hits.clone()));
+        Ok(HttpBackend { name: name.to_string(), addr, hits, task })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many requests it has answered.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for HttpBackend {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts the open connections too.
+        self.task.abort();
+    }
+}
+
+async fn serve(listener: TcpListener, name: String, hits: Arc<AtomicU64>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    conns.spawn(answer(stream, name.clone(), hits.clone()));
+                }
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read_head = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    };
+    if !matches!(tokio::time::timeout(Duration::from_secs(10), read_head).await, Ok(true)) {
+        return;
+    }
+    let text = String::from_utf8_lossy(&head);
+    let path = text.split_whitespace().nth(1).unwrap_or("/");
+    let body = format!("{name} {path}\n");
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         X-Hafleet-Backend: {name}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    hits.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,623 @@
+//! One "HAProxy host", as a real edge VM would be: its own sshd and its own HAProxy in
+//! master-worker mode, both on loopback, logged in to and run as user `hafleet-host`.
+//!
+//! # HAProxy 2.6 master CLI, as observed (2.6.12-1+deb12u4)
+//! `show proc` on the master socket, fresh start:
+//! ```text
+//! #<PID>          <type>          <reloads>       <uptime>        <version>
+//! 16114           master          0 [failed: 0]   0d00h00m01s     2.6.12-1+deb12u4
+//! # workers
+//! 16117           worker          0               0d00h00m01s     2.6.12-1+deb12u4
+//! # programs
+//!
+//! ```
+//! - `reload` prints nothing (2.7+ prints a status; 2.6 does not) and returns at once. The master
+//!   re-executes itself: for ~50 ms afterwards connecting to the socket fails with ECONNREFUSED,
+//!   so callers must retry. After a good reload: `master 1 [failed: 0]`, a new worker pid with
+//!   reloads `0`.
+//! - A reload with a broken config: `master 2 [failed: 1]`; the old worker keeps serving and its
+//!   `<reloads>` column becomes `1` (the reloads it has survived). The error is only in the
+//!   master's stderr (`[ALERT] ... config : parsing [...]`, `[WARNING] ... Loading failure!`),
+//!   not on the CLI (`show startup-logs` does not exist in 2.6 on the master CLI).
+//! - The `[failed: N]` counter is reset to 0 by the next successful reload (observed
+//!   `2 [failed: 1]` -> `3 [failed: 0]`), so "did my reload fail" must be judged from one
+//!   reload's before/after, e.g. `reloads` went up by one and `failed` is not 0.
+//! - Workers still draining connections after a reload are listed under a `# old workers`
+//!   header (with reloads `1`) until they exit.
+//! - Over SSH as `hafleet-host`, `PATH` is sshd's default (`/usr/local/bin:/usr/bin:/bin:/usr/games`
+//!   on Debian), without `/usr/sbin`: run `/usr/sbin/haproxy -c -f ...` by absolute path.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::proc::{
+    ChildGuard, TestDir, free_port, is_addr_in_use, random_loopback_ip, run, tcp_accepts,
+};
+
+/// The user SSH logs in as and HAProxy runs as (when the tests run as root).
+pub const HOST_USER: &str = "hafleet-host";
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The client side of SSH for one test env: an ed25519 identity and a known_hosts file that
+/// every [`HaproxyHost`] started with these keys pins its host key in.
+#[derive(Debug, Clone)]
+pub struct SshClientKeys {
+    pub identity: PathBuf,
+    pub known_hosts: PathBuf,
+}
+
+impl SshClientKeys {
+    /// Generates `dir/id_ed25519` (+ `.pub`, no passphrase, 0600) and an empty `dir/known_hosts`.
+    pub fn generate(dir: &Path) -> Result<SshClientKeys> {
+        let identity = dir.join("id_ed25519");
+        ssh_keygen(&identity)?;
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(&known_hosts, "")?;
+        Ok(SshClientKeys { identity, known_hosts })
+    }
+
+    /// The public key line (`ssh-ed25519 AAAA... comment`).
+    pub fn public_key(&self) -> Result<String> {
+        Ok(std::fs::read_to_string(self.identity.with_extension("pub"))?.trim().to_string())
+    }
+}
+
+fn ssh_keygen(path: &Path) -> Result<()> {
+    let out = Command::new("ssh-keygen")
+        .args(["-t", "ed25519", "-N", "", "-q", "-C", "hafleet-tests", "-f"])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .context("run ssh-keygen (install openssh-client with tests/setup.sh)")?;
+    if !out.status.success() {
+        bail!("ssh-keygen -f {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Serializes edits of known_hosts files within this process.
+static KNOWN_HOSTS: Mutex<()> = Mutex::new(());
+
+/// The account the host runs as: `hafleet-host` when we are root, else the current user.
+#[derive(Debug, Clone)]
+struct HostUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+    root: bool,
+}
+
+impl HostUser {
+    fn get() -> Result<HostUser> {
+        static USER: OnceLock<std::result::Result<HostUser, String>> = OnceLock::new();
+        USER.get_or_init(|| HostUser::lookup().map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(|e| anyhow!(e))
+    }
+
+    fn lookup() -> Result<HostUser> {
+        let root = id(&["-u"])? == 0;
+        if !root {
+            let name = String::from_utf8(Command::new("id").arg("-un").output()?.stdout)?;
+            return Ok(HostUser {
+                name: name.trim().into(),
+                uid: id(&["-u"])?,
+                gid: id(&["-g"])?,
+                root,
+            });
+        }
+        let uid = id(&["-u", HOST_USER]).with_context(|| {
+            format!("user {HOST_USER} does not exist: run `bash tests/setup.sh` (as root)")
+        })?;
+        unlock_account()?;
+        Ok(HostUser { name: HOST_USER.into(), uid, gid: id(&["-g", HOST_USER])?, root })
+    }
+}
+
+fn id(args: &[&str]) -> Result<u32> {
+    let out = Command::new("id").args(args).output().context("run id")?;
+    if !out.status.success() {
+        bail!("id {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+}
+
+/// `useradd --system` leaves the password field `!`, which sshd (with `UsePAM no`) treats as a
+/// locked account and refuses even public-key logins ("account is locked"). `*` means "no
+/// password" without being locked.
+fn unlock_account() -> Result<()> {
+    for _ in 0..20 {
+        let out = Command::new("getent").args(["shadow", HOST_USER]).output()?;
+        let entry = String::from_utf8_lossy(&out.stdout);
+        if !entry.split(':').nth(1).unwrap_or("").starts_with('!') {
+            return Ok(());
+        }
+        // Another test process may hold the lock on /etc/shadow; then check again.
+        let _ = Command::new("usermod").args(["-p", "*", HOST_USER]).output();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("cannot unlock account {HOST_USER} (usermod -p '*' {HOST_USER})")
+}
+
+/// The state the master CLI's `show proc` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShowProc {
+    pub master_pid: u32,
+    /// Reloads since the master started, successful or not.
+    pub reloads: u32,
+    /// Failed reloads since the last successful one (HAProxy 2.6 resets it on success).
+    pub failed: u32,
+    pub workers: Vec<u32>,
+    pub old_workers: Vec<u32>,
+}
+
+/// Parses HAProxy 2.6's `show proc` (see the module docs for the format).
+pub fn parse_show_proc(text: &str) -> Result<ShowProc> {
+    let mut master = None;
+    let (mut workers, mut old_workers) = (Vec::new(), Vec::new());
+    let mut section = "";
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(header) = line.strip_prefix('#') {
+            section = match header.trim() {
+                "workers" => "workers",
+                "old workers" => "old workers",
+                _ => "",
+            };
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [pid, "master", reloads, "[failed:", failed, ..] => {
+                master =
+                    Some((pid.parse()?, reloads.parse()?, failed.trim_end_matches(']').parse()?));
+            }
+            [pid, "worker", ..] if section == "workers" => workers.push(pid.parse()?),
+            [pid, "worker", ..] if section == "old workers" => old_workers.push(pid.parse()?),
+            _ => {}
+        }
+    }
+    let (master_pid, reloads, failed) =
+        master.ok_or_else(|| anyhow!("no master line in `show proc` output: {text:?}"))?;
+    Ok(ShowProc { master_pid, reloads, failed, workers, old_workers })
+}
+
+/// sshd + HAProxy (master-worker) for one simulated edge host; both killed on drop, and its
+/// line removed from the shared known_hosts file.
+pub struct HaproxyHost {
+    name: String,
+    user: HostUser,
+    keys: SshClientKeys,
+    http_addr: SocketAddrV4,
+    ssh_port: u16,
+    haproxy: Option<ChildGuard>,
+    sshd: Option<ChildGuard>,
+    dir: PathBuf,
+    _tmp: TestDir,
+}
+
+impl std::fmt::Debug for HaproxyHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaproxyHost")
+            .field("name", &self.name)
+            .field("ssh_port", &self.ssh_port)
+            .field("http_addr", &self.http_addr)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl HaproxyHost {
+    /// Starts HAProxy with a bootstrap config answering 404 on a random `127.X.Y.Z:port`, then
+    /// sshd on `127.0.0.1:<free port>` with `SetEnv HAFLEET_HTTP_BIND=<that address>`, pins its
+    /// host key in `keys.known_hosts`, and waits until a real `ssh` login works.
+    pub async fn start(name: &str, keys: &SshClientKeys) -> Result<HaproxyHost> {
+        let user = HostUser::get()?;
+        let tmp = TestDir::new("hafleet-host-")?;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))?;
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let ip = random_loopback_ip();
+        let mut host = HaproxyHost {
+            name: name.to_string(),
+            http_addr: SocketAddrV4::new(ip, free_port(ip.into())),
+            ssh_port: free_port(Ipv4Addr::LOCALHOST.into()),
+            user,
+            keys: keys.clone(),
+            haproxy: None,
+            sshd: None,
+            dir,
+            _tmp: tmp,
+        };
+        host.chown(&host.dir)?;
+        ssh_keygen(&host.dir.join("ssh_host_ed25519_key"))?;
+        std::fs::write(host.dir.join("authorized_keys"), format!("{}\n", keys.public_key()?))?;
+        std::fs::write(host.config_path(), BOOTSTRAP_CONFIG)?;
+        host.chown(&host.config_path())?;
+
+        for attempt in 1.. {
+            match host.start_haproxy().await {
+                Err(e) if attempt < 3 && is_addr_in_use(&e) => {
+                    let ip = random_loopback_ip();
+                    host.http_addr = SocketAddrV4::new(ip, free_port(ip.into()));
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            }
+        }
+        for attempt in 1.. {
+            match host.start_sshd().await {
+                Err(e) if attempt < 3 && is_addr_in_use(&e) => {
+                    host.ssh_port = free_port(Ipv4Addr::LOCALHOST.into());
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            }
+        }
+        Ok(host)
+    }
+
+    fn chown(&self, path: &Path) -> Result<()> {
+        if self.user.root {
+            std::os::unix::fs::chown(path, Some(self.user.uid), Some(self.user.gid))
+                .with_context(|| format!("chown {} to {}", path.display(), self.user.name))?;
+        }
+        Ok(())
+    }
+
+    /// (Re)starts sshd on [`HaproxyHost::ssh_port`] and waits until `ssh ... true` succeeds.
+    pub async fn start_sshd(&mut self) -> Result<()> {
+        self.stop_sshd();
+        let config = format!(
+            "Port {port}\n\
+             ListenAddress 127.0.0.1\n\
+             HostKey {dir}/ssh_host_ed25519_key\n\
+             PidFile {dir}/sshd.pid\n\
+             AuthorizedKeysFile {dir}/authorized_keys\n\
+             PasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\n\
+             PubkeyAuthentication yes\n\
+             UsePAM no\n\
+             StrictModes no\n\
+             AllowUsers {user}\n\
+             PermitRootLogin no\n\
+             SetEnv HAFLEET_HTTP_BIND={bind}\n\
+             LogLevel ERROR\n\
+             MaxStartups 100\n\
+             MaxSessions 100\n\
+             Subsystem sftp internal-sftp\n",
+            port = self.ssh_port,
+            dir = self.dir.display(),
+            user = self.user.name,
+            bind = self.http_addr,
+        );
+        let config_path = self.dir.join("sshd_config");
+        std::fs::write(&config_path, config)?;
+        if self.user.root {
+            std::fs::create_dir_all("/run/sshd")?;
+            std::fs::set_permissions("/run/sshd", std::fs::Permissions::from_mode(0o755))?;
+        }
+        let mut cmd = Command::new("/usr/sbin/sshd");
+        cmd.arg("-D").arg("-e").arg("-f").arg(&config_path);
+        let mut sshd = ChildGuard::spawn("sshd", &mut cmd, &self.dir.join("sshd.log"))?;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.ssh_port));
+        sshd.wait_ready(READY_TIMEOUT, || tcp_accepts(addr)).await?;
+        self.pin_host_key()?;
+        sshd.wait_ready(READY_TIMEOUT, || async { self.ssh("true").await.is_ok() })
+            .await
+            .with_context(|| {
+                format!("ssh login to {} (last try: {:?})", self.name, ssh_error(self))
+            })?;
+        self.sshd = Some(sshd);
+        Ok(())
+    }
+
+    /// Adds `[127.0.0.1]:<port> ssh-ed25519 AAAA...` to the known_hosts file (once).
+    fn pin_host_key(&self) -> Result<()> {
+        let pubkey = std::fs::read_to_string(self.dir.join("ssh_host_ed25519_key.pub"))?;
+        let mut parts = pubkey.split_whitespace();
+        let (kind, key) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        let line = format!("{} {kind} {key}\n", self.known_hosts_pattern());
+        let _guard = KNOWN_HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+        let current = std::fs::read_to_string(&self.keys.known_hosts).unwrap_or_default();
+        if !current.lines().any(|l| format!("{l}\n") == line) {
+            // One write with O_APPEND, so other processes sharing the file do not interleave.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.keys.known_hosts)?
+                .write_all(line.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn known_hosts_pattern(&self) -> String {
+        format!("[127.0.0.1]:{}", self.ssh_port)
+    }
+
+    fn unpin_host_key(&self) {
+        let _guard = KNOWN_HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(current) = std::fs::read_to_string(&self.keys.known_hosts) else { return };
+        let prefix = format!("{} ", self.known_hosts_pattern());
+        let kept: String =
+            current.lines().filter(|l| !l.starts_with(&prefix)).map(|l| format!("{l}\n")).collect();
+        if kept != current {
+            let _ = std::fs::write(&self.keys.known_hosts, kept);
+        }
+    }
+
+    /// (Re)starts HAProxy as the host user with the current `haproxy.cfg`, and waits until the
+    /// HTTP port accepts connections and the master CLI answers.
+    pub async fn start_haproxy(&mut self) -> Result<()> {
+        self.kill_haproxy();
+        let haproxy =
+            if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
+        let mut cmd = Command::new(haproxy);
+        cmd.arg("-W")
+            .arg("-S")
+            .arg(format!("{},mode,600", self.master_socket().display()))
+            .arg("-f")
+            .arg(self.config_path())
+            .arg("-p")
+            .arg(self.dir.join("haproxy.pid"))
+            .current_dir(&self.dir)
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", &self.dir)
+            .env("HAFLEET_HTTP_BIND", self.http_addr.to_string());
+        if self.user.root {
+            cmd.uid(self.user.uid).gid(self.user.gid);
+        }
+        let _ = std::fs::remove_file(self.master_socket());
+        let mut child = ChildGuard::spawn("haproxy", &mut cmd, &self.dir.join("haproxy.log"))?;
+        let http = SocketAddr::V4(self.http_addr);
+        let socket = self.master_socket();
+        child
+            .wait_ready(READY_TIMEOUT, || {
+                let socket = socket.clone();
+                async move { tcp_accepts(http).await && socket.exists() }
+            })
+            .await?;
+        self.haproxy = Some(child);
+        self.show_proc().context("master CLI after start")?;
+        Ok(())
+    }
+
+    /// Kills HAProxy's master and workers (SIGKILL), as a crash would.
+    pub fn kill_haproxy(&mut self) {
+        drop(self.haproxy.take());
+    }
+
+    /// Kills sshd and every SSH session it spawned, as if the host went away.
+    pub fn stop_sshd(&mut self) {
+        drop(self.sshd.take());
+    }
+
+    pub fn haproxy_running(&mut self) -> bool {
+        self.haproxy.as_mut().is_some_and(|c| c.is_running())
+    }
+
+    pub fn sshd_running(&mut self) -> bool {
+        self.sshd.as_mut().is_some_and(|c| c.is_running())
+    }
+
+    /// The HAProxy master's pid, while it runs.
+    pub fn haproxy_pid(&self) -> Option<u32> {
+        self.haproxy.as_ref().map(|c| c.pid())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ssh_port(&self) -> u16 {
+        self.ssh_port
+    }
+
+    /// Always `127.0.0.1`.
+    pub fn ssh_host(&self) -> IpAddr {
+        Ipv4Addr::LOCALHOST.into()
+    }
+
+    /// `hafleet-host` (or the current user when not running as root).
+    pub fn ssh_user(&self) -> &str {
+        &self.user.name
+    }
+
+    pub fn keys(&self) -> &SshClientKeys {
+        &self.keys
+    }
+
+    /// Where HAProxy serves HTTP; also `$HAFLEET_HTTP_BIND` for HAProxy and SSH sessions.
+    pub fn http_addr(&self) -> SocketAddr {
+        SocketAddr::V4(self.http_addr)
+    }
+
+    /// `<dir>/haproxy.cfg`, owned by the host user; the file HAProxy loads on every reload.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("haproxy.cfg")
+    }
+
+    /// `<dir>/master.sock`: the master CLI (mode 600, owned by the host user).
+    pub fn master_socket(&self) -> PathBuf {
+        self.dir.join("master.sock")
+    }
+
+    /// The host's directory (owned by the host user); logs are `haproxy.log` and `sshd.log`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn haproxy_log(&self) -> PathBuf {
+        self.dir.join("haproxy.log")
+    }
+
+    pub fn sshd_log(&self) -> PathBuf {
+        self.dir.join("sshd.log")
+    }
+
+    /// The config file as it is now on the host.
+    pub fn live_config(&self) -> String {
+        std::fs::read_to_string(self.config_path())
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.config_path().display()))
+    }
+
+    /// Sends one command to the master CLI with `socat` and returns its output. Retries for up
+    /// to 3 s while the socket refuses connections (it does for ~50 ms after each `reload`).
+    pub fn master_cli(&self, cmd: &str) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let mut child = Command::new("socat")
+                .arg("stdio")
+                .arg(format!("unix-connect:{}", self.master_socket().display()))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("run socat (install it with tests/setup.sh)")?;
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(format!("{cmd}\n").as_bytes());
+            }
+            let out = child.wait_with_output()?;
+            if out.status.success() {
+                return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "master CLI {:?} on {}: {}",
+                    cmd,
+                    self.master_socket().display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `show proc`, parsed.
+    pub fn show_proc(&self) -> Result<ShowProc> {
+        parse_show_proc(&self.master_cli("show proc")?)
+    }
+
+    /// The master's reload counter (successful and failed reloads since it started).
+    pub fn reload_count(&self) -> Result<u32> {
+        Ok(self.show_proc()?.reloads)
+    }
+
+    /// Sends `reload` to the master (returns before the reload is done; watch `reload_count`).
+    pub fn reload(&self) -> Result<()> {
+        self.master_cli("reload").map(drop)
+    }
+
+    /// `ssh` with this host's options, ready for `.arg(remote command)`.
+    pub fn ssh_command(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("ssh");
+        cmd.args(self.ssh_args());
+        cmd
+    }
+
+    /// The `ssh` arguments up to and including `user@127.0.0.1`: our identity only, strict host
+    /// key checking against the shared known_hosts, no user or system ssh_config.
+    pub fn ssh_args(&self) -> Vec<String> {
+        vec![
+            "-F".into(),
+            "/dev/null".into(),
+            "-i".into(),
+            self.keys.identity.display().to_string(),
+            "-o".into(),
+            format!("UserKnownHostsFile={}", self.keys.known_hosts.display()),
+            "-o".into(),
+            "StrictHostKeyChecking=yes".into(),
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            "IdentitiesOnly=yes".into(),
+            "-o".into(),
+            "ConnectTimeout=5".into(),
+            "-p".into(),
+            self.ssh_port.to_string(),
+            format!("{}@127.0.0.1", self.user.name),
+        ]
+    }
+
+    /// Runs `remote_cmd` over SSH; its stdout, or an error with its stderr.
+    pub async fn ssh(&self, remote_cmd: &str) -> Result<String> {
+        run(self.ssh_command().arg(remote_cmd)).await
+    }
+}
+
+/// The last ssh error, for a startup failure message.
+fn ssh_error(host: &HaproxyHost) -> String {
+    let out = Command::new("ssh").args(host.ssh_args()).arg("true").stdin(Stdio::null()).output();
+    match out {
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+impl Drop for HaproxyHost {
+    fn drop(&mut self) {
+        self.kill_haproxy();
+        self.stop_sshd();
+        self.unpin_host_key();
+    }
+}
+
+/// Valid, and answers 404 to everything until the applier installs a real config.
+const BOOTSTRAP_CONFIG: &str = "\
+# Bootstrap config written by hafleet-tests; the applier replaces it.
+global
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+
+frontend hafleet_http
+    bind \"${HAFLEET_HTTP_BIND-:80}\"
+    default_backend hafleet_none
+
+backend hafleet_none
+    http-request return status 404
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_show_proc_of_2_6() {
+        let text = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n\
+            16114           master          5 [failed: 1]   0d00h00m18s     2.6.12-1+deb12u4\n\
+            # workers\n\
+            16304           worker          0               0d00h00m00s     2.6.12-1+deb12u4\n\
+            # old workers\n\
+            16258           worker          1               0d00h00m06s     2.6.12-1+deb12u4\n\
+            # programs\n\n";
+        let p = parse_show_proc(text).unwrap();
+        assert_eq!(
+            p,
+            ShowProc {
+                master_pid: 16114,
+                reloads: 5,
+                failed: 1,
+                workers: vec![16304],
+                old_workers: vec![16258]
+            }
+        );
+    }
+}

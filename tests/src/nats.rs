@@ -1,0 +1,142 @@
+//! A real `nats-server` with JetStream on a free loopback port, for one test.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::http::http_get;
+use crate::proc::{ChildGuard, TestDir, free_port, is_addr_in_use, tcp_accepts};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `nats-server -js` with its store in a temp dir; killed on drop.
+pub struct NatsServer {
+    child: Option<ChildGuard>,
+    port: u16,
+    monitor_port: u16,
+    dir: TestDir,
+}
+
+impl std::fmt::Debug for NatsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsServer").field("url", &self.url()).field("dir", &self.dir).finish()
+    }
+}
+
+impl NatsServer {
+    /// Starts the server and waits until JetStream is healthy and a client can connect.
+    pub async fn start() -> Result<NatsServer> {
+        let mut dir = TestDir::new("hafleet-nats-")?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let lo = Ipv4Addr::LOCALHOST.into();
+            let mut server =
+                NatsServer { child: None, port: free_port(lo), monitor_port: free_port(lo), dir };
+            match server.spawn().await {
+                Ok(()) => return Ok(server),
+                Err(e) if attempt < 3 && is_addr_in_use(&e) => dir = server.take_dir(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn take_dir(self) -> TestDir {
+        let NatsServer { mut child, dir, .. } = self;
+        drop(child.take());
+        dir
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let store = self.store_dir();
+        std::fs::create_dir_all(&store)?;
+        let mut cmd = Command::new("nats-server");
+        cmd.args(["-js", "-a", "127.0.0.1"]).arg("-sd").arg(&store).args([
+            "-p",
+            &self.port.to_string(),
+            "-m",
+            &self.monitor_port.to_string(),
+        ]);
+        let mut child =
+            ChildGuard::spawn("nats-server", &mut cmd, &self.dir.path().join("nats.log"))
+                .context("start nats-server (install it with tests/setup.sh)")?;
+        let (addr, monitor, url) = (self.addr(), self.monitor_addr(), self.url());
+        child
+            .wait_ready(READY_TIMEOUT, || {
+                let url = url.clone();
+                async move {
+                    tcp_accepts(addr).await
+                        && matches!(http_get(monitor, "127.0.0.1", "/healthz").await,
+                                    Ok((200, body)) if body.contains("ok"))
+                        && async_nats::connect(url).await.is_ok()
+                }
+            })
+            .await?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// `nats://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        (Ipv4Addr::LOCALHOST, self.port).into()
+    }
+
+    /// The HTTP monitoring endpoint (`/healthz`, `/jsz`, `/connz`, ...).
+    pub fn monitor_addr(&self) -> SocketAddr {
+        (Ipv4Addr::LOCALHOST, self.monitor_port).into()
+    }
+
+    /// JetStream's store directory (`-sd`); it survives [`NatsServer::restart`].
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("jetstream")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("nats.log")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> Result<async_nats::Client> {
+        async_nats::connect(self.url()).await.with_context(|| format!("connect {}", self.url()))
+    }
+
+    /// Kills the server with SIGKILL (a crash); [`NatsServer::start_again`] brings it back.
+    pub fn kill(&mut self) {
+        drop(self.child.take());
+    }
+
+    /// The server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.pid())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.is_running())
+    }
+
+    /// Starts the server again (after [`NatsServer::kill`]) on the same port and store dir.
+    pub async fn start_again(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
+    /// Crash and restart: SIGKILL, then start on the same port and store dir, and wait.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.start_again().await
+    }
+}

@@ -1,0 +1,168 @@
+//! The whole pipeline on loopback: API server, NATS, HAProxy hosts behind sshd, and the three
+//! hafleet binaries as real processes. The end-to-end tests and `hafleet-demo` both start this.
+//!
+//! ```text
+//! KubeEnv (etcd + kube-apiserver) ─▶ hafleet-watcher ─▶ NatsServer ─▶ hafleet-renderer
+//!                                                          │
+//!                 HaproxyHost × N (sshd + haproxy -W) ◀── hafleet-applier (--fleet F)
+//! ```
+
+use crate::bin_path;
+use crate::haproxy_host::{HaproxyHost, SshClientKeys};
+use crate::kube_env::KubeEnv;
+use crate::nats::NatsServer;
+use crate::proc::{ChildGuard, TestDir};
+use anyhow::{Context, Result};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Which hafleet binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Watcher,
+    Renderer,
+    Applier,
+}
+
+impl Component {
+    pub fn binary(self) -> &'static str {
+        match self {
+            Component::Watcher => "hafleet-watcher",
+            Component::Renderer => "hafleet-renderer",
+            Component::Applier => "hafleet-applier",
+        }
+    }
+}
+
+/// A running pipeline for one fleet.
+#[derive(Debug)]
+pub struct Stack {
+    pub fleet: String,
+    pub kube: KubeEnv,
+    pub nats: NatsServer,
+    pub keys: SshClientKeys,
+    pub hosts: Vec<HaproxyHost>,
+    dir: TestDir,
+    inventory: PathBuf,
+    watcher: Option<ChildGuard>,
+    renderer: Option<ChildGuard>,
+    applier: Option<ChildGuard>,
+}
+
+impl Stack {
+    /// Starts every server and the three binaries; returns once they are all up.
+    pub async fn start(fleet: &str, hosts: usize) -> Result<Stack> {
+        let dir = TestDir::new("hafleet-stack")?;
+        let (kube, nats) = tokio::try_join!(KubeEnv::start(), NatsServer::start())?;
+        let keys = SshClientKeys::generate(dir.path())?;
+        let mut started = Vec::new();
+        for i in 1..=hosts {
+            started.push(HaproxyHost::start(&format!("lb-{i}"), &keys).await?);
+        }
+        let mut inventory = String::new();
+        for h in &started {
+            write!(
+                inventory,
+                "[[hosts]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nuser = \"{}\"\n\
+                 config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\n",
+                h.name(),
+                h.ssh_host(),
+                h.ssh_port(),
+                h.ssh_user(),
+                h.config_path().display(),
+                h.master_socket().display(),
+            )?;
+        }
+        let inventory_path = dir.path().join("inventory.toml");
+        std::fs::write(&inventory_path, inventory)?;
+        let mut stack = Stack {
+            fleet: fleet.to_owned(),
+            kube,
+            nats,
+            keys,
+            hosts: started,
+            dir,
+            inventory: inventory_path,
+            watcher: None,
+            renderer: None,
+            applier: None,
+        };
+        stack.start_component(Component::Renderer)?;
+        stack.start_component(Component::Applier)?;
+        stack.start_component(Component::Watcher)?;
+        Ok(stack)
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    pub fn inventory_path(&self) -> &std::path::Path {
+        &self.inventory
+    }
+
+    /// The command line a component runs with in this stack.
+    pub fn command(&self, c: Component) -> Command {
+        let mut cmd = Command::new(bin_path(c.binary()));
+        cmd.env("HAFLEET_NATS_URL", self.nats.url())
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env("NO_COLOR", "1");
+        match c {
+            Component::Watcher => {
+                cmd.env("KUBECONFIG", self.kube.kubeconfig_path()).env("HAFLEET_DEBOUNCE_MS", "50");
+            }
+            Component::Renderer => {
+                cmd.arg("run")
+                    .env("HAFLEET_DATA_DIR", self.dir.path().join("renderer-data"))
+                    .env("HAFLEET_COALESCE_MS", "100");
+            }
+            Component::Applier => {
+                cmd.env("HAFLEET_FLEET", &self.fleet)
+                    .env("HAFLEET_INVENTORY", &self.inventory)
+                    .env("HAFLEET_SSH_IDENTITY", &self.keys.identity)
+                    .env("HAFLEET_SSH_KNOWN_HOSTS", &self.keys.known_hosts)
+                    .env("HAFLEET_RETRY_SECS", "2");
+            }
+        }
+        cmd
+    }
+
+    fn slot(&mut self, c: Component) -> &mut Option<ChildGuard> {
+        match c {
+            Component::Watcher => &mut self.watcher,
+            Component::Renderer => &mut self.renderer,
+            Component::Applier => &mut self.applier,
+        }
+    }
+
+    /// Starts (or restarts after [`Stack::kill`]) a component; its log is appended to.
+    pub fn start_component(&mut self, c: Component) -> Result<()> {
+        let log = self.dir.path().join(format!("{}.log", c.binary()));
+        let child = ChildGuard::spawn(c.binary(), &mut self.command(c), &log)
+            .with_context(|| format!("starting {}", c.binary()))?;
+        *self.slot(c) = Some(child);
+        Ok(())
+    }
+
+    /// Kills a component with SIGKILL, as a crash would.
+    pub fn kill(&mut self, c: Component) {
+        if let Some(mut child) = self.slot(c).take() {
+            child.kill();
+        }
+    }
+
+    pub fn log_path(&self, c: Component) -> PathBuf {
+        self.dir.path().join(format!("{}.log", c.binary()))
+    }
+
+    /// The last lines of every component's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+            let tail = crate::proc::log_tail(&self.log_path(c), 40);
+            let _ = writeln!(out, "----- {} -----\n{tail}", c.binary());
+        }
+        out
+    }
+}
