@@ -1,0 +1,21 @@
+# Shortcuts; the README's commands are the reference.
+.PHONY: fmt lint test e2e demo smoke
+
+fmt:
+	cargo fmt --all
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+test:
+	./tests/run.sh
+
+e2e:
+	./tests/run.sh -p hafleet-tests
+
+demo:
+	./deploy/local/demo.sh
+
+smoke:
+	./deploy/local/demo.sh --smoke

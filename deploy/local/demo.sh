@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# hafleet on loopback: etcd + kube-apiserver, NATS JetStream, two HAProxy hosts behind their own
+# sshd, the three hafleet binaries, two fake nodes with a sample app, and an Ingress routing
+# hello.local to it. Prints how to send traffic through HAProxy and writes .demo/env for
+# `source`. Runs until Ctrl-C, then stops everything it started.
+#
+#   ./deploy/local/demo.sh            run until Ctrl-C
+#   ./deploy/local/demo.sh --smoke    prove one request through every HAProxy host, stop, exit 0/1
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+env_lines=$(bash tests/setup.sh)
+while IFS='=' read -r name value; do
+  [ -n "$name" ] && export "$name=$value"
+done <<< "$env_lines"
+
+cargo build --workspace --bins --locked --quiet
+exec target/debug/hafleet-demo "$@"
