@@ -1,7 +1,9 @@
 //! NATS JetStream adapter: the fleet's config consumer and apply reports.
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use hafleet_proto::{ApplyReport, FleetName, MSG_ID_HEADER, SCHEMA_HEADER, StreamSpec};
+use hafleet_proto::{
+    ApplyReport, ConfigVersion, FleetName, MSG_ID_HEADER, SCHEMA_HEADER, StreamSpec,
+};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,14 +48,40 @@ pub async fn configs_consumer(
                 durable_name: Some(name.clone()),
                 filter_subject: hafleet_proto::configs_subject(fleet),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                // A rollout of a large fleet takes a while; the message stays ours meanwhile.
-                ack_wait: Duration::from_secs(600),
-                max_ack_pending: 1,
+                // Rollouts send progress acks, so this only bounds how long a crashed applier's
+                // message waits before it is delivered again.
+                ack_wait: ACK_WAIT,
+                max_ack_pending: 100,
                 ..Default::default()
             },
         )
         .await
         .map_err(|e| BusError::Consumer { name, source: Box::new(e) })
+}
+
+/// How long JetStream waits for an ack before delivering a version again.
+pub const ACK_WAIT: Duration = Duration::from_secs(60);
+
+/// The newest version published for `fleet`, read straight from the stream.
+pub async fn latest_version(
+    js: &jetstream::Context,
+    fleet: &FleetName,
+) -> Result<Option<ConfigVersion>, BusError> {
+    let stream = ensure_stream(js, hafleet_proto::CONFIGS).await?;
+    let subject = hafleet_proto::configs_subject(fleet);
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => match ConfigVersion::decode(&m.payload) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                tracing::error!(error = %e, "newest config message is unreadable");
+                Ok(None)
+            }
+        },
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => {
+            Err(BusError::Stream { name: hafleet_proto::CONFIGS_STREAM, source: Box::new(e) })
+        }
+    }
 }
 
 pub async fn publish_report(js: &jetstream::Context, report: &ApplyReport) -> Result<(), BusError> {

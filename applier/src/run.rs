@@ -1,7 +1,7 @@
 //! The applier's loop: take the fleet's newest config version, roll it out, report per host.
 //!
-//! Versions are applied in order, but one that is already superseded by a newer pending version
-//! is acked and skipped: HAProxy only ever needs the newest config. Hosts that could not be
+//! HAProxy only ever needs the newest config: at start-up the applier rolls out the newest
+//! version on its subject, and any version older than the newest is acked and skipped. Hosts that could not be
 //! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
 
 use crate::bus;
@@ -86,6 +86,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let retry_every = Duration::from_secs(args.retry_secs.max(1));
     let mut retry: Option<(ConfigVersion, Vec<usize>)> = None;
+    // The newest version rolled out; anything older that arrives later is superseded.
+    let mut done: u64 = 0;
+
+    // Converge at once on start-up, whatever a previous run left in flight: hosts already on
+    // the newest version just report Unchanged.
+    if let Some(version) = bus::latest_version(&js, &args.fleet).await? {
+        info!(version = version.version, "converging on the newest version at start-up");
+        let unreached = apply_and_report(&js, &hosts, &version, &settings).await;
+        done = version.version;
+        retry = (!unreached.is_empty()).then_some((version, unreached));
+    }
+
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
@@ -112,22 +124,41 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             None => break,
         };
-        let pending = msg.info().map(|i| i.pending).unwrap_or(0);
         match ConfigVersion::decode(&msg.payload) {
             Ok(version) if version.fleet != args.fleet => {
                 warn!(got = %version.fleet, "config of another fleet on this fleet's subject; skipped");
             }
-            Ok(version) if pending > 0 => {
-                info!(version = version.version, pending, "superseded by a newer version; skipped");
+            Ok(version) if version.version <= done => {
+                info!(version = version.version, done, "already rolled out or superseded; skipped");
             }
             Ok(version) => {
-                let unreached = apply_and_report(&js, &hosts, &version, &settings).await;
-                retry = (!unreached.is_empty()).then_some((version, unreached));
+                let newest = bus::latest_version(&js, &args.fleet).await?;
+                if newest.as_ref().is_some_and(|n| n.version > version.version) {
+                    info!(version = version.version, "superseded by a newer version; skipped");
+                } else {
+                    let unreached = {
+                        let work = apply_and_report(&js, &hosts, &version, &settings);
+                        tokio::pin!(work);
+                        // Keep the message ours while the rollout runs.
+                        let mut progress = tokio::time::interval(bus::ACK_WAIT / 4);
+                        progress.tick().await;
+                        loop {
+                            tokio::select! {
+                                unreached = &mut work => break unreached,
+                                _ = progress.tick() => {
+                                    let _ = msg.ack_with(jetstream::AckKind::Progress).await;
+                                }
+                            }
+                        }
+                    };
+                    done = version.version;
+                    retry = (!unreached.is_empty()).then_some((version, unreached));
+                }
             }
             Err(e) => error!(error = %e, "config message refused"),
         }
         if let Err(e) = msg.ack().await {
-            warn!(error = %e, "ack failed; the version will come again and be found unchanged");
+            warn!(error = %e, "ack failed; the version will come again and be skipped");
         }
     }
     info!("applier stopping");

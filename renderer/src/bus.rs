@@ -39,25 +39,54 @@ pub async fn ensure_stream(
     .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })
 }
 
-/// The renderer's durable consumer of every route message.
+/// The renderer's durable consumer of every route message, positioned just after `applied_seq`,
+/// the last sequence whose effect the renderer's store holds.
+///
+/// The store, not the consumer, is the source of truth for the position: state and sequence
+/// commit in one transaction. So at start-up the consumer is re-created at that position; what
+/// a previous run had in flight but never committed comes again, in order.
 pub async fn routes_consumer(
     js: &jetstream::Context,
-) -> Result<jetstream::consumer::Consumer<pull::Config>, BusError> {
+    applied_seq: u64,
+) -> Result<(stream::Stream, jetstream::consumer::Consumer<pull::Config>), BusError> {
     let stream = ensure_stream(js, hafleet_proto::ROUTES).await?;
     let name = hafleet_proto::RENDERER_CONSUMER;
-    stream
-        .get_or_create_consumer(
-            name,
-            pull::Config {
-                durable_name: Some(name.to_owned()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(60),
-                max_ack_pending: 10_000,
-                ..Default::default()
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| BusError::Consumer {
+        name: name.to_owned(),
+        source: e,
+    };
+    if stream.consumer_info(name).await.is_ok() {
+        stream.delete_consumer(name).await.map_err(|e| failed(Box::new(e)))?;
+    }
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name.to_owned()),
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: applied_seq + 1,
             },
-        )
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(60),
+            max_ack_pending: 10_000,
+            ..Default::default()
+        })
         .await
-        .map_err(|e| BusError::Consumer { name: name.to_owned(), source: Box::new(e) })
+        .map_err(|e| failed(Box::new(e)))?;
+    Ok((stream, consumer))
+}
+
+/// Reads one message of the routes stream by sequence, to fill a gap in what the consumer
+/// delivered (a delivery lost on a reconnect comes back only after `ack_wait`, too late to be
+/// applied in order). `None` if the stream no longer holds it.
+pub async fn routes_message(
+    stream: &stream::Stream,
+    seq: u64,
+) -> Result<Option<bytes::Bytes>, BusError> {
+    use async_nats::jetstream::stream::RawMessageErrorKind;
+    match stream.get_raw_message(seq).await {
+        Ok(m) => Ok(Some(m.payload)),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(BusError::Stream { name: hafleet_proto::ROUTES_STREAM, source: Box::new(e) }),
+    }
 }
 
 /// Publishes a version and waits for JetStream's ack. The message id makes a retry after a

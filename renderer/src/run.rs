@@ -67,7 +67,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     bus::ensure_stream(&js, hafleet_proto::CONFIGS).await?;
     publish_unpublished(&client, &js, &store).await?;
 
-    let consumer = bus::routes_consumer(&js).await?;
+    let (stream, consumer) = bus::routes_consumer(&js, store.applied_seq()?).await?;
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
 
@@ -99,7 +99,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Ok(None) | Err(_) => break,
             }
         }
-        process(&store, &renderer, &batch)?;
+        let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
+        process(&store, &renderer, &entries)?;
         publish_unpublished(&client, &js, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
@@ -113,30 +114,61 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies a batch and commits it. Returns the versions it made.
-#[tracing::instrument(skip_all, fields(messages = batch.len()))]
+/// The batch as (stream sequence, payload), in sequence order, without what is already applied,
+/// and with any sequence the consumer skipped read from the stream, so that events are applied
+/// exactly once and in order whatever the deliveries did.
+async fn fill_gaps(
+    stream: &async_nats::jetstream::stream::Stream,
+    applied: u64,
+    batch: &[jetstream::Message],
+) -> anyhow::Result<Vec<(u64, bytes::Bytes)>> {
+    let mut delivered: Vec<(u64, bytes::Bytes)> = batch
+        .iter()
+        .filter_map(|m| match m.info() {
+            Ok(info) => Some((info.stream_sequence, m.payload.clone())),
+            Err(e) => {
+                warn!(error = %e, "message without JetStream metadata; skipped");
+                None
+            }
+        })
+        .filter(|(seq, _)| *seq > applied)
+        .collect();
+    delivered.sort_by_key(|(seq, _)| *seq);
+    delivered.dedup_by_key(|(seq, _)| *seq);
+    let mut entries = Vec::with_capacity(delivered.len());
+    let mut next = applied + 1;
+    for (seq, payload) in delivered {
+        while next < seq {
+            match bus::routes_message(stream, next).await? {
+                Some(missing) => {
+                    info!(seq = next, "filled a gap in deliveries from the stream");
+                    entries.push((next, missing));
+                }
+                None => warn!(seq = next, "route message no longer in the stream; skipped"),
+            }
+            next += 1;
+        }
+        entries.push((seq, payload));
+        next = seq + 1;
+    }
+    Ok(entries)
+}
+
+/// Applies entries (in sequence order, all above the applied sequence) and commits them.
+/// Returns the versions it made.
+#[tracing::instrument(skip_all, fields(messages = entries.len()))]
 fn process(
     store: &Store,
     renderer: &Renderer,
-    batch: &[jetstream::Message],
+    entries: &[(u64, bytes::Bytes)],
 ) -> anyhow::Result<Vec<ConfigVersion>> {
-    let applied = store.applied_seq()?;
-    let mut last_seq = applied;
+    let mut last_seq = store.applied_seq()?;
     let mut desired = store.desired()?;
     let mut out = Applied::default();
-    for m in batch {
-        let seq = match m.info() {
-            Ok(info) => info.stream_sequence,
-            Err(e) => {
-                warn!(error = %e, "message without JetStream metadata; skipped");
-                continue;
-            }
-        };
-        if seq <= applied {
-            continue;
-        }
+    for (seq, payload) in entries {
+        let seq = *seq;
         last_seq = last_seq.max(seq);
-        match RouteMessage::decode(&m.payload) {
+        match RouteMessage::decode(payload) {
             Ok(msg) => state::apply(&mut desired, seq, &msg, &mut out),
             // One unreadable message must not block every fleet behind it.
             Err(e) => warn!(seq, error = %e, "route message skipped"),

@@ -1,20 +1,29 @@
 //! End-to-end: real kube-apiserver, NATS, sshd and HAProxy, and the three hafleet binaries as
 //! processes. Each test starts its own stack on its own loopback addresses and ports.
+//!
+//! - `routing`: Ingresses become routes on every host and follow every change;
+//! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
+//!   nothing that works;
+//! - `recovery`: any component killed and restarted, the pipeline converges.
+
+mod recovery;
+mod refusals;
+mod routing;
 
 use anyhow::Result;
 use hafleet_tests::stack::Stack;
 use hafleet_tests::{HttpBackend, eventually, http_get, random_loopback_ip};
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 /// How long a change may take to reach every HAProxy host. Generous: CI machines are small and
 /// the first rollout also warms up SSH.
-const CONVERGE: Duration = Duration::from_secs(60);
+pub const CONVERGE: Duration = Duration::from_secs(60);
 
-fn ingress(name: &str, fleet: Option<&str>, host: &str, path: &str, service: &str) -> Ingress {
+pub fn ingress(name: &str, fleet: Option<&str>, host: &str, path: &str, service: &str) -> Ingress {
     let annotations = fleet.map(|f| json!({"hafleet.io/fleet": f})).unwrap_or(json!({}));
     serde_json::from_value(json!({
         "apiVersion": "networking.k8s.io/v1",
@@ -30,7 +39,7 @@ fn ingress(name: &str, fleet: Option<&str>, host: &str, path: &str, service: &st
 
 /// Two Ready nodes and one NodePort Service with a backend on each node at its NodePort (what
 /// kube-proxy would do).
-async fn service_on_two_nodes(
+pub async fn service_on_two_nodes(
     stack: &Stack,
     service: &str,
     nodes: &[(String, Ipv4Addr)],
@@ -46,7 +55,7 @@ async fn service_on_two_nodes(
 
 /// Waits until a GET through every HAProxy host of the stack answers `status` with a body
 /// starting with `body_prefix`.
-async fn expect_everywhere(
+pub async fn expect_everywhere(
     stack: &Stack,
     host: &str,
     path: &str,
@@ -67,49 +76,46 @@ async fn expect_everywhere(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change() -> Result<()> {
-    let stack = Stack::start("edge", 2).await?;
-    let nodes: Vec<(String, Ipv4Addr)> =
-        (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
-    for (name, ip) in &nodes {
-        stack.kube.create_ready_node(name, *ip).await?;
-    }
-    let _web = service_on_two_nodes(&stack, "web", &nodes).await?;
-    let _api = service_on_two_nodes(&stack, "api", &nodes).await?;
-    let ingresses: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "default");
+/// A stack for fleet `edge` with two HAProxy hosts, two Ready nodes, and Services `web` and
+/// `api` served on both nodes.
+pub struct World {
+    pub stack: Stack,
+    pub ingresses: Api<Ingress>,
+    _backends: Vec<HttpBackend>,
+}
 
-    // An Ingress without the annotation is not hafleet's.
-    ingresses
-        .create(&PostParams::default(), &ingress("other", None, "other.example.com", "/", "web"))
-        .await?;
-    // The annotated one goes live on both hosts; Prefix matches whole segments only.
-    ingresses
-        .create(
-            &PostParams::default(),
-            &ingress("shop", Some("edge"), "shop.example.com", "/app", "web"),
-        )
-        .await?;
-    expect_everywhere(&stack, "shop.example.com", "/app/cart", 200, "web@node-").await?;
-    expect_everywhere(&stack, "shop.example.com", "/app", 200, "web@node-").await?;
-    expect_everywhere(&stack, "SHOP.example.com:80", "/app", 200, "web@node-").await?;
-    expect_everywhere(&stack, "shop.example.com", "/application", 404, "").await?;
-    expect_everywhere(&stack, "other.example.com", "/", 404, "").await?;
-    for h in &stack.hosts {
-        let live = h.live_config();
-        assert!(live.contains("shop.example.com"), "{}: {live}", h.name());
-        assert!(!live.contains("other.example.com"), "unannotated Ingress reached {}", h.name());
+impl World {
+    pub async fn start() -> Result<World> {
+        let stack = Stack::start("edge", 2).await?;
+        let nodes: Vec<(String, Ipv4Addr)> =
+            (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
+        for (name, ip) in &nodes {
+            stack.kube.create_ready_node(name, *ip).await?;
+        }
+        let mut backends = service_on_two_nodes(&stack, "web", &nodes).await?;
+        backends.extend(service_on_two_nodes(&stack, "api", &nodes).await?);
+        let ingresses = Api::namespaced(stack.kube.client().await?, "default");
+        Ok(World { stack, ingresses, _backends: backends })
     }
 
-    // A new host and path, pointing at another Service: the old ones stop routing.
-    let mut changed = ingresses.get("shop").await?;
-    changed.spec = ingress("shop", None, "api.example.com", "/v1", "api").spec;
-    ingresses.replace("shop", &PostParams::default(), &changed).await?;
-    expect_everywhere(&stack, "api.example.com", "/v1/users", 200, "api@node-").await?;
-    expect_everywhere(&stack, "shop.example.com", "/app", 404, "").await?;
+    /// Creates an Ingress on fleet `edge`.
+    pub async fn route(&self, name: &str, host: &str, path: &str, service: &str) -> Result<()> {
+        self.ingresses
+            .create(&PostParams::default(), &ingress(name, Some("edge"), host, path, service))
+            .await?;
+        Ok(())
+    }
 
-    // Deleted: nothing routes any more.
-    ingresses.delete("shop", &DeleteParams::default()).await?;
-    expect_everywhere(&stack, "api.example.com", "/v1/users", 404, "").await?;
-    Ok(())
+    /// Waits until `host` of the stack has a report for `version` and returns it.
+    pub async fn report(&self, host: &str, version: u64) -> Result<hafleet_proto::ApplyReport> {
+        let stack = &self.stack;
+        eventually(CONVERGE, &format!("report of {host} for version {version}"), || async move {
+            match stack.last_report(host).await? {
+                Some(r) if r.version >= version => Ok(r),
+                other => anyhow::bail!("last report: {other:?}"),
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))
+    }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::Api;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::proc::pid_alive;
+use crate::proc::{pid_alive, wait_for};
 use crate::{
     HaproxyHost, HttpBackend, KubeEnv, NatsServer, SshClientKeys, TestDir, eventually, http_get,
     random_loopback_ip,
@@ -172,7 +172,9 @@ async fn haproxy_hosts_serve_ssh_and_reload() {
     pids.push(sshd_pid.trim().parse().unwrap());
     drop(one);
     for pid in pids {
-        assert!(!pid_alive(pid), "{pid} survived drop");
+        // SIGKILL is sent on drop; the kernel takes a moment to finish each process off.
+        let gone = wait_for(Duration::from_secs(5), || async move { !pid_alive(pid) }).await;
+        assert!(gone, "{pid} survived drop");
     }
     assert_eq!(known_hosts().lines().count(), 1, "{}", known_hosts());
     two.ssh("true").await.context("host two still reachable").unwrap();

@@ -13,6 +13,7 @@ use crate::kube_env::KubeEnv;
 use crate::nats::NatsServer;
 use crate::proc::{ChildGuard, TestDir};
 use anyhow::{Context, Result};
+use hafleet_proto::{ApplyReport, FleetName, HostName};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
@@ -138,8 +139,15 @@ impl Stack {
 
     /// Starts (or restarts after [`Stack::kill`]) a component; its log is appended to.
     pub fn start_component(&mut self, c: Component) -> Result<()> {
+        self.start_component_with(c, &[])
+    }
+
+    /// Like [`Stack::start_component`], with extra environment (e.g. `HAFLEET_TEMPLATE`).
+    pub fn start_component_with(&mut self, c: Component, env: &[(&str, &str)]) -> Result<()> {
         let log = self.dir.path().join(format!("{}.log", c.binary()));
-        let child = ChildGuard::spawn(c.binary(), &mut self.command(c), &log)
+        let mut cmd = self.command(c);
+        cmd.envs(env.iter().copied());
+        let child = ChildGuard::spawn(c.binary(), &mut cmd, &log)
             .with_context(|| format!("starting {}", c.binary()))?;
         *self.slot(c) = Some(child);
         Ok(())
@@ -149,6 +157,25 @@ impl Stack {
     pub fn kill(&mut self, c: Component) {
         if let Some(mut child) = self.slot(c).take() {
             child.kill();
+        }
+    }
+
+    /// The newest apply report of a host, read from the reports stream.
+    pub async fn last_report(&self, host: &str) -> Result<Option<ApplyReport>> {
+        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let Ok(mut stream) = js.get_stream(hafleet_proto::REPORTS_STREAM).await else {
+            return Ok(None);
+        };
+        let subject = hafleet_proto::reports_subject(
+            &FleetName::new(self.fleet.as_str())?,
+            &HostName::new(host)?,
+        );
+        if stream.info().await?.state.messages == 0 {
+            return Ok(None);
+        }
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(msg) => Ok(Some(ApplyReport::decode(&msg.payload)?)),
+            Err(_) => Ok(None),
         }
     }
 

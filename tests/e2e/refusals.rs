@@ -1,0 +1,151 @@
+//! Bad input changes nothing that works (invariants 1, 2 and 5): an Ingress that tries to
+//! inject directives, a config HAProxy refuses at `haproxy -c` or only at reload, and a host
+//! whose SSH key is not the pinned one.
+
+use crate::{CONVERGE, World, expect_everywhere};
+use anyhow::Result;
+use hafleet_proto::{ApplyOutcome, ApplyStage};
+use hafleet_tests::eventually;
+use hafleet_tests::stack::Component;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_that_tries_to_inject_directives_is_refused_alone_with_a_warning_event()
+-> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // The API server accepts this path; hafleet must not let it into haproxy.cfg.
+    let evil_path = "/x }\n    use_backend be_default_web_80 if TRUE #";
+    world.route("evil", "evil.example.com", evil_path, "api").await?;
+    // A valid Ingress created after the bad one still goes live: nothing is frozen.
+    world.route("later", "later.example.com", "/", "api").await?;
+    expect_everywhere(stack, "later.example.com", "/", 200, "api@").await?;
+
+    // A valid Ingress edited into an invalid one keeps the routes it had.
+    let patch = serde_json::json!({"spec": {"rules": [{"host": "shop.example.com", "http": {"paths": [
+        {"path": "/a b", "pathType": "Prefix",
+         "backend": {"service": {"name": "api", "port": {"number": 80}}}}]}}]}});
+    let ingresses: &Api<Ingress> = &world.ingresses;
+    ingresses.patch("shop", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+
+    let events: Api<Event> = Api::namespaced(stack.kube.client().await?, "default");
+    for name in ["evil", "shop"] {
+        let events = &events;
+        eventually(CONVERGE, &format!("Warning event on ingress {name}"), || async move {
+            let found = events.list(&ListParams::default()).await?.items.into_iter().any(|e| {
+                e.reason.as_deref() == Some("InvalidIngress")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            });
+            anyhow::ensure!(found, "no InvalidIngress event for {name} yet");
+            Ok(())
+        })
+        .await?;
+    }
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_everywhere(stack, "evil.example.com", "/", 404, "").await?;
+    for h in &stack.hosts {
+        let live = h.live_config();
+        assert!(!live.contains("evil.example.com") && !live.contains("/x }"), "{live}");
+        assert!(!live.contains("/a b"), "{live}");
+    }
+    Ok(())
+}
+
+/// Restarts the renderer with the built-in template changed by `edit`.
+fn render_with(world: &mut World, name: &str, edit: impl Fn(&str) -> String) -> Result<()> {
+    let template = edit(hafleet_renderer::render::BUILTIN_TEMPLATE);
+    let path = world.stack.dir().join(name);
+    std::fs::write(&path, template)?;
+    world.stack.kill(Component::Renderer);
+    world.stack.start_component_with(
+        Component::Renderer,
+        &[("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path"))],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_haproxy_refuses_never_goes_live_and_the_rollout_halts_at_the_canary() -> Result<()>
+{
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let v1 = world.report("lb-1", 1).await?;
+    assert_eq!(v1.outcome, ApplyOutcome::Applied);
+    let good = world.stack.hosts[0].live_config();
+
+    // 1. `haproxy -c` refuses the config: the live file is never touched.
+    render_with(&mut world, "bad-directive.j2", |t| {
+        t.replace("    mode http\n", "    mode http\n    no-such-directive on\n")
+    })?;
+    world.route("second", "second.example.com", "/", "api").await?;
+    let report = world.report("lb-1", 2).await?;
+    let ApplyOutcome::Failed { stage, message, restored } = &report.outcome else {
+        panic!("version 2 should fail validation: {report:?}\n{}", world.stack.logs());
+    };
+    assert_eq!(*stage, ApplyStage::Validate, "{message}");
+    assert!(message.contains("no-such-directive"), "HAProxy's words reach the report: {message}");
+    assert!(!restored, "nothing to restore: the live file was never replaced");
+    assert_eq!(world.stack.hosts[0].live_config(), good);
+    assert_eq!(world.stack.hosts[1].live_config(), good, "the rollout halted at the canary");
+    assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(1));
+
+    // 2. The config passes `haproxy -c` but HAProxy cannot load it on reload (it asks for more
+    //    file descriptors than any host allows): the canary rolls back to last-known-good.
+    render_with(&mut world, "bad-reload.j2", |t| {
+        t.replace("global\n", "global\n    maxconn 100000000\n")
+    })?;
+    world.route("third", "third.example.com", "/", "api").await?;
+    let report = world.report("lb-1", 3).await?;
+    let ApplyOutcome::Failed { stage, restored, .. } = &report.outcome else {
+        panic!("version 3 should fail on reload: {report:?}\n{}", world.stack.logs());
+    };
+    assert_eq!(*stage, ApplyStage::Reload);
+    assert!(restored, "last-known-good is back");
+    assert_eq!(world.stack.hosts[0].live_config(), good);
+    assert_eq!(world.stack.hosts[1].live_config(), good);
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // 3. A good template again: the next version goes everywhere.
+    render_with(&mut world, "good.j2", |t| t.to_owned())?;
+    world.route("fourth", "fourth.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "fourth.example.com", "/", 200, "api@").await?;
+    expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_ssh_key_is_not_pinned_is_refused_and_retried_once_it_is() -> Result<()> {
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // Forget lb-2's host key: strict checking must refuse it, not learn it.
+    let known_hosts = world.stack.keys.known_hosts.clone();
+    let pinned = std::fs::read_to_string(&known_hosts)?;
+    let lb2 = format!("[127.0.0.1]:{} ", world.stack.hosts[1].ssh_port());
+    let without: String =
+        pinned.lines().filter(|l| !l.starts_with(&lb2)).map(|l| format!("{l}\n")).collect();
+    assert_ne!(without, pinned, "lb-2's key was pinned");
+    std::fs::write(&known_hosts, &without)?;
+
+    world.route("second", "second.example.com", "/", "api").await?;
+    let report = world.report("lb-2", 2).await?;
+    let ApplyOutcome::Failed { stage, message, .. } = &report.outcome else {
+        panic!("lb-2 must be refused: {report:?}");
+    };
+    assert_eq!(*stage, ApplyStage::Connect, "{message}");
+    // An unreachable host does not halt the rollout or poison the others.
+    assert_eq!(world.report("lb-1", 2).await?.outcome, ApplyOutcome::Applied);
+    assert_eq!(std::fs::read_to_string(&known_hosts)?, without, "nothing was added");
+
+    // Pin the key again: the applier's retry brings lb-2 to the current version.
+    std::fs::write(&known_hosts, &pinned)?;
+    expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
+    Ok(())
+}

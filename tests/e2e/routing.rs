@@ -1,0 +1,46 @@
+//! Ingresses become routes on every HAProxy host and follow every change.
+
+use crate::{World, expect_everywhere, ingress};
+use anyhow::Result;
+use kube::api::{DeleteParams, PostParams};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
+async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change() -> Result<()> {
+    let world = World::start().await?;
+    let (stack, ingresses) = (&world.stack, &world.ingresses);
+
+    // An Ingress without the annotation is not hafleet's.
+    ingresses
+        .create(&PostParams::default(), &ingress("other", None, "other.example.com", "/", "web"))
+        .await?;
+    // The annotated one goes live on both hosts; Prefix matches whole segments only.
+    ingresses
+        .create(
+            &PostParams::default(),
+            &ingress("shop", Some("edge"), "shop.example.com", "/app", "web"),
+        )
+        .await?;
+    expect_everywhere(stack, "shop.example.com", "/app/cart", 200, "web@node-").await?;
+    expect_everywhere(stack, "shop.example.com", "/app", 200, "web@node-").await?;
+    expect_everywhere(stack, "SHOP.example.com:80", "/app", 200, "web@node-").await?;
+    expect_everywhere(stack, "shop.example.com", "/application", 404, "").await?;
+    expect_everywhere(stack, "other.example.com", "/", 404, "").await?;
+    for h in &stack.hosts {
+        let live = h.live_config();
+        assert!(live.contains("shop.example.com"), "{}: {live}", h.name());
+        assert!(!live.contains("other.example.com"), "unannotated Ingress reached {}", h.name());
+    }
+
+    // A new host and path, pointing at another Service: the old ones stop routing.
+    let mut changed = ingresses.get("shop").await?;
+    changed.spec = ingress("shop", None, "api.example.com", "/v1", "api").spec;
+    ingresses.replace("shop", &PostParams::default(), &changed).await?;
+    expect_everywhere(stack, "api.example.com", "/v1/users", 200, "api@node-").await?;
+    expect_everywhere(stack, "shop.example.com", "/app", 404, "").await?;
+
+    // Deleted: nothing routes any more.
+    ingresses.delete("shop", &DeleteParams::default()).await?;
+    expect_everywhere(stack, "api.example.com", "/v1/users", 404, "").await?;
+    Ok(())
+}
