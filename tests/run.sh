@@ -6,10 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-env_lines=$(bash tests/setup.sh)
-while IFS='=' read -r name value; do
-  [ -n "$name" ] && export "$name=$value"
-done <<< "$env_lines"
+setup_env=$(bash tests/setup.sh)
+eval "$setup_env"
 
 # The end-to-end tests run the real binaries; build them first.
 cargo build --workspace --bins --locked

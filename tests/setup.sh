@@ -2,7 +2,8 @@
 # Installs everything the tests and the local demo need on a fresh Debian (bookworm) machine:
 # nats-server, haproxy, sshd, etcd from Debian's packages, and kube-apiserver built once from
 # Debian's `kubernetes` source package (cached under ~/.cache/hafleet, keyed by version).
-# Idempotent: a second run does nothing but check. Prints the env lines to stdout at the end.
+# Idempotent: a second run does nothing but check. Prints `export` lines for the test
+# environment on stdout (everything else goes to stderr): eval "$(bash tests/setup.sh)".
 set -euo pipefail
 
 KUBE_VERSION=1.20.2
@@ -92,10 +93,11 @@ SRC
   log "kube-apiserver cached at $KUBE_BIN"
 fi
 
+# For callers: eval "$(bash tests/setup.sh)".
 if $have_assets; then
-  echo "HAFLEET_KUBE_APISERVER=$KUBEBUILDER_ASSETS/kube-apiserver"
-  echo "HAFLEET_ETCD=$KUBEBUILDER_ASSETS/etcd"
+  printf 'export HAFLEET_KUBE_APISERVER=%q\n' "$KUBEBUILDER_ASSETS/kube-apiserver"
+  printf 'export HAFLEET_ETCD=%q\n' "$KUBEBUILDER_ASSETS/etcd"
 else
-  echo "HAFLEET_KUBE_APISERVER=$KUBE_BIN"
-  echo "HAFLEET_ETCD=$(command -v etcd)"
+  printf 'export HAFLEET_KUBE_APISERVER=%q\n' "$KUBE_BIN"
+  printf 'export HAFLEET_ETCD=%q\n' "$(command -v etcd)"
 fi

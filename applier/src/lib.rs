@@ -25,13 +25,7 @@ pub struct Cli {
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .with_writer(std::io::stderr)
-            .init();
+        hafleet_runtime::init_tracing();
         run::run(Cli::parse().run).await
     }
 }

@@ -75,12 +75,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
     };
 
-    let client = async_nats::connect(&args.nats_url)
-        .await
-        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
-    let js = jetstream::new(client.clone());
-    bus::ensure_stream(&js, hafleet_proto::REPORTS).await?;
-    let consumer = bus::configs_consumer(&js, &args.fleet).await?;
+    let bus = bus::Bus::connect(&args.nats_url).await?;
+    bus.ensure_stream(hafleet_proto::REPORTS).await?;
+    let consumer = bus::configs_consumer(&bus, &args.fleet).await?;
     let mut messages = consumer.messages().await.context("cannot pull from the configs stream")?;
     info!(fleet = %args.fleet, hosts = hosts.len(), "applier running");
 
@@ -91,14 +88,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
-    if let Some(version) = bus::latest_version(&js, &args.fleet).await? {
+    if let Some(version) = bus::latest_version(&bus, &args.fleet).await? {
         info!(version = version.version, "converging on the newest version at start-up");
-        let unreached = apply_and_report(&js, &hosts, &version, &settings).await;
+        let unreached = apply_and_report(&bus, &hosts, &version, &settings).await;
         done = version.version;
         retry = (!unreached.is_empty()).then_some((version, unreached));
     }
 
-    let shutdown = shutdown_signal();
+    let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let next = tokio::select! {
@@ -107,7 +104,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 let (version, unreached) = retry.take().expect("guarded by if");
                 let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
                 info!(version = version.version, hosts = subset.len(), "retrying unreachable hosts");
-                let left = apply_and_report(&js, &subset, &version, &settings).await;
+                let left = apply_and_report(&bus, &subset, &version, &settings).await;
                 let left: Vec<usize> = left.into_iter().map(|i| unreached[i]).collect();
                 if !left.is_empty() {
                     retry = Some((version, left));
@@ -132,12 +129,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 info!(version = version.version, done, "already rolled out or superseded; skipped");
             }
             Ok(version) => {
-                let newest = bus::latest_version(&js, &args.fleet).await?;
+                let newest = bus::latest_version(&bus, &args.fleet).await?;
                 if newest.as_ref().is_some_and(|n| n.version > version.version) {
                     info!(version = version.version, "superseded by a newer version; skipped");
                 } else {
                     let unreached = {
-                        let work = apply_and_report(&js, &hosts, &version, &settings);
+                        let work = apply_and_report(&bus, &hosts, &version, &settings);
                         tokio::pin!(work);
                         // Keep the message ours while the rollout runs.
                         let mut progress = tokio::time::interval(bus::ACK_WAIT / 4);
@@ -162,14 +159,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     info!("applier stopping");
-    client.drain().await.ok();
+    bus.drain().await;
     Ok(())
 }
 
 /// Rolls out and publishes one report per host attempted. Returns the indexes (into `hosts`)
 /// of hosts that could not be reached.
 async fn apply_and_report(
-    js: &jetstream::Context,
+    bus: &bus::Bus,
     hosts: &[Host],
     version: &ConfigVersion,
     settings: &RolloutSettings,
@@ -199,16 +196,9 @@ async fn apply_and_report(
             finished_unix_ms: now_unix_ms(),
             duration_ms: took.as_millis() as u64,
         };
-        if let Err(e) = bus::publish_report(js, &report).await {
+        if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }
     }
     unreached
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }

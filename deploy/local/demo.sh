@@ -9,10 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-env_lines=$(bash tests/setup.sh)
-while IFS='=' read -r name value; do
-  [ -n "$name" ] && export "$name=$value"
-done <<< "$env_lines"
+setup_env=$(bash tests/setup.sh)
+eval "$setup_env"
 
 cargo build --workspace --bins --locked --quiet
 exec target/debug/hafleet-demo "$@"

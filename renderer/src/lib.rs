@@ -34,7 +34,7 @@ pub enum Command {
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        init_tracing();
+        hafleet_runtime::init_tracing();
         match Cli::parse().command {
             Command::Run(args) => run::run(args).await,
             Command::Template => {
@@ -43,13 +43,4 @@ impl Cli {
             }
         }
     }
-}
-
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
 }

@@ -60,19 +60,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => Renderer::builtin(),
     };
     let store = Store::open(&args.data_dir)?;
-    let client = async_nats::connect(&args.nats_url)
-        .await
-        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
-    let js = jetstream::new(client.clone());
-    bus::ensure_stream(&js, hafleet_proto::CONFIGS).await?;
-    publish_unpublished(&client, &js, &store).await?;
+    let bus = bus::Bus::connect(&args.nats_url).await?;
+    bus.ensure_stream(hafleet_proto::CONFIGS).await?;
+    publish_unpublished(&bus, &store).await?;
 
-    let (stream, consumer) = bus::routes_consumer(&js, store.applied_seq()?).await?;
+    let (stream, consumer) = bus::routes_consumer(&bus, store.applied_seq()?).await?;
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
 
     let coalesce = Duration::from_millis(args.coalesce_ms);
-    let shutdown = shutdown_signal();
+    let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let first = tokio::select! {
@@ -101,7 +98,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
         process(&store, &renderer, &entries)?;
-        publish_unpublished(&client, &js, &store).await?;
+        publish_unpublished(&bus, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
                 // Not fatal: the message comes back and is skipped by its sequence.
@@ -110,7 +107,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     info!("renderer stopping");
-    client.drain().await.ok();
+    bus.drain().await;
     Ok(())
 }
 
@@ -197,28 +194,11 @@ fn process(
     Ok(versions)
 }
 
-async fn publish_unpublished(
-    client: &async_nats::Client,
-    js: &jetstream::Context,
-    store: &Store,
-) -> anyhow::Result<()> {
+async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
     for v in store.unpublished()? {
-        bus::publish_version(client, js, &v).await?;
+        bus::publish_version(bus, &v).await?;
         store.set_published(&v.fleet, v.version)?;
         info!(fleet = %v.fleet, version = v.version, "version published");
     }
     Ok(())
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-    }
-    #[cfg(not(unix))]
-    ctrl_c.await.ok();
 }

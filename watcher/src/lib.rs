@@ -2,9 +2,8 @@
 //! publishes each Ingress's fully resolved routes for its fleet.
 //!
 //! Pure decisions: [`resolve`] (objects → validated routes) and [`index`] (what to publish).
-//! Adapters: [`kube`] (reflectors, Events) and [`bus`] (NATS). Wiring: [`run`].
+//! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
-pub mod bus;
 pub mod index;
 pub mod kube;
 pub mod resolve;
@@ -25,13 +24,7 @@ pub struct Cli {
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .with_writer(std::io::stderr)
-            .init();
+        hafleet_runtime::init_tracing();
         run::run(Cli::parse().run).await
     }
 }

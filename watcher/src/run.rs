@@ -7,16 +7,15 @@
 //! After start-up, once every cache is listed and every live Ingress is published, a snapshot
 //! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
 
-use crate::bus;
 use crate::index::{self, Action, Desired, Published};
 use crate::kube::{self as kube_adapter, Caches, Warnings};
 use crate::resolve::{self, Refused, Services};
 use anyhow::Context as _;
-use async_nats::jetstream;
 use futures::StreamExt;
 use hafleet_proto::{
     IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
 };
+use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{info, warn};
@@ -44,11 +43,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
-    let nats = async_nats::connect(&args.nats_url)
-        .await
-        .map_err(|source| bus::BusError::Connect { url: args.nats_url.clone(), source })?;
-    let js = jetstream::new(nats.clone());
-    bus::ensure_stream(&js, hafleet_proto::ROUTES).await?;
+    let bus = Bus::connect(&args.nats_url).await?;
+    bus.ensure_stream(hafleet_proto::ROUTES).await?;
 
     let (caches, mut changes) = kube_adapter::watch(client.clone());
     let warnings = Warnings::new(client);
@@ -66,7 +62,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!(epoch, "caches listed; publishing the initial state");
     loop {
-        match sync(&args, &caches, &warnings, &js, &mut state).await {
+        match sync(&args, &caches, &warnings, &bus, &mut state).await {
             Ok(()) => break,
             Err(e) => {
                 warn!(error = ?e, "initial publish failed; retrying");
@@ -74,11 +70,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     }
-    publish_snapshot(&js, &mut state).await;
+    publish_snapshot(&bus, &mut state).await;
 
     let debounce = Duration::from_millis(args.debounce_ms);
     let resync = Duration::from_secs(args.resync_secs.max(1));
-    let shutdown = shutdown_signal();
+    let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -97,12 +93,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = tokio::time::sleep(resync) => {}
             _ = &mut shutdown => break,
         }
-        if let Err(e) = sync(&args, &caches, &warnings, &js, &mut state).await {
+        if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
             warn!(error = ?e, "publish failed; will retry");
         }
     }
     info!("watcher stopping");
-    nats.drain().await.ok();
+    bus.drain().await;
     Ok(())
 }
 
@@ -127,7 +123,7 @@ async fn sync(
     args: &RunArgs,
     caches: &Caches,
     warnings: &Warnings,
-    js: &jetstream::Context,
+    bus: &Bus,
     state: &mut State,
 ) -> anyhow::Result<()> {
     let services: Services = caches
@@ -201,9 +197,9 @@ async fn sync(
             ),
         };
         let id = state.next_msg_id();
-        let seq =
-            bus::publish(js, hafleet_proto::routes_subject(&fleet), &id, &RouteMessage::Event(msg))
-                .await?;
+        let seq = bus
+            .publish(hafleet_proto::routes_subject(&fleet), &id, RouteMessage::Event(msg).encode())
+            .await?;
         let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
         info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
         index::record(&mut state.published, &action);
@@ -211,13 +207,16 @@ async fn sync(
     Ok(())
 }
 
-async fn publish_snapshot(js: &jetstream::Context, state: &mut State) {
+async fn publish_snapshot(bus: &Bus, state: &mut State) {
     let live = state.published.iter().map(|(k, (f, _))| (f.clone(), k.clone())).collect();
     let msg =
         RouteMessage::Snapshot(RoutesSnapshot { schema: SCHEMA_VERSION, epoch: state.epoch, live });
     loop {
         let id = state.next_msg_id();
-        match bus::publish(js, hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, &msg).await {
+        match bus
+            .publish(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, msg.encode())
+            .await
+        {
             Ok(seq) => {
                 info!(
                     epoch = state.epoch,
@@ -233,11 +232,4 @@ async fn publish_snapshot(js: &jetstream::Context, state: &mut State) {
             }
         }
     }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
 }

@@ -1,0 +1,88 @@
+//! NATS JetStream plumbing shared by the binaries.
+
+use async_nats::jetstream::{self, stream};
+use hafleet_proto::{MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION, StreamSpec};
+use std::time::Duration;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}")]
+    Connect { url: String, source: async_nats::ConnectError },
+    #[error("cannot create or open stream {name}")]
+    Stream { name: &'static str, source: BoxError },
+    #[error("cannot create or open consumer {name}")]
+    Consumer { name: String, source: BoxError },
+    #[error("publishing to {subject} failed")]
+    PublishFailed { subject: String, source: BoxError },
+    #[error(
+        "a {size}-byte message on {subject} is more than NATS accepts ({max}); raise max_payload"
+    )]
+    TooLarge { subject: String, size: usize, max: usize },
+}
+
+/// A connection to NATS and its JetStream context.
+#[derive(Debug, Clone)]
+pub struct Bus {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+}
+
+impl Bus {
+    /// Connects, naming the URL in the error.
+    pub async fn connect(url: &str) -> Result<Bus, BusError> {
+        let client = async_nats::connect(url)
+            .await
+            .map_err(|source| BusError::Connect { url: url.to_owned(), source })?;
+        Ok(Bus { js: jetstream::new(client.clone()), client })
+    }
+
+    /// Creates the stream if it does not exist. Every component calls this for the streams it
+    /// touches, so they can start in any order.
+    pub async fn ensure_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: spec.name.to_owned(),
+                subjects: vec![spec.subjects.to_owned()],
+                max_age: spec.max_age_secs.map(Duration::from_secs).unwrap_or_default(),
+                storage: stream::StorageType::File,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })
+    }
+
+    /// Publishes and waits for JetStream's ack; returns the stream sequence. `msg_id` makes a
+    /// retried publish a no-op within the duplicate window; the schema header names proto's
+    /// schema.
+    pub async fn publish(
+        &self,
+        subject: String,
+        msg_id: &str,
+        payload: Vec<u8>,
+    ) -> Result<u64, BusError> {
+        let max = self.client.server_info().max_payload;
+        if payload.len() > max {
+            return Err(BusError::TooLarge { subject, size: payload.len(), max });
+        }
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(MSG_ID_HEADER, msg_id);
+        headers.insert(SCHEMA_HEADER, SCHEMA_VERSION.to_string().as_str());
+        let failed = |e: BoxError| BusError::PublishFailed { subject: subject.clone(), source: e };
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, bytes::Bytes::from(payload))
+            .await
+            .map_err(|e| failed(Box::new(e)))?
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
+        Ok(ack.sequence)
+    }
+
+    /// Flushes what is pending and closes: the last step of every shutdown.
+    pub async fn drain(&self) {
+        let _ = self.client.drain().await;
+    }
+}
