@@ -1,5 +1,5 @@
 # Shortcuts; the README's commands are the reference.
-.PHONY: fmt lint test e2e demo smoke
+.PHONY: fmt lint test e2e demo smoke bench
 
 fmt:
 	cargo fmt --all
@@ -19,3 +19,8 @@ demo:
 
 smoke:
 	./deploy/local/demo.sh --smoke
+
+bench:
+	cargo bench -p hafleet-renderer --bench render
+	cargo build --release --workspace --bins
+	target/release/hafleet-bench
