@@ -1,4 +1,4 @@
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    hafleet_renderer::Cli::parse_and_run().await
+async fn main() -> std::process::ExitCode {
+    hafleet_runtime::exit_code(hafleet_renderer::Cli::parse_and_run().await)
 }

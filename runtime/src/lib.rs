@@ -25,3 +25,16 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
+
+/// Turns the result of a binary's run into its exit code, printing a failure as one line of
+/// causes (`error: cannot read inventory edge.toml: No such file or directory`) rather than a
+/// debug dump.
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

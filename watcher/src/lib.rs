@@ -15,7 +15,7 @@ use clap::Parser;
 ///
 /// Reads the cluster from KUBECONFIG (or the in-cluster service account).
 #[derive(Debug, Parser)]
-#[command(name = "hafleet-watcher", version, about, long_about = None)]
+#[command(name = "hafleet-watcher", version, about)]
 pub struct Cli {
     #[command(flatten)]
     pub run: run::RunArgs,
