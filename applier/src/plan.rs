@@ -15,6 +15,27 @@ pub fn waves(hosts: usize, parallelism: usize) -> Vec<Vec<usize>> {
     waves
 }
 
+/// What a host needs to run a version, from the sha256 of its live file and of the config its
+/// HAProxy last loaded (recorded by the applier after every verified reload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPlan {
+    /// Running it already.
+    Unchanged,
+    /// The live file is the version but HAProxy was never reloaded onto it (an applier stopped
+    /// between the swap and the reload): reload and verify only.
+    ReloadOnly,
+    /// Upload, validate, swap, reload, verify.
+    Full,
+}
+
+pub fn host_plan(live_sha: Option<&str>, loaded_sha: Option<&str>, target: &str) -> HostPlan {
+    match (live_sha == Some(target), loaded_sha == Some(target)) {
+        (true, true) => HostPlan::Unchanged,
+        (true, false) => HostPlan::ReloadOnly,
+        (false, _) => HostPlan::Full,
+    }
+}
+
 /// What `show proc` on HAProxy's master CLI says (HAProxy 2.6 format):
 ///
 /// ```text
@@ -102,6 +123,15 @@ mod tests {
         assert_eq!(check_reload(&start, &reloaded), ReloadCheck::Done);
         assert_eq!(check_reload(&reloaded, &broken), ReloadCheck::Failed);
         assert_eq!(check_reload(&start, &start), ReloadCheck::Pending);
+    }
+
+    #[test]
+    fn a_live_file_haproxy_never_loaded_is_reloaded_not_skipped() {
+        assert_eq!(host_plan(Some("a"), Some("a"), "a"), HostPlan::Unchanged);
+        assert_eq!(host_plan(Some("a"), Some("old"), "a"), HostPlan::ReloadOnly);
+        assert_eq!(host_plan(Some("a"), None, "a"), HostPlan::ReloadOnly);
+        assert_eq!(host_plan(Some("old"), Some("old"), "a"), HostPlan::Full);
+        assert_eq!(host_plan(None, None, "a"), HostPlan::Full);
     }
 
     #[test]

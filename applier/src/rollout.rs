@@ -1,14 +1,16 @@
 //! Putting a version live on hosts. Per host:
 //!
 //! ```text
-//! connect ─▶ live sha256 = version's? ──yes──▶ Unchanged
-//!              │ no
+//! connect ─▶ live file and loaded marker = version? ──both──▶ Unchanged
+//!              │ file only (stopped between swap and reload) ──▶ reload, verify, mark
+//!              │ neither
 //!              ▼
 //!            upload to <config>.hafleet-new, check its sha256
 //!            haproxy -c -f <config>.hafleet-new            (refused: Failed, live file untouched)
 //!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
-//!            reload on the master CLI; poll show proc until a new worker runs
+//!            reload on the master CLI; poll show proc until a new worker runs;
+//!            record the live sha256 in <config>.hafleet-loaded
 //!              │ failed or timed out
 //!              └─▶ restore last-good, reload again ─▶ Failed { restored }
 //! ```
@@ -16,7 +18,7 @@
 //! `haproxy -c` (invariant 1).
 
 use crate::inventory::Host;
-use crate::plan::{self, ReloadCheck};
+use crate::plan::{self, HostPlan, ReloadCheck};
 use crate::ssh::{HostConn, SshSettings};
 use hafleet_proto::{ApplyOutcome, ApplyStage, ConfigVersion};
 use std::time::Duration;
@@ -24,8 +26,12 @@ use tracing::{info, warn};
 
 /// Scripts run on hosts with `sh -c`; arguments come as `$1`, `$2`, … (quoted by the caller).
 mod scripts {
-    /// $1 = live config path. Prints its sha256, or nothing if it does not exist.
-    pub const LIVE_SHA: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; fi"#;
+    /// $1 = live config path. Prints two lines: the live file's sha256 and the sha256 of the
+    /// config HAProxy last loaded (from the marker), each empty if unknown.
+    pub const LIVE_SHA: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo"#;
+    /// $1 = live config path. Records the live file's sha256 as what HAProxy has loaded; run
+    /// only after a verified reload.
+    pub const MARK_LOADED: &str = r#"set -e; sha256sum "$1" | cut -d' ' -f1 > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded""#;
     /// $1 = live config path; the config on stdin. Writes it next to the live file (same file
     /// system, so the later rename is atomic) and prints the sha256 of what landed.
     pub const UPLOAD: &str =
@@ -103,9 +109,19 @@ async fn apply_on(
     settings: &RolloutSettings,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
-    let live_sha = remote(conn, ApplyStage::Upload, scripts::LIVE_SHA, &[live], None).await?;
-    if live_sha.trim() == version.sha256 {
-        return Ok(ApplyOutcome::Unchanged);
+    let shas = remote(conn, ApplyStage::Upload, scripts::LIVE_SHA, &[live], None).await?;
+    let mut lines = shas.lines().map(str::trim).map(|s| (!s.is_empty()).then_some(s));
+    let (live_sha, loaded_sha) = (lines.next().flatten(), lines.next().flatten());
+    match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
+        HostPlan::Unchanged => return Ok(ApplyOutcome::Unchanged),
+        HostPlan::ReloadOnly => {
+            info!("live file is this version but HAProxy never loaded it; reloading");
+            let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Reload, m))?;
+            reload(conn, host, &before, settings.reload_timeout).await?;
+            mark_loaded(conn, host).await?;
+            return Ok(ApplyOutcome::Applied);
+        }
+        HostPlan::Full => {}
     }
 
     let landed =
@@ -124,7 +140,10 @@ async fn apply_on(
     remote(conn, ApplyStage::Swap, scripts::SWAP, &[live], None).await?;
 
     match reload(conn, host, &before, settings.reload_timeout).await {
-        Ok(()) => Ok(ApplyOutcome::Applied),
+        Ok(()) => {
+            mark_loaded(conn, host).await?;
+            Ok(ApplyOutcome::Applied)
+        }
         Err(mut failure) => {
             warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
             failure.restored = restore(conn, host, settings.reload_timeout).await;
@@ -146,6 +165,11 @@ async fn remote(
         Ok(out) => Err(fail(stage, format!("{}{}", out.stdout, out.stderr).trim().to_owned())),
         Err(e) => Err(fail(stage, format!("ssh: {e}"))),
     }
+}
+
+async fn mark_loaded(conn: &HostConn, host: &Host) -> Result<(), Failure> {
+    remote(conn, ApplyStage::Verify, scripts::MARK_LOADED, &[&host.config_path], None).await?;
+    Ok(())
 }
 
 async fn show_proc(conn: &HostConn, host: &Host) -> Result<plan::ProcState, String> {
@@ -204,7 +228,8 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
         return false;
     }
     let Ok(before) = show_proc(conn, host).await else { return false };
-    let restored = reload(conn, host, &before, timeout).await.is_ok();
+    let restored =
+        reload(conn, host, &before, timeout).await.is_ok() && mark_loaded(conn, host).await.is_ok();
     info!(restored, "last-known-good restored");
     restored
 }

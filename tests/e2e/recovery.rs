@@ -1,9 +1,11 @@
 //! Any component killed (SIGKILL) and restarted, the pipeline converges to what the cluster's
 //! Ingresses say (invariant 3).
 
-use crate::{World, expect_everywhere};
+use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::Result;
+use hafleet_proto::ApplyOutcome;
 use hafleet_tests::stack::Component;
+use hafleet_tests::{eventually, http_get};
 use kube::api::DeleteParams;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,5 +37,35 @@ async fn killed_components_catch_up_on_restart_and_deletions_while_down_are_swep
     world.stack.nats.restart().await?;
     world.route("d", "d.example.com", "/", "api").await?;
     expect_everywhere(&world.stack, "d.example.com", "/", 200, "api@").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_left_between_swap_and_reload_is_reloaded_not_reported_unchanged() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("a", "a.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+
+    world.stack.kill(Component::Applier);
+    world.route("b", "b.example.com", "/", "api").await?;
+    let stack = &world.stack;
+    let v2 = eventually(CONVERGE, "version 2 published", || async move {
+        match stack.latest_version().await? {
+            Some(v) if v.version >= 2 => Ok(v),
+            other => anyhow::bail!("newest: {:?}", other.map(|v| v.version)),
+        }
+    })
+    .await?;
+
+    // What an applier killed right after its atomic rename leaves on a host: the new file is
+    // live, HAProxy still runs the old config.
+    let lb1 = &world.stack.hosts[0];
+    std::fs::write(lb1.config_path(), &v2.config)?;
+    let (status, _) = http_get(lb1.http_addr(), "b.example.com", "/").await?;
+    assert_eq!(status, 404, "HAProxy has not loaded the new file yet");
+
+    world.stack.start_component(Component::Applier)?;
+    expect_everywhere(&world.stack, "b.example.com", "/", 200, "api@").await?;
+    assert_eq!(world.report("lb-1", 2).await?.outcome, ApplyOutcome::Applied);
     Ok(())
 }

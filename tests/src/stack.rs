@@ -13,7 +13,7 @@ use crate::kube_env::KubeEnv;
 use crate::nats::NatsServer;
 use crate::proc::{ChildGuard, TestDir};
 use anyhow::{Context, Result};
-use hafleet_proto::{ApplyReport, FleetName, HostName};
+use hafleet_proto::{ApplyReport, ConfigVersion, FleetName, HostName};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
@@ -175,6 +175,19 @@ impl Stack {
         }
         match stream.get_last_raw_message_by_subject(&subject).await {
             Ok(msg) => Ok(Some(ApplyReport::decode(&msg.payload)?)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The newest config version published for the stack's fleet, read from the configs stream.
+    pub async fn latest_version(&self) -> Result<Option<ConfigVersion>> {
+        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let Ok(stream) = js.get_stream(hafleet_proto::CONFIGS_STREAM).await else {
+            return Ok(None);
+        };
+        let subject = hafleet_proto::configs_subject(&FleetName::new(self.fleet.as_str())?);
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(msg) => Ok(Some(ConfigVersion::decode(&msg.payload)?)),
             Err(_) => Ok(None),
         }
     }
