@@ -97,12 +97,17 @@ pub struct RouteEvent {
 }
 
 /// Published by a watcher once it has listed everything after a (re)start, after the upserts of
-/// every live Ingress: whatever a fleet holds that is not in `live` was deleted meanwhile.
+/// every live Ingress: whatever a fleet holds that is neither in `live` nor in `keep` was
+/// deleted meanwhile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoutesSnapshot {
     pub schema: u32,
     pub epoch: u64,
     pub live: Vec<(FleetName, IngressKey)>,
+    /// Ingresses that exist and are meant for hafleet but are refused as they stand (a bad
+    /// edit): they keep whatever routes they had, in whichever fleet.
+    #[serde(default)]
+    pub keep: Vec<IngressKey>,
 }
 
 /// Anything on the routes stream.
@@ -280,6 +285,7 @@ mod tests {
                 schema: SCHEMA_VERSION,
                 epoch: 7,
                 live: vec![(FleetName::new("edge").unwrap(), IngressKey::new("a", "b").unwrap())],
+                keep: vec![IngressKey::new("a", "c").unwrap()],
             }),
         ] {
             assert_eq!(RouteMessage::decode(&msg.encode()).unwrap(), msg);

@@ -44,7 +44,15 @@ fn fleet(n: usize) -> BTreeMap<IngressKey, IngressEntry> {
                 },
             ];
             let key = IngressKey::new("team", &format!("ing-{i}")).unwrap();
-            (key, IngressEntry { created_unix: i as i64, resource_version: "1".into(), routes })
+            (
+                key,
+                IngressEntry {
+                    created_unix: i as i64,
+                    resource_version: "1".into(),
+                    routes,
+                    seq: 0,
+                },
+            )
         })
         .collect()
 }

@@ -9,7 +9,7 @@
 //! - backends: one per Service port, shared by every rule that points at it.
 
 use crate::state::IngressEntry;
-use hafleet_proto::{FleetName, IngressKey, PathKind, ServiceRef};
+use hafleet_proto::{Backend, FleetName, IngressKey, PathKind, ServiceRef};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, btree_map::Entry};
@@ -57,6 +57,22 @@ fn backend_name(s: &ServiceRef) -> String {
     format!("be_{}_{}_{}", s.namespace, s.name, s.port)
 }
 
+fn backend_model(name: String, backend: &Backend) -> BackendModel {
+    let s = &backend.service;
+    BackendModel {
+        name,
+        service: format!("{}/{}:{}", s.namespace, s.name, s.port),
+        servers: backend
+            .servers
+            .iter()
+            .map(|s| ServerModel {
+                name: s.node.to_string(),
+                addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
+            })
+            .collect(),
+    }
+}
+
 /// Builds the model of one fleet.
 pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) -> RenderModel {
     let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
@@ -64,7 +80,7 @@ pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) 
 
     let mut claimed: BTreeMap<(Option<String>, String, PathKind), (RuleModel, &IngressKey)> =
         BTreeMap::new();
-    let mut backends: BTreeMap<String, BackendModel> = BTreeMap::new();
+    let mut backends: BTreeMap<String, (u64, BackendModel)> = BTreeMap::new();
     let mut notes = Vec::new();
 
     for (key, entry) in owners {
@@ -106,24 +122,17 @@ pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) 
                     ));
                 }
             }
-            backends.entry(name.clone()).or_insert_with(|| BackendModel {
-                name,
-                service: format!(
-                    "{}/{}:{}",
-                    route.backend.service.namespace,
-                    route.backend.service.name,
-                    route.backend.service.port
-                ),
-                servers: route
-                    .backend
-                    .servers
-                    .iter()
-                    .map(|s| ServerModel {
-                        name: s.node.to_string(),
-                        addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
-                    })
-                    .collect(),
-            });
+            // Every Ingress carries the Service's servers as resolved when it was last
+            // published; the newest event's list is the current one.
+            match backends.entry(name.clone()) {
+                Entry::Vacant(slot) => {
+                    slot.insert((entry.seq, backend_model(name, &route.backend)));
+                }
+                Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
+                    slot.insert((entry.seq, backend_model(name, &route.backend)));
+                }
+                Entry::Occupied(_) => {}
+            }
         }
     }
 
@@ -138,7 +147,7 @@ pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) 
     RenderModel {
         fleet: fleet.to_string(),
         rules,
-        backends: backends.into_values().collect(),
+        backends: backends.into_values().map(|(_, b)| b).collect(),
         notes,
     }
 }
@@ -174,7 +183,12 @@ mod tests {
             .map(|(name, created, routes)| {
                 (
                     IngressKey::new("default", name).unwrap(),
-                    IngressEntry { created_unix: created, resource_version: "1".into(), routes },
+                    IngressEntry {
+                        created_unix: created,
+                        resource_version: "1".into(),
+                        routes,
+                        seq: 0,
+                    },
                 )
             })
             .collect()
@@ -193,6 +207,23 @@ mod tests {
         assert_eq!(m.backends.len(), 1);
         assert_eq!(m.notes.len(), 1);
         assert!(m.notes[0].starts_with("default/young: a.com/x"), "{}", m.notes[0]);
+    }
+
+    #[test]
+    fn shared_services_take_the_server_list_of_the_newest_event() {
+        let f = FleetName::new("edge").unwrap();
+        let mut state = fleet_of(vec![
+            ("old", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "web")]),
+            ("new", 2, vec![route(Some("b.com"), "/", PathKind::Prefix, "web")]),
+        ]);
+        let old = IngressKey::new("default", "old").unwrap();
+        let new = IngressKey::new("default", "new").unwrap();
+        state.get_mut(&old).unwrap().seq = 5;
+        state.get_mut(&new).unwrap().seq = 9;
+        state.get_mut(&new).unwrap().routes[0].backend.servers[0].port = 31111;
+        let m = build(&f, &state);
+        assert_eq!(m.backends.len(), 1);
+        assert_eq!(m.backends[0].servers[0].addr, "127.0.0.2:31111");
     }
 
     #[test]

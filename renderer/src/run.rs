@@ -18,10 +18,11 @@ use crate::versions::next_version;
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
-use hafleet_proto::{ConfigVersion, RouteMessage};
+use hafleet_proto::{Cause, ConfigVersion, DecodeError, FleetName, RouteMessage};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Settings of `hafleet-renderer run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -62,9 +63,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let store = Store::open(&args.data_dir)?;
     let bus = bus::Bus::connect(&args.nats_url).await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;
+    let max_payload = bus.client.server_info().max_payload;
+    rerender_all(&store, &renderer, max_payload)?;
     publish_unpublished(&bus, &store).await?;
 
-    let (stream, consumer) = bus::routes_consumer(&bus, store.applied_seq()?).await?;
+    let applied = store.applied_seq()?;
+    let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
+    let last = stream.cached_info().state.last_sequence;
+    anyhow::ensure!(
+        last >= applied,
+        "the routes stream ends at sequence {last} but this renderer's store has applied up to \
+         {applied}: the stream was reset. Restore NATS's data, or start the renderer on an empty \
+         --data-dir to rebuild from the stream"
+    );
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
 
@@ -97,7 +108,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&store, &renderer, &entries)?;
+        process(&store, &renderer, &entries, max_payload)?;
         publish_unpublished(&bus, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
@@ -153,29 +164,83 @@ async fn fill_gaps(
 
 /// Applies entries (in sequence order, all above the applied sequence) and commits them.
 /// Returns the versions it made.
+///
+/// A message of a schema this build does not know stops the renderer before anything is
+/// committed: skipping it would lose the change for good (during an upgrade, upgrade the
+/// renderer first). A message that is not JSON at all is skipped.
 #[tracing::instrument(skip_all, fields(messages = entries.len()))]
 fn process(
     store: &Store,
     renderer: &Renderer,
     entries: &[(u64, bytes::Bytes)],
+    max_payload: usize,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
     let mut desired = store.desired()?;
     let mut out = Applied::default();
     for (seq, payload) in entries {
         let seq = *seq;
-        last_seq = last_seq.max(seq);
         match RouteMessage::decode(payload) {
             Ok(msg) => state::apply(&mut desired, seq, &msg, &mut out),
+            Err(e @ DecodeError::Schema { .. }) => {
+                return Err(anyhow::Error::from(e)
+                    .context(format!("route message {seq} cannot be read by this renderer")));
+            }
             // One unreadable message must not block every fleet behind it.
             Err(e) => warn!(seq, error = %e, "route message skipped"),
         }
+        last_seq = last_seq.max(seq);
     }
+    let versions = make_versions(store, renderer, &desired, out.causes, max_payload)?;
+    store.commit(&out.writes, &versions, last_seq)?;
+    Ok(versions)
+}
+
+/// Renders every fleet whose state the renderer holds and makes a version for each one whose
+/// config differs from its newest version: after a template change or an upgrade of hafleet,
+/// each fleet gets the new config at once, explained as a re-render.
+fn rerender_all(store: &Store, renderer: &Renderer, max_payload: usize) -> anyhow::Result<()> {
+    let desired = store.desired()?;
+    let applied = store.applied_seq()?;
+    let causes = desired
+        .keys()
+        .map(|fleet| {
+            let cause = Cause {
+                stream_seq: applied,
+                ingress: None,
+                what: "rerender".to_owned(),
+                resource_version: None,
+            };
+            (fleet.clone(), vec![cause])
+        })
+        .collect();
+    let versions = make_versions(store, renderer, &desired, causes, max_payload)?;
+    if !versions.is_empty() {
+        info!(fleets = versions.len(), "re-rendered at start-up: the template or hafleet changed");
+        store.commit(&[], &versions, applied)?;
+    }
+    Ok(())
+}
+
+/// The next version of each fleet in `causes` whose config changed. A fleet that fails to
+/// render, or whose version would not fit in a NATS message, gets no version and a warning;
+/// the others are not held up.
+fn make_versions(
+    store: &Store,
+    renderer: &Renderer,
+    desired: &state::Desired,
+    causes: BTreeMap<FleetName, Vec<Cause>>,
+    max_payload: usize,
+) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut versions = Vec::new();
-    for (fleet, causes) in out.causes {
+    for (fleet, causes) in causes {
         let ingresses = desired.get(&fleet).cloned().unwrap_or_default();
         let latest = store.latest(&fleet)?;
         match next_version(renderer, &fleet, &ingresses, latest.as_ref(), causes, now_unix_ms()) {
+            Ok(Some(v)) if v.encode().len() > max_payload => {
+                error!(fleet = %fleet, size = v.encode().len(), max_payload,
+                       "config version does not fit in a NATS message; no new version (raise max_payload)");
+            }
             Ok(Some(v)) => {
                 info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256,
                       causes = v.causes.len(), notes = v.notes.len(), "new config version");
@@ -190,7 +255,6 @@ fn process(
             }
         }
     }
-    store.commit(&out.writes, &versions, last_seq)?;
     Ok(versions)
 }
 

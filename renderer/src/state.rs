@@ -14,6 +14,10 @@ pub struct IngressEntry {
     pub created_unix: i64,
     pub resource_version: String,
     pub routes: Vec<Route>,
+    /// Stream sequence of the event that set these routes: when Ingresses share a Service,
+    /// the newest event's server list is the current one.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// Every fleet's Ingresses, as far as one batch of messages needs them.
@@ -47,12 +51,18 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
             };
             match &event.change {
                 RouteChange::Upsert { routes } => {
-                    let entry = IngressEntry {
+                    let mut entry = IngressEntry {
                         created_unix: event.created_unix,
                         resource_version: event.resource_version.clone(),
                         routes: routes.clone(),
+                        seq,
                     };
-                    if fleet.get(&event.ingress) != Some(&entry) {
+                    let unchanged = fleet.get(&event.ingress).is_some_and(|old| {
+                        entry.seq = old.seq;
+                        *old == entry
+                    });
+                    entry.seq = seq;
+                    if !unchanged {
                         fleet.insert(event.ingress.clone(), entry.clone());
                         out.writes.push(StateWrite::Put(
                             event.fleet.clone(),
@@ -74,9 +84,13 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
         RouteMessage::Snapshot(snapshot) => {
             let live: BTreeSet<(&FleetName, &IngressKey)> =
                 snapshot.live.iter().map(|(f, k)| (f, k)).collect();
+            let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
             for (fleet, ingresses) in desired.iter_mut() {
-                let gone: Vec<IngressKey> =
-                    ingresses.keys().filter(|k| !live.contains(&(fleet, *k))).cloned().collect();
+                let gone: Vec<IngressKey> = ingresses
+                    .keys()
+                    .filter(|k| !live.contains(&(fleet, *k)) && !keep.contains(k))
+                    .cloned()
+                    .collect();
                 for key in gone {
                     ingresses.remove(&key);
                     out.writes.push(StateWrite::Remove(fleet.clone(), key.clone()));
@@ -141,15 +155,17 @@ mod tests {
         let mut out = Applied::default();
         apply(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
         apply(&mut d, 2, &event("b", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply(&mut d, 3, &event("kept", RouteChange::Upsert { routes: vec![] }), &mut out);
         let snap = RouteMessage::Snapshot(RoutesSnapshot {
             schema: SCHEMA_VERSION,
             epoch: 2,
             live: vec![(fleet(), IngressKey::new("default", "b").unwrap())],
+            keep: vec![IngressKey::new("default", "kept").unwrap()],
         });
         let mut out = Applied::default();
-        apply(&mut d, 3, &snap, &mut out);
+        apply(&mut d, 4, &snap, &mut out);
         let left: Vec<_> = d[&fleet()].keys().map(|k| k.to_string()).collect();
-        assert_eq!(left, ["default/b"]);
+        assert_eq!(left, ["default/b", "default/kept"], "refused Ingresses are kept");
         assert_eq!(
             out.writes,
             [StateWrite::Remove(fleet(), IngressKey::new("default", "a").unwrap())]

@@ -255,8 +255,12 @@ mod tests {
         let key = IngressKey::new("default", "web").unwrap();
         {
             let store = Store::open(dir.path()).unwrap();
-            let entry =
-                IngressEntry { created_unix: 1, resource_version: "5".into(), routes: vec![] };
+            let entry = IngressEntry {
+                created_unix: 1,
+                resource_version: "5".into(),
+                routes: vec![],
+                seq: 1,
+            };
             store
                 .commit(
                     &[StateWrite::Put(fleet.clone(), key.clone(), entry)],

@@ -52,7 +52,7 @@ mod tests {
         let mut one = BTreeMap::new();
         one.insert(
             IngressKey::new("default", "web").unwrap(),
-            IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![] },
+            IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![], seq: 1 },
         );
         // An Ingress without routes renders the same config: still no new version.
         assert!(next_version(&r, &fleet, &one, Some(&v1), vec![], 3).unwrap().is_none());

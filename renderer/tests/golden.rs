@@ -29,6 +29,7 @@ fn render_fixture(name: &str) -> String {
                     created_unix: f.created_unix,
                     resource_version: "1".into(),
                     routes: f.routes,
+                    seq: 0,
                 },
             )
         })

@@ -16,8 +16,9 @@ pub enum Desired {
     Keep,
 }
 
-/// What was last published (and acked) per Ingress.
-pub type Published = BTreeMap<IngressKey, (FleetName, Vec<Route>)>;
+/// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
+/// failed and may or may not have been stored, so whatever is desired must be sent again.
+pub type Published = BTreeMap<IngressKey, (FleetName, Option<Vec<Route>>)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -35,7 +36,7 @@ pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> V
             Some(Desired::Routed(r)) if &r.fleet != fleet => {
                 deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() });
             }
-            Some(Desired::Routed(r)) if &r.routes != routes => {
+            Some(Desired::Routed(r)) if Some(&r.routes) != routes.as_ref() => {
                 upserts.push(Action::Upsert(r.clone()))
             }
             Some(_) => {}
@@ -58,7 +59,7 @@ pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> V
 pub fn record(published: &mut Published, action: &Action) {
     match action {
         Action::Upsert(r) => {
-            published.insert(r.key.clone(), (r.fleet.clone(), r.routes.clone()));
+            published.insert(r.key.clone(), (r.fleet.clone(), Some(r.routes.clone())));
         }
         Action::Delete { fleet, key } => {
             if published.get(key).is_some_and(|(f, _)| f == fleet) {
@@ -66,6 +67,16 @@ pub fn record(published: &mut Published, action: &Action) {
             }
         }
     }
+}
+
+/// Records that publishing `action` failed: its effect is unknown, so the next diff sends
+/// whatever is desired for that Ingress again.
+pub fn record_unknown(published: &mut Published, action: &Action) {
+    let (fleet, key) = match action {
+        Action::Upsert(r) => (&r.fleet, &r.key),
+        Action::Delete { fleet, key } => (fleet, key),
+    };
+    published.insert(key.clone(), (fleet.clone(), None));
 }
 
 #[cfg(test)]
@@ -120,6 +131,21 @@ mod tests {
         desired.insert(a.key.clone(), Desired::Keep);
         assert!(apply(&mut published, &desired).is_empty());
         assert_eq!(published.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_publish_is_sent_again_whatever_it_was() {
+        let mut published = Published::new();
+        let a = resolved("a", "edge", 1);
+        let routed = BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]);
+        apply(&mut published, &routed);
+        // A delete that may have been stored, then the same Ingress back with the same routes.
+        let delete = Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() };
+        record_unknown(&mut published, &delete);
+        assert_eq!(diff(&published, &routed), [Action::Upsert(a.clone())]);
+        // A delete that may have failed, and the Ingress still gone.
+        record_unknown(&mut published, &delete);
+        assert_eq!(diff(&published, &BTreeMap::new()), [delete]);
     }
 
     #[test]

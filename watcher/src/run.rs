@@ -15,7 +15,7 @@ use futures::StreamExt;
 use hafleet_proto::{
     IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
 };
-use hafleet_runtime::nats::Bus;
+use hafleet_runtime::nats::{Bus, BusError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{info, warn};
@@ -49,7 +49,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (caches, mut changes) = kube_adapter::watch(client.clone());
     let warnings = Warnings::new(client);
     let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
-    let mut state = State { epoch, seq: 0, published: Published::new(), warned: BTreeSet::new() };
+    let mut state = State {
+        epoch,
+        seq: 0,
+        published: Published::new(),
+        kept: BTreeSet::new(),
+        warned: BTreeSet::new(),
+    };
 
     // Drive the watches until every cache holds its initial list.
     let ready = caches.ready();
@@ -106,6 +112,8 @@ struct State {
     epoch: u64,
     seq: u64,
     published: Published,
+    /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
+    kept: BTreeSet<IngressKey>,
     /// (ingress, resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
 }
@@ -166,6 +174,26 @@ async fn sync(
             }
         }
     }
+    state.kept = desired
+        .iter()
+        .filter(|(_, d)| matches!(d, Desired::Keep))
+        .map(|(k, _)| k.clone())
+        .collect();
+    // Forget warnings about objects that changed or went away, so the set stays bounded.
+    let current: BTreeSet<(IngressKey, String)> = caches
+        .ingresses
+        .state()
+        .iter()
+        .filter_map(|i| {
+            let key = IngressKey::new(
+                i.metadata.namespace.as_deref().unwrap_or("default"),
+                i.metadata.name.as_deref().unwrap_or_default(),
+            )
+            .ok()?;
+            Some((key, i.metadata.resource_version.clone().unwrap_or_default()))
+        })
+        .collect();
+    state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
 
     for action in index::diff(&state.published, &desired) {
         let (fleet, key, msg) = match &action {
@@ -197,9 +225,31 @@ async fn sync(
             ),
         };
         let id = state.next_msg_id();
-        let seq = bus
+        let published = bus
             .publish(hafleet_proto::routes_subject(&fleet), &id, RouteMessage::Event(msg).encode())
-            .await?;
+            .await;
+        let seq = match published {
+            Ok(seq) => seq,
+            Err(BusError::TooLarge { size, max, .. }) => {
+                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
+                let note = format!(
+                    "not routed by hafleet: its resolved routes are {size} bytes, more than a \
+                     NATS message may carry ({max}); split the Ingress or raise max_payload"
+                );
+                warn!(ingress = %key, reason = %note, "ingress refused");
+                if let Some(ing) = ingress_by_key(caches, &key) {
+                    warnings.warn(&ing, "RoutesTooLarge", note).await;
+                }
+                state.kept.insert(key);
+                continue;
+            }
+            Err(e) => {
+                // The publish may or may not have been stored: the next sync sends what is
+                // desired for this Ingress again (an upsert or a delete repeated is harmless).
+                index::record_unknown(&mut state.published, &action);
+                return Err(e.into());
+            }
+        };
         let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
         info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
         index::record(&mut state.published, &action);
@@ -207,10 +257,24 @@ async fn sync(
     Ok(())
 }
 
+fn ingress_by_key(
+    caches: &Caches,
+    key: &IngressKey,
+) -> Option<std::sync::Arc<k8s_openapi::api::networking::v1::Ingress>> {
+    caches.ingresses.state().into_iter().find(|i| {
+        i.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+            && i.metadata.name.as_deref() == Some(key.name.as_str())
+    })
+}
+
 async fn publish_snapshot(bus: &Bus, state: &mut State) {
     let live = state.published.iter().map(|(k, (f, _))| (f.clone(), k.clone())).collect();
-    let msg =
-        RouteMessage::Snapshot(RoutesSnapshot { schema: SCHEMA_VERSION, epoch: state.epoch, live });
+    let msg = RouteMessage::Snapshot(RoutesSnapshot {
+        schema: SCHEMA_VERSION,
+        epoch: state.epoch,
+        live,
+        keep: state.kept.iter().cloned().collect(),
+    });
     loop {
         let id = state.next_msg_id();
         match bus
