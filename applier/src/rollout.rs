@@ -5,8 +5,8 @@
 //!              │ file only (stopped between swap and reload) ──▶ reload, verify, mark
 //!              │ neither
 //!              ▼
-//!            upload to <config>.hafleet-new, check its sha256
-//!            haproxy -c -f <config>.hafleet-new            (refused: Failed, live file untouched)
+//!            upload to <config>.hafleet-new-<token>, check its sha256
+//!            haproxy -c -f <config>.hafleet-new-<token>    (refused: Failed, live file untouched)
 //!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            reload on the master CLI; poll show proc until a new worker runs;
@@ -32,15 +32,15 @@ mod scripts {
     /// $1 = live config path. Records the live file's sha256 as what HAProxy has loaded; run
     /// only after a verified reload.
     pub const MARK_LOADED: &str = r#"set -e; sha256sum "$1" | cut -d' ' -f1 > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded""#;
-    /// $1 = live config path; the config on stdin. Writes it next to the live file (same file
-    /// system, so the later rename is atomic) and prints the sha256 of what landed.
-    pub const UPLOAD: &str =
-        r#"set -e; umask 027; cat > "$1.hafleet-new"; sha256sum "$1.hafleet-new" | cut -d' ' -f1"#;
-    /// $1 = haproxy binary, $2 = live config path.
-    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new"; fi; printf '%s\n' "$out"; exit $rc"#;
-    /// $1 = live config path. Keeps the live file as last-known-good, then renames the new one
-    /// over it.
-    pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new" "$1""#;
+    /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
+    /// the live file (same file system, so the later rename is atomic) under a name no other
+    /// attempt uses, and prints the sha256 of what landed.
+    pub const UPLOAD: &str = r#"set -e; umask 027; cat > "$1.hafleet-new-$2"; sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1"#;
+    /// $1 = haproxy binary, $2 = live config path, $3 = token.
+    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out"; exit $rc"#;
+    /// $1 = live config path, $2 = token. Keeps the live file as last-known-good, then renames
+    /// this attempt's validated file over it.
+    pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
     /// $1 = master socket, $2 = master CLI command.
@@ -124,9 +124,12 @@ async fn apply_on(
         HostPlan::Full => {}
     }
 
-    let landed =
-        remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live], Some(version.config.as_bytes()))
-            .await?;
+    // A name of this attempt's own: a second applier (a rolling update, say) can never swap in
+    // a file this one validated, or the other way round.
+    let token = attempt_token(version.version);
+    let token = token.as_str();
+    let config = Some(version.config.as_bytes());
+    let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
     if landed.trim() != version.sha256 {
         return Err(fail(
             ApplyStage::Upload,
@@ -134,10 +137,11 @@ async fn apply_on(
         ));
     }
 
-    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live], None).await?;
+    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live, token], None)
+        .await?;
 
     let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Reload, m))?;
-    remote(conn, ApplyStage::Swap, scripts::SWAP, &[live], None).await?;
+    remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
 
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
@@ -150,6 +154,15 @@ async fn apply_on(
             Err(failure)
         }
     }
+}
+
+/// `v<version>-<pid>-<nanoseconds>`: unique per attempt, and only `[a-z0-9-]`.
+fn attempt_token(version: u64) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("v{version}-{}-{nanos}", std::process::id())
 }
 
 /// Runs a script; a non-zero exit becomes a failure of `stage` carrying the script's output.
@@ -234,30 +247,105 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
     restored
 }
 
-/// Rolls `version` out over `hosts` in waves (canary first). A host that cannot be reached is
-/// skipped; any other failure halts the rollout after its wave, leaving later hosts on the
-/// version they run. Returns every host's outcome that was attempted, in host order.
+/// Whether a failure at `stage` may go away by itself (a dropped connection, a slow host), so
+/// that trying the same version again makes sense. A config HAProxy refused is refused again.
+pub fn retryable(stage: ApplyStage) -> bool {
+    !matches!(stage, ApplyStage::Validate | ApplyStage::Reload)
+}
+
+/// What a rollout did.
+#[derive(Debug, Default)]
+pub struct RolloutResult {
+    /// Every host attempted: (index into hosts, outcome, time taken).
+    pub outcomes: Vec<(usize, ApplyOutcome, Duration)>,
+    /// Hosts not attempted because the rollout halted.
+    pub not_attempted: Vec<usize>,
+}
+
+impl RolloutResult {
+    /// Hosts worth another try with the same version: those that failed in a way that may pass,
+    /// and, unless HAProxy itself refused the config somewhere, those never reached.
+    pub fn to_retry(&self) -> Vec<usize> {
+        let mut retry: Vec<usize> = self
+            .outcomes
+            .iter()
+            .filter(
+                |(_, o, _)| matches!(o, ApplyOutcome::Failed { stage, .. } if retryable(*stage)),
+            )
+            .map(|(i, _, _)| *i)
+            .collect();
+        let refused = self
+            .outcomes
+            .iter()
+            .any(|(_, o, _)| matches!(o, ApplyOutcome::Failed { stage, .. } if !retryable(*stage)));
+        if !refused {
+            retry.extend(&self.not_attempted);
+        }
+        retry.sort_unstable();
+        retry
+    }
+}
+
+/// Rolls `version` out over `hosts` in waves, the canary first. Any failure on the canary halts
+/// the rollout (an unreachable canary proves nothing about the config); after it, only a
+/// failure other than an unreachable host halts it, leaving later hosts on what they run.
 pub async fn roll_out(
     hosts: &[Host],
     version: &ConfigVersion,
     settings: &RolloutSettings,
-) -> Vec<(usize, ApplyOutcome, Duration)> {
-    let mut results = Vec::new();
-    for wave in plan::waves(hosts.len(), settings.parallelism) {
+) -> RolloutResult {
+    let mut result = RolloutResult::default();
+    let waves = plan::waves(hosts.len(), settings.parallelism);
+    for (n, wave) in waves.iter().enumerate() {
         let outcomes = futures::future::join_all(wave.iter().map(|&i| async move {
             let started = std::time::Instant::now();
             let outcome = apply_host(&hosts[i], version, settings).await;
             (i, outcome, started.elapsed())
         }))
         .await;
-        let halt = outcomes.iter().any(|(_, o, _)| {
-            matches!(o, ApplyOutcome::Failed { stage, .. } if *stage != ApplyStage::Connect)
+        let halt = outcomes.iter().any(|(_, o, _)| match o {
+            ApplyOutcome::Failed { stage, .. } => n == 0 || *stage != ApplyStage::Connect,
+            _ => false,
         });
-        results.extend(outcomes);
+        result.outcomes.extend(outcomes);
         if halt {
             warn!(fleet = %version.fleet, version = version.version, "rollout halted");
+            result.not_attempted = waves[n + 1..].iter().flatten().copied().collect();
             break;
         }
     }
-    results
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(stage: ApplyStage) -> ApplyOutcome {
+        ApplyOutcome::Failed { stage, message: String::new(), restored: false }
+    }
+
+    #[test]
+    fn transient_failures_and_unreached_hosts_are_retried_refusals_are_not() {
+        let zero = Duration::ZERO;
+        let unreachable_canary = RolloutResult {
+            outcomes: vec![(0, failed(ApplyStage::Connect), zero)],
+            not_attempted: vec![1, 2],
+        };
+        assert_eq!(unreachable_canary.to_retry(), [0, 1, 2]);
+        let refused = RolloutResult {
+            outcomes: vec![(0, failed(ApplyStage::Validate), zero)],
+            not_attempted: vec![1, 2],
+        };
+        assert!(refused.to_retry().is_empty(), "the same config would be refused again");
+        let mixed = RolloutResult {
+            outcomes: vec![
+                (0, ApplyOutcome::Applied, zero),
+                (1, failed(ApplyStage::Upload), zero),
+                (2, failed(ApplyStage::Reload), zero),
+            ],
+            not_attempted: vec![3],
+        };
+        assert_eq!(mixed.to_retry(), [1]);
+    }
 }

@@ -1,7 +1,9 @@
 //! The applier's loop: take the fleet's newest config version, roll it out, report per host.
 //!
 //! HAProxy only ever needs the newest config: at start-up the applier rolls out the newest
-//! version on its subject, and any version older than the newest is acked and skipped. Hosts that could not be
+//! version on its subject, and any version older than the newest is acked and skipped. Hosts
+//! that failed in a way that may pass (unreachable, a dropped upload, a slow reload) get the
+//! same version again after `--retry-secs`, until a newer one arrives. Hosts that could not be
 //! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
 
 use crate::bus;
@@ -11,9 +13,7 @@ use crate::ssh::SshSettings;
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
-use hafleet_proto::{
-    ApplyOutcome, ApplyReport, ApplyStage, ConfigVersion, FleetName, SCHEMA_VERSION,
-};
+use hafleet_proto::{ApplyOutcome, ApplyReport, ConfigVersion, FleetName, SCHEMA_VERSION};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{error, info, warn};
@@ -46,7 +46,8 @@ pub struct RunArgs {
     /// Milliseconds a reload may take before it counts as failed and is rolled back.
     #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", default_value_t = 10_000)]
     pub reload_timeout_ms: u64,
-    /// Seconds before hosts that could not be reached get the current version again.
+    /// Seconds before hosts that failed in a way that may pass (unreachable, dropped
+    /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
     pub retry_secs: u64,
 }
@@ -65,12 +66,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
     let settings = RolloutSettings {
-        ssh: SshSettings {
-            identity: args.ssh_identity.clone(),
-            known_hosts: args.ssh_known_hosts.clone(),
-            connect_timeout: Duration::from_secs(args.ssh_connect_timeout),
-            control_dir: control_dir.path().to_owned(),
-        },
+        ssh: SshSettings::new(
+            args.ssh_identity.clone(),
+            args.ssh_known_hosts.clone(),
+            Duration::from_secs(args.ssh_connect_timeout),
+            control_dir.path().to_owned(),
+        )
+        .context("cannot write the applier's ssh_config")?,
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
     };
@@ -103,7 +105,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = tokio::time::sleep(retry_every), if retry.is_some() => {
                 let (version, unreached) = retry.take().expect("guarded by if");
                 let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
-                info!(version = version.version, hosts = subset.len(), "retrying unreachable hosts");
+                info!(version = version.version, hosts = subset.len(), "retrying hosts");
                 let left = apply_and_report(&bus, &subset, &version, &settings).await;
                 let left: Vec<usize> = left.into_iter().map(|i| unreached[i]).collect();
                 if !left.is_empty() {
@@ -164,7 +166,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Rolls out and publishes one report per host attempted. Returns the indexes (into `hosts`)
-/// of hosts that could not be reached.
+/// of hosts worth another try with the same version (see [`rollout::RolloutResult::to_retry`]).
 async fn apply_and_report(
     bus: &bus::Bus,
     hosts: &[Host],
@@ -172,17 +174,14 @@ async fn apply_and_report(
     settings: &RolloutSettings,
 ) -> Vec<usize> {
     info!(fleet = %version.fleet, version = version.version, sha256 = %version.sha256, "rolling out");
-    let mut unreached = Vec::new();
-    for (i, outcome, took) in rollout::roll_out(hosts, version, settings).await {
+    let result = rollout::roll_out(hosts, version, settings).await;
+    for (i, outcome, took) in result.outcomes.iter().cloned() {
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
                 info!(host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, "host done")
             }
             ApplyOutcome::Failed { stage, message, restored } => {
-                if *stage == ApplyStage::Connect {
-                    unreached.push(i);
-                }
                 warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
@@ -200,5 +199,5 @@ async fn apply_and_report(
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }
     }
-    unreached
+    result.to_retry()
 }

@@ -16,6 +16,33 @@ pub struct SshSettings {
     pub connect_timeout: Duration,
     /// Where the multiplexing control sockets live.
     pub control_dir: PathBuf,
+    /// The only ssh_config `ssh` reads (see [`SshSettings::new`]).
+    pub config_file: PathBuf,
+}
+
+impl SshSettings {
+    /// Writes the applier's own ssh_config into `control_dir`. It trusts host keys from
+    /// `known_hosts` alone: not ~/.ssh/known_hosts, not /etc/ssh/ssh_known_hosts, and it never
+    /// adds one. Nothing from the user's or the system's ssh_config applies.
+    pub fn new(
+        identity: PathBuf,
+        known_hosts: PathBuf,
+        connect_timeout: Duration,
+        control_dir: PathBuf,
+    ) -> std::io::Result<Self> {
+        let config_file = control_dir.join("ssh_config");
+        let quoted = |p: &std::path::Path| format!("\"{}\"", p.display());
+        std::fs::write(
+            &config_file,
+            format!(
+                "Host *\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {}\n  \
+                 GlobalKnownHostsFile /dev/null\n  UpdateHostKeys no\n  IdentitiesOnly yes\n  \
+                 PasswordAuthentication no\n  KbdInteractiveAuthentication no\n",
+                quoted(&known_hosts)
+            ),
+        )?;
+        Ok(SshSettings { identity, known_hosts, connect_timeout, control_dir, config_file })
+    }
 }
 
 /// What a remote command did.
@@ -41,8 +68,8 @@ impl HostConn {
             .keyfile(&settings.identity)
             .known_hosts_check(KnownHosts::Strict)
             .user_known_hosts_file(&settings.known_hosts)
-            // Ignore ~/.ssh/config: what reaches a host is the inventory, nothing else.
-            .config_file("/dev/null")
+            // Only the applier's own ssh_config: what reaches a host is the inventory.
+            .config_file(&settings.config_file)
             .connect_timeout(settings.connect_timeout)
             .server_alive_interval(Duration::from_secs(15))
             .control_directory(&settings.control_dir);

@@ -22,6 +22,27 @@ pub enum BusError {
     TooLarge { subject: String, size: usize, max: usize },
 }
 
+/// The URL without any `user:password@`, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        (None, Some(at)) => format!("***{}", &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credentials_never_reach_messages() {
+        assert_eq!(super::redact("nats://u:secret@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(super::redact("u:secret@nats:4222"), "***@nats:4222");
+        assert_eq!(super::redact("nats://nats:4222"), "nats://nats:4222");
+    }
+}
+
 /// A connection to NATS and its JetStream context.
 #[derive(Debug, Clone)]
 pub struct Bus {
@@ -34,7 +55,7 @@ impl Bus {
     pub async fn connect(url: &str) -> Result<Bus, BusError> {
         let client = async_nats::connect(url)
             .await
-            .map_err(|source| BusError::Connect { url: url.to_owned(), source })?;
+            .map_err(|source| BusError::Connect { url: redact(url), source })?;
         Ok(Bus { js: jetstream::new(client.clone()), client })
     }
 
