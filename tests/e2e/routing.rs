@@ -1,7 +1,8 @@
 //! Ingresses become routes on every HAProxy host and follow every change.
 
-use crate::{World, expect_everywhere, ingress};
+use crate::{CONVERGE, World, expect_everywhere, ingress};
 use anyhow::Result;
+use hafleet_tests::eventually;
 use kube::api::{DeleteParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,6 +32,26 @@ async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change()
         assert!(live.contains("shop.example.com"), "{}: {live}", h.name());
         assert!(!live.contains("other.example.com"), "unannotated Ingress reached {}", h.name());
     }
+
+    // A node that stops being Ready leaves every host's backend; it comes back when Ready.
+    let has_node_2 = |want: bool| async move {
+        for h in &stack.hosts {
+            let what = format!("{}: server node-2 present = {want}", h.name());
+            eventually(CONVERGE, &what, || async move {
+                let present = h.live_config().contains("server node-2 ");
+                anyhow::ensure!(present == want, "present = {present}");
+                Ok(())
+            })
+            .await?;
+        }
+        anyhow::Ok(())
+    };
+    has_node_2(true).await?;
+    stack.kube.set_node_ready("node-2", false).await?;
+    has_node_2(false).await?;
+    expect_everywhere(stack, "shop.example.com", "/app", 200, "web@node-1").await?;
+    stack.kube.set_node_ready("node-2", true).await?;
+    has_node_2(true).await?;
 
     // A new host and path, pointing at another Service: the old ones stop routing.
     let mut changed = ingresses.get("shop").await?;

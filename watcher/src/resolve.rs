@@ -17,6 +17,8 @@ use std::net::IpAddr;
 /// The annotation that puts an Ingress on a fleet.
 pub const FLEET_ANNOTATION: &str = "hafleet.io/fleet";
 const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// Nodes with this label get no traffic from hafleet, as from any Kubernetes load balancer.
+pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 /// An Ingress's routes for its fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +139,7 @@ pub fn resolve(
     }
 }
 
-/// Ready nodes with an InternalIP, sorted by name.
+/// Ready nodes with an InternalIP and without the exclusion label, sorted by name.
 fn ready_nodes(nodes: &[Node]) -> Vec<(ObjectName, IpAddr)> {
     let mut ready: Vec<(ObjectName, IpAddr)> = nodes
         .iter()
@@ -148,7 +150,11 @@ fn ready_nodes(nodes: &[Node]) -> Vec<(ObjectName, IpAddr)> {
                 .as_ref()?
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            if !is_ready || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            // Cordoned nodes stay: kube-proxy on them still serves NodePorts while they drain.
+            // The label Kubernetes' own service load balancers honour takes a node out.
+            let excluded =
+                n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(EXCLUDE_FROM_LB_LABEL));
+            if !is_ready || excluded {
                 return None;
             }
             let ip = status
@@ -271,6 +277,20 @@ mod tests {
             .map(|s| format!("{} {}:{}", s.node, s.addr, s.port))
             .collect();
         assert_eq!(servers, ["n1 127.0.0.2:30080", "n2 127.0.0.3:30080"]);
+    }
+
+    #[test]
+    fn cordoned_nodes_serve_and_excluded_ones_do_not() {
+        let mut cordoned = node("n1", "127.0.0.2", "True");
+        cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let mut excluded = node("n2", "127.0.0.3", "True");
+        excluded.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_owned(), String::new())].into());
+        let r =
+            resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), &[cordoned, excluded])
+                .unwrap();
+        let nodes: Vec<&str> =
+            r.routes[0].backend.servers.iter().map(|s| s.node.as_str()).collect();
+        assert_eq!(nodes, ["n1"]);
     }
 
     #[test]
