@@ -25,6 +25,7 @@ command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v openssl >/dev/null || need_pkgs+=(openssl)
 command -v socat >/dev/null || need_pkgs+=(socat)
+command -v kubectl >/dev/null || need_pkgs+=(kubernetes-client)
 
 have_assets=false
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then

@@ -182,3 +182,28 @@ async fn a_host_whose_ssh_key_is_not_pinned_is_refused_and_retried_once_it_is() 
     expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_role_reads_what_it_routes_and_nothing_more() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    // Every stack runs its watcher with deploy/kubernetes/watcher-rbac.yaml (the other tests
+    // prove it is enough); this one proves it is not more.
+    let world = World::start().await?;
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(world.stack.kube.watcher_kubeconfig_path())?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = kube::Client::try_from(config)?;
+    let forbidden = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(()),
+        other => Err(anyhow::anyhow!("expected 403 Forbidden, got {other:?}")),
+    };
+    Api::<Ingress>::all(client.clone()).list(&ListParams::default()).await?;
+    Api::<Service>::all(client.clone()).list(&ListParams::default()).await?;
+    forbidden(Api::<Secret>::all(client.clone()).list(&ListParams::default()).await.map(|_| ()))?;
+    let ingresses: Api<Ingress> = Api::namespaced(client.clone(), "default");
+    let ing = crate::ingress("sneaky", Some("edge"), "a.example.com", "/", "web");
+    forbidden(ingresses.create(&Default::default(), &ing).await.map(|_| ()))?;
+    let services: Api<Service> = Api::namespaced(client, "default");
+    forbidden(services.delete("web", &Default::default()).await.map(|_| ()))?;
+    Ok(())
+}

@@ -18,6 +18,9 @@ const APISERVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// etcd and kube-apiserver for one test; both are killed on drop (apiserver first).
 ///
+/// The user name of the watcher's ServiceAccount `hafleet/hafleet-watcher`.
+pub const WATCHER_USER: &str = "system:serviceaccount:hafleet:hafleet-watcher";
+
 /// No controllers, kubelet or kube-proxy run: tests create Nodes themselves. The kubeconfig
 /// authenticates with a static token in group `system:masters`.
 pub struct KubeEnv {
@@ -27,6 +30,7 @@ pub struct KubeEnv {
     port: u16,
     token: String,
     kubeconfig: PathBuf,
+    watcher_kubeconfig: PathBuf,
     dir: TestDir,
 }
 
@@ -77,9 +81,16 @@ impl KubeEnv {
         let (apiserver_bin, etcd_bin) = find_binaries()?;
         let dir = TestDir::new("hafleet-kube-")?;
         let token = random_token();
+        let watcher_token = random_token();
+        // The watcher authenticates as its ServiceAccount would: RBAC matches ServiceAccount
+        // subjects by this user name, so deploy/kubernetes/watcher-rbac.yaml applies to it as
+        // it is.
         std::fs::write(
             dir.path().join("tokens.csv"),
-            format!("{token},admin,admin,system:masters\n"),
+            format!(
+                "{token},admin,admin,system:masters\n\
+                 {watcher_token},{WATCHER_USER},hafleet-watcher,\"system:serviceaccounts,system:serviceaccounts:hafleet\"\n"
+            ),
         )?;
         let mut genrsa = tokio::process::Command::new("openssl");
         genrsa.arg("genrsa").arg("-out").arg(dir.path().join("sa.key")).arg("2048");
@@ -102,16 +113,18 @@ impl KubeEnv {
             port,
             token,
             kubeconfig: dir.path().join("kubeconfig"),
+            watcher_kubeconfig: dir.path().join("watcher.kubeconfig"),
             dir,
         };
-        env.write_kubeconfig()?;
+        env.write_kubeconfig(&env.kubeconfig, "admin", &env.token)?;
+        env.write_kubeconfig(&env.watcher_kubeconfig, WATCHER_USER, &watcher_token)?;
         env.wait_until_ready().await?;
         Ok(env)
     }
 
-    /// Writes a kubeconfig trusting the apiserver's self-signed `apiserver.crt` (a bundle of the
-    /// serving cert, with IP SAN 127.0.0.1, and its CA; rustls accepts it).
-    fn write_kubeconfig(&self) -> Result<()> {
+    /// Writes a kubeconfig for `user` trusting the apiserver's self-signed `apiserver.crt` (a
+    /// bundle of the serving cert, with IP SAN 127.0.0.1, and its CA; rustls accepts it).
+    fn write_kubeconfig(&self, path: &Path, user: &str, token: &str) -> Result<()> {
         let kubeconfig = format!(
             "apiVersion: v1\n\
              kind: Config\n\
@@ -121,21 +134,20 @@ impl KubeEnv {
                  server: {server}\n    \
                  certificate-authority: {ca}\n\
              users:\n\
-             - name: admin\n  \
+             - name: {user}\n  \
                user:\n    \
                  token: {token}\n\
              contexts:\n\
              - name: hafleet-test\n  \
                context:\n    \
                  cluster: hafleet-test\n    \
-                 user: admin\n    \
+                 user: {user}\n    \
                  namespace: default\n\
              current-context: hafleet-test\n",
             server = self.server_url(),
             ca = self.ca_cert_path().display(),
-            token = self.token,
         );
-        std::fs::write(&self.kubeconfig, kubeconfig).context("write kubeconfig")
+        std::fs::write(path, kubeconfig).context("write kubeconfig")
     }
 
     async fn wait_until_ready(&mut self) -> Result<()> {
@@ -165,6 +177,12 @@ impl KubeEnv {
 
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A kubeconfig for the watcher's ServiceAccount (user [`WATCHER_USER`]): it may do only
+    /// what deploy/kubernetes/watcher-rbac.yaml grants, once that is applied.
+    pub fn watcher_kubeconfig_path(&self) -> &Path {
+        &self.watcher_kubeconfig
     }
 
     /// The bearer token of user `admin` (group `system:masters`).

@@ -18,6 +18,32 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// A file of the workspace, by its path from the workspace root.
+pub fn workspace_file(path: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// `kubectl apply -f FILE` as the admin, as an operator installing hafleet would.
+pub async fn kubectl_apply(kube: &KubeEnv, file: &std::path::Path) -> Result<()> {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kube.kubeconfig_path())
+        .arg("apply")
+        .arg("-f")
+        .arg(file)
+        .output()
+        .await
+        .context("running kubectl (tests/setup.sh installs it)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl apply -f {} failed: {}{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// Which hafleet binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Component {
@@ -56,6 +82,8 @@ impl Stack {
     pub async fn start(fleet: &str, hosts: usize) -> Result<Stack> {
         let dir = TestDir::new("hafleet-stack")?;
         let (kube, nats) = tokio::try_join!(KubeEnv::start(), NatsServer::start())?;
+        // The watcher runs with exactly the RBAC the project ships.
+        kubectl_apply(&kube, &workspace_file("deploy/kubernetes/watcher-rbac.yaml")).await?;
         let keys = SshClientKeys::generate(dir.path())?;
         let mut started = Vec::new();
         for i in 1..=hosts {
@@ -111,7 +139,8 @@ impl Stack {
             .env("NO_COLOR", "1");
         match c {
             Component::Watcher => {
-                cmd.env("KUBECONFIG", self.kube.kubeconfig_path()).env("HAFLEET_DEBOUNCE_MS", "50");
+                cmd.env("KUBECONFIG", self.kube.watcher_kubeconfig_path())
+                    .env("HAFLEET_DEBOUNCE_MS", "50");
             }
             Component::Renderer => {
                 cmd.arg("run")
