@@ -12,7 +12,7 @@ mod routing;
 
 use anyhow::Result;
 use hafleet_tests::stack::Stack;
-use hafleet_tests::{HttpBackend, eventually, http_get, random_loopback_ip};
+use hafleet_tests::{HaproxyHost, HttpBackend, eventually, http_get, random_loopback_ip};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -62,7 +62,19 @@ pub async fn expect_everywhere(
     status: u16,
     body_prefix: &str,
 ) -> Result<()> {
-    for h in &stack.hosts {
+    expect_on(&stack.hosts, stack, host, path, status, body_prefix).await
+}
+
+/// Like [`expect_everywhere`], for any set of HAProxy hosts (another fleet's, say).
+pub async fn expect_on(
+    hosts: &[HaproxyHost],
+    stack: &Stack,
+    host: &str,
+    path: &str,
+    status: u16,
+    body_prefix: &str,
+) -> Result<()> {
+    for h in hosts {
         let what = format!("{} {host}{path} -> {status} {body_prefix:?}", h.name());
         let addr = h.http_addr();
         eventually(CONVERGE, &what, || async move {

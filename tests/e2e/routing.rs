@@ -1,9 +1,9 @@
 //! Ingresses become routes on every HAProxy host and follow every change.
 
-use crate::{CONVERGE, World, expect_everywhere, ingress};
+use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress};
 use anyhow::Result;
 use hafleet_tests::eventually;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
@@ -63,5 +63,34 @@ async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change()
     // Deleted: nothing routes any more.
     ingresses.delete("shop", &DeleteParams::default()).await?;
     expect_everywhere(stack, "api.example.com", "/v1/users", 404, "").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_fleet_serves_only_its_own_ingresses_and_an_ingress_can_move() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let core = stack.start_extra_fleet("core", 1).await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    world
+        .ingresses
+        .create(
+            &PostParams::default(),
+            &ingress("intranet", Some("core"), "intra.example.com", "/", "api"),
+        )
+        .await?;
+
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_on(&core.hosts, stack, "intra.example.com", "/", 200, "api@").await?;
+    expect_everywhere(stack, "intra.example.com", "/", 404, "").await?;
+    expect_on(&core.hosts, stack, "shop.example.com", "/", 404, "").await?;
+    assert!(!core.hosts[0].live_config().contains("shop.example.com"));
+    assert!(!stack.hosts[0].live_config().contains("intra.example.com"));
+
+    // Re-annotated: it leaves edge and goes live on core.
+    let patch = serde_json::json!({"metadata": {"annotations": {"hafleet.io/fleet": "core"}}});
+    world.ingresses.patch("shop", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    expect_on(&core.hosts, stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_everywhere(stack, "shop.example.com", "/", 404, "").await?;
     Ok(())
 }

@@ -44,6 +44,41 @@ pub async fn kubectl_apply(kube: &KubeEnv, file: &std::path::Path) -> Result<()>
     Ok(())
 }
 
+/// Writes an applier inventory for `hosts`.
+fn write_inventory(path: &std::path::Path, hosts: &[HaproxyHost]) -> Result<()> {
+    let mut inventory = String::new();
+    for h in hosts {
+        write!(
+            inventory,
+            "[[hosts]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nuser = \"{}\"\n\
+             config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\n",
+            h.name(),
+            h.ssh_host(),
+            h.ssh_port(),
+            h.ssh_user(),
+            h.config_path().display(),
+            h.master_socket().display(),
+        )?;
+    }
+    std::fs::write(path, inventory)?;
+    Ok(())
+}
+
+/// A second fleet on the same cluster, NATS, watcher and renderer: its own HAProxy hosts and
+/// its own applier.
+#[derive(Debug)]
+pub struct ExtraFleet {
+    pub name: String,
+    pub hosts: Vec<HaproxyHost>,
+    applier: ChildGuard,
+}
+
+impl ExtraFleet {
+    pub fn applier_log(&self) -> String {
+        self.applier.log_tail(40)
+    }
+}
+
 /// Which hafleet binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Component {
@@ -89,22 +124,8 @@ impl Stack {
         for i in 1..=hosts {
             started.push(HaproxyHost::start(&format!("lb-{i}"), &keys).await?);
         }
-        let mut inventory = String::new();
-        for h in &started {
-            write!(
-                inventory,
-                "[[hosts]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nuser = \"{}\"\n\
-                 config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\n",
-                h.name(),
-                h.ssh_host(),
-                h.ssh_port(),
-                h.ssh_user(),
-                h.config_path().display(),
-                h.master_socket().display(),
-            )?;
-        }
         let inventory_path = dir.path().join("inventory.toml");
-        std::fs::write(&inventory_path, inventory)?;
+        write_inventory(&inventory_path, &started)?;
         let mut stack = Stack {
             fleet: fleet.to_owned(),
             kube,
@@ -125,6 +146,21 @@ impl Stack {
 
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// Starts another fleet: `hosts` HAProxy hosts named `<fleet>-lb-N` and an applier for them.
+    pub async fn start_extra_fleet(&self, fleet: &str, hosts: usize) -> Result<ExtraFleet> {
+        let mut started = Vec::new();
+        for i in 1..=hosts {
+            started.push(HaproxyHost::start(&format!("{fleet}-lb-{i}"), &self.keys).await?);
+        }
+        let inventory = self.dir.path().join(format!("inventory-{fleet}.toml"));
+        write_inventory(&inventory, &started)?;
+        let mut cmd = self.command(Component::Applier);
+        cmd.env("HAFLEET_FLEET", fleet).env("HAFLEET_INVENTORY", &inventory);
+        let log = self.dir.path().join(format!("hafleet-applier-{fleet}.log"));
+        let applier = ChildGuard::spawn("hafleet-applier", &mut cmd, &log)?;
+        Ok(ExtraFleet { name: fleet.to_owned(), hosts: started, applier })
     }
 
     pub fn inventory_path(&self) -> &std::path::Path {
