@@ -93,7 +93,8 @@ pub async fn expect_on(
 pub struct World {
     pub stack: Stack,
     pub ingresses: Api<Ingress>,
-    _backends: Vec<HttpBackend>,
+    /// `web@node-1`, `web@node-2`, `api@node-1`, `api@node-2`.
+    pub backends: Vec<HttpBackend>,
 }
 
 impl World {
@@ -107,7 +108,7 @@ impl World {
         let mut backends = service_on_two_nodes(&stack, "web", &nodes).await?;
         backends.extend(service_on_two_nodes(&stack, "api", &nodes).await?);
         let ingresses = Api::namespaced(stack.kube.client().await?, "default");
-        Ok(World { stack, ingresses, _backends: backends })
+        Ok(World { stack, ingresses, backends })
     }
 
     /// Creates an Ingress on fleet `edge`.

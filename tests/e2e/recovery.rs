@@ -4,9 +4,11 @@
 use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::Result;
 use hafleet_proto::ApplyOutcome;
+use hafleet_tests::proc::tcp_accepts;
 use hafleet_tests::stack::Component;
-use hafleet_tests::{eventually, http_get};
+use hafleet_tests::{eventually, http_get, wait_for};
 use kube::api::DeleteParams;
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_components_catch_up_on_restart_and_deletions_while_down_are_swept() -> Result<()> {
@@ -67,5 +69,29 @@ async fn a_host_left_between_swap_and_reload_is_reloaded_not_reported_unchanged(
     world.stack.start_component(Component::Applier)?;
     expect_everywhere(&world.stack, "b.example.com", "/", 200, "api@").await?;
     assert_eq!(world.report("lb-1", 2).await?.outcome, ApplyOutcome::Applied);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_nodeport_stops_answering_costs_no_failed_request() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@node-1").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@node-2").await?;
+
+    // node-1's kube-proxy stops answering; the node stays Ready in the API, so no new config
+    // comes: HAProxy's retries and health checks alone must keep every request whole.
+    let dead = world.backends.remove(0);
+    assert_eq!(dead.name(), "web@node-1");
+    let addr = dead.addr();
+    drop(dead);
+    assert!(wait_for(Duration::from_secs(5), || async move { !tcp_accepts(addr).await }).await);
+    for h in &world.stack.hosts {
+        for i in 0..20 {
+            let (status, body) = http_get(h.http_addr(), "shop.example.com", "/").await?;
+            assert_eq!(status, 200, "{} request {i}: {body}", h.name());
+            assert!(body.starts_with("web@node-2"), "{} request {i}: {body}", h.name());
+        }
+    }
     Ok(())
 }
