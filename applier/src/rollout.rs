@@ -210,8 +210,11 @@ async fn reload(
     remote(conn, ApplyStage::Reload, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
         .await?;
     let deadline = tokio::time::Instant::now() + timeout;
+    // A reload usually completes within tens of milliseconds; look early, then back off.
+    let mut pause = Duration::from_millis(20);
     loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
         // While the master re-executes, its socket may refuse connections: that is "pending".
         if let Ok(after) = show_proc(conn, host).await {
             match plan::check_reload(before, &after) {
