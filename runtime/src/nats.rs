@@ -33,13 +33,40 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Splits `nats://user:password@host:port` into the URL without credentials and the
+/// (percent-decoded) user and password. async-nats does not send credentials written in the
+/// URL itself, so they go through its connect options instead.
+pub fn split_credentials(url: &str) -> (String, Option<(String, String)>) {
+    let Ok(mut parsed) = url::Url::parse(url) else { return (url.to_owned(), None) };
+    if parsed.username().is_empty() {
+        return (url.to_owned(), None);
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let user = decode(parsed.username());
+    let password = decode(parsed.password().unwrap_or_default());
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    (parsed.to_string(), Some((user, password)))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn credentials_never_reach_messages() {
-        assert_eq!(super::redact("nats://u:secret@nats:4222"), "nats://***@nats:4222");
-        assert_eq!(super::redact("u:secret@nats:4222"), "***@nats:4222");
-        assert_eq!(super::redact("nats://nats:4222"), "nats://nats:4222");
+        assert_eq!(redact("nats://u:secret@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(redact("u:secret@nats:4222"), "***@nats:4222");
+        assert_eq!(redact("nats://nats:4222"), "nats://nats:4222");
+    }
+
+    #[test]
+    fn credentials_come_out_of_the_url_decoded() {
+        let (url, creds) =
+            split_credentials("nats://hafleet-watcher:p%40ss%3Aw@nats.internal:4222");
+        assert_eq!(url, "nats://nats.internal:4222");
+        assert_eq!(creds, Some(("hafleet-watcher".into(), "p@ss:w".into())));
+        assert_eq!(split_credentials("nats://nats:4222"), ("nats://nats:4222".into(), None));
     }
 }
 
@@ -53,7 +80,13 @@ pub struct Bus {
 impl Bus {
     /// Connects, naming the URL in the error.
     pub async fn connect(url: &str) -> Result<Bus, BusError> {
-        let client = async_nats::connect(url)
+        let (address, credentials) = split_credentials(url);
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some((user, password)) = credentials {
+            options = options.user_and_password(user, password);
+        }
+        let client = options
+            .connect(address)
             .await
             .map_err(|source| BusError::Connect { url: redact(url), source })?;
         Ok(Bus { js: jetstream::new(client.clone()), client })

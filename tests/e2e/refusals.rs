@@ -207,3 +207,43 @@ async fn the_watcher_role_reads_what_it_routes_and_nothing_more() -> Result<()> 
     forbidden(services.delete("web", &Default::default()).await.map(|_| ()))?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_component_may_publish_only_its_own_messages_on_nats() -> Result<()> {
+    // Every stack runs each component as its own NATS user with
+    // deploy/nats/hafleet-permissions.conf (the other tests prove that is enough); this one
+    // proves a component cannot speak for another, e.g. a watcher cannot publish a config.
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let nats = &world.stack.nats;
+    let publish = |user: &'static str, subject: &'static str| async move {
+        let mut js = async_nats::jetstream::new(nats.client_as(user).await?);
+        js.set_timeout(std::time::Duration::from_secs(2));
+        let ack = js.publish(subject, "not a real message".into()).await?.await;
+        anyhow::Ok(ack.is_ok())
+    };
+    for (user, subject, allowed) in [
+        ("hafleet-watcher", "hafleet.configs.edge", false),
+        ("hafleet-applier", "hafleet.configs.edge", false),
+        ("hafleet-renderer", "hafleet.routes.edge", false),
+        ("hafleet-applier", "hafleet.routes.edge", false),
+        ("hafleet-watcher", "hafleet.reports.edge.lb-1", false),
+        // Controls: the same publish succeeds for the component that owns the subject (on a
+        // fleet nobody serves, so nothing real is disturbed).
+        ("hafleet-renderer", "hafleet.configs.nobody", true),
+        ("hafleet-watcher", "hafleet.routes.nobody", true),
+        ("hafleet-applier", "hafleet.reports.nobody.lb-1", true),
+    ] {
+        assert_eq!(publish(user, subject).await?, allowed, "{user} publishing on {subject}");
+    }
+    let js = async_nats::jetstream::new(nats.client_as("hafleet-watcher").await?);
+    assert!(js.delete_stream(hafleet_proto::CONFIGS_STREAM).await.is_err());
+    // And the fleet still runs the renderer's config, not a forged one.
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    assert_eq!(
+        world.stack.latest_version().await?.map(|v| v.fleet.to_string()),
+        Some("edge".into())
+    );
+    Ok(())
+}

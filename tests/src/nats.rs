@@ -13,12 +13,24 @@ use crate::proc::{ChildGuard, TestDir, free_port, is_addr_in_use, tcp_accepts};
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `nats-server -js` with its store in a temp dir; killed on drop.
+///
+/// It runs with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
+/// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer` and
+/// `hafleet-applier` only what that file grants them (see [`NatsServer::url_for`]).
 pub struct NatsServer {
     child: Option<ChildGuard>,
     port: u16,
     monitor_port: u16,
+    password: String,
     dir: TestDir,
 }
+
+/// The component users of deploy/nats/hafleet-permissions.conf and their permission variables.
+pub const COMPONENT_USERS: [(&str, &str); 3] = [
+    ("hafleet-watcher", "HAFLEET_WATCHER"),
+    ("hafleet-renderer", "HAFLEET_RENDERER"),
+    ("hafleet-applier", "HAFLEET_APPLIER"),
+];
 
 impl std::fmt::Debug for NatsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -34,8 +46,13 @@ impl NatsServer {
         loop {
             attempt += 1;
             let lo = Ipv4Addr::LOCALHOST.into();
-            let mut server =
-                NatsServer { child: None, port: free_port(lo), monitor_port: free_port(lo), dir };
+            let mut server = NatsServer {
+                child: None,
+                port: free_port(lo),
+                monitor_port: free_port(lo),
+                password: crate::proc::random_token(),
+                dir,
+            };
             match server.spawn().await {
                 Ok(()) => return Ok(server),
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => dir = server.take_dir(),
@@ -53,7 +70,9 @@ impl NatsServer {
     async fn spawn(&mut self) -> Result<()> {
         let store = self.store_dir();
         std::fs::create_dir_all(&store)?;
+        let config = self.write_config()?;
         let mut cmd = Command::new("nats-server");
+        cmd.arg("-c").arg(&config);
         cmd.args(["-js", "-a", "127.0.0.1"]).arg("-sd").arg(&store).args([
             "-p",
             &self.port.to_string(),
@@ -63,15 +82,21 @@ impl NatsServer {
         let mut child =
             ChildGuard::spawn("nats-server", &mut cmd, &self.dir.path().join("nats.log"))
                 .context("start nats-server (install it with tests/setup.sh)")?;
-        let (addr, monitor, url) = (self.addr(), self.monitor_addr(), self.url());
+        let (addr, monitor, password) = (self.addr(), self.monitor_addr(), self.password.clone());
         child
             .wait_ready(READY_TIMEOUT, || {
-                let url = url.clone();
+                let password = password.clone();
                 async move {
                     tcp_accepts(addr).await
                         && matches!(http_get(monitor, "127.0.0.1", "/healthz").await,
                                     Ok((200, body)) if body.contains("ok"))
-                        && async_nats::connect(url).await.is_ok()
+                        && async_nats::ConnectOptions::with_user_and_password(
+                            "admin".into(),
+                            password,
+                        )
+                        .connect(addr.to_string())
+                        .await
+                        .is_ok()
                 }
             })
             .await?;
@@ -79,9 +104,38 @@ impl NatsServer {
         Ok(())
     }
 
-    /// `nats://127.0.0.1:<port>`
+    /// The server config: hafleet's permissions file, included as it ships, and one user per
+    /// component plus `admin`, all with this server's password.
+    fn write_config(&self) -> Result<PathBuf> {
+        let shipped =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/hafleet-permissions.conf");
+        std::fs::copy(&shipped, self.dir.path().join("hafleet-permissions.conf"))
+            .with_context(|| format!("copy {}", shipped.display()))?;
+        let mut users = format!("    {{ user: admin, password: \"{}\" }}\n", self.password);
+        for (user, permissions) in COMPONENT_USERS {
+            users.push_str(&format!(
+                "    {{ user: {user}, password: \"{}\", permissions: ${permissions} }}\n",
+                self.password
+            ));
+        }
+        let config = self.dir.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "include hafleet-permissions.conf\nauthorization {{\n  users = [\n{users}  ]\n}}\n"
+            ),
+        )?;
+        Ok(config)
+    }
+
+    /// `nats://admin:…@127.0.0.1:<port>`: the tests' own, unrestricted user.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        self.url_for("admin")
+    }
+
+    /// The URL a component connects with as `user` (one of [`COMPONENT_USERS`], or `admin`).
+    pub fn url_for(&self, user: &str) -> String {
+        format!("nats://{user}:{}@127.0.0.1:{}", self.password, self.port)
     }
 
     pub fn port(&self) -> u16 {
@@ -110,9 +164,17 @@ impl NatsServer {
         self.dir.path()
     }
 
-    /// A new client connection.
+    /// A new client connection as `admin`.
     pub async fn client(&self) -> Result<async_nats::Client> {
-        async_nats::connect(self.url()).await.with_context(|| format!("connect {}", self.url()))
+        self.client_as("admin").await
+    }
+
+    /// A new client connection as `user` (one of [`COMPONENT_USERS`], or `admin`).
+    pub async fn client_as(&self, user: &str) -> Result<async_nats::Client> {
+        async_nats::ConnectOptions::with_user_and_password(user.to_owned(), self.password.clone())
+            .connect(self.addr().to_string())
+            .await
+            .with_context(|| format!("connect to NATS at {} as {user}", self.addr()))
     }
 
     /// Kills the server with SIGKILL (a crash); [`NatsServer::start_again`] brings it back.

@@ -170,7 +170,8 @@ impl Stack {
     /// The command line a component runs with in this stack.
     pub fn command(&self, c: Component) -> Command {
         let mut cmd = Command::new(bin_path(c.binary()));
-        cmd.env("HAFLEET_NATS_URL", self.nats.url())
+        // Each component as its own NATS user, with the permissions hafleet ships.
+        cmd.env("HAFLEET_NATS_URL", self.nats.url_for(c.binary()))
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1");
         match c {
