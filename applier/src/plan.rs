@@ -1,18 +1,26 @@
-//! Pure rollout decisions: the order hosts get a version in, and reading HAProxy's master CLI
-//! to tell whether a reload took.
+//! Pure rollout decisions: what a canary's outcome means, what a host needs, and reading
+//! HAProxy's master CLI to tell whether a reload took.
 
-/// Waves of host indexes: the canary (the first host) alone, then the others in groups of at
-/// most `parallelism`. A wave starts only when every host of the one before has succeeded.
-pub fn waves(hosts: usize, parallelism: usize) -> Vec<Vec<usize>> {
-    let parallelism = parallelism.max(1);
-    let mut waves = Vec::new();
-    if hosts == 0 {
-        return waves;
+use hafleet_proto::{ApplyOutcome, ApplyStage};
+
+/// What the canary's outcome says about the rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CanaryVerdict {
+    /// The host could not be reached: it says nothing about the config; try the next host as
+    /// canary.
+    Unreachable,
+    /// The version runs there: go on with the others.
+    Passed,
+    /// The version failed on a reachable host: stop.
+    Failed,
+}
+
+pub fn canary_verdict(outcome: &ApplyOutcome) -> CanaryVerdict {
+    match outcome {
+        ApplyOutcome::Applied | ApplyOutcome::Unchanged => CanaryVerdict::Passed,
+        ApplyOutcome::Failed { stage: ApplyStage::Connect, .. } => CanaryVerdict::Unreachable,
+        ApplyOutcome::Failed { .. } => CanaryVerdict::Failed,
     }
-    waves.push(vec![0]);
-    let rest: Vec<usize> = (1..hosts).collect();
-    waves.extend(rest.chunks(parallelism).map(|c| c.to_vec()));
-    waves
 }
 
 /// What a host needs to run a version, from the sha256 of its live file and of the config its
@@ -135,10 +143,13 @@ mod tests {
     }
 
     #[test]
-    fn the_canary_goes_alone_then_bounded_waves() {
-        assert_eq!(waves(0, 2), Vec::<Vec<usize>>::new());
-        assert_eq!(waves(1, 2), vec![vec![0]]);
-        assert_eq!(waves(5, 2), vec![vec![0], vec![1, 2], vec![3, 4]]);
-        assert_eq!(waves(3, 0), vec![vec![0], vec![1], vec![2]]);
+    fn an_unreachable_canary_passes_the_role_on_and_a_refusal_stops_the_rollout() {
+        let failed =
+            |stage| ApplyOutcome::Failed { stage, message: String::new(), restored: false };
+        assert_eq!(canary_verdict(&failed(ApplyStage::Connect)), CanaryVerdict::Unreachable);
+        assert_eq!(canary_verdict(&failed(ApplyStage::Validate)), CanaryVerdict::Failed);
+        assert_eq!(canary_verdict(&failed(ApplyStage::Verify)), CanaryVerdict::Failed);
+        assert_eq!(canary_verdict(&ApplyOutcome::Applied), CanaryVerdict::Passed);
+        assert_eq!(canary_verdict(&ApplyOutcome::Unchanged), CanaryVerdict::Passed);
     }
 }

@@ -29,13 +29,17 @@ mod scripts {
     /// $1 = live config path. Prints two lines: the live file's sha256 and the sha256 of the
     /// config HAProxy last loaded (from the marker), each empty if unknown.
     pub const LIVE_SHA: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo"#;
-    /// $1 = live config path. Records the live file's sha256 as what HAProxy has loaded; run
-    /// only after a verified reload.
-    pub const MARK_LOADED: &str = r#"set -e; sha256sum "$1" | cut -d' ' -f1 > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded""#;
+    /// $1 = live config path, $2 = expected sha256 or empty. Records the live file's sha256 as
+    /// what HAProxy has loaded (run only after a verified reload); fails if it is not $2.
+    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s
+' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded""#;
+    /// $1 = live config path, $2 = token. Removes this attempt's upload.
+    pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
     /// the live file (same file system, so the later rename is atomic) under a name no other
     /// attempt uses, and prints the sha256 of what landed.
-    pub const UPLOAD: &str = r#"set -e; umask 027; cat > "$1.hafleet-new-$2"; sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1"#;
+    /// Uploads left by attempts that died more than an hour ago are swept first.
+    pub const UPLOAD: &str = r#"set -e; umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null || true; cat > "$1.hafleet-new-$2"; sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1"#;
     /// $1 = haproxy binary, $2 = live config path, $3 = token.
     pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out"; exit $rc"#;
     /// $1 = live config path, $2 = token. Keeps the live file as last-known-good, then renames
@@ -116,9 +120,14 @@ async fn apply_on(
         HostPlan::Unchanged => return Ok(ApplyOutcome::Unchanged),
         HostPlan::ReloadOnly => {
             info!("live file is this version but HAProxy never loaded it; reloading");
-            let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Reload, m))?;
-            reload(conn, host, &before, settings.reload_timeout).await?;
-            mark_loaded(conn, host).await?;
+            let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))?;
+            if let Err(mut failure) = reload(conn, host, &before, settings.reload_timeout).await {
+                // The live file is one HAProxy will not load: put last-known-good back, so a
+                // host restart does not start HAProxy on it.
+                failure.restored = restore(conn, host, settings.reload_timeout).await;
+                return Err(failure);
+            }
+            mark_loaded(conn, host, &version.sha256).await?;
             return Ok(ApplyOutcome::Applied);
         }
         HostPlan::Full => {}
@@ -128,24 +137,19 @@ async fn apply_on(
     // a file this one validated, or the other way round.
     let token = attempt_token(version.version);
     let token = token.as_str();
-    let config = Some(version.config.as_bytes());
-    let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
-    if landed.trim() != version.sha256 {
-        return Err(fail(
-            ApplyStage::Upload,
-            format!("uploaded file has sha256 {} instead of {}", landed.trim(), version.sha256),
-        ));
-    }
-
-    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live, token], None)
-        .await?;
-
-    let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Reload, m))?;
+    let before = match upload_and_validate(conn, host, version, token).await {
+        Ok(before) => before,
+        Err(failure) => {
+            // Leave no copy of a config that is not live behind (best effort).
+            let _ = conn.run(scripts::DISCARD, &[live, token], None).await;
+            return Err(failure);
+        }
+    };
     remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
 
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
-            mark_loaded(conn, host).await?;
+            mark_loaded(conn, host, &version.sha256).await?;
             Ok(ApplyOutcome::Applied)
         }
         Err(mut failure) => {
@@ -154,6 +158,28 @@ async fn apply_on(
             Err(failure)
         }
     }
+}
+
+/// Uploads the version under this attempt's name, checks what landed, validates it with
+/// `haproxy -c`, and reads `show proc` for the reload check to come.
+async fn upload_and_validate(
+    conn: &HostConn,
+    host: &Host,
+    version: &ConfigVersion,
+    token: &str,
+) -> Result<plan::ProcState, Failure> {
+    let live = host.config_path.as_str();
+    let config = Some(version.config.as_bytes());
+    let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
+    if landed.trim() != version.sha256 {
+        return Err(fail(
+            ApplyStage::Upload,
+            format!("uploaded file has sha256 {} instead of {}", landed.trim(), version.sha256),
+        ));
+    }
+    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live, token], None)
+        .await?;
+    show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))
 }
 
 /// `v<version>-<pid>-<nanoseconds>`: unique per attempt, and only `[a-z0-9-]`.
@@ -180,8 +206,18 @@ async fn remote(
     }
 }
 
-async fn mark_loaded(conn: &HostConn, host: &Host) -> Result<(), Failure> {
-    remote(conn, ApplyStage::Verify, scripts::MARK_LOADED, &[&host.config_path], None).await?;
+/// Records the live file as what HAProxy loaded, if it is `expected_sha` (empty: whatever is
+/// live, after a restore). Another applier may have swapped in a different file meanwhile; then
+/// this is a failure, not a report of something HAProxy does not run.
+async fn mark_loaded(conn: &HostConn, host: &Host, expected_sha: &str) -> Result<(), Failure> {
+    remote(
+        conn,
+        ApplyStage::Verify,
+        scripts::MARK_LOADED,
+        &[&host.config_path, expected_sha],
+        None,
+    )
+    .await?;
     Ok(())
 }
 
@@ -207,7 +243,9 @@ async fn reload(
     before: &plan::ProcState,
     timeout: Duration,
 ) -> Result<(), Failure> {
-    remote(conn, ApplyStage::Reload, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
+    // Not being able to ask is a transient failure (Verify); only HAProxy refusing the config
+    // (below) is a Reload failure, which the same config would meet again.
+    remote(conn, ApplyStage::Verify, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
         .await?;
     let deadline = tokio::time::Instant::now() + timeout;
     // A reload usually completes within tens of milliseconds; look early, then back off.
@@ -244,8 +282,8 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
         return false;
     }
     let Ok(before) = show_proc(conn, host).await else { return false };
-    let restored =
-        reload(conn, host, &before, timeout).await.is_ok() && mark_loaded(conn, host).await.is_ok();
+    let restored = reload(conn, host, &before, timeout).await.is_ok()
+        && mark_loaded(conn, host, "").await.is_ok();
     info!(restored, "last-known-good restored");
     restored
 }
@@ -289,31 +327,50 @@ impl RolloutResult {
     }
 }
 
-/// Rolls `version` out over `hosts` in waves, the canary first. Any failure on the canary halts
-/// the rollout (an unreachable canary proves nothing about the config); after it, only a
-/// failure other than an unreachable host halts it, leaving later hosts on what they run.
+/// Rolls `version` out over `hosts`. The canary is the first host in inventory order that can
+/// be reached: unreachable hosts before it are skipped (and retried later), so one host that is
+/// down never freezes its fleet. A canary that fails halts the rollout. After it, the other
+/// hosts go in waves of `parallelism`; any failure other than an unreachable host halts.
 pub async fn roll_out(
     hosts: &[Host],
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> RolloutResult {
+    let attempt = |i: usize| async move {
+        let started = std::time::Instant::now();
+        let outcome = apply_host(&hosts[i], version, settings).await;
+        (i, outcome, started.elapsed())
+    };
+    let halted = |result: &mut RolloutResult, rest: &[usize]| {
+        warn!(fleet = %version.fleet, version = version.version, "rollout halted");
+        result.not_attempted = rest.to_vec();
+    };
+    let order: Vec<usize> = (0..hosts.len()).collect();
     let mut result = RolloutResult::default();
-    let waves = plan::waves(hosts.len(), settings.parallelism);
-    for (n, wave) in waves.iter().enumerate() {
-        let outcomes = futures::future::join_all(wave.iter().map(|&i| async move {
-            let started = std::time::Instant::now();
-            let outcome = apply_host(&hosts[i], version, settings).await;
-            (i, outcome, started.elapsed())
-        }))
-        .await;
-        let halt = outcomes.iter().any(|(_, o, _)| match o {
-            ApplyOutcome::Failed { stage, .. } => n == 0 || *stage != ApplyStage::Connect,
-            _ => false,
+    let mut next = 0;
+    while next < order.len() {
+        let (i, outcome, took) = attempt(order[next]).await;
+        next += 1;
+        let verdict = plan::canary_verdict(&outcome);
+        result.outcomes.push((i, outcome, took));
+        match verdict {
+            plan::CanaryVerdict::Unreachable => continue,
+            plan::CanaryVerdict::Passed => break,
+            plan::CanaryVerdict::Failed => {
+                halted(&mut result, &order[next..]);
+                return result;
+            }
+        }
+    }
+    let rest = &order[next..];
+    for (n, wave) in rest.chunks(settings.parallelism.max(1)).enumerate() {
+        let outcomes = futures::future::join_all(wave.iter().map(|&i| attempt(i))).await;
+        let halt = outcomes.iter().any(|(_, o, _)| {
+            matches!(o, ApplyOutcome::Failed { stage, .. } if *stage != ApplyStage::Connect)
         });
         result.outcomes.extend(outcomes);
         if halt {
-            warn!(fleet = %version.fleet, version = version.version, "rollout halted");
-            result.not_attempted = waves[n + 1..].iter().flatten().copied().collect();
+            halted(&mut result, &rest[(n + 1) * settings.parallelism.max(1)..]);
             break;
         }
     }

@@ -66,8 +66,9 @@ impl HostConn {
             .user(host.user.clone())
             .port(host.port)
             .keyfile(&settings.identity)
+            // Strict checking against --ssh-known-hosts alone is set in the generated ssh_config
+            // (a path given on ssh's command line would be split at spaces).
             .known_hosts_check(KnownHosts::Strict)
-            .user_known_hosts_file(&settings.known_hosts)
             // Only the applier's own ssh_config: what reaches a host is the inventory.
             .config_file(&settings.config_file)
             .connect_timeout(settings.connect_timeout)

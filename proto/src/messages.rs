@@ -23,6 +23,19 @@ fn check_schema(found: u32) -> Result<(), DecodeError> {
     if found == SCHEMA_VERSION { Ok(()) } else { Err(DecodeError::Schema { found }) }
 }
 
+/// Reads only `schema`, before the whole message: a message of a newer schema may not parse
+/// as this build's types at all, and must still be recognised as newer, not as junk.
+fn check_schema_first(bytes: &[u8]) -> Result<(), DecodeError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        schema: Option<u32>,
+    }
+    match serde_json::from_slice::<Probe>(bytes) {
+        Ok(Probe { schema: Some(found) }) => check_schema(found),
+        _ => Ok(()),
+    }
+}
+
 /// Identifies one Ingress object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct IngressKey {
@@ -124,6 +137,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        check_schema_first(bytes)?;
         let msg: RouteMessage = serde_json::from_slice(bytes)?;
         check_schema(match &msg {
             RouteMessage::Event(e) => e.schema,
@@ -169,6 +183,7 @@ impl ConfigVersion {
 
     /// Decodes and checks that the config is the one the sha256 names.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        check_schema_first(bytes)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
         check_schema(v.schema)?;
         let actual = crate::sha256_hex(v.config.as_bytes());
@@ -227,6 +242,7 @@ impl ApplyReport {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        check_schema_first(bytes)?;
         let r: ApplyReport = serde_json::from_slice(bytes)?;
         check_schema(r.schema)?;
         Ok(r)
@@ -299,6 +315,17 @@ mod tests {
         json["schema"] = 99.into();
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
         assert!(matches!(err, DecodeError::Schema { found: 99 }), "{err}");
+    }
+
+    #[test]
+    fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
+        json["schema"] = 2.into();
+        json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
+        let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
+        assert!(matches!(err, DecodeError::Schema { found: 2 }), "{err}");
+        assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! From a fleet's desired state to the model the template renders. Pure and deterministic: the
-//! same Ingresses give the same model whatever order they arrived in (invariant 4).
+//! same desired state (the same stream replayed) gives the same model (invariant 4).
 //!
 //! Decisions made here:
 //! - conflicts: the same host + path + match kind claimed by two Ingresses goes to the older
 //!   Ingress (creation time, then namespace/name); the other is named in `notes`;
 //! - order: HAProxy takes the first `use_backend` that matches, so rules with a host come before
 //!   rules for any host, longer paths before shorter ones, and `Exact` before `Prefix`;
-//! - backends: one per Service port, shared by every rule that points at it.
+//! - backends: one per Service port, shared by every rule that points at it, with the server
+//!   list of the newest route event that carries it (an older Ingress's list may be stale).
 
 use crate::state::IngressEntry;
 use hafleet_proto::{Backend, FleetName, IngressKey, PathKind, ServiceRef};

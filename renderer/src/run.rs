@@ -63,7 +63,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let store = Store::open(&args.data_dir)?;
     let bus = bus::Bus::connect(&args.nats_url).await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;
-    let max_payload = bus.client.server_info().max_payload;
+    let max_payload = bus.payload_limit();
     rerender_all(&store, &renderer, max_payload)?;
     publish_unpublished(&bus, &store).await?;
 

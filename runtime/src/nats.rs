@@ -6,6 +6,9 @@ use std::time::Duration;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Bytes kept free of payload for the headers hafleet sets (message id, schema).
+const HEADER_ROOM: usize = 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
     #[error("cannot connect to NATS at {url}")]
@@ -108,6 +111,12 @@ impl Bus {
             .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })
     }
 
+    /// The largest payload [`Bus::publish`] accepts: the server's `max_payload` less room for
+    /// the headers, which count against the same limit.
+    pub fn payload_limit(&self) -> usize {
+        self.client.server_info().max_payload.saturating_sub(HEADER_ROOM)
+    }
+
     /// Publishes and waits for JetStream's ack; returns the stream sequence. `msg_id` makes a
     /// retried publish a no-op within the duplicate window; the schema header names proto's
     /// schema.
@@ -117,7 +126,7 @@ impl Bus {
         msg_id: &str,
         payload: Vec<u8>,
     ) -> Result<u64, BusError> {
-        let max = self.client.server_info().max_payload;
+        let max = self.payload_limit();
         if payload.len() > max {
             return Err(BusError::TooLarge { subject, size: payload.len(), max });
         }

@@ -13,9 +13,9 @@ use crate::resolve::{self, Refused, Services};
 use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{
-    IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
+    FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
 };
-use hafleet_runtime::nats::{Bus, BusError};
+use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{info, warn};
@@ -54,6 +54,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         seq: 0,
         published: Published::new(),
         kept: BTreeSet::new(),
+        snapshot_due: false,
         warned: BTreeSet::new(),
     };
 
@@ -76,7 +77,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     }
-    publish_snapshot(&bus, &mut state).await;
+    while let Err(e) = send_snapshot(&bus, &mut state).await {
+        warn!(error = ?e, "snapshot publish failed; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 
     let debounce = Duration::from_millis(args.debounce_ms);
     let resync = Duration::from_secs(args.resync_secs.max(1));
@@ -114,6 +118,8 @@ struct State {
     published: Published,
     /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
     kept: BTreeSet<IngressKey>,
+    /// A snapshot must be published after the next successful sync.
+    snapshot_due: bool,
     /// (ingress, resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
 }
@@ -150,6 +156,19 @@ async fn sync(
         let name = ing.metadata.name.as_deref().unwrap_or_default();
         let rv = ing.metadata.resource_version.clone().unwrap_or_default();
         match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, &nodes) {
+            Ok(r) if too_large(&r, bus.payload_limit()) => {
+                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
+                let note = format!(
+                    "not routed by hafleet: its resolved routes are more than a NATS message may \
+                     carry ({} bytes); split the Ingress or raise max_payload",
+                    bus.payload_limit()
+                );
+                if state.warned.insert((r.key.clone(), rv.clone(), note.clone())) {
+                    warn!(ingress = %r.key, reason = %note, "ingress refused");
+                    warnings.warn(&ing, "RoutesTooLarge", note).await;
+                }
+                desired.insert(r.key.clone(), Desired::Keep);
+            }
             Ok(r) => {
                 for w in &r.warnings {
                     if state.warned.insert((r.key.clone(), rv.clone(), w.clone())) {
@@ -174,11 +193,17 @@ async fn sync(
             }
         }
     }
-    state.kept = desired
+    let kept: BTreeSet<IngressKey> = desired
         .iter()
         .filter(|(_, d)| matches!(d, Desired::Keep))
         .map(|(k, _)| k.clone())
         .collect();
+    // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
+    // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
+    if state.kept.iter().any(|k| !kept.contains(k)) {
+        state.snapshot_due = true;
+    }
+    state.kept = kept;
     // Forget warnings about objects that changed or went away, so the set stays bounded.
     let current: BTreeSet<(IngressKey, String)> = caches
         .ingresses
@@ -200,49 +225,25 @@ async fn sync(
             Action::Upsert(r) => (
                 r.fleet.clone(),
                 r.key.clone(),
-                RouteEvent {
-                    schema: SCHEMA_VERSION,
-                    fleet: r.fleet.clone(),
-                    ingress: r.key.clone(),
-                    created_unix: r.created_unix,
-                    resource_version: r.resource_version.clone(),
-                    change: RouteChange::Upsert { routes: r.routes.clone() },
-                    epoch: state.epoch,
-                },
+                route_event(
+                    &r.fleet,
+                    &r.key,
+                    r.created_unix,
+                    &r.resource_version,
+                    RouteChange::Upsert { routes: r.routes.clone() },
+                    state.epoch,
+                ),
             ),
             Action::Delete { fleet, key } => (
                 fleet.clone(),
                 key.clone(),
-                RouteEvent {
-                    schema: SCHEMA_VERSION,
-                    fleet: fleet.clone(),
-                    ingress: key.clone(),
-                    created_unix: 0,
-                    resource_version: String::new(),
-                    change: RouteChange::Delete,
-                    epoch: state.epoch,
-                },
+                route_event(fleet, key, 0, "", RouteChange::Delete, state.epoch),
             ),
         };
         let id = state.next_msg_id();
-        let published = bus
-            .publish(hafleet_proto::routes_subject(&fleet), &id, RouteMessage::Event(msg).encode())
-            .await;
+        let published = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await;
         let seq = match published {
             Ok(seq) => seq,
-            Err(BusError::TooLarge { size, max, .. }) => {
-                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
-                let note = format!(
-                    "not routed by hafleet: its resolved routes are {size} bytes, more than a \
-                     NATS message may carry ({max}); split the Ingress or raise max_payload"
-                );
-                warn!(ingress = %key, reason = %note, "ingress refused");
-                if let Some(ing) = ingress_by_key(caches, &key) {
-                    warnings.warn(&ing, "RoutesTooLarge", note).await;
-                }
-                state.kept.insert(key);
-                continue;
-            }
             Err(e) => {
                 // The publish may or may not have been stored: the next sync sends what is
                 // desired for this Ingress again (an upsert or a delete repeated is harmless).
@@ -254,20 +255,41 @@ async fn sync(
         info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
         index::record(&mut state.published, &action);
     }
+    if state.snapshot_due {
+        send_snapshot(bus, state).await?;
+    }
     Ok(())
 }
 
-fn ingress_by_key(
-    caches: &Caches,
+/// Whether the Ingress's route event would not fit in a NATS message.
+fn too_large(r: &crate::resolve::Resolved, limit: usize) -> bool {
+    let change = RouteChange::Upsert { routes: r.routes.clone() };
+    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, 0);
+    msg.encode().len() > limit
+}
+
+fn route_event(
+    fleet: &FleetName,
     key: &IngressKey,
-) -> Option<std::sync::Arc<k8s_openapi::api::networking::v1::Ingress>> {
-    caches.ingresses.state().into_iter().find(|i| {
-        i.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-            && i.metadata.name.as_deref() == Some(key.name.as_str())
+    created_unix: i64,
+    resource_version: &str,
+    change: RouteChange,
+    epoch: u64,
+) -> RouteMessage {
+    RouteMessage::Event(RouteEvent {
+        schema: SCHEMA_VERSION,
+        fleet: fleet.clone(),
+        ingress: key.clone(),
+        created_unix,
+        resource_version: resource_version.to_owned(),
+        change,
+        epoch,
     })
 }
 
-async fn publish_snapshot(bus: &Bus, state: &mut State) {
+/// Publishes a snapshot: every Ingress this watcher knows, live or kept. The renderer sweeps
+/// whatever else it holds.
+async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
     let live = state.published.iter().map(|(k, (f, _))| (f.clone(), k.clone())).collect();
     let msg = RouteMessage::Snapshot(RoutesSnapshot {
         schema: SCHEMA_VERSION,
@@ -275,25 +297,16 @@ async fn publish_snapshot(bus: &Bus, state: &mut State) {
         live,
         keep: state.kept.iter().cloned().collect(),
     });
-    loop {
-        let id = state.next_msg_id();
-        match bus
-            .publish(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, msg.encode())
-            .await
-        {
-            Ok(seq) => {
-                info!(
-                    epoch = state.epoch,
-                    ingresses = state.published.len(),
-                    stream_seq = seq,
-                    "snapshot published"
-                );
-                return;
-            }
-            Err(e) => {
-                warn!(error = ?anyhow::Error::from(e), "snapshot publish failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
+    let id = state.next_msg_id();
+    let seq =
+        bus.publish(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    info!(
+        epoch = state.epoch,
+        ingresses = state.published.len(),
+        kept = state.kept.len(),
+        stream_seq = seq,
+        "snapshot published"
+    );
+    state.snapshot_due = false;
+    Ok(())
 }
