@@ -69,13 +69,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let applied = store.applied_seq()?;
     let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
-    let last = stream.cached_info().state.last_sequence;
-    anyhow::ensure!(
-        last >= applied,
-        "the routes stream ends at sequence {last} but this renderer's store has applied up to \
-         {applied}: the stream was reset. Restore NATS's data, or start the renderer on an empty \
-         --data-dir to rebuild from the stream"
-    );
+    check_same_stream(&store, stream.cached_info())?;
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
 
@@ -119,6 +113,34 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("renderer stopping");
     bus.drain().await;
+    Ok(())
+}
+
+/// Refuses to go on if the routes stream is not the one the store followed (NATS lost its
+/// data and the stream was created anew): its sequences mean other messages now, and applying
+/// "after" the stored sequence would silently skip or misapply changes.
+fn check_same_stream(
+    store: &Store,
+    info: &async_nats::jetstream::stream::Info,
+) -> anyhow::Result<()> {
+    let applied = store.applied_seq()?;
+    let created = info.created.to_string();
+    let last = info.state.last_sequence;
+    let advice = "Restore NATS's data, or start the renderer on an empty --data-dir to rebuild \
+                  its state from the stream as it is now";
+    match store.routes_stream_created()? {
+        Some(known) if known != created => anyhow::bail!(
+            "the routes stream was created anew ({created}; this store follows the one created \
+             {known}). {advice}"
+        ),
+        Some(_) => {}
+        None => store.set_routes_stream_created(&created)?,
+    }
+    anyhow::ensure!(
+        last >= applied,
+        "the routes stream ends at sequence {last} but this renderer's store has applied up to \
+         {applied}: the stream was reset. {advice}"
+    );
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! versions:  <fleet> 0x00 <version: u64 BE>         -> ConfigVersion (JSON)
 //! meta:      "applied_seq"                          -> u64 BE: last routes-stream sequence applied
 //!            "published" 0x00 <fleet>               -> u64 BE: last version published to NATS
+//!            "routes_stream_created"                -> when the routes stream followed was created
 //! ```
 //! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
 //! after a crash the store is either before or after the batch, never in between.
@@ -44,6 +45,7 @@ pub struct Store {
 }
 
 const APPLIED_SEQ: &[u8] = b"applied_seq";
+const ROUTES_CREATED: &[u8] = b"routes_stream_created";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -82,6 +84,17 @@ impl Store {
             meta: db.open_tree("meta")?,
             db,
         })
+    }
+
+    /// When the routes stream this store follows was created, as recorded the first time.
+    pub fn routes_stream_created(&self) -> Result<Option<String>, StoreError> {
+        Ok(self.meta.get(ROUTES_CREATED)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    pub fn set_routes_stream_created(&self, created: &str) -> Result<(), StoreError> {
+        self.meta.insert(ROUTES_CREATED, created.as_bytes())?;
+        self.db.flush()?;
+        Ok(())
     }
 
     /// The last routes-stream sequence whose effect is stored.

@@ -95,3 +95,33 @@ async fn a_node_whose_nodeport_stops_answering_costs_no_failed_request() -> Resu
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renderer_whose_routes_stream_was_lost_refuses_to_guess() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("a", "a.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+
+    // NATS loses its data while the renderer is down: the routes stream comes back empty, with
+    // sequences that no longer mean what the renderer's store applied.
+    world.stack.kill(Component::Renderer);
+    world.stack.nats.kill();
+    let store = world.stack.nats.store_dir();
+    std::fs::remove_dir_all(&store)?;
+    std::fs::create_dir_all(&store)?;
+    world.stack.nats.start_again().await?;
+    world.stack.start_component(Component::Renderer)?;
+
+    let log = world.stack.log_path(Component::Renderer);
+    let stack = &mut world.stack;
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while stack.is_running(Component::Renderer) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the renderer kept running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = std::fs::read_to_string(log)?;
+    assert!(text.contains("the routes stream was created anew"), "{text}");
+    // HAProxy keeps serving the last good config meanwhile.
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    Ok(())
+}

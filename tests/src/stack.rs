@@ -219,6 +219,11 @@ impl Stack {
         Ok(())
     }
 
+    /// Whether a component's process is still running.
+    pub fn is_running(&mut self, c: Component) -> bool {
+        self.slot(c).as_mut().is_some_and(|child| child.is_running())
+    }
+
     /// Kills a component with SIGKILL, as a crash would.
     pub fn kill(&mut self, c: Component) {
         if let Some(mut child) = self.slot(c).take() {
