@@ -259,11 +259,13 @@ fn make_versions(
         let ingresses = desired.get(&fleet).cloned().unwrap_or_default();
         let latest = store.latest(&fleet)?;
         match next_version(renderer, &fleet, &ingresses, latest.as_ref(), causes, now_unix_ms()) {
-            Ok(Some(v)) if v.encode().len() > max_payload => {
-                error!(fleet = %fleet, size = v.encode().len(), max_payload,
-                       "config version does not fit in a NATS message; no new version (raise max_payload)");
-            }
             Ok(Some(v)) => {
+                let size = v.encode().len();
+                if size > max_payload {
+                    error!(fleet = %fleet, size, max_payload,
+                           "config version does not fit in a NATS message; no new version (raise max_payload)");
+                    continue;
+                }
                 info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256,
                       causes = v.causes.len(), notes = v.notes.len(), "new config version");
                 for note in &v.notes {

@@ -156,7 +156,8 @@ async fn sync(
         let name = ing.metadata.name.as_deref().unwrap_or_default();
         let rv = ing.metadata.resource_version.clone().unwrap_or_default();
         match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, &nodes) {
-            Ok(r) if too_large(&r, bus.payload_limit()) => {
+            // Only routes that differ from what was published can have grown too large.
+            Ok(r) if changed(&state.published, &r) && too_large(&r, bus.payload_limit()) => {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!(
                     "not routed by hafleet: its resolved routes are more than a NATS message may \
@@ -259,6 +260,13 @@ async fn sync(
         send_snapshot(bus, state).await?;
     }
     Ok(())
+}
+
+/// Whether `r`'s routes differ from what was last published for its Ingress.
+fn changed(published: &index::Published, r: &crate::resolve::Resolved) -> bool {
+    published
+        .get(&r.key)
+        .is_none_or(|(fleet, routes)| fleet != &r.fleet || routes.as_ref() != Some(&r.routes))
 }
 
 /// Whether the Ingress's route event would not fit in a NATS message.
