@@ -12,7 +12,8 @@
 //! master_socket = "/run/haproxy-master.sock"   # HAProxy's master CLI (-S)
 //! haproxy_bin = "/usr/sbin/haproxy"            # the default; sshd's PATH lacks /usr/sbin
 //! ```
-//! The first host is the canary: each version goes there alone before it goes anywhere else.
+//! Order matters: the first host that can be reached is the canary, and each version goes there
+//! alone before it goes anywhere else.
 
 use hafleet_proto::{HostName, HttpHost};
 use serde::Deserialize;
@@ -84,7 +85,7 @@ fn default_haproxy_bin() -> String {
     "/usr/sbin/haproxy".into()
 }
 
-/// Parses and validates an inventory. Hosts keep their order: the first is the canary.
+/// Parses and validates an inventory. Hosts keep their order (the canary is the first reachable).
 pub fn parse(text: &str) -> Result<Vec<Host>, InventoryError> {
     let raw: RawInventory = toml::from_str(text)?;
     if raw.hosts.is_empty() {

@@ -40,7 +40,8 @@ pub struct RunArgs {
     /// Seconds to wait for an SSH connection.
     #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value_t = 10)]
     pub ssh_connect_timeout: u64,
-    /// Hosts updated at once after the canary (the inventory's first host) succeeded.
+    /// Hosts updated at once after the canary (the first host in inventory order that can be
+    /// reached) succeeded.
     #[arg(long, env = "HAFLEET_PARALLELISM", default_value_t = 2)]
     pub parallelism: usize,
     /// Milliseconds a reload may take before it counts as failed and is rolled back.
