@@ -19,7 +19,7 @@
 
 use crate::inventory::Host;
 use crate::plan::{self, HostPlan, ReloadCheck};
-use crate::ssh::{HostConn, SshSettings};
+use crate::ssh::{ConnPool, HostConn};
 use hafleet_proto::{ApplyOutcome, ApplyStage, ConfigVersion};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -52,9 +52,10 @@ mod scripts {
 }
 
 /// How rollouts behave.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RolloutSettings {
-    pub ssh: SshSettings,
+    /// SSH connections to the hosts, kept between versions.
+    pub ssh: ConnPool,
     /// Hosts updated at once after the canary.
     pub parallelism: usize,
     /// How long a reload may take before it counts as failed.
@@ -88,14 +89,14 @@ pub async fn apply_host(
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> ApplyOutcome {
-    let conn = match HostConn::connect(host, &settings.ssh).await {
+    let conn = match settings.ssh.take(host).await {
         Ok(c) => c,
         Err(e) => {
             return failed(fail(ApplyStage::Connect, format!("{e}")));
         }
     };
     let result = apply_on(&conn, host, version, settings).await;
-    conn.close().await;
+    settings.ssh.give_back(host, conn, result.is_ok()).await;
     match result {
         Ok(outcome) => outcome,
         Err(f) => failed(f),

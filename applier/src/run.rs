@@ -9,7 +9,7 @@
 use crate::bus;
 use crate::inventory::{self, Host};
 use crate::rollout::{self, RolloutSettings};
-use crate::ssh::SshSettings;
+use crate::ssh::{ConnPool, SshSettings};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -67,13 +67,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
     let settings = RolloutSettings {
-        ssh: SshSettings::new(
-            args.ssh_identity.clone(),
-            args.ssh_known_hosts.clone(),
-            Duration::from_secs(args.ssh_connect_timeout),
-            control_dir.path().to_owned(),
-        )
-        .context("cannot write the applier's ssh_config")?,
+        ssh: ConnPool::new(
+            SshSettings::new(
+                args.ssh_identity.clone(),
+                args.ssh_known_hosts.clone(),
+                Duration::from_secs(args.ssh_connect_timeout),
+                control_dir.path().to_owned(),
+            )
+            .context("cannot write the applier's ssh_config")?,
+        ),
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
     };
@@ -162,6 +164,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     info!("applier stopping");
+    settings.ssh.close_all().await;
     bus.drain().await;
     Ok(())
 }

@@ -3,10 +3,13 @@
 //! an unknown or changed key refuses the connection; nothing is ever added on the fly.
 
 use crate::inventory::Host;
-use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
+use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
 
 /// How the applier reaches its hosts.
 #[derive(Debug, Clone)]
@@ -73,6 +76,8 @@ impl HostConn {
             .config_file(&settings.config_file)
             .connect_timeout(settings.connect_timeout)
             .server_alive_interval(Duration::from_secs(15))
+            // A master left behind by an applier that crashed goes away by itself.
+            .control_persist(ControlPersist::IdleFor(NonZeroUsize::new(300).expect("non-zero")))
             .control_directory(&settings.control_dir);
         let session = builder.connect_mux(&host.address).await?;
         Ok(HostConn { session })
@@ -105,7 +110,72 @@ impl HostConn {
         })
     }
 
+    /// Whether the connection still works.
+    pub async fn alive(&self) -> bool {
+        self.session.check().await.is_ok()
+    }
+
     pub async fn close(self) {
         let _ = self.session.close().await;
+    }
+}
+
+/// Open connections kept between versions, one per host: a rollout then costs no SSH
+/// handshake. A connection is checked before it is reused and closed after any failed apply.
+/// When the known_hosts file changes, every connection is closed, so a revoked or rotated host
+/// key takes effect at the next rollout.
+#[derive(Debug)]
+pub struct ConnPool {
+    settings: SshSettings,
+    conns: Mutex<HashMap<String, HostConn>>,
+    known_hosts_seen: Mutex<Option<SystemTime>>,
+}
+
+impl ConnPool {
+    pub fn new(settings: SshSettings) -> Self {
+        ConnPool { settings, conns: Mutex::default(), known_hosts_seen: Mutex::default() }
+    }
+
+    /// A working connection to `host`: the pooled one, or a new one.
+    pub async fn take(&self, host: &Host) -> Result<HostConn, openssh::Error> {
+        self.forget_all_if_known_hosts_changed().await;
+        let pooled = self.conns.lock().await.remove(host.name.as_str());
+        if let Some(conn) = pooled {
+            if conn.alive().await {
+                return Ok(conn);
+            }
+            conn.close().await;
+        }
+        HostConn::connect(host, &self.settings).await
+    }
+
+    /// Returns a connection after a successful apply; after a failed one, closes it.
+    pub async fn give_back(&self, host: &Host, conn: HostConn, healthy: bool) {
+        if healthy {
+            self.conns.lock().await.insert(host.name.to_string(), conn);
+        } else {
+            conn.close().await;
+        }
+    }
+
+    async fn forget_all_if_known_hosts_changed(&self) {
+        let modified =
+            std::fs::metadata(&self.settings.known_hosts).and_then(|m| m.modified()).ok();
+        let mut seen = self.known_hosts_seen.lock().await;
+        if *seen != modified {
+            *seen = modified;
+            let stale: Vec<HostConn> = self.conns.lock().await.drain().map(|(_, c)| c).collect();
+            for conn in stale {
+                conn.close().await;
+            }
+        }
+    }
+
+    /// Closes every connection (at shutdown).
+    pub async fn close_all(&self) {
+        let all: Vec<HostConn> = self.conns.lock().await.drain().map(|(_, c)| c).collect();
+        for conn in all {
+            conn.close().await;
+        }
     }
 }
