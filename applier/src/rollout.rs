@@ -89,14 +89,14 @@ pub async fn apply_host(
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> ApplyOutcome {
-    let conn = match settings.ssh.take(host).await {
+    let (conn, generation) = match settings.ssh.take(host).await {
         Ok(c) => c,
         Err(e) => {
             return failed(fail(ApplyStage::Connect, format!("{e}")));
         }
     };
     let result = apply_on(&conn, host, version, settings).await;
-    settings.ssh.give_back(host, conn, result.is_ok()).await;
+    settings.ssh.give_back(host, conn, generation, result.is_ok()).await;
     match result {
         Ok(outcome) => outcome,
         Err(f) => failed(f),

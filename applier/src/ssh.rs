@@ -7,7 +7,7 @@ use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
@@ -76,8 +76,9 @@ impl HostConn {
             .config_file(&settings.config_file)
             .connect_timeout(settings.connect_timeout)
             .server_alive_interval(Duration::from_secs(15))
-            // A master left behind by an applier that crashed goes away by itself.
-            .control_persist(ControlPersist::IdleFor(NonZeroUsize::new(300).expect("non-zero")))
+            // Kept between versions that come at least hourly; a master left behind by an
+            // applier that crashed goes away by itself after an idle hour.
+            .control_persist(ControlPersist::IdleFor(NonZeroUsize::new(3600).expect("non-zero")))
             .control_directory(&settings.control_dir);
         let session = builder.connect_mux(&host.address).await?;
         Ok(HostConn { session })
@@ -110,9 +111,12 @@ impl HostConn {
         })
     }
 
-    /// Whether the connection still works.
+    /// Whether the connection still works (a master that does not answer within 5 s does not).
     pub async fn alive(&self) -> bool {
-        self.session.check().await.is_ok()
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.session.check()).await,
+            Ok(Ok(()))
+        )
     }
 
     pub async fn close(self) {
@@ -121,59 +125,79 @@ impl HostConn {
 }
 
 /// Open connections kept between versions, one per host: a rollout then costs no SSH
-/// handshake. A connection is checked before it is reused and closed after any failed apply.
-/// When the known_hosts file changes, every connection is closed, so a revoked or rotated host
-/// key takes effect at the next rollout.
+/// handshake. A pooled connection must run `true` on its host within the connect timeout before
+/// it is reused (a host that went away since shows up as unreachable, not as a failed upload),
+/// and is closed after any failed apply. When the known_hosts file's contents change, every
+/// connection is closed, including ones in use at that moment, so a revoked or rotated host key
+/// takes effect at the next rollout.
 #[derive(Debug)]
 pub struct ConnPool {
     settings: SshSettings,
-    conns: Mutex<HashMap<String, HostConn>>,
-    known_hosts_seen: Mutex<Option<SystemTime>>,
+    conns: Mutex<HashMap<String, (u64, HostConn)>>,
+    /// The known_hosts contents connections were made under, and a generation that goes up
+    /// each time they change.
+    known_hosts: Mutex<(Option<Vec<u8>>, u64)>,
 }
 
 impl ConnPool {
     pub fn new(settings: SshSettings) -> Self {
-        ConnPool { settings, conns: Mutex::default(), known_hosts_seen: Mutex::default() }
+        ConnPool { settings, conns: Mutex::default(), known_hosts: Mutex::default() }
     }
 
-    /// A working connection to `host`: the pooled one, or a new one.
-    pub async fn take(&self, host: &Host) -> Result<HostConn, openssh::Error> {
-        self.forget_all_if_known_hosts_changed().await;
+    /// A working connection to `host` (the pooled one, or a new one) and the known_hosts
+    /// generation it belongs to.
+    pub async fn take(&self, host: &Host) -> Result<(HostConn, u64), openssh::Error> {
+        let generation = self.known_hosts_generation().await;
         let pooled = self.conns.lock().await.remove(host.name.as_str());
-        if let Some(conn) = pooled {
-            if conn.alive().await {
-                return Ok(conn);
+        if let Some((conn_generation, conn)) = pooled {
+            if conn_generation == generation && self.answers(&conn).await {
+                return Ok((conn, generation));
             }
             conn.close().await;
         }
-        HostConn::connect(host, &self.settings).await
+        Ok((HostConn::connect(host, &self.settings).await?, generation))
     }
 
-    /// Returns a connection after a successful apply; after a failed one, closes it.
-    pub async fn give_back(&self, host: &Host, conn: HostConn, healthy: bool) {
-        if healthy {
-            self.conns.lock().await.insert(host.name.to_string(), conn);
+    /// Whether the host itself answers over the connection (not just the local ssh master).
+    async fn answers(&self, conn: &HostConn) -> bool {
+        let probe = conn.run("true", &[], None);
+        matches!(
+            tokio::time::timeout(self.settings.connect_timeout, probe).await,
+            Ok(Ok(out)) if out.success
+        )
+    }
+
+    /// Returns a connection after a successful apply made under `generation`; closes it after
+    /// a failed one, or if known_hosts changed meanwhile.
+    pub async fn give_back(&self, host: &Host, conn: HostConn, generation: u64, healthy: bool) {
+        let current = self.known_hosts.lock().await.1;
+        if healthy && generation == current {
+            self.conns.lock().await.insert(host.name.to_string(), (generation, conn));
         } else {
             conn.close().await;
         }
     }
 
-    async fn forget_all_if_known_hosts_changed(&self) {
-        let modified =
-            std::fs::metadata(&self.settings.known_hosts).and_then(|m| m.modified()).ok();
-        let mut seen = self.known_hosts_seen.lock().await;
-        if *seen != modified {
-            *seen = modified;
-            let stale: Vec<HostConn> = self.conns.lock().await.drain().map(|(_, c)| c).collect();
+    /// Reads known_hosts; if its contents changed, closes every pooled connection and starts a
+    /// new generation.
+    async fn known_hosts_generation(&self) -> u64 {
+        let contents = std::fs::read(&self.settings.known_hosts).ok();
+        let mut known = self.known_hosts.lock().await;
+        if known.0 != contents {
+            known.0 = contents;
+            known.1 += 1;
+            let stale: Vec<HostConn> =
+                self.conns.lock().await.drain().map(|(_, (_, c))| c).collect();
             for conn in stale {
                 conn.close().await;
             }
         }
+        known.1
     }
 
     /// Closes every connection (at shutdown).
     pub async fn close_all(&self) {
-        let all: Vec<HostConn> = self.conns.lock().await.drain().map(|(_, c)| c).collect();
+        let all: Vec<HostConn> = self.conns.lock().await.drain().map(|(_, (_, c))| c).collect();
         for conn in all {
             conn.close().await;
         }

@@ -124,7 +124,7 @@ fn check_same_stream(
     info: &async_nats::jetstream::stream::Info,
 ) -> anyhow::Result<()> {
     let applied = store.applied_seq()?;
-    let created = info.created.to_string();
+    let created = info.created.unix_timestamp_nanos().to_string();
     let last = info.state.last_sequence;
     let advice = "Restore NATS's data, or start the renderer on an empty --data-dir to rebuild \
                   its state from the stream as it is now";
