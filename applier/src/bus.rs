@@ -11,10 +11,9 @@ pub const ACK_WAIT: Duration = Duration::from_secs(60);
 
 /// The fleet's durable consumer of `hafleet.configs.<fleet>`.
 pub async fn configs_consumer(
-    bus: &Bus,
+    stream: &stream::Stream,
     fleet: &FleetName,
 ) -> Result<jetstream::consumer::Consumer<pull::Config>, BusError> {
-    let stream = bus.ensure_stream(hafleet_proto::CONFIGS).await?;
     let name = hafleet_proto::applier_consumer(fleet);
     stream
         .get_or_create_consumer(
@@ -36,10 +35,9 @@ pub async fn configs_consumer(
 
 /// The newest version published for `fleet`, read straight from the stream.
 pub async fn latest_version(
-    bus: &Bus,
+    stream: &stream::Stream,
     fleet: &FleetName,
 ) -> Result<Option<ConfigVersion>, BusError> {
-    let stream = bus.ensure_stream(hafleet_proto::CONFIGS).await?;
     let subject = hafleet_proto::configs_subject(fleet);
     match stream.get_last_raw_message_by_subject(&subject).await {
         Ok(m) => match ConfigVersion::decode(&m.payload) {

@@ -15,7 +15,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use hafleet_proto::{ApplyOutcome, ApplyReport, ConfigVersion, FleetName, SCHEMA_VERSION};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// Settings of `hafleet-applier`.
@@ -27,9 +27,8 @@ pub struct RunArgs {
     /// TOML file listing the fleet's HAProxy hosts (see the README for its fields).
     #[arg(long, env = "HAFLEET_INVENTORY")]
     pub inventory: PathBuf,
-    /// NATS server URL.
-    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
     /// Private key the applier logs in to hosts with.
     #[arg(long, env = "HAFLEET_SSH_IDENTITY")]
     pub ssh_identity: PathBuf,
@@ -51,10 +50,6 @@ pub struct RunArgs {
     /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
     pub retry_secs: u64,
-}
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -80,9 +75,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
     };
 
-    let bus = bus::Bus::connect(&args.nats_url).await?;
+    let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::REPORTS).await?;
-    let consumer = bus::configs_consumer(&bus, &args.fleet).await?;
+    let configs = bus.ensure_stream(hafleet_proto::CONFIGS).await?;
+    let consumer = bus::configs_consumer(&configs, &args.fleet).await?;
     let mut messages = consumer.messages().await.context("cannot pull from the configs stream")?;
     info!(fleet = %args.fleet, hosts = hosts.len(), "applier running");
 
@@ -93,7 +89,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
-    if let Some(version) = bus::latest_version(&bus, &args.fleet).await? {
+    if let Some(version) = bus::latest_version(&configs, &args.fleet).await? {
         info!(version = version.version, "converging on the newest version at start-up");
         let unreached = apply_and_report(&bus, &hosts, &version, &settings).await;
         done = version.version;
@@ -134,7 +130,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 info!(version = version.version, done, "already rolled out or superseded; skipped");
             }
             Ok(version) => {
-                let newest = bus::latest_version(&bus, &args.fleet).await?;
+                let newest = bus::latest_version(&configs, &args.fleet).await?;
                 if newest.as_ref().is_some_and(|n| n.version > version.version) {
                     info!(version = version.version, "superseded by a newer version; skipped");
                 } else {
@@ -196,7 +192,7 @@ async fn apply_and_report(
             version: version.version,
             sha256: version.sha256.clone(),
             outcome,
-            finished_unix_ms: now_unix_ms(),
+            finished_unix_ms: hafleet_runtime::now_unix_ms(),
             duration_ms: took.as_millis() as u64,
         };
         if let Err(e) = bus::publish_report(bus, &report).await {

@@ -24,7 +24,8 @@ fn check_schema(found: u32) -> Result<(), DecodeError> {
 }
 
 /// Reads only `schema`, before the whole message: a message of a newer schema may not parse
-/// as this build's types at all, and must still be recognised as newer, not as junk.
+/// as this build's types at all, and must still be recognised as newer, not as junk. Every
+/// message type has a required `schema` field, so this is the only check needed.
 fn check_schema_first(bytes: &[u8]) -> Result<(), DecodeError> {
     #[derive(Deserialize)]
     struct Probe {
@@ -138,12 +139,7 @@ impl RouteMessage {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_schema_first(bytes)?;
-        let msg: RouteMessage = serde_json::from_slice(bytes)?;
-        check_schema(match &msg {
-            RouteMessage::Event(e) => e.schema,
-            RouteMessage::Snapshot(s) => s.schema,
-        })?;
-        Ok(msg)
+        Ok(serde_json::from_slice(bytes)?)
     }
 }
 
@@ -185,7 +181,6 @@ impl ConfigVersion {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_schema_first(bytes)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
-        check_schema(v.schema)?;
         let actual = crate::sha256_hex(v.config.as_bytes());
         if actual != v.sha256 {
             return Err(DecodeError::Sha256Mismatch {
@@ -243,9 +238,7 @@ impl ApplyReport {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_schema_first(bytes)?;
-        let r: ApplyReport = serde_json::from_slice(bytes)?;
-        check_schema(r.schema)?;
-        Ok(r)
+        Ok(serde_json::from_slice(bytes)?)
     }
 }
 

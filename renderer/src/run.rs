@@ -21,15 +21,14 @@ use futures::StreamExt;
 use hafleet_proto::{Cause, ConfigVersion, DecodeError, FleetName, RouteMessage};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// Settings of `hafleet-renderer run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// NATS server URL.
-    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
     /// Directory of the renderer's state store (sled). Keep it on persistent storage: it holds
     /// every fleet's desired state and config history.
     #[arg(long, env = "HAFLEET_DATA_DIR", default_value = "/var/lib/hafleet/renderer")]
@@ -47,10 +46,6 @@ pub struct RunArgs {
     pub max_batch: usize,
 }
 
-fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let renderer = match &args.template {
         Some(path) => {
@@ -61,7 +56,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => Renderer::builtin(),
     };
     let store = Store::open(&args.data_dir)?;
-    let bus = bus::Bus::connect(&args.nats_url).await?;
+    let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;
     let max_payload = bus.payload_limit();
     rerender_all(&store, &renderer, max_payload)?;
@@ -258,7 +253,14 @@ fn make_versions(
     for (fleet, causes) in causes {
         let ingresses = desired.get(&fleet).cloned().unwrap_or_default();
         let latest = store.latest(&fleet)?;
-        match next_version(renderer, &fleet, &ingresses, latest.as_ref(), causes, now_unix_ms()) {
+        match next_version(
+            renderer,
+            &fleet,
+            &ingresses,
+            latest.as_ref(),
+            causes,
+            hafleet_runtime::now_unix_ms(),
+        ) {
             Ok(Some(v)) => {
                 let size = v.encode().len();
                 if size > max_payload {

@@ -6,6 +6,16 @@
 
 pub mod nats;
 
+pub use nats::NatsArgs;
+
+/// Milliseconds since the Unix epoch, for timestamps in messages.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_tracing() {
     tracing_subscriber::fmt()

@@ -73,6 +73,22 @@ mod tests {
     }
 }
 
+/// The NATS settings every binary takes (`#[command(flatten)]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct NatsArgs {
+    /// NATS server URL. A user and password may be given in it
+    /// (nats://user:password@host:4222, percent-encoded); they are passed as connect options
+    /// and never shown in messages.
+    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+}
+
+impl NatsArgs {
+    pub async fn connect(&self) -> Result<Bus, BusError> {
+        Bus::connect(&self.nats_url).await
+    }
+}
+
 /// A connection to NATS and its JetStream context.
 #[derive(Debug, Clone)]
 pub struct Bus {

@@ -26,33 +26,30 @@ pub enum Action {
     Delete { fleet: FleetName, key: IngressKey },
 }
 
-/// The actions that bring `published` to `desired`, deletes first.
+/// Whether exactly these routes, for this fleet, are what was last published for the Ingress.
+pub fn is_current(published: &Published, r: &Resolved) -> bool {
+    matches!(published.get(&r.key), Some((fleet, Some(routes))) if fleet == &r.fleet && routes == &r.routes)
+}
+
+/// The actions that bring `published` to `desired`, deletes first: a delete for what is gone
+/// or moved to another fleet, an upsert for every routed Ingress that is not current.
 pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> Vec<Action> {
-    let mut deletes = Vec::new();
-    let mut upserts = Vec::new();
-    for (key, (fleet, routes)) in published {
+    let mut actions = Vec::new();
+    for (key, (fleet, _)) in published {
         match desired.get(key) {
-            None => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
-            Some(Desired::Routed(r)) if &r.fleet != fleet => {
-                deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() });
-            }
-            Some(Desired::Routed(r)) if Some(&r.routes) != routes.as_ref() => {
-                upserts.push(Action::Upsert(r.clone()))
-            }
-            Some(_) => {}
+            Some(Desired::Keep) => {}
+            Some(Desired::Routed(r)) if &r.fleet == fleet => {}
+            _ => actions.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
         }
     }
-    for (key, want) in desired {
-        if let Desired::Routed(r) = want {
-            match published.get(key) {
-                None => upserts.push(Action::Upsert(r.clone())),
-                Some((fleet, _)) if fleet != &r.fleet => upserts.push(Action::Upsert(r.clone())),
-                Some(_) => {}
-            }
+    for want in desired.values() {
+        if let Desired::Routed(r) = want
+            && !is_current(published, r)
+        {
+            actions.push(Action::Upsert(r.clone()));
         }
     }
-    deletes.extend(upserts);
-    deletes
+    actions
 }
 
 /// Records that `action` was published.

@@ -23,9 +23,8 @@ use tracing::{info, warn};
 /// Settings of `hafleet-watcher`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// NATS server URL.
-    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
     /// Only Ingresses of this class (spec.ingressClassName, or the legacy
     /// kubernetes.io/ingress.class annotation). Unset: every Ingress carrying hafleet.io/fleet.
     #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
@@ -43,7 +42,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
-    let bus = Bus::connect(&args.nats_url).await?;
+    let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::ROUTES).await?;
 
     let (caches, mut changes) = kube_adapter::watch(client.clone());
@@ -151,13 +150,21 @@ async fn sync(
     let nodes: Vec<_> = caches.nodes.state().into_iter().map(|n| (*n).clone()).collect();
 
     let mut desired = BTreeMap::new();
+    // (Ingress, resourceVersion) of every Ingress that exists now.
+    let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
     for ing in caches.ingresses.state() {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
         let name = ing.metadata.name.as_deref().unwrap_or_default();
         let rv = ing.metadata.resource_version.clone().unwrap_or_default();
+        if let Ok(key) = IngressKey::new(ns, name) {
+            current.insert((key, rv.clone()));
+        }
         match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, &nodes) {
             // Only routes that differ from what was published can have grown too large.
-            Ok(r) if changed(&state.published, &r) && too_large(&r, bus.payload_limit()) => {
+            Ok(r)
+                if !index::is_current(&state.published, &r)
+                    && too_large(&r, bus.payload_limit()) =>
+            {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!(
                     "not routed by hafleet: its resolved routes are more than a NATS message may \
@@ -206,19 +213,6 @@ async fn sync(
     }
     state.kept = kept;
     // Forget warnings about objects that changed or went away, so the set stays bounded.
-    let current: BTreeSet<(IngressKey, String)> = caches
-        .ingresses
-        .state()
-        .iter()
-        .filter_map(|i| {
-            let key = IngressKey::new(
-                i.metadata.namespace.as_deref().unwrap_or("default"),
-                i.metadata.name.as_deref().unwrap_or_default(),
-            )
-            .ok()?;
-            Some((key, i.metadata.resource_version.clone().unwrap_or_default()))
-        })
-        .collect();
     state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
 
     for action in index::diff(&state.published, &desired) {
@@ -260,13 +254,6 @@ async fn sync(
         send_snapshot(bus, state).await?;
     }
     Ok(())
-}
-
-/// Whether `r`'s routes differ from what was last published for its Ingress.
-fn changed(published: &index::Published, r: &crate::resolve::Resolved) -> bool {
-    published
-        .get(&r.key)
-        .is_none_or(|(fleet, routes)| fleet != &r.fleet || routes.as_ref() != Some(&r.routes))
 }
 
 /// Whether the Ingress's route event would not fit in a NATS message.
