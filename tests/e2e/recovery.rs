@@ -1,9 +1,9 @@
 //! Any component killed (SIGKILL) and restarted, the pipeline converges to what the cluster's
 //! Ingresses say (invariant 3).
 
-use crate::{CONVERGE, World, expect_everywhere};
+use crate::{CONVERGE, World, expect_everywhere, expect_on};
 use anyhow::Result;
-use hafleet_proto::ApplyOutcome;
+use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::proc::tcp_accepts;
 use hafleet_tests::stack::Component;
 use hafleet_tests::{eventually, http_get, wait_for};
@@ -123,5 +123,50 @@ async fn a_renderer_whose_routes_stream_was_lost_refuses_to_guess() -> Result<()
     assert!(text.contains("the routes stream was created anew"), "{text}");
     // HAProxy keeps serving the last good config meanwhile.
     expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_message_of_an_unknown_schema_stops_the_renderer_before_it_is_lost() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("a", "a.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+
+    // A newer watcher (schema 2) published something this renderer cannot read.
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let future = serde_json::json!({"type": "event", "schema": 2, "fleet": "edge",
+                                    "change": {"op": "rename"}});
+    js.publish("hafleet.routes.edge", serde_json::to_vec(&future)?.into()).await?.await?;
+
+    let stack = &mut world.stack;
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while stack.is_running(Component::Renderer) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the renderer skipped it");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    assert!(log.contains("cannot be read by this renderer") && log.contains("schema 2"), "{log}");
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_sshd_goes_down_is_skipped_and_catches_up() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("a", "a.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+
+    // lb-2's sshd stops (its pooled connection dies with it): the host is unreachable, the rest
+    // of the fleet is not held up, and lb-2 is retried until it is back.
+    world.stack.hosts[1].stop_sshd();
+    world.route("b", "b.example.com", "/", "api").await?;
+    expect_on(&world.stack.hosts[..1], &world.stack, "b.example.com", "/", 200, "api@").await?;
+    let report = world.report("lb-2", 2).await?;
+    assert!(
+        matches!(report.outcome, ApplyOutcome::Failed { stage: ApplyStage::Connect, .. }),
+        "{report:?}"
+    );
+    world.stack.hosts[1].start_sshd().await?;
+    expect_everywhere(&world.stack, "b.example.com", "/", 200, "api@").await?;
     Ok(())
 }

@@ -3,7 +3,8 @@
 use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress};
 use anyhow::Result;
 use hafleet_tests::eventually;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
@@ -52,6 +53,27 @@ async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change()
     expect_everywhere(stack, "shop.example.com", "/app", 200, "web@node-1").await?;
     stack.kube.set_node_ready("node-2", true).await?;
     has_node_2(true).await?;
+
+    // Cordoning (a drain) keeps a node: kube-proxy still serves on it. The load-balancer
+    // exclusion label takes it out.
+    let nodes: Api<Node> = Api::all(stack.kube.client().await?);
+    let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+    nodes.patch("node-2", &PatchParams::default(), &Patch::Merge(&cordon)).await?;
+    let exclude = serde_json::json!({"metadata": {"labels": {
+        "node.kubernetes.io/exclude-from-external-load-balancers": ""}}});
+    nodes.patch("node-1", &PatchParams::default(), &Patch::Merge(&exclude)).await?;
+    for h in &stack.hosts {
+        eventually(CONVERGE, &format!("{}: node-1 excluded", h.name()), || async move {
+            let live = h.live_config();
+            anyhow::ensure!(!live.contains("server node-1 "), "node-1 still in {}", h.name());
+            Ok(())
+        })
+        .await?;
+        assert!(h.live_config().contains("server node-2 "), "a cordoned node keeps serving");
+    }
+    let include = serde_json::json!({"metadata": {"labels": {
+        "node.kubernetes.io/exclude-from-external-load-balancers": null}}});
+    nodes.patch("node-1", &PatchParams::default(), &Patch::Merge(&include)).await?;
 
     // A new host and path, pointing at another Service: the old ones stop routing.
     let mut changed = ingresses.get("shop").await?;
