@@ -23,6 +23,13 @@ pub fn canary_verdict(outcome: &ApplyOutcome) -> CanaryVerdict {
     }
 }
 
+/// The hosts of `rest` after wave `wave` (0-based) when `rest` goes in waves of `parallelism`:
+/// those a rollout halted in that wave never attempted. Empty after the last wave.
+pub fn not_yet_attempted(rest: &[usize], parallelism: usize, wave: usize) -> &[usize] {
+    let start = (wave + 1).saturating_mul(parallelism.max(1));
+    rest.get(start..).unwrap_or_default()
+}
+
 /// What a host needs to run a version, from the sha256 of its live file and of the config its
 /// HAProxy last loaded (recorded by the applier after every verified reload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +138,17 @@ mod tests {
         assert_eq!(check_reload(&start, &reloaded), ReloadCheck::Done);
         assert_eq!(check_reload(&reloaded, &broken), ReloadCheck::Failed);
         assert_eq!(check_reload(&start, &start), ReloadCheck::Pending);
+    }
+
+    #[test]
+    fn hosts_after_a_halted_wave_include_none_past_the_end() {
+        let rest = [1, 2, 3, 4, 5];
+        assert_eq!(not_yet_attempted(&rest, 2, 0), [3, 4, 5]);
+        assert_eq!(not_yet_attempted(&rest, 2, 1), [5]);
+        // The last wave is partial: halting in it leaves nothing (this once panicked).
+        assert!(not_yet_attempted(&rest, 2, 2).is_empty());
+        assert!(not_yet_attempted(&[1], 2, 0).is_empty());
+        assert_eq!(not_yet_attempted(&rest, 0, 0), [2, 3, 4, 5]);
     }
 
     #[test]

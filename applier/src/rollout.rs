@@ -371,7 +371,7 @@ pub async fn roll_out(
         });
         result.outcomes.extend(outcomes);
         if halt {
-            halted(&mut result, &rest[(n + 1) * settings.parallelism.max(1)..]);
+            halted(&mut result, plan::not_yet_attempted(rest, settings.parallelism, n));
             break;
         }
     }
