@@ -36,6 +36,30 @@ if ! $have_assets && [ ! -x "$KUBE_BIN" ]; then
   for p in make rsync jq; do command -v $p >/dev/null || need_pkgs+=($p); done
 fi
 
+# The URIs and Signed-By of the machine's own bookworm `deb` entry (deb822 `.sources` files or
+# one-line `sources.list` entries), so the deb-src entry uses the same archive the machine does.
+main_archive() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk '
+      function flush() { if (deb && suite && uris != "") { print uris, (sb == "" ? "-" : sb); found = 1; exit } deb = suite = 0; uris = sb = "" }
+      /^[[:space:]]*$/ { flush(); next }
+      /^Types:/ { deb = ($0 ~ /[[:space:]]deb([[:space:]]|$)/) }
+      /^URIs:/ { uris = $2 }
+      /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") suite = 1 }
+      /^Signed-By:/ { sb = $2 }
+      END { if (!found) flush() }
+    ' "$f" | grep . && return 0
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk '$1 == "deb" { i = 2; sb = "-"; if ($2 ~ /^\[/) { for (; i <= NF && $i !~ /\]$/; i++) if ($i ~ /signed-by=/) { sb = $i; sub(/.*signed-by=/, "", sb) } ; if ($i ~ /signed-by=/) { sb = $i; sub(/.*signed-by=/, "", sb); sub(/\]$/, "", sb) } ; i++ }
+           if ($(i + 1) == "bookworm") { print $i, sb; exit } }' "$f" | grep . && return 0
+  done
+  return 1
+}
+
 apt_updated=false
 apt_update() {
   $apt_updated && return 0
@@ -66,12 +90,18 @@ if ! $have_assets && [ ! -x "$KUBE_BIN" ]; then
   log "building kube-apiserver $KUBE_VERSION from Debian's source package (4-5 minutes, once)"
   src_list=/etc/apt/sources.list.d/hafleet-deb-src.sources
   if [ ! -f "$src_list" ]; then
+    read -r uris signed_by < <(main_archive) || true
+    [ "${signed_by:-}" = "-" ] && signed_by=
+    if [ -z "${uris:-}" ]; then
+      log "no bookworm 'deb' entry found in /etc/apt/sources.list{,.d/*}; add a deb-src entry by hand or set KUBEBUILDER_ASSETS"
+      exit 1
+    fi
     as_root tee "$src_list" >/dev/null <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
+URIs: $uris
 Suites: bookworm
 Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+Signed-By: ${signed_by:-/usr/share/keyrings/debian-archive-keyring.gpg}
 SRC
     apt_updated=false
   fi

@@ -5,22 +5,24 @@
 //!              │ file only (stopped between swap and reload) ──▶ reload, verify, mark
 //!              │ neither
 //!              ▼
+//!            upload the map files the host lacks to hafleet-maps/ (named by their sha256)
 //!            upload to <config>.hafleet-new-<token>, check its sha256
 //!            haproxy -c -f <config>.hafleet-new-<token>    (refused: Failed, live file untouched)
 //!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            reload on the master CLI; poll show proc until a new worker runs;
-//!            record the live sha256 in <config>.hafleet-loaded
+//!            record the live sha256 in <config>.hafleet-loaded; sweep maps no config names
 //!              │ failed or timed out
 //!              └─▶ restore last-good, reload again ─▶ Failed { restored }
 //! ```
 //! The live file is only ever replaced by rename, so it is always a complete file that passed
-//! `haproxy -c` (invariant 1).
+//! `haproxy -c` (invariant 1). Map files are named by their content and written before any
+//! config that names them, so a config on disk never names a map that is missing or different.
 
 use crate::inventory::Host;
 use crate::plan::{self, HostPlan, ReloadCheck};
 use crate::ssh::{ConnPool, HostConn};
-use hafleet_proto::{ApplyOutcome, ApplyStage, ConfigVersion};
+use hafleet_proto::{ApplyOutcome, ApplyStage, Bundle, ConfigVersion};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -47,6 +49,15 @@ mod scripts {
     pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
+    /// $1 = live config path, then map names. Prints the names the host does not have yet.
+    pub const MISSING_MAPS: &str = r#"d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
+    /// $1 = live config path, $2 = map name, $3 = token, $4 = the map's sha256; the map on
+    /// stdin. Writes it under a temporary name and renames it to its own only if what landed
+    /// has that sha256, so a file under a map's name is always that content.
+    pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
+    /// $1 = live config path. Deletes map files that neither the live config nor last-known-good
+    /// names, once they are an hour old (an upload of another attempt may not be swapped in yet).
+    pub const SWEEP_MAPS: &str = r#"d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u); find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done"#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
 }
@@ -151,6 +162,8 @@ async fn apply_on(
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
             mark_loaded(conn, host, &version.sha256).await?;
+            // Best effort: a map left over costs disk, not correctness.
+            let _ = conn.run(scripts::SWEEP_MAPS, &[live], None).await;
             Ok(ApplyOutcome::Applied)
         }
         Err(mut failure) => {
@@ -170,7 +183,11 @@ async fn upload_and_validate(
     token: &str,
 ) -> Result<plan::ProcState, Failure> {
     let live = host.config_path.as_str();
-    let config = Some(version.config.as_bytes());
+    let Some(bundle) = version.bundle() else {
+        return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
+    };
+    upload_maps(conn, host, bundle, token).await?;
+    let config = Some(bundle.config.as_bytes());
     let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
     if landed.trim() != version.sha256 {
         return Err(fail(
@@ -181,6 +198,29 @@ async fn upload_and_validate(
     remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live, token], None)
         .await?;
     show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))
+}
+
+/// Uploads the map files of `bundle` that the host does not have yet, each checked on arrival.
+async fn upload_maps(
+    conn: &HostConn,
+    host: &Host,
+    bundle: &Bundle,
+    token: &str,
+) -> Result<(), Failure> {
+    if bundle.maps.is_empty() {
+        return Ok(());
+    }
+    let live = host.config_path.as_str();
+    let mut args = vec![live];
+    args.extend(bundle.maps.iter().map(|m| m.name.as_str()));
+    let missing = remote(conn, ApplyStage::Upload, scripts::MISSING_MAPS, &args, None).await?;
+    for name in missing.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let Some(map) = bundle.maps.iter().find(|m| m.name.as_str() == name) else { continue };
+        let content = Some(map.content.as_bytes());
+        let args = [live, name, token, map.name.digest()];
+        remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAP, &args, content).await?;
+    }
+    Ok(())
 }
 
 /// `v<version>-<pid>-<nanoseconds>`: unique per attempt, and only `[a-z0-9-]`.

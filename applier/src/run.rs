@@ -90,6 +90,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
     if let Some(version) = bus::latest_version(&configs, &args.fleet).await? {
+        let version = bus.fetch_bundle(version).await?;
         info!(version = version.version, "converging on the newest version at start-up");
         let unreached = apply_and_report(&bus, &hosts, &version, &settings).await;
         done = version.version;
@@ -131,9 +132,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             Ok(version) => {
                 let newest = bus::latest_version(&configs, &args.fleet).await?;
-                if newest.as_ref().is_some_and(|n| n.version > version.version) {
+                let version = if newest.as_ref().is_some_and(|n| n.version > version.version) {
                     info!(version = version.version, "superseded by a newer version; skipped");
+                    None
                 } else {
+                    match bus.fetch_bundle(version).await {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            // Not acked: it comes again after the ack wait, or a newer one does.
+                            error!(error = ?anyhow::Error::from(e), "cannot fetch the version's bundle; will retry");
+                            let _ = msg.ack_with(jetstream::AckKind::Nak(Some(retry_every))).await;
+                            continue;
+                        }
+                    }
+                };
+                if let Some(version) = version {
                     let unreached = {
                         let work = apply_and_report(&bus, &hosts, &version, &settings);
                         tokio::pin!(work);

@@ -11,17 +11,22 @@
 //! whose only constructors check them against allowlists, so a message that deserializes is a
 //! message whose strings are safe to render.
 
+pub mod bundle;
 pub mod messages;
 pub mod subjects;
 pub mod values;
 
+pub use bundle::*;
 pub use messages::*;
 pub use subjects::*;
 pub use values::*;
 
 /// Version of the message schema. Bumped on any incompatible change; consumers reject messages
 /// with a schema they do not know instead of misreading them.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// 2: config versions carry a bundle (config and map files), inline or in the object store.
+/// Route messages and reports did not change, so schema 1 ones are still read.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Hex sha256 of bytes, the one hash every component uses for configs and payloads.
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -1,6 +1,7 @@
 //! Messages on the three streams. Each carries `schema` so a consumer can refuse what it does not
 //! understand; all of them round-trip through JSON unchanged.
 
+use crate::bundle::{Bundle, BundleError};
 use crate::values::{FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName, PathKind};
 use crate::{InvalidValue, SCHEMA_VERSION};
 use serde::{Deserialize, Serialize};
@@ -13,26 +14,27 @@ pub enum DecodeError {
     Json(#[from] serde_json::Error),
     #[error("schema {found} is not supported (this build reads schema {SCHEMA_VERSION})")]
     Schema { found: u32 },
-    #[error(
-        "config of version {version} does not match its sha256 (claimed {claimed}, got {actual})"
-    )]
-    Sha256Mismatch { version: u64, claimed: String, actual: String },
-}
-
-fn check_schema(found: u32) -> Result<(), DecodeError> {
-    if found == SCHEMA_VERSION { Ok(()) } else { Err(DecodeError::Schema { found }) }
+    #[error("bundle of version {version} is not the one it names")]
+    Bundle {
+        version: u64,
+        #[source]
+        source: BundleError,
+    },
 }
 
 /// Reads only `schema`, before the whole message: a message of a newer schema may not parse
 /// as this build's types at all, and must still be recognised as newer, not as junk. Every
-/// message type has a required `schema` field, so this is the only check needed.
-fn check_schema_first(bytes: &[u8]) -> Result<(), DecodeError> {
+/// message type has a required `schema` field, so this is the only check needed. `oldest` is
+/// the oldest schema whose shape of this message this build still reads.
+fn check_schema_first(bytes: &[u8], oldest: u32) -> Result<(), DecodeError> {
     #[derive(Deserialize)]
     struct Probe {
         schema: Option<u32>,
     }
     match serde_json::from_slice::<Probe>(bytes) {
-        Ok(Probe { schema: Some(found) }) => check_schema(found),
+        Ok(Probe { schema: Some(found) }) if !(oldest..=SCHEMA_VERSION).contains(&found) => {
+            Err(DecodeError::Schema { found })
+        }
         _ => Ok(()),
     }
 }
@@ -138,7 +140,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes)?;
+        check_schema_first(bytes, 1)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -149,9 +151,26 @@ pub struct Cause {
     pub stream_seq: u64,
     /// `None` for a snapshot sweep.
     pub ingress: Option<IngressKey>,
-    /// `upsert`, `delete`, `sweep` or `rollback`.
+    /// `upsert`, `delete`, `sweep`, `rerender`, `rollback` or `resume`.
     pub what: String,
     pub resource_version: Option<String>,
+    /// Routes the change added, as `host/path (Kind)` (`*` for any host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<String>,
+    /// Routes the change removed, in the same form.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+}
+
+/// Where a version's files are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Body {
+    /// In the message itself.
+    Inline { bundle: Bundle },
+    /// Too large for a NATS message: in the object store bucket [`crate::BUNDLES_BUCKET`]
+    /// under `name` ([`crate::bundle_object`]), as the bundle's JSON.
+    Object { name: String },
 }
 
 /// A numbered, explained HAProxy config for one fleet, published on `hafleet.configs.<fleet>`.
@@ -162,14 +181,19 @@ pub struct ConfigVersion {
     /// 1, 2, 3, … per fleet, never reused.
     pub version: u64,
     pub parent: Option<u64>,
-    /// Hex sha256 of `config`.
+    /// Hex sha256 of the bundle's config, which names every map file by its own sha256.
     pub sha256: String,
     pub created_unix_ms: u64,
     /// The route events that made this version.
     pub causes: Vec<Cause>,
     /// Things an operator should know: conflicts resolved, routes dropped and why.
     pub notes: Vec<String>,
-    pub config: String,
+    /// Set when this version republishes the bundle of an older one (a rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restores: Option<u64>,
+    /// Bytes of the bundle's files together.
+    pub size: u64,
+    pub body: Body,
 }
 
 impl ConfigVersion {
@@ -177,19 +201,34 @@ impl ConfigVersion {
         serde_json::to_vec(self).expect("config versions always serialize")
     }
 
-    /// Decodes and checks that the config is the one the sha256 names.
+    /// Decodes and, for an inline bundle, checks that it is the one the sha256 names (a
+    /// bundle from the object store is checked by [`ConfigVersion::with_bundle`]).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes)?;
+        check_schema_first(bytes, SCHEMA_VERSION)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
-        let actual = crate::sha256_hex(v.config.as_bytes());
-        if actual != v.sha256 {
-            return Err(DecodeError::Sha256Mismatch {
-                version: v.version,
-                claimed: v.sha256,
-                actual,
-            });
+        if let Body::Inline { bundle } = &v.body {
+            bundle
+                .verify(&v.sha256)
+                .map_err(|source| DecodeError::Bundle { version: v.version, source })?;
         }
         Ok(v)
+    }
+
+    /// The bundle, if the message carries it.
+    pub fn bundle(&self) -> Option<&Bundle> {
+        match &self.body {
+            Body::Inline { bundle } => Some(bundle),
+            Body::Object { .. } => None,
+        }
+    }
+
+    /// This version with `bundle` inline, after checking it is the one the version names.
+    pub fn with_bundle(mut self, bundle: Bundle) -> Result<Self, DecodeError> {
+        bundle
+            .verify(&self.sha256)
+            .map_err(|source| DecodeError::Bundle { version: self.version, source })?;
+        self.body = Body::Inline { bundle };
+        Ok(self)
     }
 }
 
@@ -237,7 +276,7 @@ impl ApplyReport {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes)?;
+        check_schema_first(bytes, 1)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -314,10 +353,13 @@ mod tests {
     fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
         let mut json: serde_json::Value =
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-        json["schema"] = 2.into();
+        json["schema"] = (SCHEMA_VERSION + 1).into();
         json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(matches!(err, DecodeError::Schema { found: 2 }), "{err}");
+        assert!(
+            matches!(err, DecodeError::Schema { found } if found == SCHEMA_VERSION + 1),
+            "{err}"
+        );
         assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
     }
 
@@ -331,21 +373,26 @@ mod tests {
     }
 
     fn version(config: &str) -> ConfigVersion {
+        let bundle = Bundle { config: config.into(), maps: vec![] };
         ConfigVersion {
             schema: SCHEMA_VERSION,
             fleet: FleetName::new("edge").unwrap(),
             version: 3,
             parent: Some(2),
-            sha256: crate::sha256_hex(config.as_bytes()),
+            sha256: bundle.sha256(),
             created_unix_ms: 1,
             causes: vec![Cause {
                 stream_seq: 9,
                 ingress: Some(IngressKey::new("shop", "web").unwrap()),
                 what: "upsert".into(),
                 resource_version: Some("42".into()),
+                added: vec!["shop.example.com/api (Prefix)".into()],
+                removed: vec![],
             }],
             notes: vec!["conflict".into()],
-            config: config.into(),
+            restores: None,
+            size: bundle.size() as u64,
+            body: Body::Inline { bundle },
         }
     }
 
@@ -354,9 +401,35 @@ mod tests {
         let v = version("global\n");
         assert_eq!(ConfigVersion::decode(&v.encode()).unwrap(), v);
         let mut tampered = v.clone();
-        tampered.config.push_str("  # changed\n");
+        let Body::Inline { bundle } = &mut tampered.body else { unreachable!() };
+        bundle.config.push_str("  # changed\n");
         let err = ConfigVersion::decode(&tampered.encode()).unwrap_err();
-        assert!(matches!(err, DecodeError::Sha256Mismatch { version: 3, .. }), "{err}");
+        assert!(matches!(err, DecodeError::Bundle { version: 3, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_bundle_from_the_object_store_is_checked_before_it_is_taken() {
+        let v = version("global\n");
+        let bundle = v.bundle().unwrap().clone();
+        let mut by_ref = v.clone();
+        by_ref.body = Body::Object { name: v.sha256.clone() };
+        let by_ref = ConfigVersion::decode(&by_ref.encode()).unwrap();
+        assert!(by_ref.bundle().is_none());
+        assert_eq!(by_ref.clone().with_bundle(bundle).unwrap(), v);
+        let other = Bundle { config: "other\n".into(), maps: vec![] };
+        assert!(by_ref.with_bundle(other).is_err());
+    }
+
+    #[test]
+    fn route_messages_and_reports_of_schema_1_are_still_read_config_versions_are_not() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
+        json["schema"] = 1.into();
+        assert!(RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).is_ok());
+        let mut json: serde_json::Value = serde_json::from_slice(&version("x\n").encode()).unwrap();
+        json["schema"] = 1.into();
+        let err = ConfigVersion::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
+        assert!(matches!(err, DecodeError::Schema { found: 1 }), "{err}");
     }
 
     #[test]

@@ -9,7 +9,17 @@ pub const CONFIGS_STREAM: &str = "HAFLEET_CONFIGS";
 /// Stream holding every apply report (`hafleet.reports.>`).
 pub const REPORTS_STREAM: &str = "HAFLEET_REPORTS";
 
+/// Stream holding messages a consumer could not read, parked for an operator to look at.
+pub const DEADLETTER_STREAM: &str = "HAFLEET_DEADLETTER";
+
 pub const ROUTES_SUBJECTS: &str = "hafleet.routes.>";
+pub const DEADLETTER_SUBJECTS: &str = "hafleet.deadletter.>";
+/// Where the renderer parks route messages it cannot read.
+pub const ROUTES_DEADLETTER_SUBJECT: &str = "hafleet.deadletter.routes";
+/// Header of a parked message: why it could not be read.
+pub const ERROR_HEADER: &str = "Hafleet-Error";
+/// Header of a parked message: its sequence in the stream it came from.
+pub const SOURCE_SEQ_HEADER: &str = "Hafleet-Source-Seq";
 pub const CONFIGS_SUBJECTS: &str = "hafleet.configs.>";
 pub const REPORTS_SUBJECTS: &str = "hafleet.reports.>";
 
@@ -28,6 +38,17 @@ pub const RENDERER_CONSUMER: &str = "hafleet-renderer";
 /// Durable consumer name of a fleet's applier on [`CONFIGS_STREAM`].
 pub fn applier_consumer(fleet: &FleetName) -> String {
     format!("hafleet-applier-{fleet}")
+}
+
+/// Object store bucket holding the bundles that are too large for a message (stream
+/// `OBJ_hafleet-bundles`). One bucket for every fleet: NATS permissions match whole subject
+/// tokens, so a bucket per fleet could not be granted to the renderer without granting it
+/// every stream.
+pub const BUNDLES_BUCKET: &str = "hafleet-bundles";
+
+/// Name of a bundle in [`BUNDLES_BUCKET`]: `<fleet>-<sha256>`.
+pub fn bundle_object(fleet: &FleetName, sha256: &str) -> String {
+    format!("{fleet}-{sha256}")
 }
 
 /// Subject of one fleet's route events.
@@ -59,6 +80,11 @@ pub const ROUTES: StreamSpec =
     StreamSpec { name: ROUTES_STREAM, subjects: ROUTES_SUBJECTS, max_age_secs: None };
 pub const CONFIGS: StreamSpec =
     StreamSpec { name: CONFIGS_STREAM, subjects: CONFIGS_SUBJECTS, max_age_secs: None };
+pub const DEADLETTER: StreamSpec = StreamSpec {
+    name: DEADLETTER_STREAM,
+    subjects: DEADLETTER_SUBJECTS,
+    max_age_secs: Some(30 * 24 * 3600),
+};
 pub const REPORTS: StreamSpec = StreamSpec {
     name: REPORTS_STREAM,
     subjects: REPORTS_SUBJECTS,

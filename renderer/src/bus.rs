@@ -2,7 +2,6 @@
 //! and publishing come from `hafleet_runtime`.
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use hafleet_proto::ConfigVersion;
 pub use hafleet_runtime::nats::{Bus, BusError};
 use std::time::Duration;
 
@@ -54,12 +53,4 @@ pub async fn routes_message(
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(BusError::Stream { name: hafleet_proto::ROUTES_STREAM, source: Box::new(e) }),
     }
-}
-
-/// Publishes a version. Its id (`<fleet>-v<version>`) makes publishing it again after a crash
-/// a no-op within the duplicate window.
-pub async fn publish_version(bus: &Bus, v: &ConfigVersion) -> Result<(), BusError> {
-    let id = format!("{}-v{}", v.fleet, v.version);
-    bus.publish(hafleet_proto::configs_subject(&v.fleet), &id, v.encode()).await?;
-    Ok(())
 }

@@ -2,10 +2,11 @@
 //! minijinja, and publishes numbered, explained config versions.
 //!
 //! Pure decisions: [`state`] (messages → desired state), [`model`] (state → render model),
-//! [`render`] (model → text), [`versions`] (text → new version or not). Adapters: [`store`]
+//! [`maps`] and [`render`] (model → map files and config text), [`versions`] (text → new version or not). Adapters: [`store`]
 //! (sled) and [`bus`] (NATS). Wiring: [`run`].
 
 pub mod bus;
+pub mod maps;
 pub mod model;
 pub mod render;
 pub mod run;

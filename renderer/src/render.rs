@@ -1,9 +1,13 @@
-//! Renders a [`RenderModel`] into HAProxy config text with minijinja. The built-in template is
-//! compiled in; operators can replace it. Undefined variables are errors, so a typo in a
-//! template fails loudly at start-up instead of rendering an empty directive.
+//! Renders a [`RenderModel`] into a bundle: the map files ([`crate::maps`]) and the config text
+//! from a minijinja template that names them. The built-in template is compiled in; operators
+//! can replace it. Undefined variables are errors, so a typo in a template fails loudly at
+//! start-up instead of rendering an empty directive.
 
-use crate::model::RenderModel;
+use crate::maps::{self, MapPaths};
+use crate::model::{BackendModel, RenderModel};
+use hafleet_proto::Bundle;
 use minijinja::{Environment, UndefinedBehavior};
+use serde::Serialize;
 
 /// The template shipped with hafleet.
 pub const BUILTIN_TEMPLATE: &str = include_str!("../templates/haproxy.cfg.j2");
@@ -22,6 +26,19 @@ pub enum RenderError {
     Compile(#[source] minijinja::Error),
     #[error("template failed to render")]
     Render(#[source] minijinja::Error),
+}
+
+/// What a template sees. Rules are not in it: they are in the maps, whatever their number.
+#[derive(Debug, Serialize)]
+struct Context<'a> {
+    fleet: &'a str,
+    /// Paths of the map files, relative to the config's folder (the config sets
+    /// `default-path config`).
+    maps: &'a MapPaths,
+    /// How many host + path rules the maps hold.
+    routes: usize,
+    backends: &'a [BackendModel],
+    notes: &'a [String],
 }
 
 impl Renderer {
@@ -46,12 +63,20 @@ impl Renderer {
         Ok(renderer)
     }
 
-    pub fn render(&self, model: &RenderModel) -> Result<String, RenderError> {
+    pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
+        let maps = maps::build(&model.rules);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
-        let mut out = template.render(model).map_err(RenderError::Render)?;
-        if !out.ends_with('\n') {
-            out.push('\n');
+        let context = Context {
+            fleet: &model.fleet,
+            maps: &maps.paths,
+            routes: model.rules.len(),
+            backends: &model.backends,
+            notes: &model.notes,
+        };
+        let mut config = template.render(context).map_err(RenderError::Render)?;
+        if !config.ends_with('\n') {
+            config.push('\n');
         }
-        Ok(out)
+        Ok(Bundle { config, maps: maps.files })
     }
 }

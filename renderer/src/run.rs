@@ -58,8 +58,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;
-    let max_payload = bus.payload_limit();
-    rerender_all(&store, &renderer, max_payload)?;
+    bus.ensure_stream(hafleet_proto::DEADLETTER).await?;
+    rerender_all(&store, &renderer)?;
     publish_unpublished(&bus, &store).await?;
 
     let applied = store.applied_seq()?;
@@ -97,7 +97,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&store, &renderer, &entries, max_payload)?;
+        process(&bus, &store, &renderer, &entries).await?;
         publish_unpublished(&bus, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
@@ -182,15 +182,17 @@ async fn fill_gaps(
 /// Applies entries (in sequence order, all above the applied sequence) and commits them.
 /// Returns the versions it made.
 ///
-/// A message of a schema this build does not know stops the renderer before anything is
-/// committed: skipping it would lose the change for good (during an upgrade, upgrade the
-/// renderer first). A message that is not JSON at all is skipped.
+/// A message this build cannot read (not JSON, a schema it does not know, a value that fails
+/// an allowlist) is parked on the dead-letter subject, with the reason and its sequence, before
+/// anything is committed; the rest of the batch goes on. One bad message must not stop every
+/// fleet behind it, and parked, it is not lost: an operator can read it back and, after an
+/// upgrade, publish it again.
 #[tracing::instrument(skip_all, fields(messages = entries.len()))]
-fn process(
+async fn process(
+    bus: &bus::Bus,
     store: &Store,
     renderer: &Renderer,
     entries: &[(u64, bytes::Bytes)],
-    max_payload: usize,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
     let mut desired = store.desired()?;
@@ -199,24 +201,41 @@ fn process(
         let seq = *seq;
         match RouteMessage::decode(payload) {
             Ok(msg) => state::apply(&mut desired, seq, &msg, &mut out),
-            Err(e @ DecodeError::Schema { .. }) => {
-                return Err(anyhow::Error::from(e)
-                    .context(format!("route message {seq} cannot be read by this renderer")));
-            }
-            // One unreadable message must not block every fleet behind it.
-            Err(e) => warn!(seq, error = %e, "route message skipped"),
+            Err(e) => park(bus, seq, payload, &e).await?,
         }
         last_seq = last_seq.max(seq);
     }
-    let versions = make_versions(store, renderer, &desired, out.causes, max_payload)?;
+    let versions = make_versions(store, renderer, &desired, out.causes)?;
     store.commit(&out.writes, &versions, last_seq)?;
     Ok(versions)
+}
+
+/// Publishes an unreadable route message on the dead-letter subject.
+async fn park(
+    bus: &bus::Bus,
+    seq: u64,
+    payload: &bytes::Bytes,
+    error: &DecodeError,
+) -> anyhow::Result<()> {
+    let reason: String = error.to_string().chars().filter(|c| !c.is_control()).take(500).collect();
+    error!(seq, error = %reason, subject = hafleet_proto::ROUTES_DEADLETTER_SUBJECT,
+           "route message cannot be read; parked on the dead-letter subject");
+    let seq_text = seq.to_string();
+    bus.publish_with_headers(
+        hafleet_proto::ROUTES_DEADLETTER_SUBJECT.to_owned(),
+        &format!("routes-{seq}"),
+        payload.to_vec(),
+        &[(hafleet_proto::ERROR_HEADER, &reason), (hafleet_proto::SOURCE_SEQ_HEADER, &seq_text)],
+    )
+    .await
+    .with_context(|| format!("parking route message {seq}"))?;
+    Ok(())
 }
 
 /// Renders every fleet whose state the renderer holds and makes a version for each one whose
 /// config differs from its newest version: after a template change or an upgrade of hafleet,
 /// each fleet gets the new config at once, explained as a re-render.
-fn rerender_all(store: &Store, renderer: &Renderer, max_payload: usize) -> anyhow::Result<()> {
+fn rerender_all(store: &Store, renderer: &Renderer) -> anyhow::Result<()> {
     let desired = store.desired()?;
     let applied = store.applied_seq()?;
     let causes = desired
@@ -227,11 +246,13 @@ fn rerender_all(store: &Store, renderer: &Renderer, max_payload: usize) -> anyho
                 ingress: None,
                 what: "rerender".to_owned(),
                 resource_version: None,
+                added: vec![],
+                removed: vec![],
             };
             (fleet.clone(), vec![cause])
         })
         .collect();
-    let versions = make_versions(store, renderer, &desired, causes, max_payload)?;
+    let versions = make_versions(store, renderer, &desired, causes)?;
     if !versions.is_empty() {
         info!(fleets = versions.len(), "re-rendered at start-up: the template or hafleet changed");
         store.commit(&[], &versions, applied)?;
@@ -240,14 +261,12 @@ fn rerender_all(store: &Store, renderer: &Renderer, max_payload: usize) -> anyho
 }
 
 /// The next version of each fleet in `causes` whose config changed. A fleet that fails to
-/// render, or whose version would not fit in a NATS message, gets no version and a warning;
-/// the others are not held up.
+/// render gets no version and a warning; the others are not held up.
 fn make_versions(
     store: &Store,
     renderer: &Renderer,
     desired: &state::Desired,
     causes: BTreeMap<FleetName, Vec<Cause>>,
-    max_payload: usize,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut versions = Vec::new();
     for (fleet, causes) in causes {
@@ -262,13 +281,7 @@ fn make_versions(
             hafleet_runtime::now_unix_ms(),
         ) {
             Ok(Some(v)) => {
-                let size = v.encode().len();
-                if size > max_payload {
-                    error!(fleet = %fleet, size, max_payload,
-                           "config version does not fit in a NATS message; no new version (raise max_payload)");
-                    continue;
-                }
-                info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256,
+                info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256, bytes = v.size,
                       causes = v.causes.len(), notes = v.notes.len(), "new config version");
                 for note in &v.notes {
                     warn!(fleet = %v.fleet, version = v.version, note = %note, "route ignored");
@@ -286,7 +299,7 @@ fn make_versions(
 
 async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
     for v in store.unpublished()? {
-        bus::publish_version(bus, &v).await?;
+        bus.publish_version(&v).await?;
         store.set_published(&v.fleet, v.version)?;
         info!(fleet = %v.fleet, version = v.version, "version published");
     }

@@ -37,17 +37,32 @@ pub struct Applied {
     pub causes: BTreeMap<FleetName, Vec<Cause>>,
 }
 
+/// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
+pub fn route_label(route: &Route) -> String {
+    let host = route.host.as_ref().map(|h| h.as_str()).unwrap_or("*");
+    format!("{host}{} ({:?})", route.path, route.kind)
+}
+
+/// Routes in `new` and not in `old`, and the other way round, as labels.
+fn route_changes(old: &[Route], new: &[Route]) -> (Vec<String>, Vec<String>) {
+    let labels = |rs: &[Route]| rs.iter().map(route_label).collect::<BTreeSet<String>>();
+    let (old, new) = (labels(old), labels(new));
+    (new.difference(&old).cloned().collect(), old.difference(&new).cloned().collect())
+}
+
 /// Applies one message at stream sequence `seq` to `desired` (which must hold every fleet the
 /// store knows for snapshot sweeps to see them) and records what changed.
 pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
     match msg {
         RouteMessage::Event(event) => {
             let fleet = desired.entry(event.fleet.clone()).or_default();
-            let cause = |what: &str| Cause {
+            let cause = |what: &str, (added, removed): (Vec<String>, Vec<String>)| Cause {
                 stream_seq: seq,
                 ingress: Some(event.ingress.clone()),
                 what: what.to_owned(),
                 resource_version: Some(event.resource_version.clone()),
+                added,
+                removed,
             };
             match &event.change {
                 RouteChange::Upsert { routes } => {
@@ -62,6 +77,8 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
                         *old == entry
                     });
                     entry.seq = seq;
+                    let old_routes = fleet.get(&event.ingress).map(|e| e.routes.as_slice());
+                    let changes = route_changes(old_routes.unwrap_or_default(), routes);
                     if !unchanged {
                         fleet.insert(event.ingress.clone(), entry.clone());
                         out.writes.push(StateWrite::Put(
@@ -70,14 +87,22 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
                             entry,
                         ));
                     }
-                    out.causes.entry(event.fleet.clone()).or_default().push(cause("upsert"));
+                    out.causes
+                        .entry(event.fleet.clone())
+                        .or_default()
+                        .push(cause("upsert", changes));
                 }
                 RouteChange::Delete => {
-                    if fleet.remove(&event.ingress).is_some() {
+                    let mut changes = (vec![], vec![]);
+                    if let Some(old) = fleet.remove(&event.ingress) {
+                        changes = route_changes(&old.routes, &[]);
                         out.writes
                             .push(StateWrite::Remove(event.fleet.clone(), event.ingress.clone()));
                     }
-                    out.causes.entry(event.fleet.clone()).or_default().push(cause("delete"));
+                    out.causes
+                        .entry(event.fleet.clone())
+                        .or_default()
+                        .push(cause("delete", changes));
                 }
             }
         }
@@ -92,13 +117,15 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
                     .cloned()
                     .collect();
                 for key in gone {
-                    ingresses.remove(&key);
+                    let old = ingresses.remove(&key).map(|e| e.routes).unwrap_or_default();
                     out.writes.push(StateWrite::Remove(fleet.clone(), key.clone()));
                     out.causes.entry(fleet.clone()).or_default().push(Cause {
                         stream_seq: seq,
                         ingress: Some(key),
                         what: "sweep".to_owned(),
                         resource_version: None,
+                        added: vec![],
+                        removed: route_changes(&old, &[]).1,
                     });
                 }
             }

@@ -248,16 +248,19 @@ mod tests {
     use hafleet_proto::SCHEMA_VERSION;
 
     fn version(fleet: &FleetName, n: u64) -> ConfigVersion {
+        let bundle = hafleet_proto::Bundle { config: "x".into(), maps: vec![] };
         ConfigVersion {
             schema: SCHEMA_VERSION,
             fleet: fleet.clone(),
             version: n,
             parent: n.checked_sub(1).filter(|p| *p > 0),
-            sha256: hafleet_proto::sha256_hex(b"x"),
+            sha256: bundle.sha256(),
             created_unix_ms: 0,
             causes: vec![],
             notes: vec![],
-            config: "x".into(),
+            restores: None,
+            size: 1,
+            body: hafleet_proto::Body::Inline { bundle },
         }
     }
 

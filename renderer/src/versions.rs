@@ -3,7 +3,7 @@
 use crate::model;
 use crate::render::{RenderError, Renderer};
 use crate::state::IngressEntry;
-use hafleet_proto::{Cause, ConfigVersion, FleetName, IngressKey, SCHEMA_VERSION, sha256_hex};
+use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, IngressKey, SCHEMA_VERSION};
 use std::collections::BTreeMap;
 
 /// Renders `ingresses` and returns the next version of `fleet`, or `None` when the config is
@@ -17,8 +17,8 @@ pub fn next_version(
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
     let model = model::build(fleet, ingresses);
-    let config = renderer.render(&model)?;
-    let sha256 = sha256_hex(config.as_bytes());
+    let bundle = renderer.render(&model)?;
+    let sha256 = bundle.sha256();
     if latest.is_some_and(|l| l.sha256 == sha256) {
         return Ok(None);
     }
@@ -32,7 +32,9 @@ pub fn next_version(
         created_unix_ms: now_unix_ms,
         causes,
         notes: model.notes,
-        config,
+        restores: None,
+        size: bundle.size() as u64,
+        body: Body::Inline { bundle },
     }))
 }
 

@@ -1,7 +1,7 @@
 //! Golden tests of the built-in template: each fixture (a fleet's Ingresses) renders to a
 //! reviewed snapshot, and every snapshot passes `haproxy -c` with the real HAProxy.
 
-use hafleet_proto::{FleetName, IngressKey, Route};
+use hafleet_proto::{Bundle, FleetName, IngressKey, Route};
 use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ struct Fixture {
     routes: Vec<Route>,
 }
 
-fn render_fixture(name: &str) -> String {
+fn render_fixture(name: &str) -> Bundle {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     let fixtures: Vec<Fixture> =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -38,11 +38,25 @@ fn render_fixture(name: &str) -> String {
     Renderer::builtin().render(&model::build(&fleet, &ingresses)).unwrap()
 }
 
-/// Runs the real `haproxy -c` on the config; panics with HAProxy's words if it refuses it.
-fn assert_haproxy_accepts(config: &str) {
+/// The bundle as one text for a snapshot: the config, then each map file.
+fn snapshot_text(bundle: &Bundle) -> String {
+    let mut out = bundle.config.clone();
+    for m in &bundle.maps {
+        out.push_str(&format!("\n----- {} -----\n{}", m.name.relative_path(), m.content));
+    }
+    out
+}
+
+/// Runs the real `haproxy -c` on the bundle laid out as on a host; panics with HAProxy's
+/// words if it refuses it.
+fn assert_haproxy_accepts(bundle: &Bundle) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("haproxy.cfg");
-    std::fs::write(&file, config).unwrap();
+    std::fs::write(&file, &bundle.config).unwrap();
+    std::fs::create_dir(dir.path().join(hafleet_proto::MAPS_DIR)).unwrap();
+    for m in &bundle.maps {
+        std::fs::write(dir.path().join(m.name.relative_path()), &m.content).unwrap();
+    }
     let out = Command::new("haproxy")
         .arg("-c")
         .arg("-f")
@@ -52,7 +66,7 @@ fn assert_haproxy_accepts(config: &str) {
     assert!(
         out.status.success(),
         "haproxy -c refused the config:\n{}\n{}{}",
-        config,
+        snapshot_text(bundle),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -60,21 +74,27 @@ fn assert_haproxy_accepts(config: &str) {
 
 #[test]
 fn shop_fleet() {
-    let config = render_fixture("shop.json");
-    insta::assert_snapshot!(config);
-    assert_haproxy_accepts(&config);
+    let bundle = render_fixture("shop.json");
+    insta::assert_snapshot!(snapshot_text(&bundle));
+    assert_haproxy_accepts(&bundle);
 }
 
 #[test]
 fn empty_fleet() {
-    let config = render_fixture("empty.json");
-    insta::assert_snapshot!(config);
-    assert_haproxy_accepts(&config);
+    let bundle = render_fixture("empty.json");
+    insta::assert_snapshot!(snapshot_text(&bundle));
+    assert_haproxy_accepts(&bundle);
 }
 
 #[test]
 fn haproxy_check_catches_a_broken_config() {
     // The check above must be able to fail, or it proves nothing.
-    let result = std::panic::catch_unwind(|| assert_haproxy_accepts("frontend x\n  bindd :1\n"));
+    let broken = Bundle { config: "frontend x\n  bindd :1\n".into(), maps: vec![] };
+    let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&broken));
+    assert!(result.is_err());
+    // Nor may a config pass whose map file is missing.
+    let mut missing = render_fixture("shop.json");
+    missing.maps.pop();
+    let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&missing));
     assert!(result.is_err());
 }

@@ -1,8 +1,11 @@
 //! NATS JetStream plumbing shared by the binaries.
 
-use async_nats::jetstream::{self, stream};
-use hafleet_proto::{MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION, StreamSpec};
+use async_nats::jetstream::{self, object_store, stream};
+use hafleet_proto::{
+    Body, Bundle, ConfigVersion, MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION, StreamSpec,
+};
 use std::time::Duration;
+use tokio::io::AsyncReadExt as _;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -23,6 +26,10 @@ pub enum BusError {
         "a {size}-byte message on {subject} is more than NATS accepts ({max}); raise max_payload"
     )]
     TooLarge { subject: String, size: usize, max: usize },
+    #[error("object store {bucket}: {what} failed")]
+    ObjectStore { bucket: String, what: String, source: BoxError },
+    #[error("bundle {name} of version {version} in {bucket} is unusable")]
+    BadBundle { bucket: String, name: String, version: u64, source: BoxError },
 }
 
 /// The URL without any `user:password@`, for messages and logs.
@@ -142,6 +149,17 @@ impl Bus {
         msg_id: &str,
         payload: Vec<u8>,
     ) -> Result<u64, BusError> {
+        self.publish_with_headers(subject, msg_id, payload, &[]).await
+    }
+
+    /// [`Bus::publish`] with extra headers (values must be single lines).
+    pub async fn publish_with_headers(
+        &self,
+        subject: String,
+        msg_id: &str,
+        payload: Vec<u8>,
+        extra: &[(&str, &str)],
+    ) -> Result<u64, BusError> {
         let max = self.payload_limit();
         if payload.len() > max {
             return Err(BusError::TooLarge { subject, size: payload.len(), max });
@@ -149,6 +167,9 @@ impl Bus {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(MSG_ID_HEADER, msg_id);
         headers.insert(SCHEMA_HEADER, SCHEMA_VERSION.to_string().as_str());
+        for (name, value) in extra {
+            headers.insert(*name, *value);
+        }
         let failed = |e: BoxError| BusError::PublishFailed { subject: subject.clone(), source: e };
         let ack = self
             .js
@@ -158,6 +179,99 @@ impl Bus {
             .await
             .map_err(|e| failed(Box::new(e)))?;
         Ok(ack.sequence)
+    }
+
+    /// The object store of large bundles, created if it does not exist yet.
+    pub async fn bundle_store(&self) -> Result<object_store::ObjectStore, BusError> {
+        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
+        if let Ok(store) = self.js.get_object_store(&bucket).await {
+            return Ok(store);
+        }
+        self.js
+            .create_object_store(object_store::Config {
+                bucket: bucket.clone(),
+                description: Some("hafleet bundles too large for a message".into()),
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| BusError::ObjectStore {
+                bucket,
+                what: "create".into(),
+                source: Box::new(e),
+            })
+    }
+
+    /// Publishes a config version on its fleet's subject. Its id (`<fleet>-v<version>`) makes
+    /// publishing it again after a crash a no-op within the duplicate window. A version whose
+    /// message would be larger than NATS accepts goes with its bundle in the fleet's object store
+    /// (by sha256, so storing it again changes nothing) and the message names it.
+    pub async fn publish_version(&self, v: &ConfigVersion) -> Result<u64, BusError> {
+        let id = format!("{}-v{}", v.fleet, v.version);
+        let subject = hafleet_proto::configs_subject(&v.fleet);
+        let encoded = v.encode();
+        if encoded.len() <= self.payload_limit() {
+            return self.publish(subject, &id, encoded).await;
+        }
+        let Body::Inline { bundle } = &v.body else {
+            return Err(BusError::TooLarge {
+                subject,
+                size: encoded.len(),
+                max: self.payload_limit(),
+            });
+        };
+        let store = self.bundle_store().await?;
+        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
+        let name = hafleet_proto::bundle_object(&v.fleet, &v.sha256);
+        let stored = match store.info(&name).await {
+            Ok(info) => !info.deleted && info.size > 0,
+            Err(_) => false,
+        };
+        if !stored {
+            let json = serde_json::to_vec(bundle).expect("bundles serialize");
+            store.put(name.as_str(), &mut json.as_slice()).await.map_err(|e| {
+                BusError::ObjectStore {
+                    bucket: bucket.clone(),
+                    what: format!("put {name}"),
+                    source: Box::new(e),
+                }
+            })?;
+        }
+        let mut by_ref = v.clone();
+        by_ref.body = Body::Object { name };
+        self.publish(subject, &id, by_ref.encode()).await
+    }
+
+    /// `v` with its bundle inline: as it came, or read from the fleet's object store and
+    /// checked against the sha256 the version names.
+    pub async fn fetch_bundle(&self, v: ConfigVersion) -> Result<ConfigVersion, BusError> {
+        let Body::Object { name } = &v.body else { return Ok(v) };
+        let name = name.clone();
+        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
+        let failed = |what: &str, e: BoxError| BusError::ObjectStore {
+            bucket: bucket.clone(),
+            what: format!("{what} {name}"),
+            source: e,
+        };
+        let store =
+            self.js.get_object_store(&bucket).await.map_err(|e| failed("open for", Box::new(e)))?;
+        let mut object = store.get(&name).await.map_err(|e| failed("get", Box::new(e)))?;
+        let mut json = Vec::new();
+        object.read_to_end(&mut json).await.map_err(|e| failed("read", Box::new(e)))?;
+        let bad = |e: BoxError| BusError::BadBundle {
+            bucket: bucket.clone(),
+            name: name.clone(),
+            version: v.version,
+            source: e,
+        };
+        let bundle: Bundle = serde_json::from_slice(&json).map_err(|e| bad(Box::new(e)))?;
+        let version = v.version;
+        v.with_bundle(bundle).map_err(|e| BusError::BadBundle {
+            bucket: bucket.clone(),
+            name: name.clone(),
+            version,
+            source: Box::new(e),
+        })
     }
 
     /// Flushes what is pending and closes: the last step of every shutdown.

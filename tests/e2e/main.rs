@@ -4,14 +4,16 @@
 //! - `routing`: Ingresses become routes on every host and follow every change;
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
-//! - `recovery`: any component killed and restarted, the pipeline converges.
+//! - `recovery`: any component killed and restarted, the pipeline converges;
+//! - `scale`: configs larger than a NATS message go live through the object store.
 
 mod recovery;
 mod refusals;
 mod routing;
+mod scale;
 
 use anyhow::Result;
-use hafleet_tests::stack::Stack;
+use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::{HaproxyHost, HttpBackend, eventually, http_get, random_loopback_ip};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
@@ -131,4 +133,31 @@ impl World {
         .await
         .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))
     }
+}
+
+/// Restarts the renderer with the built-in template changed by `edit`, and returns the
+/// version it makes at start-up (its config contains `marker`).
+pub async fn render_with(
+    world: &mut World,
+    name: &str,
+    edit: impl Fn(&str) -> String,
+    marker: &str,
+) -> Result<u64> {
+    let template = edit(hafleet_renderer::render::BUILTIN_TEMPLATE);
+    assert!(template.contains(marker));
+    let path = world.stack.dir().join(name);
+    std::fs::write(&path, template)?;
+    world.stack.kill(Component::Renderer);
+    world.stack.start_component_with(
+        Component::Renderer,
+        &[("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path"))],
+    )?;
+    let stack = &world.stack;
+    eventually(CONVERGE, &format!("a version rendered with {name}"), || async move {
+        match stack.latest_version().await? {
+            Some(v) if v.bundle().is_some_and(|b| b.config.contains(marker)) => Ok(v.version),
+            other => anyhow::bail!("newest: {:?}", other.map(|v| v.version)),
+        }
+    })
+    .await
 }

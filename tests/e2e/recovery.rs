@@ -62,7 +62,14 @@ async fn a_host_left_between_swap_and_reload_is_reloaded_not_reported_unchanged(
     // What an applier killed right after its atomic rename leaves on a host: the new file is
     // live, HAProxy still runs the old config.
     let lb1 = &world.stack.hosts[0];
-    std::fs::write(lb1.config_path(), &v2.config)?;
+    // (Its maps were uploaded before the rename.)
+    let bundle = v2.bundle().expect("fetched");
+    for m in &bundle.maps {
+        let path = lb1.config_path().with_file_name(m.name.relative_path());
+        std::fs::create_dir_all(path.parent().expect("in a folder"))?;
+        std::fs::write(path, &m.content)?;
+    }
+    std::fs::write(lb1.config_path(), &bundle.config)?;
     let (status, _) = http_get(lb1.http_addr(), "b.example.com", "/").await?;
     assert_eq!(status, 404, "HAProxy has not loaded the new file yet");
 
@@ -127,26 +134,40 @@ async fn a_renderer_whose_routes_stream_was_lost_refuses_to_guess() -> Result<()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_message_of_an_unknown_schema_stops_the_renderer_before_it_is_lost() -> Result<()> {
-    let mut world = World::start().await?;
+async fn unreadable_route_messages_are_parked_and_the_renderer_goes_on() -> Result<()> {
+    let world = World::start().await?;
     world.route("a", "a.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
 
-    // A newer watcher (schema 2) published something this renderer cannot read.
+    // A newer watcher published something this renderer cannot read, then something that is
+    // not a message at all.
     let js = async_nats::jetstream::new(world.stack.nats.client().await?);
-    let future = serde_json::json!({"type": "event", "schema": 2, "fleet": "edge",
+    let future = serde_json::json!({"type": "event", "schema": 99, "fleet": "edge",
                                     "change": {"op": "rename"}});
     js.publish("hafleet.routes.edge", serde_json::to_vec(&future)?.into()).await?.await?;
+    js.publish("hafleet.routes.edge", "junk".into()).await?.await?;
 
-    let stack = &mut world.stack;
-    let deadline = std::time::Instant::now() + CONVERGE;
-    while stack.is_running(Component::Renderer) {
-        anyhow::ensure!(std::time::Instant::now() < deadline, "the renderer skipped it");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Later changes still go live: nothing is stuck behind them.
+    world.route("b", "b.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "b.example.com", "/", 200, "api@").await?;
+    let mut stack = world.stack;
+    assert!(stack.is_running(Component::Renderer));
+
+    // Both are parked, with the reason and where they came from.
+    let parked = js.get_stream(hafleet_proto::DEADLETTER_STREAM).await?;
+    let mut reasons = Vec::new();
+    for seq in 1..=2 {
+        let m = parked.get_raw_message(seq).await?;
+        assert_eq!(m.subject.as_str(), hafleet_proto::ROUTES_DEADLETTER_SUBJECT);
+        let reason = m.headers.get(hafleet_proto::ERROR_HEADER).map(|v| v.to_string());
+        let source = m.headers.get(hafleet_proto::SOURCE_SEQ_HEADER).map(|v| v.to_string());
+        assert!(source.is_some_and(|s| s.parse::<u64>().is_ok()), "{:?}", m.headers);
+        reasons.push((reason.unwrap_or_default(), m.payload));
     }
-    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
-    assert!(log.contains("cannot be read by this renderer") && log.contains("schema 2"), "{log}");
-    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    assert!(reasons[0].0.contains("schema 99"), "{:?}", reasons[0].0);
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&reasons[0].1)?, future);
+    assert_eq!(&reasons[1].1[..], b"junk");
+    stack.kill(Component::Renderer);
     Ok(())
 }
 

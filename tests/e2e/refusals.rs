@@ -2,7 +2,7 @@
 //! inject directives, a config HAProxy refuses at `haproxy -c` or only at reload, and a host
 //! whose SSH key is not the pinned one.
 
-use crate::{CONVERGE, World, expect_everywhere, expect_on};
+use crate::{CONVERGE, World, expect_everywhere, expect_on, render_with};
 use anyhow::Result;
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::eventually;
@@ -82,33 +82,6 @@ async fn an_ingress_that_tries_to_inject_directives_is_refused_alone_with_a_warn
         assert!(!live.contains("/a b"), "{live}");
     }
     Ok(())
-}
-
-/// Restarts the renderer with the built-in template changed by `edit`, and returns the
-/// version it makes at start-up (its config contains `marker`).
-async fn render_with(
-    world: &mut World,
-    name: &str,
-    edit: impl Fn(&str) -> String,
-    marker: &str,
-) -> Result<u64> {
-    let template = edit(hafleet_renderer::render::BUILTIN_TEMPLATE);
-    assert!(template.contains(marker));
-    let path = world.stack.dir().join(name);
-    std::fs::write(&path, template)?;
-    world.stack.kill(Component::Renderer);
-    world.stack.start_component_with(
-        Component::Renderer,
-        &[("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path"))],
-    )?;
-    let stack = &world.stack;
-    eventually(CONVERGE, &format!("a version rendered with {name}"), || async move {
-        match stack.latest_version().await? {
-            Some(v) if v.config.contains(marker) => Ok(v.version),
-            other => anyhow::bail!("newest: {:?}", other.map(|v| v.version)),
-        }
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

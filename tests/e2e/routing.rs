@@ -116,3 +116,51 @@ async fn each_fleet_serves_only_its_own_ingresses_and_an_ingress_can_move() -> R
     expect_everywhere(stack, "shop.example.com", "/", 404, "").await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let path = |p: &str, kind: &str, svc: &str| {
+        serde_json::json!({"path": p, "pathType": kind,
+            "backend": {"service": {"name": svc, "port": {"number": 80}}}})
+    };
+    let ing: k8s_openapi::api::networking::v1::Ingress =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": {"name": "mixed", "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"rules": [
+                {"host": "shop.example.com", "http": {"paths": [
+                    path("/", "Prefix", "web"),
+                    path("/api", "Prefix", "api"),
+                    path("/api/v1", "Prefix", "web"),
+                    path("/api/v1/status", "Exact", "api"),
+                ]}},
+                // A rule without a host: any host that no host rule takes.
+                {"http": {"paths": [path("/static", "Prefix", "api")]}},
+            ]}
+        }))?;
+    world.ingresses.create(&PostParams::default(), &ing).await?;
+    let h = "shop.example.com";
+    for (host, path, status, body) in [
+        (h, "/api/v1/status", 200, "api@"), // Exact beats the longer-matching prefix /api/v1
+        (h, "/api/v1/status/x", 200, "web@"), // an Exact rule matches nothing below it
+        (h, "/api/v1/users", 200, "web@"),  // the longest prefix wins
+        (h, "/api/v1", 200, "web@"),
+        (h, "/api/users", 200, "api@"),
+        (h, "/api", 200, "api@"),
+        (h, "/apiv1", 200, "web@"), // segments, not characters: falls to /
+        (h, "/static/x", 200, "web@"), // the host's own / beats the host-less rule
+        ("other.example.com", "/static/app.js", 200, "api@"), // host-less rule
+        ("other.example.com", "/staticfiles", 404, ""),
+        ("other.example.com", "/", 404, ""), // nothing routes it: the 404 default
+    ] {
+        expect_everywhere(stack, host, path, status, body).await?;
+    }
+    // Routing is in the maps, not in a list of use_backend lines.
+    let live = stack.hosts[0].live_config();
+    assert!(!live.contains("use_backend be_"), "{live}");
+    assert!(live.contains("map_beg(hafleet-maps/prefix-"), "{live}");
+    Ok(())
+}

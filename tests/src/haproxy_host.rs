@@ -470,9 +470,21 @@ impl HaproxyHost {
     }
 
     /// The config file as it is now on the host.
+    /// The live config and, after it, every map file it names (each once per mention).
     pub fn live_config(&self) -> String {
-        std::fs::read_to_string(self.config_path())
-            .unwrap_or_else(|e| panic!("read {}: {e}", self.config_path().display()))
+        let config = std::fs::read_to_string(self.config_path())
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.config_path().display()));
+        // Then every map file it names, so routes (which live in the maps) show in the text.
+        let mut out = config.clone();
+        for word in config.split(|c: char| c == '(' || c == ')' || c == ',' || c.is_whitespace()) {
+            if word.starts_with("hafleet-maps/") && word.ends_with(".map") {
+                let path = self.config_path().with_file_name(word);
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+                out.push_str(&format!("\n----- {word} -----\n{text}"));
+            }
+        }
+        out
     }
 
     /// Sends one command to the master CLI with `socat` and returns its output. Retries for up

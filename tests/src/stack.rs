@@ -250,17 +250,21 @@ impl Stack {
         }
     }
 
-    /// The newest config version published for the stack's fleet, read from the configs stream.
+    /// The newest config version published for the stack's fleet, read from the configs stream,
+    /// with its bundle (fetched from the object store if it went there).
     pub async fn latest_version(&self) -> Result<Option<ConfigVersion>> {
-        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let client = self.nats.client().await?;
+        let js = async_nats::jetstream::new(client.clone());
         let Ok(stream) = js.get_stream(hafleet_proto::CONFIGS_STREAM).await else {
             return Ok(None);
         };
         let subject = hafleet_proto::configs_subject(&FleetName::new(self.fleet.as_str())?);
-        match stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(msg) => Ok(Some(ConfigVersion::decode(&msg.payload)?)),
-            Err(_) => Ok(None),
-        }
+        let v = match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(msg) => ConfigVersion::decode(&msg.payload)?,
+            Err(_) => return Ok(None),
+        };
+        let bus = hafleet_runtime::nats::Bus { client, js };
+        Ok(Some(bus.fetch_bundle(v).await?))
     }
 
     pub fn log_path(&self, c: Component) -> PathBuf {

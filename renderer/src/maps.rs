@@ -1,0 +1,159 @@
+//! From a fleet's rules to the map files HAProxy looks routes up in. Pure.
+//!
+//! Two maps, each looked up as a tree, so a request costs the same with 10 or 100,000 routes:
+//!
+//! ```text
+//! exact.map  (map_str)  key <host><path>    e.g. shop.example.com/api   Exact rules
+//! prefix.map (map_beg)  key <host><path>/   e.g. shop.example.com/api/  Prefix rules
+//! ```
+//! The frontend looks up `<host><path>` in the exact map, then `<host><path>/` in the prefix map
+//! (the longest key that begins the lookup key wins), then the same two without a host for
+//! rules that match any host. Appending `/` to both the prefix keys and the lookup key makes
+//! prefixes match whole segments: `/foo` matches `/foo` and `/foo/x`, never `/foobar`. A key
+//! never contains a space (hosts and paths pass proto's allowlists), and host keys never start
+//! with `/`, so the host-less keys (which do) cannot be mistaken for them.
+
+use crate::model::RuleModel;
+use hafleet_proto::{MapFile, MapName};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The map files of a fleet and the paths the template names them by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Maps {
+    pub files: Vec<MapFile>,
+    pub paths: MapPaths,
+}
+
+/// What the template sees: each map's path relative to the config's folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MapPaths {
+    pub exact: String,
+    pub prefix: String,
+}
+
+/// The key a rule is stored under.
+pub fn key(rule: &RuleModel) -> String {
+    let host = rule.host.as_deref().unwrap_or("");
+    match rule.kind {
+        "exact" => format!("{host}{}", rule.path),
+        _ if rule.path == "/" => format!("{host}/"),
+        _ => format!("{host}{}/", rule.path),
+    }
+}
+
+/// Builds both maps. Rules hold one claim per (host, path, kind), so keys are unique; they are
+/// sorted so the same rules make the same bytes.
+pub fn build(rules: &[RuleModel]) -> Maps {
+    let mut exact = BTreeMap::new();
+    let mut prefix = BTreeMap::new();
+    for rule in rules {
+        let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
+        map.insert(key(rule), rule.backend.as_str());
+    }
+    let text = |map: BTreeMap<String, &str>| {
+        let mut out = String::with_capacity(map.len() * 64);
+        for (k, v) in map {
+            let _ = writeln!(out, "{k} {v}");
+        }
+        out
+    };
+    let file = |kind: &str, content: String| MapFile {
+        name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
+        content,
+    };
+    let exact = file("exact", text(exact));
+    let prefix = file("prefix", text(prefix));
+    let paths = MapPaths { exact: exact.name.relative_path(), prefix: prefix.name.relative_path() };
+    let mut files = vec![exact, prefix];
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Maps { files, paths }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(host: Option<&str>, path: &str, kind: &'static str, backend: &str) -> RuleModel {
+        RuleModel {
+            host: host.map(str::to_owned),
+            path: path.into(),
+            kind,
+            backend: backend.into(),
+            ingress: "default/x".into(),
+        }
+    }
+
+    /// What HAProxy does with the maps: exact on `<host><path>`, longest `map_beg` on
+    /// `<host><path>/`, then both without the host.
+    fn lookup(maps: &Maps, host: &str, path: &str) -> Option<String> {
+        let parse = |kind: &str| -> Vec<(String, String)> {
+            let file = maps.files.iter().find(|f| f.name.as_str().starts_with(kind)).unwrap();
+            file.content
+                .lines()
+                .map(|l| {
+                    let (k, v) = l.split_once(' ').unwrap();
+                    (k.to_owned(), v.to_owned())
+                })
+                .collect()
+        };
+        let (exact, prefix) = (parse("exact-"), parse("prefix-"));
+        for h in [host, ""] {
+            let k = format!("{h}{path}");
+            if let Some((_, v)) = exact.iter().find(|(key, _)| *key == k) {
+                return Some(v.clone());
+            }
+            let k = format!("{h}{path}/");
+            if let Some((_, v)) = prefix
+                .iter()
+                .filter(|(key, _)| k.starts_with(key.as_str()))
+                .max_by_key(|(key, _)| key.len())
+            {
+                return Some(v.clone());
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn lookups_keep_kubernetes_matching() {
+        let maps = build(&[
+            rule(Some("a.com"), "/", "prefix", "root"),
+            rule(Some("a.com"), "/api", "prefix", "api"),
+            rule(Some("a.com"), "/api", "exact", "api-exact"),
+            rule(Some("a.com"), "/api/v1", "prefix", "v1"),
+            rule(Some("b.com"), "/only", "prefix", "only"),
+            rule(None, "/", "prefix", "any"),
+            rule(None, "/static", "exact", "static"),
+        ]);
+        let cases = [
+            ("a.com", "/api", Some("api-exact")),
+            ("a.com", "/api/", Some("api")),
+            ("a.com", "/api/x", Some("api")),
+            ("a.com", "/api/v1", Some("v1")),
+            ("a.com", "/api/v1/users", Some("v1")),
+            ("a.com", "/apix", Some("root")),
+            ("a.com", "/", Some("root")),
+            ("b.com", "/only/x", Some("only")),
+            ("b.com", "/onlyx", Some("any")),
+            ("b.com", "/static", Some("static")),
+            ("c.com", "/x", Some("any")),
+            ("a.com.evil", "/api", Some("any")),
+        ];
+        for (host, path, want) in cases {
+            assert_eq!(lookup(&maps, host, path).as_deref(), want, "{host}{path}");
+        }
+        let no_default = build(&[rule(Some("a.com"), "/app", "prefix", "app")]);
+        assert_eq!(lookup(&no_default, "a.com", "/application"), None, "404, not a prefix");
+        assert_eq!(lookup(&no_default, "b.com", "/app"), None);
+    }
+
+    #[test]
+    fn the_same_rules_make_the_same_files_whatever_their_order() {
+        let a = rule(Some("a.com"), "/x", "prefix", "x");
+        let b = rule(Some("b.com"), "/y", "exact", "y");
+        assert_eq!(build(&[a.clone(), b.clone()]), build(&[b, a]));
+        assert_ne!(build(&[]).paths, build(&[rule(None, "/", "prefix", "z")]).paths);
+    }
+}
