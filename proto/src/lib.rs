@@ -12,11 +12,13 @@
 //! message whose strings are safe to render.
 
 pub mod bundle;
+pub mod history;
 pub mod messages;
 pub mod subjects;
 pub mod values;
 
 pub use bundle::*;
+pub use history::*;
 pub use messages::*;
 pub use subjects::*;
 pub use values::*;

@@ -54,3 +54,28 @@ pub async fn routes_message(
         Err(e) => Err(BusError::Stream { name: hafleet_proto::ROUTES_STREAM, source: Box::new(e) }),
     }
 }
+
+/// The newest version number published on `fleet`'s configs subject (0: none).
+pub async fn latest_published_number(
+    bus: &Bus,
+    fleet: &hafleet_proto::FleetName,
+) -> Result<u64, BusError> {
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| BusError::Stream {
+        name: hafleet_proto::CONFIGS_STREAM,
+        source: e,
+    };
+    let stream =
+        bus.js.get_stream(hafleet_proto::CONFIGS_STREAM).await.map_err(|e| failed(Box::new(e)))?;
+    let subject = hafleet_proto::configs_subject(fleet);
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => {
+            #[derive(serde::Deserialize)]
+            struct Number {
+                version: u64,
+            }
+            Ok(serde_json::from_slice::<Number>(&m.payload).map(|n| n.version).unwrap_or(0))
+        }
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(0),
+        Err(e) => Err(failed(Box::new(e))),
+    }
+}

@@ -6,6 +6,7 @@
 //! (sled) and [`bus`] (NATS). Wiring: [`run`].
 
 pub mod bus;
+pub mod history;
 pub mod maps;
 pub mod model;
 pub mod render;
@@ -30,6 +31,22 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the built-in HAProxy template, as a starting point for --template.
     Template,
+    /// Read a fleet's config history from a running renderer (through NATS).
+    #[command(subcommand)]
+    History(history::cli::HistoryCommand),
+    /// Republish version N's config as a new version and pin the fleet to it: later changes
+    /// are rendered and recorded as held, not published, until `resume`.
+    Rollback {
+        #[command(flatten)]
+        common: history::cli::Common,
+        /// The version to put back.
+        version: u64,
+    },
+    /// Unpin a rolled-back fleet and publish the config its current state renders.
+    Resume {
+        #[command(flatten)]
+        common: history::cli::Common,
+    },
 }
 
 impl Cli {
@@ -42,6 +59,11 @@ impl Cli {
                 print!("{}", render::BUILTIN_TEMPLATE);
                 Ok(())
             }
+            Command::History(command) => history::cli::history(command).await,
+            Command::Rollback { common, version } => {
+                history::cli::rollback_or_resume(common, Some(version)).await
+            }
+            Command::Resume { common } => history::cli::rollback_or_resume(common, None).await,
         }
     }
 }

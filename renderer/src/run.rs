@@ -14,7 +14,7 @@ use crate::bus;
 use crate::render::Renderer;
 use crate::state::{self, Applied};
 use crate::store::Store;
-use crate::versions::next_version;
+use crate::versions::{Latest, next_version};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -59,8 +59,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;
     bus.ensure_stream(hafleet_proto::DEADLETTER).await?;
-    rerender_all(&store, &renderer)?;
+    // The desired state lives in memory; the store is its journal. Work follows the change.
+    let mut desired = store.desired()?;
+    rerender_all(&store, &renderer, &desired)?;
     publish_unpublished(&bus, &store).await?;
+    let mut history = bus
+        .client
+        .subscribe(hafleet_proto::HISTORY_SUBJECTS)
+        .await
+        .context("cannot subscribe to history requests")?;
 
     let applied = store.applied_seq()?;
     let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
@@ -74,6 +81,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
+            Some(request) = history.next() => {
+                answer_history(&bus, &store, &renderer, &desired, request).await;
+                continue;
+            }
             _ = &mut shutdown => break,
         };
         let first = match first {
@@ -97,7 +108,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&bus, &store, &renderer, &entries).await?;
+        process(&bus, &store, &renderer, &mut desired, &entries).await?;
         publish_unpublished(&bus, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
@@ -192,20 +203,21 @@ async fn process(
     bus: &bus::Bus,
     store: &Store,
     renderer: &Renderer,
+    desired: &mut state::Desired,
     entries: &[(u64, bytes::Bytes)],
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
-    let mut desired = store.desired()?;
     let mut out = Applied::default();
     for (seq, payload) in entries {
         let seq = *seq;
         match RouteMessage::decode(payload) {
-            Ok(msg) => state::apply(&mut desired, seq, &msg, &mut out),
+            Ok(msg) => state::apply(desired, seq, &msg, &mut out),
             Err(e) => park(bus, seq, payload, &e).await?,
         }
         last_seq = last_seq.max(seq);
     }
-    let versions = make_versions(store, renderer, &desired, out.causes)?;
+    let floors = floors(bus, store, out.causes.keys()).await?;
+    let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
     store.commit(&out.writes, &versions, last_seq)?;
     Ok(versions)
 }
@@ -235,8 +247,11 @@ async fn park(
 /// Renders every fleet whose state the renderer holds and makes a version for each one whose
 /// config differs from its newest version: after a template change or an upgrade of hafleet,
 /// each fleet gets the new config at once, explained as a re-render.
-fn rerender_all(store: &Store, renderer: &Renderer) -> anyhow::Result<()> {
-    let desired = store.desired()?;
+fn rerender_all(
+    store: &Store,
+    renderer: &Renderer,
+    desired: &state::Desired,
+) -> anyhow::Result<()> {
     let applied = store.applied_seq()?;
     let causes = desired
         .keys()
@@ -252,7 +267,7 @@ fn rerender_all(store: &Store, renderer: &Renderer) -> anyhow::Result<()> {
             (fleet.clone(), vec![cause])
         })
         .collect();
-    let versions = make_versions(store, renderer, &desired, causes)?;
+    let versions = make_versions(store, renderer, desired, causes, &BTreeMap::new())?;
     if !versions.is_empty() {
         info!(fleets = versions.len(), "re-rendered at start-up: the template or hafleet changed");
         store.commit(&[], &versions, applied)?;
@@ -262,21 +277,26 @@ fn rerender_all(store: &Store, renderer: &Renderer) -> anyhow::Result<()> {
 
 /// The next version of each fleet in `causes` whose config changed. A fleet that fails to
 /// render gets no version and a warning; the others are not held up.
-fn make_versions(
+pub(crate) fn make_versions(
     store: &Store,
     renderer: &Renderer,
     desired: &state::Desired,
     causes: BTreeMap<FleetName, Vec<Cause>>,
+    floors: &BTreeMap<FleetName, u64>,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut versions = Vec::new();
+    let empty = BTreeMap::new();
     for (fleet, causes) in causes {
-        let ingresses = desired.get(&fleet).cloned().unwrap_or_default();
-        let latest = store.latest(&fleet)?;
+        let ingresses = desired.get(&fleet).unwrap_or(&empty);
+        let latest = store.latest_summary(&fleet)?;
+        let latest = latest.as_ref().map(|l| Latest { version: l.number, sha256: &l.sha256 });
+        let floor = floors.get(&fleet).copied().unwrap_or(0);
         match next_version(
             renderer,
             &fleet,
-            &ingresses,
-            latest.as_ref(),
+            ingresses,
+            latest,
+            floor,
             causes,
             hafleet_runtime::now_unix_ms(),
         ) {
@@ -297,7 +317,58 @@ fn make_versions(
     Ok(versions)
 }
 
-async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
+/// For each fleet the store has no version of: the newest version number published on its
+/// subject, which new numbers must stay above. A store that was lost and rebuilt from the
+/// routes stream must never reuse a number an applier may have seen.
+async fn floors<'a>(
+    bus: &bus::Bus,
+    store: &Store,
+    fleets: impl Iterator<Item = &'a FleetName>,
+) -> anyhow::Result<BTreeMap<FleetName, u64>> {
+    let mut floors = BTreeMap::new();
+    for fleet in fleets {
+        if !store.knows(fleet)? {
+            let n = bus::latest_published_number(bus, fleet).await?;
+            if n > 0 {
+                info!(fleet = %fleet, above = n, "no stored history; numbering continues above the newest published version");
+            }
+            floors.insert(fleet.clone(), n);
+        }
+    }
+    Ok(floors)
+}
+
+/// Answers one history request and replies; a request without a reply subject is dropped.
+async fn answer_history(
+    bus: &bus::Bus,
+    store: &Store,
+    renderer: &Renderer,
+    desired: &state::Desired,
+    request: async_nats::Message,
+) {
+    use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
+    let Some(reply_to) = request.reply.clone() else { return };
+    let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
+    let reply =
+        match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
+            (Ok(fleet), Ok(req)) => {
+                let ctx = crate::history::service::Ctx { bus, store, renderer, desired };
+                crate::history::service::handle(&ctx, &fleet, req).await
+            }
+            (Err(e), _) => {
+                HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }
+            }
+            (_, Err(e)) => HistoryReply::Error {
+                kind: HistoryErrorKind::BadRequest,
+                message: format!("not a history request: {e}"),
+            },
+        };
+    if let Err(e) = bus.client.publish(reply_to, reply.encode().into()).await {
+        warn!(error = %e, "history reply lost");
+    }
+}
+
+pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
     for v in store.unpublished()? {
         bus.publish_version(&v).await?;
         store.set_published(&v.fleet, v.version)?;

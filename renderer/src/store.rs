@@ -3,15 +3,18 @@
 //! ```text
 //! ingresses: <fleet> 0x00 <namespace> 0x00 <name>  -> IngressEntry (JSON)
 //! versions:  <fleet> 0x00 <version: u64 BE>         -> ConfigVersion (JSON)
+//! summaries: <fleet> 0x00 <version: u64 BE>         -> VersionSummary (JSON): what `history
+//!                                                      list` reads, without decoding configs
 //! meta:      "applied_seq"                          -> u64 BE: last routes-stream sequence applied
 //!            "published" 0x00 <fleet>               -> u64 BE: last version published to NATS
 //!            "routes_stream_created"                -> when the routes stream followed was created
+//!            "pinned" 0x00 <fleet>                  -> u64 BE: the rollback the fleet is pinned to
 //! ```
 //! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
 //! after a crash the store is either before or after the batch, never in between.
 
 use crate::state::{Desired, IngressEntry, StateWrite};
-use hafleet_proto::{ConfigVersion, FleetName, IngressKey};
+use hafleet_proto::{ConfigVersion, FleetName, IngressKey, VersionSummary};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::collections::BTreeMap;
@@ -41,6 +44,7 @@ pub struct Store {
     db: sled::Db,
     ingresses: sled::Tree,
     versions: sled::Tree,
+    summaries: sled::Tree,
     meta: sled::Tree,
 }
 
@@ -55,6 +59,10 @@ fn version_key(fleet: &FleetName, version: u64) -> Vec<u8> {
     let mut key = join(&[fleet.as_str(), ""]);
     key.extend_from_slice(&version.to_be_bytes());
     key
+}
+
+fn pinned_key(fleet: &FleetName) -> Vec<u8> {
+    join(&["pinned", fleet.as_str()])
 }
 
 fn published_key(fleet: &FleetName) -> Vec<u8> {
@@ -81,6 +89,7 @@ impl Store {
         Ok(Store {
             ingresses: db.open_tree("ingresses")?,
             versions: db.open_tree("versions")?,
+            summaries: db.open_tree("summaries")?,
             meta: db.open_tree("meta")?,
             db,
         })
@@ -182,10 +191,21 @@ impl Store {
         new_versions: &[ConfigVersion],
         applied_seq: u64,
     ) -> Result<(), StoreError> {
-        let encoded: Vec<(Vec<u8>, Vec<u8>)> =
-            new_versions.iter().map(|v| (version_key(&v.fleet, v.version), v.encode())).collect();
-        (&self.ingresses, &self.versions, &self.meta).transaction(
-            |(ingresses, versions, meta)| {
+        let held: Vec<bool> = new_versions
+            .iter()
+            .map(|v| Ok(v.restores.is_none() && self.pinned(&v.fleet)?.is_some()))
+            .collect::<Result<_, StoreError>>()?;
+        let encoded: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = new_versions
+            .iter()
+            .zip(held)
+            .map(|(v, held)| {
+                let summary =
+                    serde_json::to_vec(&VersionSummary::of(v, held)).expect("summaries serialize");
+                (version_key(&v.fleet, v.version), v.encode(), summary)
+            })
+            .collect();
+        (&self.ingresses, &self.versions, &self.summaries, &self.meta).transaction(
+            |(ingresses, versions, summaries, meta)| {
                 for write in writes {
                     match write {
                         StateWrite::Put(fleet, key, entry) => {
@@ -201,8 +221,9 @@ impl Store {
                         }
                     }
                 }
-                for (k, v) in &encoded {
+                for (k, v, summary) in &encoded {
                     versions.insert(k.as_slice(), v.as_slice())?;
+                    summaries.insert(k.as_slice(), summary.as_slice())?;
                 }
                 meta.insert(APPLIED_SEQ, &applied_seq.to_be_bytes())?;
                 Ok::<(), ConflictableTransactionError<StoreError>>(())
@@ -223,14 +244,77 @@ impl Store {
         Ok(())
     }
 
-    /// Versions stored but not yet published, oldest first, across all fleets.
+    /// Versions stored but not yet published (and not held by a pin), oldest first, across all
+    /// fleets. Reads only the versions after each fleet's published mark.
     pub fn unpublished(&self) -> Result<Vec<ConfigVersion>, StoreError> {
         let mut out = Vec::new();
         for fleet in self.fleets_with_versions()? {
             let published = self.published(&fleet)?;
-            out.extend(self.versions(&fleet)?.into_iter().filter(|v| v.version > published));
+            let from = version_key(&fleet, published + 1);
+            let to = version_key(&fleet, u64::MAX);
+            for item in self.summaries.range(from..=to) {
+                let (key, value) = item?;
+                let summary: VersionSummary = decode(&key, &value)?;
+                if !summary.held
+                    && let Some(v) = self.version(&fleet, summary.number)?
+                {
+                    out.push(v);
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// The newest `limit` summaries of a fleet, newest first.
+    pub fn summaries(
+        &self,
+        fleet: &FleetName,
+        limit: usize,
+    ) -> Result<Vec<VersionSummary>, StoreError> {
+        let prefix = join(&[fleet.as_str(), ""]);
+        self.summaries
+            .scan_prefix(&prefix)
+            .rev()
+            .take(limit)
+            .map(|item| {
+                let (key, value) = item?;
+                decode(&key, &value)
+            })
+            .collect()
+    }
+
+    /// The newest version's summary, held or not.
+    pub fn latest_summary(&self, fleet: &FleetName) -> Result<Option<VersionSummary>, StoreError> {
+        Ok(self.summaries(fleet, 1)?.pop())
+    }
+
+    /// The summary of one version.
+    pub fn summary(
+        &self,
+        fleet: &FleetName,
+        version: u64,
+    ) -> Result<Option<VersionSummary>, StoreError> {
+        let key = version_key(fleet, version);
+        self.summaries.get(&key)?.map(|v| decode(&key, &v)).transpose()
+    }
+
+    /// Whether the store knows the fleet (it has versions of it).
+    pub fn knows(&self, fleet: &FleetName) -> Result<bool, StoreError> {
+        Ok(self.summaries.scan_prefix(join(&[fleet.as_str(), ""])).next().is_some())
+    }
+
+    /// The rollback version the fleet is pinned to.
+    pub fn pinned(&self, fleet: &FleetName) -> Result<Option<u64>, StoreError> {
+        Ok(self.meta.get(pinned_key(fleet))?.map(|v| be_u64(&v)))
+    }
+
+    pub fn set_pinned(&self, fleet: &FleetName, pinned: Option<u64>) -> Result<(), StoreError> {
+        match pinned {
+            Some(v) => self.meta.insert(pinned_key(fleet), &v.to_be_bytes())?,
+            None => self.meta.remove(pinned_key(fleet))?,
+        };
+        self.db.flush()?;
+        Ok(())
     }
 
     /// Every fleet that has versions, with its versions, for history commands.

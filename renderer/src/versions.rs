@@ -6,13 +6,23 @@ use crate::state::IngressEntry;
 use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, IngressKey, SCHEMA_VERSION};
 use std::collections::BTreeMap;
 
+/// The newest version a fleet has: its number and sha256.
+#[derive(Debug, Clone, Copy)]
+pub struct Latest<'a> {
+    pub version: u64,
+    pub sha256: &'a str,
+}
+
 /// Renders `ingresses` and returns the next version of `fleet`, or `None` when the config is
 /// byte for byte the one `latest` already holds (invariant 4: same state, same version).
+/// `floor` is a number the next version must be above (the newest one published, when the
+/// store lost its history).
 pub fn next_version(
     renderer: &Renderer,
     fleet: &FleetName,
     ingresses: &BTreeMap<IngressKey, IngressEntry>,
-    latest: Option<&ConfigVersion>,
+    latest: Option<Latest<'_>>,
+    floor: u64,
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
@@ -22,11 +32,11 @@ pub fn next_version(
     if latest.is_some_and(|l| l.sha256 == sha256) {
         return Ok(None);
     }
-    let parent = latest.map(|l| l.version);
+    let parent = latest.map(|l| l.version).or((floor > 0).then_some(floor));
     Ok(Some(ConfigVersion {
         schema: SCHEMA_VERSION,
         fleet: fleet.clone(),
-        version: parent.unwrap_or(0) + 1,
+        version: parent.unwrap_or(0).max(floor) + 1,
         parent,
         sha256,
         created_unix_ms: now_unix_ms,
@@ -47,9 +57,13 @@ mod tests {
         let r = Renderer::builtin();
         let fleet = FleetName::new("edge").unwrap();
         let empty = BTreeMap::new();
-        let v1 = next_version(&r, &fleet, &empty, None, vec![], 1).unwrap().unwrap();
+        let v1 = next_version(&r, &fleet, &empty, None, 0, vec![], 1).unwrap().unwrap();
         assert_eq!((v1.version, v1.parent), (1, None));
-        assert!(next_version(&r, &fleet, &empty, Some(&v1), vec![], 2).unwrap().is_none());
+        let latest = Some(Latest { version: 1, sha256: &v1.sha256 });
+        assert!(next_version(&r, &fleet, &empty, latest, 0, vec![], 2).unwrap().is_none());
+        // A store that lost its history continues above what was published.
+        let v8 = next_version(&r, &fleet, &empty, None, 7, vec![], 1).unwrap().unwrap();
+        assert_eq!((v8.version, v8.parent), (8, Some(7)));
 
         let mut one = BTreeMap::new();
         one.insert(
@@ -57,6 +71,6 @@ mod tests {
             IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![], seq: 1 },
         );
         // An Ingress without routes renders the same config: still no new version.
-        assert!(next_version(&r, &fleet, &one, Some(&v1), vec![], 3).unwrap().is_none());
+        assert!(next_version(&r, &fleet, &one, latest, 0, vec![], 3).unwrap().is_none());
     }
 }

@@ -213,13 +213,14 @@ impl Bus {
         if encoded.len() <= self.payload_limit() {
             return self.publish(subject, &id, encoded).await;
         }
-        let Body::Inline { bundle } = &v.body else {
-            return Err(BusError::TooLarge {
-                subject,
-                size: encoded.len(),
-                max: self.payload_limit(),
-            });
-        };
+        let by_ref = self.stash_bundle(v).await?;
+        self.publish(subject, &id, by_ref.encode()).await
+    }
+
+    /// Puts `v`'s bundle into the object store (by fleet and sha256, so storing it again
+    /// changes nothing) and returns `v` naming it instead of carrying it.
+    pub async fn stash_bundle(&self, v: &ConfigVersion) -> Result<ConfigVersion, BusError> {
+        let Body::Inline { bundle } = &v.body else { return Ok(v.clone()) };
         let store = self.bundle_store().await?;
         let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
         let name = hafleet_proto::bundle_object(&v.fleet, &v.sha256);
@@ -239,7 +240,7 @@ impl Bus {
         }
         let mut by_ref = v.clone();
         by_ref.body = Body::Object { name };
-        self.publish(subject, &id, by_ref.encode()).await
+        Ok(by_ref)
     }
 
     /// `v` with its bundle inline: as it came, or read from the fleet's object store and

@@ -1,12 +1,14 @@
 //! End-to-end: real kube-apiserver, NATS, sshd and HAProxy, and the three hafleet binaries as
 //! processes. Each test starts its own stack on its own loopback addresses and ports.
 //!
+//! - `history`: the history CLI lists, shows, diffs, explains, rolls back and resumes;
 //! - `routing`: Ingresses become routes on every host and follow every change;
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `scale`: configs larger than a NATS message go live through the object store.
 
+mod history;
 mod recovery;
 mod refusals;
 mod routing;

@@ -26,10 +26,11 @@ pub struct NatsServer {
 }
 
 /// The component users of deploy/nats/hafleet-permissions.conf and their permission variables.
-pub const COMPONENT_USERS: [(&str, &str); 3] = [
+pub const COMPONENT_USERS: [(&str, &str); 4] = [
     ("hafleet-watcher", "HAFLEET_WATCHER"),
     ("hafleet-renderer", "HAFLEET_RENDERER"),
     ("hafleet-applier", "HAFLEET_APPLIER"),
+    ("hafleet-operator", "HAFLEET_OPERATOR"),
 ];
 
 impl std::fmt::Debug for NatsServer {

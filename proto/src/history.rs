@@ -1,0 +1,191 @@
+//! The history API: requests an operator's CLI sends to the renderer over NATS request/reply
+//! (`hafleet.history.<fleet>`), and its replies. The renderer owns the versions; nobody else
+//! opens its store.
+
+use crate::messages::{Cause, ConfigVersion};
+use serde::{Deserialize, Serialize};
+
+/// Subjects the renderer answers history requests on.
+pub const HISTORY_SUBJECTS: &str = "hafleet.history.*";
+
+/// Subject of one fleet's history requests.
+pub fn history_subject(fleet: &crate::FleetName) -> String {
+    format!("hafleet.history.{fleet}")
+}
+
+/// What an operator asks of a fleet's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HistoryRequest {
+    /// The newest `limit` versions, newest first.
+    List { limit: usize },
+    /// One version with its bundle (inline, or in the object store when too large).
+    Show { version: u64 },
+    /// Republish `version`'s bundle as a new version and pin the fleet to it.
+    Rollback { version: u64 },
+    /// Unpin: publish the config the desired state renders now.
+    Resume,
+}
+
+/// One line of a fleet's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSummary {
+    pub number: u64,
+    pub parent: Option<u64>,
+    pub sha256: String,
+    pub created_unix_ms: u64,
+    /// Bytes of the bundle's files together.
+    pub size: u64,
+    /// What made it, in one line: `shop/web updated, blog/x deleted`.
+    pub cause: String,
+    /// The version whose bundle it republishes (a rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restores: Option<u64>,
+    /// Rendered while the fleet was pinned by a rollback: recorded, never published.
+    #[serde(default)]
+    pub held: bool,
+}
+
+/// The renderer's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum HistoryReply {
+    List {
+        versions: Vec<VersionSummary>,
+        /// The version a rollback pinned the fleet to, if any.
+        pinned: Option<u64>,
+    },
+    Version {
+        summary: VersionSummary,
+        version: Box<ConfigVersion>,
+    },
+    /// A rollback or resume was carried out: `version` is the version now published (`None`:
+    /// nothing to publish, the fleet already runs what its state renders).
+    Done {
+        version: Option<u64>,
+        pinned: Option<u64>,
+    },
+    Error {
+        kind: HistoryErrorKind,
+        message: String,
+    },
+}
+
+/// What kind of failure a [`HistoryReply::Error`] is, for exit codes and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryErrorKind {
+    UnknownFleet,
+    NoSuchVersion,
+    BadRequest,
+    Internal,
+}
+
+impl VersionSummary {
+    /// The summary of a version, with its causes in one line.
+    pub fn of(v: &ConfigVersion, held: bool) -> Self {
+        VersionSummary {
+            number: v.version,
+            parent: v.parent,
+            sha256: v.sha256.clone(),
+            created_unix_ms: v.created_unix_ms,
+            size: v.size,
+            cause: one_line(&v.causes, v.restores),
+            restores: v.restores,
+            held,
+        }
+    }
+}
+
+/// `shop/web updated, blog/x deleted`: each Ingress once, with its last change, then sweeps
+/// and re-renders; at most five named, then `and N more`.
+pub fn one_line(causes: &[Cause], restores: Option<u64>) -> String {
+    if let Some(n) = restores {
+        return format!("rollback to version {n}");
+    }
+    let mut named: Vec<(String, &str)> = Vec::new();
+    let mut other: Vec<&str> = Vec::new();
+    for c in causes {
+        let what = match c.what.as_str() {
+            "upsert" if c.added.is_empty() && c.removed.is_empty() => "resent",
+            "upsert" => "updated",
+            "delete" | "sweep" => "deleted",
+            w => w,
+        };
+        match &c.ingress {
+            Some(k) => {
+                let k = k.to_string();
+                match named.iter_mut().find(|(n, _)| *n == k) {
+                    Some(slot) => slot.1 = what,
+                    None => named.push((k, what)),
+                }
+            }
+            None if !other.contains(&what) => other.push(what),
+            None => {}
+        }
+    }
+    let mut parts: Vec<String> = named.iter().take(5).map(|(k, w)| format!("{k} {w}")).collect();
+    if named.len() > 5 {
+        parts.push(format!("and {} more", named.len() - 5));
+    }
+    parts.extend(other.iter().map(|w| w.to_string()));
+    if parts.is_empty() { "no route change".to_owned() } else { parts.join(", ") }
+}
+
+impl HistoryRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("requests serialize")
+    }
+}
+
+impl HistoryReply {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("replies serialize")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::IngressKey;
+
+    fn cause(name: &str, what: &str, added: &[&str]) -> Cause {
+        Cause {
+            stream_seq: 1,
+            ingress: Some(IngressKey::new("shop", name).unwrap()),
+            what: what.into(),
+            resource_version: None,
+            added: added.iter().map(|s| s.to_string()).collect(),
+            removed: vec![],
+        }
+    }
+
+    #[test]
+    fn causes_read_as_one_line() {
+        let causes = [
+            cause("web", "upsert", &["a.com/ (Prefix)"]),
+            cause("x", "delete", &[]),
+            cause("web", "upsert", &["a.com/b (Prefix)"]),
+        ];
+        assert_eq!(one_line(&causes, None), "shop/web updated, shop/x deleted");
+        assert_eq!(one_line(&causes, Some(3)), "rollback to version 3");
+        assert_eq!(one_line(&[], None), "no route change");
+        let many: Vec<Cause> =
+            (0..7).map(|i| cause(&format!("i{i}"), "upsert", &["x/ (Prefix)"])).collect();
+        assert!(one_line(&many, None).ends_with("shop/i4 updated, and 2 more"));
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        for r in [
+            HistoryRequest::List { limit: 5 },
+            HistoryRequest::Show { version: 3 },
+            HistoryRequest::Rollback { version: 2 },
+            HistoryRequest::Resume,
+        ] {
+            assert_eq!(serde_json::from_slice::<HistoryRequest>(&r.encode()).unwrap(), r);
+        }
+        let e = HistoryReply::Error { kind: HistoryErrorKind::NoSuchVersion, message: "x".into() };
+        assert_eq!(serde_json::from_slice::<HistoryReply>(&e.encode()).unwrap(), e);
+    }
+}

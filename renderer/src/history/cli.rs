@@ -1,0 +1,431 @@
+//! The operator's side: `hafleet-renderer history …`, `rollback` and `resume`, run from any
+//! machine that reaches NATS. They ask the running renderer (request/reply on
+//! `hafleet.history.<fleet>`), read large bundles from the object store and what each host runs
+//! from the reports stream; they never open the renderer's store.
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use hafleet_proto::{
+    ApplyOutcome, ApplyReport, Bundle, ConfigVersion, FleetName, HistoryErrorKind, HistoryReply,
+    HistoryRequest, VersionSummary,
+};
+use hafleet_runtime::nats::Bus;
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+/// Settings every history command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
+    /// The fleet whose history to read or change.
+    #[arg(long, env = "HAFLEET_FLEET")]
+    pub fleet: FleetName,
+    /// Seconds to wait for the renderer's answer.
+    #[arg(long, env = "HAFLEET_TIMEOUT_SECS", default_value_t = 10)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum HistoryCommand {
+    /// Versions, newest first: number, time, sha256, parent, size, cause, and on how many
+    /// hosts each is live.
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// How many versions.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// An array of objects instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A version's config and map files, byte for byte as published.
+    Show {
+        #[command(flatten)]
+        common: Common,
+        version: u64,
+        /// The whole version (summary, causes, bundle) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A unified diff between two versions' files (B defaults to the newest).
+    Diff {
+        #[command(flatten)]
+        common: Common,
+        a: u64,
+        b: Option<u64>,
+    },
+    /// The route changes that made a version: each Ingress, what changed, and its stream
+    /// sequence.
+    Why {
+        #[command(flatten)]
+        common: Common,
+        version: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Sends one request to the renderer and returns its answer; error replies become errors.
+async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
+    let subject = hafleet_proto::history_subject(&common.fleet);
+    let timeout = Duration::from_secs(common.timeout_secs.max(1));
+    let sent = bus.client.request(subject, request.encode().into());
+    let answer = tokio::time::timeout(timeout, sent)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from the renderer within {timeout:?}"))?
+        .context("the renderer did not answer (is `hafleet-renderer run` running?)")?;
+    let reply: HistoryReply =
+        serde_json::from_slice(&answer.payload).context("the renderer's answer is unreadable")?;
+    if let HistoryReply::Error { kind, message } = &reply {
+        let what = match kind {
+            HistoryErrorKind::UnknownFleet => "unknown fleet",
+            HistoryErrorKind::NoSuchVersion => "no such version",
+            HistoryErrorKind::BadRequest => "bad request",
+            HistoryErrorKind::Internal => "the renderer failed",
+        };
+        bail!("{what}: {message}");
+    }
+    Ok(reply)
+}
+
+/// A version with its bundle (fetched from the object store if the reply named it there).
+async fn version(
+    bus: &Bus,
+    common: &Common,
+    n: u64,
+) -> anyhow::Result<(VersionSummary, ConfigVersion)> {
+    match ask(bus, common, HistoryRequest::Show { version: n }).await? {
+        HistoryReply::Version { summary, version } => {
+            Ok((summary, bus.fetch_bundle(*version).await?))
+        }
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+async fn newest(bus: &Bus, common: &Common) -> anyhow::Result<u64> {
+    match ask(bus, common, HistoryRequest::List { limit: 1 }).await? {
+        HistoryReply::List { versions, .. } => {
+            versions.first().map(|v| v.number).context("the fleet has no versions")
+        }
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+/// Each host's newest report for the fleet, from the reports stream.
+async fn reports(bus: &Bus, fleet: &FleetName) -> anyhow::Result<Vec<ApplyReport>> {
+    let Ok(stream) = bus.js.get_stream(hafleet_proto::REPORTS_STREAM).await else {
+        return Ok(vec![]);
+    };
+    let filter = format!("hafleet.reports.{fleet}.*");
+    let mut info = stream.info_with_subjects(filter).await?;
+    let mut subjects = Vec::new();
+    while let Some(item) = info.next().await {
+        subjects.push(item?.0);
+    }
+    let mut out = Vec::new();
+    for subject in subjects {
+        if let Ok(m) = stream.get_last_raw_message_by_subject(&subject).await
+            && let Ok(r) = ApplyReport::decode(&m.payload)
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Hosts whose newest report says they run `number`.
+fn live_on(reports: &[ApplyReport], number: u64) -> usize {
+    reports
+        .iter()
+        .filter(|r| {
+            r.version == number
+                && matches!(r.outcome, ApplyOutcome::Applied | ApplyOutcome::Unchanged)
+        })
+        .count()
+}
+
+fn time_of(unix_ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(unix_ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| unix_ms.to_string())
+}
+
+/// Runs `hafleet-renderer history …`.
+pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
+    match command {
+        HistoryCommand::List { common, limit, json } => {
+            let bus = common.nats.connect().await?;
+            let HistoryReply::List { versions, pinned } =
+                ask(&bus, &common, HistoryRequest::List { limit }).await?
+            else {
+                bail!("unexpected answer");
+            };
+            let reports = reports(&bus, &common.fleet).await?;
+            let hosts = reports.len();
+            if json {
+                let rows: Vec<serde_json::Value> = versions
+                    .iter()
+                    .map(|v| {
+                        let live = live_on(&reports, v.number);
+                        serde_json::json!({
+                            "number": v.number, "time": time_of(v.created_unix_ms),
+                            "sha256": v.sha256, "parent": v.parent, "size": v.size,
+                            "cause": v.cause, "held": v.held, "restores": v.restores,
+                            "live": live > 0, "live_hosts": live, "hosts": hosts,
+                            "pinned": pinned == Some(v.number),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            let mut rows = vec![[
+                "VERSION".to_owned(),
+                "TIME".into(),
+                "SHA256".into(),
+                "PARENT".into(),
+                "SIZE".into(),
+                "LIVE".into(),
+                "CAUSE".into(),
+            ]];
+            for v in &versions {
+                let live = live_on(&reports, v.number);
+                let mut state = if live > 0 { format!("{live}/{hosts}") } else { "-".into() };
+                if v.held {
+                    state = "held".into();
+                }
+                if pinned == Some(v.number) {
+                    state.push_str(" pinned");
+                }
+                rows.push([
+                    v.number.to_string(),
+                    time_of(v.created_unix_ms),
+                    v.sha256.chars().take(12).collect(),
+                    v.parent.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                    v.size.to_string(),
+                    state,
+                    v.cause.clone(),
+                ]);
+            }
+            print!("{}", table(&rows));
+            Ok(())
+        }
+        HistoryCommand::Show { common, version: n, json } => {
+            let bus = common.nats.connect().await?;
+            let (summary, v) = version(&bus, &common, n).await?;
+            if json {
+                let out = serde_json::json!({"summary": summary, "version": v});
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(());
+            }
+            let bundle = v.bundle().context("bundle missing")?;
+            print!("{}", bundle.config);
+            for m in &bundle.maps {
+                println!("----- {} -----", m.name.relative_path());
+                print!("{}", m.content);
+            }
+            Ok(())
+        }
+        HistoryCommand::Diff { common, a, b } => {
+            let bus = common.nats.connect().await?;
+            let b = match b {
+                Some(b) => b,
+                None => newest(&bus, &common).await?,
+            };
+            let (_, va) = version(&bus, &common, a).await?;
+            let (_, vb) = version(&bus, &common, b).await?;
+            let text = diff(
+                (a, va.bundle().context("bundle missing")?),
+                (b, vb.bundle().context("bundle missing")?),
+            );
+            print!("{}", colour(&text, std::io::stdout().is_terminal()));
+            Ok(())
+        }
+        HistoryCommand::Why { common, version: n, json } => {
+            let bus = common.nats.connect().await?;
+            let HistoryReply::Version { summary, version } =
+                ask(&bus, &common, HistoryRequest::Show { version: n }).await?
+            else {
+                bail!("unexpected answer");
+            };
+            if json {
+                let causes: Vec<serde_json::Value> = version
+                    .causes
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({
+                            "ingress": c.ingress.as_ref().map(|k| k.to_string()),
+                            "what": c.what, "stream_seq": c.stream_seq,
+                            "resource_version": c.resource_version,
+                            "added": c.added, "removed": c.removed,
+                        })
+                    })
+                    .collect();
+                let out = serde_json::json!({"version": n, "cause": summary.cause,
+                    "restores": version.restores, "causes": causes, "notes": version.notes});
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(());
+            }
+            println!("version {n}: {}", summary.cause);
+            for c in &version.causes {
+                let who = c.ingress.as_ref().map(|k| k.to_string()).unwrap_or_else(|| "-".into());
+                println!("  seq {:<8} {who} {}", c.stream_seq, c.what);
+                for r in &c.added {
+                    println!("      + {r}");
+                }
+                for r in &c.removed {
+                    println!("      - {r}");
+                }
+            }
+            for note in &version.notes {
+                println!("  note: {note}");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs `hafleet-renderer rollback N` or `resume`.
+pub async fn rollback_or_resume(common: Common, to: Option<u64>) -> anyhow::Result<()> {
+    let bus = common.nats.connect().await?;
+    let request = match to {
+        Some(version) => HistoryRequest::Rollback { version },
+        None => HistoryRequest::Resume,
+    };
+    match ask(&bus, &common, request).await? {
+        HistoryReply::Done { version: Some(v), pinned: Some(_) } => println!(
+            "fleet {} rolled back: version {v} republishes version {}; pinned until `resume`",
+            common.fleet,
+            to.unwrap_or_default()
+        ),
+        HistoryReply::Done { version: Some(v), pinned: None } => {
+            println!("fleet {} resumed: version {v} published", common.fleet)
+        }
+        HistoryReply::Done { version: None, .. } => {
+            println!("fleet {}: nothing to publish, it already runs its latest state", common.fleet)
+        }
+        other => bail!("unexpected answer {other:?}"),
+    }
+    Ok(())
+}
+
+/// Aligned columns, the last one left as it is.
+fn table(rows: &[[String; 7]]) -> String {
+    let mut widths = [0usize; 7];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A unified diff of two bundles: the config, then each kind of map (`exact`, `prefix`), so a
+/// route change reads as one line in its map rather than as a renamed file.
+pub fn diff((a, ba): (u64, &Bundle), (b, bb): (u64, &Bundle)) -> String {
+    let by_kind = |bundle: &Bundle| -> BTreeMap<String, String> {
+        bundle
+            .maps
+            .iter()
+            .map(|m| {
+                let kind = m.name.as_str().split('-').next().unwrap_or_default().to_owned();
+                (kind, m.content.clone())
+            })
+            .collect()
+    };
+    let mut out = String::new();
+    let mut one = |name: &str, x: &str, y: &str| {
+        let d = similar::TextDiff::from_lines(x, y);
+        let text = d
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("v{a}/{name}"), &format!("v{b}/{name}"))
+            .to_string();
+        out.push_str(&text);
+    };
+    one("haproxy.cfg", &ba.config, &bb.config);
+    let (ma, mb) = (by_kind(ba), by_kind(bb));
+    let kinds: std::collections::BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
+    for kind in kinds {
+        let empty = String::new();
+        one(
+            &format!("hafleet-maps/{kind}.map"),
+            ma.get(kind).unwrap_or(&empty),
+            mb.get(kind).unwrap_or(&empty),
+        );
+    }
+    out
+}
+
+/// Colours a diff for a terminal: additions green, removals red, hunks cyan.
+fn colour(text: &str, tty: bool) -> String {
+    if !tty || std::env::var_os("NO_COLOR").is_some() {
+        return text.to_owned();
+    }
+    text.lines()
+        .map(|l| {
+            let code = match l.as_bytes().first() {
+                Some(b'+') if !l.starts_with("+++") => "32",
+                Some(b'-') if !l.starts_with("---") => "31",
+                Some(b'@') => "36",
+                _ => return format!("{l}\n"),
+            };
+            format!("\x1b[{code}m{l}\x1b[0m\n")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hafleet_proto::{MapFile, MapName};
+
+    fn bundle(config: &str, exact: &str) -> Bundle {
+        let name = MapName::for_content("exact", exact).unwrap();
+        Bundle { config: config.into(), maps: vec![MapFile { name, content: exact.into() }] }
+    }
+
+    #[test]
+    fn a_diff_names_maps_by_kind_and_shows_the_route_that_changed() {
+        let a = bundle("global\nx\n", "a.com/x be_a\n");
+        let b = bundle("global\ny\n", "a.com/x be_a\nb.com/y be_b\n");
+        let d = diff((1, &a), (2, &b));
+        assert!(d.contains("--- v1/haproxy.cfg\n+++ v2/haproxy.cfg"), "{d}");
+        assert!(d.contains("-x\n+y\n"), "{d}");
+        assert!(d.contains("+++ v2/hafleet-maps/exact.map"), "{d}");
+        assert!(d.contains("+b.com/y be_b\n"), "{d}");
+        assert_eq!(diff((1, &a), (1, &a)), "", "no change, no diff");
+    }
+
+    #[test]
+    fn tables_align_and_colour_only_on_a_terminal() {
+        let row = |a: &str| {
+            [a.to_owned(), "t".into(), "s".into(), "p".into(), "1".into(), "-".into(), "c".into()]
+        };
+        let t = table(&[row("VERSION"), row("12")]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].find('t'), lines[1].find('t'));
+        assert_eq!(colour("+a\n", false), "+a\n");
+        assert_eq!(
+            colour("+a\n", true).contains("\x1b[32m"),
+            std::env::var_os("NO_COLOR").is_none()
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! The renderer's side of the history API: answers `hafleet.history.<fleet>` requests from its
+//! own store, between batches, so a rollback is ordered with route events.
+
+use crate::render::Renderer;
+use crate::state::Desired;
+use crate::store::Store;
+use crate::versions::{Latest, next_version};
+use hafleet_proto::{Cause, FleetName, HistoryErrorKind, HistoryReply, HistoryRequest};
+use hafleet_runtime::nats::Bus;
+use std::collections::BTreeMap;
+
+/// Everything a request may read or change.
+pub struct Ctx<'a> {
+    pub bus: &'a Bus,
+    pub store: &'a Store,
+    pub renderer: &'a Renderer,
+    pub desired: &'a Desired,
+}
+
+fn error(kind: HistoryErrorKind, message: impl Into<String>) -> HistoryReply {
+    HistoryReply::Error { kind, message: message.into() }
+}
+
+/// Answers one request. Failures become error replies; nothing here stops the renderer.
+pub async fn handle(ctx: &Ctx<'_>, fleet: &FleetName, request: HistoryRequest) -> HistoryReply {
+    match answer(ctx, fleet, request).await {
+        Ok(reply) => reply,
+        Err(e) => error(HistoryErrorKind::Internal, format!("{e:#}")),
+    }
+}
+
+async fn answer(
+    ctx: &Ctx<'_>,
+    fleet: &FleetName,
+    request: HistoryRequest,
+) -> anyhow::Result<HistoryReply> {
+    let store = ctx.store;
+    if !store.knows(fleet)? {
+        return Ok(error(HistoryErrorKind::UnknownFleet, format!("fleet {fleet} has no versions")));
+    }
+    let no_such = |n: u64| {
+        error(HistoryErrorKind::NoSuchVersion, format!("fleet {fleet} has no version {n}"))
+    };
+    match request {
+        HistoryRequest::List { limit } => Ok(HistoryReply::List {
+            versions: store.summaries(fleet, limit.max(1))?,
+            pinned: store.pinned(fleet)?,
+        }),
+        HistoryRequest::Show { version } => {
+            let (Some(summary), Some(v)) =
+                (store.summary(fleet, version)?, store.version(fleet, version)?)
+            else {
+                return Ok(no_such(version));
+            };
+            // A bundle too large for a reply goes to the object store; the reply names it.
+            let reply =
+                HistoryReply::Version { summary: summary.clone(), version: Box::new(v.clone()) };
+            if reply.encode().len() <= ctx.bus.payload_limit() {
+                return Ok(reply);
+            }
+            let stashed = ctx.bus.stash_bundle(&v).await?;
+            Ok(HistoryReply::Version { summary, version: Box::new(stashed) })
+        }
+        HistoryRequest::Rollback { version } => {
+            let Some(old) = store.version(fleet, version)? else { return Ok(no_such(version)) };
+            let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
+            let mut v = old;
+            v.version = latest + 1;
+            v.parent = Some(latest);
+            v.created_unix_ms = hafleet_runtime::now_unix_ms();
+            v.restores = Some(version);
+            v.causes = vec![Cause {
+                stream_seq: store.applied_seq()?,
+                ingress: None,
+                what: "rollback".into(),
+                resource_version: None,
+                added: vec![],
+                removed: vec![],
+            }];
+            v.notes = vec![format!(
+                "rolled back to version {version} by an operator; the fleet stays on it until \
+                 `hafleet-renderer resume --fleet {fleet}`"
+            )];
+            let number = v.version;
+            store.commit(&[], &[v], store.applied_seq()?)?;
+            store.set_pinned(fleet, Some(number))?;
+            crate::run::publish_unpublished(ctx.bus, store).await?;
+            tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
+            Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
+        }
+        HistoryRequest::Resume => {
+            let Some(pinned) = store.pinned(fleet)? else {
+                return Ok(HistoryReply::Done { version: None, pinned: None });
+            };
+            let pinned_sha = store.summary(fleet, pinned)?.map(|s| s.sha256).unwrap_or_default();
+            let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
+            store.set_pinned(fleet, None)?;
+            let empty = BTreeMap::new();
+            let cause = Cause {
+                stream_seq: store.applied_seq()?,
+                ingress: None,
+                what: "resume".into(),
+                resource_version: None,
+                added: vec![],
+                removed: vec![],
+            };
+            let made = next_version(
+                ctx.renderer,
+                fleet,
+                ctx.desired.get(fleet).unwrap_or(&empty),
+                Some(Latest { version: latest, sha256: &pinned_sha }),
+                0,
+                vec![cause],
+                hafleet_runtime::now_unix_ms(),
+            )?;
+            let number = made.as_ref().map(|v| v.version);
+            if let Some(v) = made {
+                store.commit(&[], &[v], store.applied_seq()?)?;
+                crate::run::publish_unpublished(ctx.bus, store).await?;
+            }
+            tracing::info!(fleet = %fleet, version = ?number, "resumed");
+            Ok(HistoryReply::Done { version: number, pinned: None })
+        }
+    }
+}

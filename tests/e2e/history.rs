@@ -1,0 +1,115 @@
+//! Config history from an operator's machine: `hafleet-renderer history|rollback|resume` run as
+//! separate processes, as the `hafleet-operator` NATS user, against a running pipeline.
+
+use crate::{World, expect_everywhere};
+use anyhow::{Context, Result};
+use hafleet_tests::bin_path;
+
+/// Runs `hafleet-renderer <args> --fleet edge` as the operator; returns (success, stdout, stderr).
+async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
+    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+        .args(args)
+        .args(["--fleet", "edge"])
+        .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .context("running hafleet-renderer")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+async fn ok(world: &World, args: &[&str]) -> Result<String> {
+    let (success, stdout, stderr) = cli(world, args).await?;
+    anyhow::ensure!(success, "hafleet-renderer {args:?} failed: {stderr}\n{}", world.stack.logs());
+    Ok(stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    let v_shop = world.stack.latest_version().await?.expect("a version").version;
+    world.report("lb-2", v_shop).await?;
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
+    let v_blog = world.stack.latest_version().await?.expect("a version").version;
+    assert!(v_blog > v_shop);
+    world.report("lb-2", v_blog).await?;
+
+    // list: newest first, live on both hosts, with a one-line cause.
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&world, &["history", "list", "--json"]).await?)?;
+    let rows = json.as_array().context("an array")?;
+    assert_eq!(rows[0]["number"], v_blog);
+    assert_eq!(rows[0]["live"], true, "{json}");
+    assert_eq!(rows[0]["live_hosts"], 2, "{json}");
+    assert_eq!(rows[0]["cause"], "default/blog updated", "{json}");
+    assert!(rows[0]["sha256"].as_str().is_some_and(|s| s.len() == 64));
+    assert!(rows[0]["time"].as_str().is_some_and(|t| t.contains('T')));
+    let table = ok(&world, &["history", "list"]).await?;
+    assert!(table.starts_with("VERSION"), "{table}");
+    assert!(table.contains("2/2"), "{table}");
+
+    // show: byte for byte what the hosts run.
+    let shown = ok(&world, &["history", "show", &v_blog.to_string()]).await?;
+    let live = std::fs::read_to_string(stack.hosts[0].config_path())?;
+    assert!(shown.starts_with(&live), "show prints the config first, as published");
+    assert!(shown.contains("blog.example.com/ be_default_api_80"), "{shown}");
+
+    // diff: the route that came with blog, in the prefix map.
+    let diff = ok(&world, &["history", "diff", &v_shop.to_string(), &v_blog.to_string()]).await?;
+    assert!(diff.contains("+blog.example.com/ be_default_api_80"), "{diff}");
+    // why: the Ingress, what changed, and where in the routes stream.
+    let why: serde_json::Value = serde_json::from_str(
+        &ok(&world, &["history", "why", &v_blog.to_string(), "--json"]).await?,
+    )?;
+    let cause = &why["causes"][0];
+    assert_eq!(cause["ingress"], "default/blog", "{why}");
+    assert_eq!(cause["added"][0], "blog.example.com/ (Prefix)", "{why}");
+    assert!(cause["stream_seq"].as_u64().is_some_and(|s| s > 0), "{why}");
+
+    // rollback to the version before blog: HAProxy stops serving blog, and a later change
+    // is held, not published.
+    let out = ok(&world, &["rollback", &v_shop.to_string()]).await?;
+    assert!(out.contains("rolled back"), "{out}");
+    expect_everywhere(stack, "blog.example.com", "/", 404, "").await?;
+    world.route("news", "news.example.com", "/", "web").await?;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    expect_everywhere(stack, "news.example.com", "/", 404, "").await?;
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&world, &["history", "list", "--json"]).await?)?;
+    assert_eq!(json[0]["held"], true, "the change after the rollback is held: {json}");
+    assert_eq!(json[1]["restores"], v_shop, "{json}");
+    assert_eq!(json[1]["pinned"], true, "{json}");
+
+    // resume: the latest state goes live again.
+    ok(&world, &["resume"]).await?;
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
+    expect_everywhere(stack, "news.example.com", "/", 200, "web@").await?;
+
+    // Clear errors, non-zero exits.
+    let (success, _, stderr) = cli(&world, &["history", "show", "999"]).await?;
+    assert!(!success && stderr.contains("no such version"), "{stderr}");
+    let (success, _, stderr) = cli(&world, &["rollback", "999"]).await?;
+    assert!(!success && stderr.contains("no such version"), "{stderr}");
+    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+        .args(["history", "list", "--fleet", "nowhere"])
+        .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("unknown fleet"), "{stderr}");
+    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+        .args(["history", "list", "--fleet", "edge", "--nats-url", "nats://127.0.0.1:1"])
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot connect to NATS"), "{stderr}");
+    Ok(())
+}
