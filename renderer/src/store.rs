@@ -17,7 +17,6 @@ use crate::state::{Desired, IngressEntry, StateWrite};
 use hafleet_proto::{ConfigVersion, FleetName, IngressKey, VersionSummary};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
-use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -315,14 +314,6 @@ impl Store {
         };
         self.db.flush()?;
         Ok(())
-    }
-
-    /// Every fleet that has versions, with its versions, for history commands.
-    pub fn history(&self) -> Result<BTreeMap<FleetName, Vec<ConfigVersion>>, StoreError> {
-        self.fleets_with_versions()?
-            .into_iter()
-            .map(|f| Ok((f.clone(), self.versions(&f)?)))
-            .collect()
     }
 }
 

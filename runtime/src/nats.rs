@@ -259,20 +259,12 @@ impl Bus {
         let mut object = store.get(&name).await.map_err(|e| failed("get", Box::new(e)))?;
         let mut json = Vec::new();
         object.read_to_end(&mut json).await.map_err(|e| failed("read", Box::new(e)))?;
-        let bad = |e: BoxError| BusError::BadBundle {
-            bucket: bucket.clone(),
-            name: name.clone(),
-            version: v.version,
-            source: e,
-        };
-        let bundle: Bundle = serde_json::from_slice(&json).map_err(|e| bad(Box::new(e)))?;
         let version = v.version;
-        v.with_bundle(bundle).map_err(|e| BusError::BadBundle {
-            bucket: bucket.clone(),
-            name: name.clone(),
-            version,
-            source: Box::new(e),
-        })
+        let bad = |e: BoxError| BusError::BadBundle { bucket, name, version, source: e };
+        match serde_json::from_slice::<Bundle>(&json) {
+            Ok(bundle) => v.with_bundle(bundle).map_err(|e| bad(Box::new(e))),
+            Err(e) => Err(bad(Box::new(e))),
+        }
     }
 
     /// Flushes what is pending and closes: the last step of every shutdown.
