@@ -46,6 +46,11 @@ pub fn applier_consumer(fleet: &FleetName) -> String {
 /// every stream.
 pub const BUNDLES_BUCKET: &str = "hafleet-bundles";
 
+/// Object store bucket holding checkpoints of the renderer's desired state (stream
+/// `OBJ_hafleet-checkpoints`), named `routes-<sequence, 20 digits>`: where replay and a renderer
+/// on an empty store start once the routes stream has dropped its oldest messages.
+pub const CHECKPOINTS_BUCKET: &str = "hafleet-checkpoints";
+
 /// Name of a bundle in [`BUNDLES_BUCKET`]: `<fleet>-<sha256>`.
 pub fn bundle_object(fleet: &FleetName, sha256: &str) -> String {
     format!("{fleet}-{sha256}")

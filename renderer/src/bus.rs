@@ -79,3 +79,154 @@ pub async fn latest_published_number(
         Err(e) => Err(failed(Box::new(e))),
     }
 }
+
+/// How long and how much a stream keeps (`0`: no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub max_age: Duration,
+    pub max_bytes: u64,
+}
+
+/// Sets the retention of a stream the renderer owns (routes, configs) to what its flags say,
+/// updating the stream if it was created with other limits (by another component, or by a
+/// renderer run with other flags). Returns the stream.
+pub async fn ensure_retention(
+    bus: &Bus,
+    spec: hafleet_proto::StreamSpec,
+    retention: Retention,
+) -> Result<stream::Stream, BusError> {
+    let mut stream = bus.ensure_stream(spec).await?;
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| BusError::Stream {
+        name: spec.name,
+        source: e,
+    };
+    let info = stream.info().await.map_err(|e| failed(Box::new(e)))?;
+    let max_bytes = if retention.max_bytes == 0 { -1 } else { retention.max_bytes as i64 };
+    if info.config.max_age != retention.max_age || info.config.max_bytes != max_bytes {
+        let mut config = info.config.clone();
+        config.max_age = retention.max_age;
+        config.max_bytes = max_bytes;
+        bus.js.update_stream(config).await.map_err(|e| failed(Box::new(e)))?;
+        tracing::info!(stream = spec.name, max_age = ?retention.max_age, max_bytes = retention.max_bytes,
+                       "stream retention set");
+    }
+    Ok(stream)
+}
+
+/// What the routes stream holds now.
+#[derive(Debug, Clone)]
+pub struct RoutesBounds {
+    /// Its first kept sequence (`last + 1` when it holds nothing).
+    pub first: u64,
+    pub last: u64,
+    /// When it was created, as the store records it.
+    pub created: String,
+    /// Before this time no event can be placed any more: the stream dropped the messages
+    /// before `first` (the oldest kept message's time, or the last one's when it holds none).
+    /// `None` while the stream still starts at its beginning.
+    pub horizon: Option<time::OffsetDateTime>,
+}
+
+pub async fn routes_bounds(bus: &Bus) -> anyhow::Result<RoutesBounds> {
+    use anyhow::Context as _;
+    let mut stream = bus
+        .js
+        .get_stream(hafleet_proto::ROUTES_STREAM)
+        .await
+        .context("cannot open the routes stream")?;
+    let info = stream.info().await.context("cannot read the routes stream's state")?;
+    let state = &info.state;
+    let oldest = if state.messages > 0 { state.first_timestamp } else { state.last_timestamp };
+    let horizon = (state.first_sequence > 1).then_some(oldest);
+    Ok(RoutesBounds {
+        first: state.first_sequence,
+        last: state.last_sequence,
+        created: info.created.unix_timestamp_nanos().to_string(),
+        horizon,
+    })
+}
+
+/// The checkpoint bucket; created when `create` (the renderer), else `None` if it does not
+/// exist yet (an operator's read).
+pub async fn checkpoint_store(
+    bus: &Bus,
+    create: bool,
+) -> anyhow::Result<Option<jetstream::object_store::ObjectStore>> {
+    use anyhow::Context as _;
+    let bucket = hafleet_proto::CHECKPOINTS_BUCKET;
+    if let Ok(store) = bus.js.get_object_store(bucket).await {
+        return Ok(Some(store));
+    }
+    if !create {
+        return Ok(None);
+    }
+    let store = bus
+        .js
+        .create_object_store(jetstream::object_store::Config {
+            bucket: bucket.to_owned(),
+            description: Some("hafleet desired-state checkpoints of the routes stream".into()),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("cannot create object store bucket {bucket}"))?;
+    Ok(Some(store))
+}
+
+/// Sequences of the stored checkpoints, oldest first.
+pub async fn list_checkpoints(
+    store: &jetstream::object_store::ObjectStore,
+) -> anyhow::Result<Vec<u64>> {
+    use anyhow::Context as _;
+    use futures::StreamExt as _;
+    let mut list = store.list().await.context("cannot list checkpoints")?;
+    let mut out = Vec::new();
+    while let Some(info) = list.next().await {
+        let info = info.context("cannot list checkpoints")?;
+        if let Some(seq) = crate::checkpoint::parse_object_name(&info.name) {
+            out.push(seq);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+pub async fn get_checkpoint(
+    store: &jetstream::object_store::ObjectStore,
+    seq: u64,
+) -> anyhow::Result<crate::checkpoint::Checkpoint> {
+    use anyhow::Context as _;
+    use tokio::io::AsyncReadExt as _;
+    let name = crate::checkpoint::object_name(seq);
+    let mut object =
+        store.get(&name).await.with_context(|| format!("cannot read checkpoint {name}"))?;
+    let mut bytes = Vec::new();
+    object
+        .read_to_end(&mut bytes)
+        .await
+        .with_context(|| format!("cannot read checkpoint {name}"))?;
+    crate::checkpoint::Checkpoint::decode(&bytes).with_context(|| format!("checkpoint {name}"))
+}
+
+pub async fn put_checkpoint(
+    store: &jetstream::object_store::ObjectStore,
+    checkpoint: &crate::checkpoint::Checkpoint,
+) -> anyhow::Result<usize> {
+    use anyhow::Context as _;
+    let name = crate::checkpoint::object_name(checkpoint.seq);
+    let bytes = checkpoint.encode();
+    store
+        .put(name.as_str(), &mut bytes.as_slice())
+        .await
+        .with_context(|| format!("cannot store checkpoint {name}"))?;
+    Ok(bytes.len())
+}
+
+pub async fn delete_checkpoint(
+    store: &jetstream::object_store::ObjectStore,
+    seq: u64,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let name = crate::checkpoint::object_name(seq);
+    store.delete(&name).await.with_context(|| format!("cannot delete checkpoint {name}"))
+}

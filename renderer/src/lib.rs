@@ -6,6 +6,7 @@
 //! (sled) and [`bus`] (NATS). Wiring: [`run`].
 
 pub mod bus;
+pub mod checkpoint;
 pub mod history;
 pub mod maps;
 pub mod model;
@@ -42,6 +43,9 @@ pub enum Command {
         /// The version to put back.
         version: u64,
     },
+    /// Rebuild a fleet's config as it was at a point of the routes stream (a sequence or a
+    /// time), from the stream and the newest checkpoint before that point, and print it.
+    Replay(history::replay::ReplayArgs),
     /// Unpin a rolled-back fleet and publish the config its current state renders.
     Resume {
         #[command(flatten)]
@@ -63,6 +67,7 @@ impl Cli {
             Command::Rollback { common, version } => {
                 history::cli::rollback_or_resume(common, Some(version)).await
             }
+            Command::Replay(args) => history::replay::replay(args).await,
             Command::Resume { common } => history::cli::rollback_or_resume(common, None).await,
         }
     }

@@ -42,6 +42,15 @@ struct Context<'a> {
 }
 
 impl Renderer {
+    /// The template in `path`, or the built-in one.
+    pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let Some(path) = path else { return Ok(Renderer::builtin()) };
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read template {}", path.display()))?;
+        Renderer::new(source).with_context(|| format!("template {}", path.display()))
+    }
+
     pub fn builtin() -> Self {
         Self::new(BUILTIN_TEMPLATE.to_owned()).expect("the built-in template compiles")
     }

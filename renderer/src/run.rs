@@ -44,24 +44,64 @@ pub struct RunArgs {
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+}
+
+/// How much history NATS keeps, and how often the renderer checkpoints its desired state so
+/// that any point inside the kept history can be replayed (`hafleet-renderer replay`) and an
+/// empty store can be rebuilt. The renderer owns the routes and configs streams' retention: it
+/// sets them to these values at start-up.
+///
+/// Keep the routes stream's limits well above a checkpoint's span (`--checkpoint-every`
+/// events, `--checkpoint-interval`) and above the longest time the renderer may be down:
+/// messages the stream drops before the renderer applied them are lost to it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// Oldest route event the routes stream keeps (e.g. 30d, 12h; 0 keeps them forever).
+    #[arg(long, env = "HAFLEET_ROUTES_MAX_AGE", default_value = "30d",
+          value_parser = humantime::parse_duration)]
+    pub routes_max_age: Duration,
+    /// Most bytes the routes stream keeps, oldest dropped first (e.g. 1GiB, 500MB; 0: no limit).
+    #[arg(long, env = "HAFLEET_ROUTES_MAX_BYTES", default_value = "1GiB",
+          value_parser = hafleet_runtime::parse_bytes)]
+    pub routes_max_bytes: u64,
+    /// Oldest config version the configs stream keeps. Appliers need only the newest;
+    /// `history` reads the renderer's store, which keeps every version.
+    #[arg(long, env = "HAFLEET_CONFIGS_MAX_AGE", default_value = "90d",
+          value_parser = humantime::parse_duration)]
+    pub configs_max_age: Duration,
+    /// Most bytes the configs stream keeps.
+    #[arg(long, env = "HAFLEET_CONFIGS_MAX_BYTES", default_value = "2GiB",
+          value_parser = hafleet_runtime::parse_bytes)]
+    pub configs_max_bytes: u64,
+    /// Checkpoint the desired state after this many route events...
+    #[arg(long, env = "HAFLEET_CHECKPOINT_EVERY", default_value_t = 10_000)]
+    pub checkpoint_every: u64,
+    /// ...or this long after the last checkpoint, if anything changed since.
+    #[arg(long, env = "HAFLEET_CHECKPOINT_INTERVAL", default_value = "6h",
+          value_parser = humantime::parse_duration)]
+    pub checkpoint_interval: Duration,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let renderer = match &args.template {
-        Some(path) => {
-            let source = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read template {}", path.display()))?;
-            Renderer::new(source).with_context(|| format!("template {}", path.display()))?
-        }
-        None => Renderer::builtin(),
-    };
+    let renderer = Renderer::load(args.template.as_deref())?;
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
-    bus.ensure_stream(hafleet_proto::CONFIGS).await?;
+    let r = &args.retention;
+    let routes = bus::Retention { max_age: r.routes_max_age, max_bytes: r.routes_max_bytes };
+    let configs = bus::Retention { max_age: r.configs_max_age, max_bytes: r.configs_max_bytes };
+    bus::ensure_retention(&bus, hafleet_proto::ROUTES, routes).await?;
+    bus::ensure_retention(&bus, hafleet_proto::CONFIGS, configs).await?;
     bus.ensure_stream(hafleet_proto::DEADLETTER).await?;
+    let mut checkpoints = Checkpointer::start(&bus, r).await?;
+    if store.is_empty()? {
+        checkpoints.restore(&bus, &store).await?;
+    }
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
-    rerender_all(&store, &renderer, &desired)?;
+    let start_floors = floors(&bus, &store, desired.keys()).await?;
+    rerender_all(&store, &renderer, &desired, &start_floors)?;
     publish_unpublished(&bus, &store).await?;
     let mut history = bus
         .client
@@ -78,11 +118,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let coalesce = Duration::from_millis(args.coalesce_ms);
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_secs(60).min(r.checkpoint_interval));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
             Some(request) = history.next() => {
                 answer_history(&bus, &store, &renderer, &desired, request).await;
+                continue;
+            }
+            _ = tick.tick() => {
+                checkpoints.maybe(&bus, &store, &desired).await;
                 continue;
             }
             _ = &mut shutdown => break,
@@ -116,6 +162,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 warn!(error = %e, "ack failed");
             }
         }
+        checkpoints.maybe(&bus, &store, &desired).await;
     }
     info!("renderer stopping");
     bus.drain().await;
@@ -251,6 +298,7 @@ fn rerender_all(
     store: &Store,
     renderer: &Renderer,
     desired: &state::Desired,
+    floors: &BTreeMap<FleetName, u64>,
 ) -> anyhow::Result<()> {
     let applied = store.applied_seq()?;
     let causes = desired
@@ -267,7 +315,7 @@ fn rerender_all(
             (fleet.clone(), vec![cause])
         })
         .collect();
-    let versions = make_versions(store, renderer, desired, causes, &BTreeMap::new())?;
+    let versions = make_versions(store, renderer, desired, causes, floors)?;
     if !versions.is_empty() {
         info!(fleets = versions.len(), "re-rendered at start-up: the template or hafleet changed");
         store.commit(&[], &versions, applied)?;
@@ -318,8 +366,8 @@ pub(crate) fn make_versions(
 }
 
 /// For each fleet the store has no version of: the newest version number published on its
-/// subject, which new numbers must stay above. A store that was lost and rebuilt from the
-/// routes stream must never reuse a number an applier may have seen.
+/// subject or named by the checkpoint the store was restored from, which new numbers must stay
+/// above. A store that was lost and rebuilt must never reuse a number an applier may have seen.
 async fn floors<'a>(
     bus: &bus::Bus,
     store: &Store,
@@ -328,7 +376,7 @@ async fn floors<'a>(
     let mut floors = BTreeMap::new();
     for fleet in fleets {
         if !store.knows(fleet)? {
-            let n = bus::latest_published_number(bus, fleet).await?;
+            let n = bus::latest_published_number(bus, fleet).await?.max(store.floor(fleet)?);
             if n > 0 {
                 info!(fleet = %fleet, above = n, "no stored history; numbering continues above the newest published version");
             }
@@ -375,4 +423,102 @@ pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow
         info!(fleet = %v.fleet, version = v.version, "version published");
     }
     Ok(())
+}
+
+/// Writes checkpoints of the desired state to the object store and drops those that no point
+/// of the kept history needs any more. A failed checkpoint is logged and tried again later:
+/// it costs replay range, never a route event.
+struct Checkpointer {
+    bucket: jetstream::object_store::ObjectStore,
+    every: u64,
+    interval: Duration,
+    last_seq: u64,
+    last_at: tokio::time::Instant,
+}
+
+impl Checkpointer {
+    async fn start(bus: &bus::Bus, args: &RetentionArgs) -> anyhow::Result<Self> {
+        let bucket = bus::checkpoint_store(bus, true).await?.context("no checkpoint bucket")?;
+        let last_seq = bus::list_checkpoints(&bucket).await?.last().copied().unwrap_or(0);
+        Ok(Checkpointer {
+            bucket,
+            every: args.checkpoint_every.max(1),
+            interval: args.checkpoint_interval,
+            last_seq,
+            last_at: tokio::time::Instant::now(),
+        })
+    }
+
+    /// Fills an empty store from the newest checkpoint of the routes stream it follows, so a
+    /// renderer whose disk was lost starts where the checkpoint left off even after the
+    /// stream dropped the messages before it.
+    async fn restore(&self, bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
+        let bus::RoutesBounds { first, last, created, .. } = bus::routes_bounds(bus).await?;
+        let Some(&seq) =
+            bus::list_checkpoints(&self.bucket).await?.iter().rev().find(|s| **s <= last)
+        else {
+            if first > 1 {
+                warn!(
+                    first_seq = first,
+                    "empty store, no checkpoint, and the routes stream no \
+                      longer starts at its beginning: the state is rebuilt from what it holds"
+                );
+            }
+            return Ok(());
+        };
+        let c = bus::get_checkpoint(&self.bucket, seq).await?;
+        if c.routes_stream_created != created {
+            warn!(checkpoint = seq, "the newest checkpoint is of another routes stream; not used");
+            return Ok(());
+        }
+        store.set_routes_stream_created(&created)?;
+        store.restore(&c.desired(), c.seq, &c.latest)?;
+        info!(checkpoint = seq, fleets = c.fleets.len(), "empty store restored from a checkpoint");
+        Ok(())
+    }
+
+    /// Checkpoints if `every` events or `interval` passed since the last one.
+    async fn maybe(&mut self, bus: &bus::Bus, store: &Store, desired: &state::Desired) {
+        let Ok(applied) = store.applied_seq() else { return };
+        let due = applied >= self.last_seq + self.every || self.last_at.elapsed() >= self.interval;
+        if applied <= self.last_seq || !due {
+            return;
+        }
+        match self.write(bus, store, desired, applied).await {
+            Ok(bytes) => {
+                info!(seq = applied, bytes, "desired state checkpointed");
+                self.last_seq = applied;
+                self.last_at = tokio::time::Instant::now();
+            }
+            Err(e) => {
+                warn!(error = format!("{e:#}"), "checkpoint failed; trying again later");
+                self.last_at = tokio::time::Instant::now();
+            }
+        }
+    }
+
+    async fn write(
+        &self,
+        bus: &bus::Bus,
+        store: &Store,
+        desired: &state::Desired,
+        applied: u64,
+    ) -> anyhow::Result<usize> {
+        let mut latest = BTreeMap::new();
+        for fleet in desired.keys() {
+            let n = store.latest_summary(fleet)?.map(|s| s.number).unwrap_or(0);
+            latest.insert(fleet.clone(), n.max(store.floor(fleet)?));
+        }
+        let created = store.routes_stream_created()?.unwrap_or_default();
+        let now = hafleet_runtime::now_unix_ms();
+        let c = crate::checkpoint::Checkpoint::new(applied, created, now, latest, desired);
+        let bytes = bus::put_checkpoint(&self.bucket, &c).await?;
+        let first = bus::routes_bounds(bus).await?.first;
+        let all = bus::list_checkpoints(&self.bucket).await?;
+        for old in crate::checkpoint::prunable(&all, first) {
+            bus::delete_checkpoint(&self.bucket, old).await?;
+            info!(seq = old, "checkpoint dropped: the routes stream no longer reaches it");
+        }
+        Ok(bytes)
+    }
 }

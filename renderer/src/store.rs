@@ -9,7 +9,11 @@
 //!            "published" 0x00 <fleet>               -> u64 BE: last version published to NATS
 //!            "routes_stream_created"                -> when the routes stream followed was created
 //!            "pinned" 0x00 <fleet>                  -> u64 BE: the rollback the fleet is pinned to
+//!            "floor" 0x00 <fleet>                   -> u64 BE: numbers a restored fleet stays above
 //! ```
+//! Versions are stored as zstd-compressed JSON (a config and its maps repeat themselves; a
+//! 10,000-Ingress version shrinks more than tenfold); records written as plain JSON by earlier
+//! builds are still read.
 //! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
 //! after a crash the store is either before or after the batch, never in between.
 
@@ -74,11 +78,28 @@ fn be_u64(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(buf)
 }
 
+fn floor_key(fleet: &FleetName) -> Vec<u8> {
+    join(&["floor", fleet.as_str()])
+}
+
+/// The first bytes of every zstd frame.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
 fn decode<T: serde::de::DeserializeOwned>(key: &[u8], value: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(value).map_err(|source| StoreError::Corrupt {
+    let corrupt = |source| StoreError::Corrupt {
         key: String::from_utf8_lossy(key).replace('\0', "/"),
         source,
-    })
+    };
+    if value.starts_with(&ZSTD_MAGIC) {
+        let json = zstd::decode_all(value).map_err(|e| corrupt(serde_json::Error::io(e)))?;
+        return serde_json::from_slice(&json).map_err(corrupt);
+    }
+    serde_json::from_slice(value).map_err(corrupt)
+}
+
+/// A version as stored: its JSON, compressed.
+fn compress(json: &[u8]) -> Vec<u8> {
+    zstd::encode_all(json, 3).expect("compressing into memory cannot fail")
 }
 
 impl Store {
@@ -128,8 +149,9 @@ impl Store {
             let entry: IngressEntry = decode(&key, &value)?;
             desired.entry(fleet).or_default().insert(ingress, entry);
         }
-        // Fleets whose every Ingress is gone still have versions and must still be rendered.
-        for fleet in self.fleets_with_versions()? {
+        // Fleets whose every Ingress is gone still have versions (or, restored, a floor) and
+        // must still be rendered.
+        for fleet in self.fleets_with_versions()?.into_iter().chain(self.floored_fleets()?) {
             desired.entry(fleet).or_default();
         }
         Ok(desired)
@@ -200,7 +222,7 @@ impl Store {
             .map(|(v, held)| {
                 let summary =
                     serde_json::to_vec(&VersionSummary::of(v, held)).expect("summaries serialize");
-                (version_key(&v.fleet, v.version), v.encode(), summary)
+                (version_key(&v.fleet, v.version), compress(&v.encode()), summary)
             })
             .collect();
         (&self.ingresses, &self.versions, &self.summaries, &self.meta).transaction(
@@ -300,6 +322,52 @@ impl Store {
     /// Whether the store knows the fleet (it has versions of it).
     pub fn knows(&self, fleet: &FleetName) -> Result<bool, StoreError> {
         Ok(self.summaries.scan_prefix(join(&[fleet.as_str(), ""])).next().is_some())
+    }
+
+    /// Whether the store holds nothing yet: no state, no versions, nothing applied.
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.applied_seq()? == 0 && self.ingresses.is_empty() && self.summaries.is_empty())
+    }
+
+    /// Fills an empty store from a checkpoint: its Ingresses, its sequence as the applied one,
+    /// and each fleet's newest number as the floor its next version stays above.
+    pub fn restore(
+        &self,
+        desired: &Desired,
+        applied_seq: u64,
+        floors: &std::collections::BTreeMap<FleetName, u64>,
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for (fleet, ingresses) in desired {
+            for (key, entry) in ingresses {
+                let k = join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
+                batch.insert(k, serde_json::to_vec(entry).expect("entries serialize"));
+            }
+        }
+        self.ingresses.apply_batch(batch)?;
+        for (fleet, n) in floors {
+            self.meta.insert(floor_key(fleet), &n.to_be_bytes())?;
+        }
+        self.meta.insert(APPLIED_SEQ, &applied_seq.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The number a fleet's versions must stay above because a checkpoint said so (0: none).
+    pub fn floor(&self, fleet: &FleetName) -> Result<u64, StoreError> {
+        Ok(self.meta.get(floor_key(fleet))?.map(|v| be_u64(&v)).unwrap_or(0))
+    }
+
+    /// Fleets a restored store has Ingresses or floors for but no versions of yet.
+    pub fn floored_fleets(&self) -> Result<Vec<FleetName>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.meta.scan_prefix(join(&["floor", ""])).keys() {
+            let key = item?;
+            if let Ok(f) = FleetName::new(String::from_utf8_lossy(&key[6..]).into_owned()) {
+                out.push(f);
+            }
+        }
+        Ok(out)
     }
 
     /// The rollback version the fleet is pinned to.

@@ -48,3 +48,46 @@ pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
         }
     }
 }
+
+/// Parses a byte size for a flag: a whole number with an optional unit, `B`, `KB`/`MB`/`GB`/`TB`
+/// (powers of 1000) or `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024): `1GiB`, `500MB`, `0`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte size (e.g. 1GiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use B, KB, MB, GB, KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod bytes_tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_sizes_parse_with_both_kinds_of_unit_and_refuse_the_rest() {
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("500MB"), Ok(500_000_000));
+        assert_eq!(parse_bytes("64 KiB"), Ok(65_536));
+        assert!(parse_bytes("1.5GB").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}

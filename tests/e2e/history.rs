@@ -1,9 +1,12 @@
 //! Config history from an operator's machine: `hafleet-renderer history|rollback|resume` run as
 //! separate processes, as the `hafleet-operator` NATS user, against a running pipeline.
 
-use crate::{World, expect_everywhere};
+use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::{Context, Result};
 use hafleet_tests::bin_path;
+use hafleet_tests::{eventually, stack::Component};
+use std::time::Duration;
+use time::format_description::well_known::Rfc3339;
 
 /// Runs `hafleet-renderer <args> --fleet edge` as the operator; returns (success, stdout, stderr).
 async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
@@ -111,5 +114,91 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
         .await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot connect to NATS"), "{stderr}");
+    Ok(())
+}
+
+/// The version an Ingress's creation made: the newest one once `host` answers everywhere.
+async fn served(world: &World, name: &str, host: &str) -> Result<u64> {
+    world.route(name, host, "/", "web").await?;
+    expect_everywhere(&world.stack, host, "/", 200, "web@").await?;
+    Ok(world.stack.latest_version().await?.expect("a version").version)
+}
+
+/// Sequences of the checkpoints in the object store, read as the tests' admin.
+async fn checkpoints(world: &World) -> Result<Vec<u64>> {
+    let bus = hafleet_runtime::nats::Bus::connect(&world.stack.nats.url()).await?;
+    match hafleet_renderer::bus::checkpoint_store(&bus, false).await? {
+        Some(b) => hafleet_renderer::bus::list_checkpoints(&b).await,
+        None => Ok(vec![]),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_store_keeps_numbering()
+-> Result<()> {
+    let mut world = World::start().await?;
+    // Checkpoint after every batch, with the routes stream's size bounded by a flag.
+    world.stack.kill(Component::Renderer);
+    world.stack.start_component_with(
+        Component::Renderer,
+        &[("HAFLEET_CHECKPOINT_EVERY", "1"), ("HAFLEET_ROUTES_MAX_BYTES", "64MiB")],
+    )?;
+    let v_a = served(&world, "a", "a.example.com").await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let between = time::OffsetDateTime::now_utc().format(&Rfc3339)?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let v_b = served(&world, "b", "b.example.com").await?;
+    assert!(v_b > v_a);
+
+    // The flag set the stream's retention; the default age is there too.
+    let admin = hafleet_runtime::nats::Bus::connect(&world.stack.nats.url()).await?;
+    let mut routes = admin.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let config = routes.info().await?.config.clone();
+    assert_eq!(config.max_bytes, 64 << 20);
+    assert_eq!(config.max_age, Duration::from_secs(30 * 24 * 3600));
+
+    // Replay at a time between the two creations prints the earlier version byte for byte.
+    let at_a = ok(&world, &["history", "show", &v_a.to_string()]).await?;
+    let replayed = ok(&world, &["replay", "--until", &between]).await?;
+    assert_eq!(replayed, at_a, "replay at {between} is version {v_a}");
+    // By sequence: the one `why` names for b's version gives b's version.
+    let why: serde_json::Value =
+        serde_json::from_str(&ok(&world, &["history", "why", &v_b.to_string(), "--json"]).await?)?;
+    let seq_b = why["causes"][0]["stream_seq"].as_u64().context("a sequence")?;
+    let at_b = ok(&world, &["history", "show", &v_b.to_string()]).await?;
+    assert_eq!(ok(&world, &["replay", "--until", &seq_b.to_string()]).await?, at_b);
+    // --diff: from the newest version to the replayed past, b's route goes away.
+    let diff = ok(&world, &["replay", "--until", &between, "--diff"]).await?;
+    assert!(diff.contains("-b.example.com/ be_default_web_80"), "{diff}");
+    let (success, _, stderr) = cli(&world, &["replay", "--until", "last tuesday"]).await?;
+    assert!(!success && stderr.contains("neither a stream sequence nor an RFC 3339"), "{stderr}");
+
+    // The stream drops everything up to b's event (as its limits would); a checkpoint after b
+    // still lets replay reach b's point, and refuses, clearly, a point nothing can rebuild.
+    eventually(CONVERGE, "a checkpoint at or after b's event", || async {
+        let all = checkpoints(&world).await?;
+        anyhow::ensure!(all.iter().any(|c| *c >= seq_b), "checkpoints: {all:?}");
+        Ok(())
+    })
+    .await?;
+    routes.purge().sequence(seq_b + 1).await?;
+    let (success, _, stderr) = cli(&world, &["replay", "--until", &between]).await?;
+    assert!(!success && stderr.contains("older than the kept history"), "{stderr}");
+    let latest = world.stack.latest_version().await?.expect("a version").version;
+    let now = ok(&world, &["replay", "--until", &u64::MAX.to_string()]).await?;
+    assert_eq!(now, ok(&world, &["history", "show", &latest.to_string()]).await?);
+
+    // The renderer's disk is lost. Restarted on an empty store, it starts from the checkpoint
+    // (the events before it are gone from the stream), keeps serving a and b, and numbers the
+    // next version above every number it published before.
+    world.stack.kill(Component::Renderer);
+    std::fs::remove_dir_all(world.stack.dir().join("renderer-data"))?;
+    world.stack.start_component(Component::Renderer)?;
+    let v_c = served(&world, "c", "c.example.com").await?;
+    assert!(v_c > latest, "numbering continues: {v_c} after {latest}");
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    expect_everywhere(&world.stack, "b.example.com", "/", 200, "web@").await?;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    assert!(log.contains("empty store restored from a checkpoint"), "{log}");
     Ok(())
 }

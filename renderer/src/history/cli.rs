@@ -92,7 +92,7 @@ async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Res
 }
 
 /// A version with its bundle (fetched from the object store if the reply named it there).
-async fn version(
+pub(crate) async fn version(
     bus: &Bus,
     common: &Common,
     n: u64,
@@ -105,7 +105,7 @@ async fn version(
     }
 }
 
-async fn newest(bus: &Bus, common: &Common) -> anyhow::Result<u64> {
+pub(crate) async fn newest(bus: &Bus, common: &Common) -> anyhow::Result<u64> {
     match ask(bus, common, HistoryRequest::List { limit: 1 }).await? {
         HistoryReply::List { versions, .. } => {
             versions.first().map(|v| v.number).context("the fleet has no versions")
@@ -222,12 +222,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
             }
-            let bundle = v.bundle().context("bundle missing")?;
-            print!("{}", bundle.config);
-            for m in &bundle.maps {
-                println!("----- {} -----", m.name.relative_path());
-                print!("{}", m.content);
-            }
+            print_bundle(v.bundle().context("bundle missing")?);
             Ok(())
         }
         HistoryCommand::Diff { common, a, b } => {
@@ -239,8 +234,8 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
             let (_, va) = version(&bus, &common, a).await?;
             let (_, vb) = version(&bus, &common, b).await?;
             let text = diff(
-                (a, va.bundle().context("bundle missing")?),
-                (b, vb.bundle().context("bundle missing")?),
+                (&format!("v{a}"), va.bundle().context("bundle missing")?),
+                (&format!("v{b}"), vb.bundle().context("bundle missing")?),
             );
             print!("{}", colour(&text, std::io::stdout().is_terminal()));
             Ok(())
@@ -337,9 +332,19 @@ fn table(rows: &[[String; 7]]) -> String {
     out
 }
 
+/// A bundle as `history show` and `replay` print it: the config, then each map file under a
+/// line naming it.
+pub(crate) fn print_bundle(bundle: &Bundle) {
+    print!("{}", bundle.config);
+    for m in &bundle.maps {
+        println!("----- {} -----", m.name.relative_path());
+        print!("{}", m.content);
+    }
+}
+
 /// A unified diff of two bundles: the config, then each kind of map (`exact`, `prefix`), so a
 /// route change reads as one line in its map rather than as a renamed file.
-pub fn diff((a, ba): (u64, &Bundle), (b, bb): (u64, &Bundle)) -> String {
+pub fn diff((a, ba): (&str, &Bundle), (b, bb): (&str, &Bundle)) -> String {
     let by_kind = |bundle: &Bundle| -> BTreeMap<String, String> {
         bundle
             .maps
@@ -356,7 +361,7 @@ pub fn diff((a, ba): (u64, &Bundle), (b, bb): (u64, &Bundle)) -> String {
         let text = d
             .unified_diff()
             .context_radius(3)
-            .header(&format!("v{a}/{name}"), &format!("v{b}/{name}"))
+            .header(&format!("{a}/{name}"), &format!("{b}/{name}"))
             .to_string();
         out.push_str(&text);
     };
@@ -375,7 +380,7 @@ pub fn diff((a, ba): (u64, &Bundle), (b, bb): (u64, &Bundle)) -> String {
 }
 
 /// Colours a diff for a terminal: additions green, removals red, hunks cyan.
-fn colour(text: &str, tty: bool) -> String {
+pub(crate) fn colour(text: &str, tty: bool) -> String {
     if !tty || std::env::var_os("NO_COLOR").is_some() {
         return text.to_owned();
     }
@@ -406,12 +411,12 @@ mod tests {
     fn a_diff_names_maps_by_kind_and_shows_the_route_that_changed() {
         let a = bundle("global\nx\n", "a.com/x be_a\n");
         let b = bundle("global\ny\n", "a.com/x be_a\nb.com/y be_b\n");
-        let d = diff((1, &a), (2, &b));
+        let d = diff(("v1", &a), ("v2", &b));
         assert!(d.contains("--- v1/haproxy.cfg\n+++ v2/haproxy.cfg"), "{d}");
         assert!(d.contains("-x\n+y\n"), "{d}");
         assert!(d.contains("+++ v2/hafleet-maps/exact.map"), "{d}");
         assert!(d.contains("+b.com/y be_b\n"), "{d}");
-        assert_eq!(diff((1, &a), (1, &a)), "", "no change, no diff");
+        assert_eq!(diff(("v1", &a), ("v1", &a)), "", "no change, no diff");
     }
 
     #[test]
