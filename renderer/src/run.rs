@@ -44,6 +44,9 @@ pub struct RunArgs {
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
+    /// Seconds between tries to publish a version that could not be published.
+    #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", default_value_t = 5)]
+    pub publish_retry_secs: u64,
     #[command(flatten)]
     pub retention: RetentionArgs,
 }
@@ -102,7 +105,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut desired = store.desired()?;
     let start_floors = floors(&bus, &store, desired.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
-    publish_unpublished(&bus, &store).await?;
+    let mut unpublished = publish_unpublished(&bus, &store).await?;
     let mut history = bus
         .client
         .subscribe(hafleet_proto::HISTORY_SUBJECTS)
@@ -120,15 +123,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(60).min(r.checkpoint_interval));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = tokio::time::interval(Duration::from_secs(args.publish_retry_secs.max(1)));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
             Some(request) = history.next() => {
                 answer_history(&bus, &store, &renderer, &desired, request).await;
+                // A rollback or resume may have left a version unpublished: the retry sees it.
+                unpublished = true;
                 continue;
             }
             _ = tick.tick() => {
                 checkpoints.maybe(&bus, &store, &desired).await;
+                continue;
+            }
+            _ = retry.tick(), if unpublished => {
+                unpublished = publish_unpublished(&bus, &store).await?;
                 continue;
             }
             _ = &mut shutdown => break,
@@ -155,7 +166,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
         process(&bus, &store, &renderer, &mut desired, &entries).await?;
-        publish_unpublished(&bus, &store).await?;
+        // Committed versions are safe in the store: the batch is acked even if a fleet's
+        // version could not be published yet; it is retried on its own.
+        unpublished = publish_unpublished(&bus, &store).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
                 // Not fatal: the message comes back and is skipped by its sequence.
@@ -416,13 +429,29 @@ async fn answer_history(
     }
 }
 
-pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<()> {
+/// Publishes every version stored but not yet published, oldest first within each fleet.
+/// A fleet whose version cannot be published (the object store full, a permission taken away)
+/// is reported and left for the next try; its later versions wait behind it so its order holds,
+/// and other fleets go on. Returns whether anything is left to publish.
+pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<bool> {
+    let mut stuck: Vec<FleetName> = Vec::new();
     for v in store.unpublished()? {
-        bus.publish_version(&v).await?;
-        store.set_published(&v.fleet, v.version)?;
-        info!(fleet = %v.fleet, version = v.version, "version published");
+        if stuck.contains(&v.fleet) {
+            continue;
+        }
+        match bus.publish_version(&v).await {
+            Ok(_) => {
+                store.set_published(&v.fleet, v.version)?;
+                info!(fleet = %v.fleet, version = v.version, "version published");
+            }
+            Err(e) => {
+                error!(fleet = %v.fleet, version = v.version, error = ?anyhow::Error::from(e),
+                       "version cannot be published; other fleets go on, this one is retried");
+                stuck.push(v.fleet.clone());
+            }
+        }
     }
-    Ok(())
+    Ok(!stuck.is_empty())
 }
 
 /// Writes checkpoints of the desired state to the object store and drops those that no point
