@@ -74,63 +74,72 @@ fn backend_model(name: String, backend: &Backend) -> BackendModel {
     }
 }
 
+/// What a rule claims: host (`None`: any), path (a prefix without its trailing `/`), kind.
+type Claim<'a> = (Option<&'a str>, std::borrow::Cow<'a, str>, PathKind);
+
 /// Builds the model of one fleet.
 pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) -> RenderModel {
     let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
     owners.sort_by_key(|(key, entry)| (entry.created_unix, *key));
 
-    let mut claimed: BTreeMap<(Option<String>, String, PathKind), (RuleModel, &IngressKey)> =
-        BTreeMap::new();
+    // Claims borrow from the state: nothing is copied until a rule wins its claim.
+    let mut claimed: BTreeMap<Claim<'_>, (RuleModel, &IngressKey)> = BTreeMap::new();
     let mut backends: BTreeMap<String, (u64, BackendModel)> = BTreeMap::new();
     let mut notes = Vec::new();
 
     for (key, entry) in owners {
+        let mut ingress_name: Option<String> = None;
         for route in &entry.routes {
-            let path = match route.kind {
-                PathKind::Prefix => route.path.trimmed(),
-                PathKind::Exact => route.path.clone(),
+            let path: std::borrow::Cow<'_, str> = match route.kind {
+                PathKind::Prefix
+                    if route.path.as_str().len() > 1 && route.path.as_str().ends_with('/') =>
+                {
+                    route.path.trimmed().as_str().to_owned().into()
+                }
+                _ => route.path.as_str().into(),
             };
-            let host = route.host.as_ref().map(|h| h.to_string());
-            let claim = (host.clone(), path.to_string(), route.kind);
+            let host = route.host.as_ref().map(|h| h.as_str());
             let name = backend_name(&route.backend.service);
-            match claimed.entry(claim) {
-                Entry::Occupied(owner) => {
-                    let (_, owner) = owner.get();
+            match claimed.entry((host, path, route.kind)) {
+                Entry::Occupied(claim) => {
+                    let (host, path, kind) = claim.key();
+                    let (_, owner) = claim.get();
                     if *owner != key {
                         notes.push(format!(
                             "{key}: {}{} ({:?}) is already routed by {owner}, the older \
                              Ingress; ignored",
-                            host.as_deref().unwrap_or("*"),
+                            host.unwrap_or("*"),
                             path,
-                            route.kind,
+                            kind,
                         ));
                     }
                     continue;
                 }
                 Entry::Vacant(slot) => {
-                    slot.insert((
-                        RuleModel {
-                            host,
-                            path: path.to_string(),
-                            kind: match route.kind {
-                                PathKind::Exact => "exact",
-                                PathKind::Prefix => "prefix",
-                            },
-                            backend: name.clone(),
-                            ingress: key.to_string(),
+                    let (host, path, kind) = slot.key();
+                    let rule = RuleModel {
+                        host: host.map(str::to_owned),
+                        path: path.to_string(),
+                        kind: match kind {
+                            PathKind::Exact => "exact",
+                            PathKind::Prefix => "prefix",
                         },
-                        key,
-                    ));
+                        backend: name.clone(),
+                        ingress: ingress_name.get_or_insert_with(|| key.to_string()).clone(),
+                    };
+                    slot.insert((rule, key));
                 }
             }
             // Every Ingress carries the Service's servers as resolved when it was last
             // published; the newest event's list is the current one.
-            match backends.entry(name.clone()) {
+            match backends.entry(name) {
                 Entry::Vacant(slot) => {
-                    slot.insert((entry.seq, backend_model(name, &route.backend)));
+                    let model = backend_model(slot.key().clone(), &route.backend);
+                    slot.insert((entry.seq, model));
                 }
                 Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
-                    slot.insert((entry.seq, backend_model(name, &route.backend)));
+                    let model = backend_model(slot.key().clone(), &route.backend);
+                    slot.insert((entry.seq, model));
                 }
                 Entry::Occupied(_) => {}
             }
@@ -138,11 +147,10 @@ pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) 
     }
 
     let mut rules: Vec<RuleModel> = claimed.into_values().map(|(rule, _)| rule).collect();
-    rules.sort_by(|a, b| {
-        let key = |r: &RuleModel| {
-            (r.host.is_none(), Reverse(r.path.len()), r.kind != "exact", r.host.clone())
-        };
-        key(a).cmp(&key(b)).then_with(|| a.path.cmp(&b.path))
+    // Claims are unique, so an unstable sort is deterministic; the comparison borrows.
+    let order = |r: &RuleModel| (r.host.is_none(), Reverse(r.path.len()), r.kind != "exact");
+    rules.sort_unstable_by(|a, b| {
+        order(a).cmp(&order(b)).then_with(|| a.host.cmp(&b.host)).then_with(|| a.path.cmp(&b.path))
     });
 
     RenderModel {
