@@ -75,6 +75,29 @@ pub struct Backend {
     pub service: ServiceRef,
     /// Sorted by node name; empty when no node is Ready (HAProxy then answers 503).
     pub servers: Vec<Server>,
+    /// The Service's `externalTrafficPolicy`. Absent in messages means `Cluster` (and
+    /// messages of watchers that did not send it were all treated as `Cluster`).
+    #[serde(default, skip_serializing_if = "TrafficPolicy::is_cluster")]
+    pub traffic_policy: TrafficPolicy,
+}
+
+/// How a Service's NodePort forwards (`spec.externalTrafficPolicy`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum TrafficPolicy {
+    /// Every node forwards to every endpoint: any node serves, so a bounded subset of nodes
+    /// per backend is enough.
+    #[default]
+    Cluster,
+    /// A node serves only with an endpoint of its own: nodes are not interchangeable.
+    Local,
+}
+
+impl TrafficPolicy {
+    pub fn is_cluster(&self) -> bool {
+        *self == TrafficPolicy::Cluster
+    }
 }
 
 /// One fully resolved routing rule of an Ingress.
@@ -308,6 +331,7 @@ mod tests {
                     addr: "127.0.0.2".parse().unwrap(),
                     port: 30080,
                 }],
+                traffic_policy: TrafficPolicy::Cluster,
             },
         }
     }

@@ -10,7 +10,7 @@
 //!   list of the newest route event that carries it (an older Ingress's list may be stale).
 
 use crate::state::IngressEntry;
-use hafleet_proto::{Backend, FleetName, IngressKey, PathKind, ServiceRef};
+use hafleet_proto::{Backend, FleetName, IngressKey, PathKind, Server, ServiceRef, TrafficPolicy};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, btree_map::Entry};
@@ -58,14 +58,72 @@ fn backend_name(s: &ServiceRef) -> String {
     format!("be_{}_{}_{}", s.namespace, s.name, s.port)
 }
 
-fn backend_model(name: String, backend: &Backend) -> BackendModel {
+/// The default of `--servers-per-backend`.
+pub const DEFAULT_SERVERS_PER_BACKEND: usize = 10;
+
+/// Settings that change what a model holds. Replay must use the renderer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Most nodes a `Cluster` Service's backend lists (0: all). `Local` Services always list
+    /// every node they are given: there, nodes are not interchangeable.
+    pub servers_per_backend: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { servers_per_backend: DEFAULT_SERVERS_PER_BACKEND }
+    }
+}
+
+/// FNV-1a, 64 bits. Part of the output's definition: changing it would move every subset.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// SplitMix64's finaliser: spreads a combined hash over all 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Rendezvous (highest random weight) choice of `k` of a `Cluster` backend's servers: each
+/// node scores `mix(hash(service) * C ^ hash(node))` and the `k` best are kept. The same nodes
+/// give the same subset, and a node joining or leaving changes only the subsets it enters or
+/// leaves: about `k / nodes` of the backends. The kept servers stay in node-name order.
+pub fn subset(backend: &Backend, k: usize) -> Vec<&Server> {
+    let all: Vec<&Server> = backend.servers.iter().collect();
+    if k == 0 || all.len() <= k || backend.traffic_policy == TrafficPolicy::Local {
+        return all;
+    }
+    let s = &backend.service;
+    let service = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes());
+    let mut scored: Vec<(u64, &Server)> = all
+        .into_iter()
+        .map(|srv| {
+            (
+                mix(service.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ^ fnv1a(srv.node.as_str().as_bytes())),
+                srv,
+            )
+        })
+        .collect();
+    scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored.truncate(k);
+    let mut kept: Vec<&Server> = scored.into_iter().map(|(_, srv)| srv).collect();
+    kept.sort_by(|a, b| a.node.cmp(&b.node).then_with(|| a.cmp(b)));
+    kept
+}
+
+fn backend_model(name: String, backend: &Backend, options: &Options) -> BackendModel {
     let s = &backend.service;
     BackendModel {
         name,
         service: format!("{}/{}:{}", s.namespace, s.name, s.port),
-        servers: backend
-            .servers
-            .iter()
+        servers: subset(backend, options.servers_per_backend)
+            .into_iter()
             .map(|s| ServerModel {
                 name: s.node.to_string(),
                 addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
@@ -77,8 +135,17 @@ fn backend_model(name: String, backend: &Backend) -> BackendModel {
 /// What a rule claims: host (`None`: any), path (a prefix without its trailing `/`), kind.
 type Claim<'a> = (Option<&'a str>, std::borrow::Cow<'a, str>, PathKind);
 
-/// Builds the model of one fleet.
+/// Builds the model of one fleet with the default [`Options`].
 pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) -> RenderModel {
+    build_with(fleet, ingresses, &Options::default())
+}
+
+/// Builds the model of one fleet.
+pub fn build_with(
+    fleet: &FleetName,
+    ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    options: &Options,
+) -> RenderModel {
     let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
     owners.sort_by_key(|(key, entry)| (entry.created_unix, *key));
 
@@ -134,11 +201,11 @@ pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) 
             // published; the newest event's list is the current one.
             match backends.entry(name) {
                 Entry::Vacant(slot) => {
-                    let model = backend_model(slot.key().clone(), &route.backend);
+                    let model = backend_model(slot.key().clone(), &route.backend, options);
                     slot.insert((entry.seq, model));
                 }
                 Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
-                    let model = backend_model(slot.key().clone(), &route.backend);
+                    let model = backend_model(slot.key().clone(), &route.backend, options);
                     slot.insert((entry.seq, model));
                 }
                 Entry::Occupied(_) => {}
@@ -182,6 +249,7 @@ mod tests {
                     addr: "127.0.0.2".parse().unwrap(),
                     port: 30080,
                 }],
+                traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
             },
         }
     }
@@ -272,5 +340,78 @@ mod tests {
         let one = build(&f, &fleet_of(vec![a.clone(), b.clone()]));
         let two = build(&f, &fleet_of(vec![b, a]));
         assert_eq!(one, two);
+    }
+
+    fn backend_on(
+        svc: usize,
+        nodes: impl Iterator<Item = usize>,
+        policy: TrafficPolicy,
+    ) -> Backend {
+        Backend {
+            service: ServiceRef {
+                namespace: Namespace::new("team").unwrap(),
+                name: ObjectName::new(format!("svc-{svc}")).unwrap(),
+                port: 80,
+            },
+            servers: nodes
+                .map(|n| Server {
+                    node: ObjectName::new(format!("node-{n:03}")).unwrap(),
+                    addr: std::net::Ipv4Addr::from(0x0a00_0000 + n as u32).into(),
+                    port: 30080,
+                })
+                .collect(),
+            traffic_policy: policy,
+        }
+    }
+
+    fn names(servers: &[&Server]) -> Vec<String> {
+        servers.iter().map(|s| s.node.to_string()).collect()
+    }
+
+    #[test]
+    fn cluster_backends_keep_a_bounded_subset_local_ones_every_node() {
+        let b = backend_on(1, 0..200, TrafficPolicy::Cluster);
+        let kept = subset(&b, 10);
+        assert_eq!(kept.len(), 10);
+        assert!(names(&kept).is_sorted(), "node-name order: {:?}", names(&kept));
+        assert_eq!(names(&subset(&b, 10)), names(&kept), "deterministic");
+        assert_eq!(subset(&b, 0).len(), 200, "0 keeps every node");
+        assert_eq!(subset(&backend_on(1, 0..4, TrafficPolicy::Cluster), 10).len(), 4);
+        assert_eq!(subset(&backend_on(1, 0..200, TrafficPolicy::Local), 10).len(), 200);
+    }
+
+    #[test]
+    fn a_node_leaving_or_joining_moves_only_the_backends_that_hash_to_it() {
+        let k = 10;
+        let (mut moved_leave, mut moved_join) = (0, 0);
+        let mut uses = vec![0usize; 201];
+        for svc in 0..1000 {
+            let before = names(&subset(&backend_on(svc, 0..200, TrafficPolicy::Cluster), k));
+            for n in &before {
+                uses[n[5..].parse::<usize>().unwrap()] += 1;
+            }
+            // node-007 leaves.
+            let b = backend_on(svc, (0..200).filter(|n| *n != 7), TrafficPolicy::Cluster);
+            let after = names(&subset(&b, k));
+            if before.contains(&"node-007".to_owned()) {
+                moved_leave += 1;
+                let same = before.iter().filter(|n| after.contains(n)).count();
+                assert_eq!(same, k - 1, "only node-007 is replaced");
+            } else {
+                assert_eq!(after, before, "a backend without node-007 does not move");
+            }
+            // node-200 joins.
+            let joined = names(&subset(&backend_on(svc, 0..201, TrafficPolicy::Cluster), k));
+            if joined != before {
+                moved_join += 1;
+                assert!(joined.contains(&"node-200".to_owned()));
+                assert_eq!(before.iter().filter(|n| joined.contains(n)).count(), k - 1);
+            }
+        }
+        // About k / nodes = 5% of the backends move, and load spreads over every node.
+        assert!((20..=90).contains(&moved_leave), "{moved_leave} backends moved on a leave");
+        assert!((20..=90).contains(&moved_join), "{moved_join} backends moved on a join");
+        let (min, max) = (uses[..200].iter().min().unwrap(), uses[..200].iter().max().unwrap());
+        assert!(*min >= 20 && *max <= 100, "uses per node between {min} and {max}");
     }
 }

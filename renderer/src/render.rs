@@ -18,6 +18,7 @@ const NAME: &str = "haproxy.cfg";
 #[derive(Debug)]
 pub struct Renderer {
     env: Environment<'static>,
+    options: crate::model::Options,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +63,7 @@ impl Renderer {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_keep_trailing_newline(true);
         env.add_template_owned(NAME, source).map_err(RenderError::Compile)?;
-        let renderer = Renderer { env };
+        let renderer = Renderer { env, options: Default::default() };
         renderer.render(&RenderModel {
             fleet: "check".into(),
             rules: vec![],
@@ -70,6 +71,17 @@ impl Renderer {
             notes: vec![],
         })?;
         Ok(renderer)
+    }
+
+    /// The same template, building models with `options`.
+    pub fn with_options(mut self, options: crate::model::Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// What the models this renderer renders are built with.
+    pub fn options(&self) -> &crate::model::Options {
+        &self.options
     }
 
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {

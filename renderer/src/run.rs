@@ -44,6 +44,15 @@ pub struct RunArgs {
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
+    /// Most nodes listed in the backend of a Service with `externalTrafficPolicy: Cluster`
+    /// (0: every Ready node). Any node forwards such a Service's traffic, so a bounded,
+    /// deterministic subset (rendezvous hashing on Service and node names) keeps configs and
+    /// health checks growing as Services + nodes rather than Services × nodes, and a node
+    /// joining or leaving moves only the backends that hash to it. `Local` Services always
+    /// list every node. `replay` must be given the same value.
+    #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
+          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
+    pub servers_per_backend: usize,
     /// Seconds between tries to publish a version that could not be published.
     #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", default_value_t = 5)]
     pub publish_retry_secs: u64,
@@ -88,7 +97,8 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let renderer = Renderer::load(args.template.as_deref())?;
+    let renderer = Renderer::load(args.template.as_deref())?
+        .with_options(crate::model::Options { servers_per_backend: args.servers_per_backend });
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
     let r = &args.retention;

@@ -26,7 +26,7 @@ pub fn next_version(
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
-    let model = model::build(fleet, ingresses);
+    let model = model::build_with(fleet, ingresses, renderer.options());
     let bundle = renderer.render(&model)?;
     let sha256 = bundle.sha256();
     if latest.is_some_and(|l| l.sha256 == sha256) {

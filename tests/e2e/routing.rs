@@ -164,3 +164,58 @@ async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> 
     assert!(live.contains("map_beg(hafleet-maps/prefix-"), "{live}");
     Ok(())
 }
+
+/// The servers a backend lists in a live config.
+fn servers_of(config: &str, backend: &str) -> Vec<String> {
+    config
+        .split(&format!("\nbackend {backend}\n"))
+        .nth(1)
+        .map(|rest| {
+            rest.lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("backend "))
+                .filter_map(|l| l.trim().strip_prefix("server ").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_services_every_node()
+-> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.kill(hafleet_tests::stack::Component::Renderer);
+    world.stack.start_component_with(
+        hafleet_tests::stack::Component::Renderer,
+        &[("HAFLEET_SERVERS_PER_BACKEND", "1")],
+    )?;
+    // api forwards only on nodes with an endpoint of its own: every node must stay listed.
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(world.stack.kube.client().await?, "default");
+    let local = serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}});
+    services.patch("api", &PatchParams::default(), &Patch::Merge(&local)).await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    let stack = &world.stack;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
+
+    for h in &stack.hosts {
+        let config = h.live_config();
+        let web = servers_of(&config, "be_default_web_80");
+        assert_eq!(web.len(), 1, "Cluster: one node of two\n{config}");
+        assert_eq!(servers_of(&config, "be_default_api_80").len(), 2, "Local: both\n{config}");
+        // Every request goes to the one node the subset holds, the same on every host.
+        let node = web[0].split_whitespace().next().unwrap_or_default().to_owned();
+        for _ in 0..6 {
+            let (status, body) =
+                hafleet_tests::http_get(h.http_addr(), "shop.example.com", "/").await?;
+            assert_eq!(status, 200);
+            assert!(body.starts_with(&format!("web@{node}")), "{body} is not from {node}");
+        }
+    }
+    assert_eq!(
+        servers_of(&stack.hosts[0].live_config(), "be_default_web_80"),
+        servers_of(&stack.hosts[1].live_config(), "be_default_web_80")
+    );
+    Ok(())
+}

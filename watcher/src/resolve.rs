@@ -7,7 +7,7 @@
 
 use hafleet_proto::{
     Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
-    Server, ServiceRef,
+    Server, ServiceRef, TrafficPolicy,
 };
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
@@ -188,7 +188,11 @@ fn backend(
     let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
         warnings.push(format!("service {namespace}/{name} does not exist; requests get 503"));
         let port = port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
-        return Ok(Backend { service: ServiceRef { namespace: ns, name, port }, servers: vec![] });
+        return Ok(Backend {
+            service: ServiceRef { namespace: ns, name, port },
+            servers: vec![],
+            traffic_policy: TrafficPolicy::Cluster,
+        });
     };
     let spec = service.spec.as_ref().ok_or("service has no spec")?;
     let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
@@ -210,12 +214,17 @@ fn backend(
         .and_then(|p| u16::try_from(p).ok())
         .ok_or_else(|| format!("service {namespace}/{name} port {} has no nodePort", found.port))?;
     let service_port = u16::try_from(found.port).map_err(|_| "service port out of range")?;
+    let traffic_policy = match spec.external_traffic_policy.as_deref() {
+        Some("Local") => TrafficPolicy::Local,
+        _ => TrafficPolicy::Cluster,
+    };
     Ok(Backend {
         service: ServiceRef { namespace: ns, name, port: service_port },
         servers: nodes
             .iter()
             .map(|(node, addr)| Server { node: node.clone(), addr: *addr, port: node_port })
             .collect(),
+        traffic_policy,
     })
 }
 
@@ -359,6 +368,7 @@ pub(crate) mod tests_support {
                     port: 80,
                 },
                 servers: vec![],
+                traffic_policy: TrafficPolicy::Cluster,
             },
         }
     }

@@ -23,6 +23,7 @@ pub fn routes(i: usize, nodes: usize) -> Vec<Route> {
                 port: 30000 + (i % 2000) as u16,
             })
             .collect(),
+        traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
     };
     let host = HttpHost::new(format!("app-{i}.example.com")).unwrap();
     vec![

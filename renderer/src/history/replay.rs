@@ -60,6 +60,10 @@ pub struct ReplayArgs {
     /// version of that time only with the template the renderer used then.
     #[arg(long, env = "HAFLEET_TEMPLATE")]
     pub template: Option<PathBuf>,
+    /// The renderer's --servers-per-backend: it changes which servers a config lists.
+    #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
+          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
+    pub servers_per_backend: usize,
 }
 
 /// How long to wait for the next stream message before calling the stream stuck.
@@ -67,7 +71,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `hafleet-renderer replay`.
 pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let renderer = Renderer::load(args.template.as_deref())?;
+    let renderer = Renderer::load(args.template.as_deref())?
+        .with_options(crate::model::Options { servers_per_backend: args.servers_per_backend });
     let common = &args.common;
     let bus = common.nats.connect().await?;
     let bounds = bus::routes_bounds(&bus).await?;
@@ -103,7 +108,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let Some(ingresses) = desired.get(&common.fleet) else {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
-    let model = crate::model::build(&common.fleet, ingresses);
+    let model = crate::model::build_with(&common.fleet, ingresses, renderer.options());
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
     let started =
