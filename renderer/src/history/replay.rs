@@ -138,6 +138,23 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An ordered consumer of the routes stream from `start` (ephemeral, flow-controlled: what
+/// the operator's NATS user may create).
+async fn ordered(
+    bus: &bus::Bus,
+    start: DeliverPolicy,
+) -> anyhow::Result<async_nats::jetstream::consumer::Consumer<push::OrderedConfig>> {
+    let stream = bus.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    stream
+        .create_consumer(push::OrderedConfig {
+            deliver_subject: bus.client.new_inbox(),
+            deliver_policy: start,
+            ..Default::default()
+        })
+        .await
+        .context("cannot read the routes stream")
+}
+
 /// The last sequence stored at or before `t`: one before the first message stored after it.
 /// A time before the oldest message the stream still holds has no known sequence once the
 /// stream has dropped messages: refused.
@@ -159,15 +176,7 @@ async fn seq_at(
             horizon.format(&Rfc3339).unwrap_or_default()
         );
     }
-    let stream = bus.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
-    let consumer = stream
-        .create_consumer(push::OrderedConfig {
-            deliver_subject: bus.client.new_inbox(),
-            deliver_policy: DeliverPolicy::ByStartTime { start_time: after },
-            ..Default::default()
-        })
-        .await
-        .context("cannot read the routes stream")?;
+    let consumer = ordered(bus, DeliverPolicy::ByStartTime { start_time: after }).await?;
     if consumer.cached_info().num_pending == 0 {
         return Ok(last);
     }
@@ -191,15 +200,7 @@ async fn apply_range(
     if from > until {
         return Ok(0);
     }
-    let stream = bus.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
-    let consumer = stream
-        .create_consumer(push::OrderedConfig {
-            deliver_subject: bus.client.new_inbox(),
-            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from },
-            ..Default::default()
-        })
-        .await
-        .context("cannot read the routes stream")?;
+    let consumer = ordered(bus, DeliverPolicy::ByStartSequence { start_sequence: from }).await?;
     let mut messages = consumer.messages().await.context("cannot read the routes stream")?;
     let mut count = 0;
     let mut out = Applied::default();
