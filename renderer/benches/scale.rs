@@ -6,6 +6,10 @@
 
 mod common;
 
+/// The allocator the renderer binary runs with (renderer/src/main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use hafleet_proto::{
     Cause, FleetName, HistoryReply, RouteChange, RouteEvent, RouteMessage, SCHEMA_VERSION,
 };
