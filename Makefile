@@ -22,5 +22,7 @@ smoke:
 
 bench:
 	cargo bench -p hafleet-renderer --bench render
+	cargo bench -p hafleet-renderer --bench scale
 	cargo build --release --workspace --bins
 	target/release/hafleet-bench
+	target/release/hafleet-bench routing

@@ -4,6 +4,11 @@
 //! - a burst: N Ingresses created back to back, until all answer everywhere, and how many
 //!   config versions the renderer made for them (coalescing).
 //!
+//!
+//! `hafleet-bench routing` measures what a request costs with many routes: requests/s through
+//! one HAProxy for the first route, the last route and an unknown host, at 10 and 10,000
+//! routes, with the config and map files the renderer makes.
+//!
 //! Run `cargo build --release --workspace --bins && target/release/hafleet-bench`; the numbers
 //! and the method are in BENCHMARKS.md.
 
@@ -17,6 +22,22 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
 #[command(name = "hafleet-bench", about)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    pipeline: Args,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Mode {
+    /// Requests/s through one HAProxy for the first route, the last route and an unknown
+    /// host, by number of routes.
+    Routing(routing::RoutingArgs),
+}
+
+/// The pipeline bench's settings (the default mode).
+#[derive(Debug, clap::Args)]
 struct Args {
     /// Ingresses created one at a time.
     #[arg(long, default_value_t = 30)]
@@ -74,7 +95,14 @@ fn percentiles(label: &str, mut ms: Vec<f64>) -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
+    let cli = Cli::parse();
+    match cli.mode {
+        Some(Mode::Routing(args)) => routing::run(args).await,
+        None => pipeline(cli.pipeline).await,
+    }
+}
+
+async fn pipeline(args: Args) -> Result<()> {
     let stack = Stack::start("edge", args.hosts).await?;
     let mut backends = Vec::new();
     let node_port = u16::try_from(stack.kube.create_nodeport_service("default", "web", 80).await?)?;
@@ -132,4 +160,222 @@ async fn main() -> Result<()> {
         versions_after - versions_before
     );
     Ok(())
+}
+
+mod routing {
+    //! Routing cost by number of routes: one Ingress per host (`app-<i>.example.com`, `/`
+    //! Prefix), rendered by the renderer's own code with the built-in template, served by a
+    //! real HAProxy started on the rendered files; a load generator of `--connections`
+    //! keep-alive connections sends `GET /` for `--seconds` per case.
+
+    use anyhow::{Context, Result, bail};
+    use hafleet_proto::{
+        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
+        Server, ServiceRef, TrafficPolicy,
+    };
+    use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
+    use hafleet_tests::{ChildGuard, HttpBackend, TestDir, free_port, random_loopback_ip};
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    #[derive(Debug, clap::Args)]
+    pub struct RoutingArgs {
+        /// Numbers of routes to measure at.
+        #[arg(long, value_delimiter = ',', default_value = "10,10000")]
+        routes: Vec<usize>,
+        /// Seconds of load per case.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Concurrent keep-alive connections.
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+    }
+
+    fn ingresses(n: usize, backend: SocketAddr) -> Result<BTreeMap<IngressKey, IngressEntry>> {
+        let SocketAddr::V4(addr) = backend else { bail!("IPv4 backend expected") };
+        let backend = Backend {
+            service: ServiceRef {
+                namespace: Namespace::new("bench")?,
+                name: ObjectName::new("web")?,
+                port: 80,
+            },
+            servers: vec![Server {
+                node: ObjectName::new("node-1")?,
+                addr: (*addr.ip()).into(),
+                port: addr.port(),
+            }],
+            traffic_policy: TrafficPolicy::Cluster,
+        };
+        (0..n)
+            .map(|i| {
+                let route = Route {
+                    host: Some(HttpHost::new(format!("app-{i}.example.com"))?),
+                    path: HttpPath::root(),
+                    kind: PathKind::Prefix,
+                    backend: backend.clone(),
+                };
+                let entry = IngressEntry {
+                    created_unix: i as i64,
+                    resource_version: "1".into(),
+                    routes: vec![route],
+                    seq: 1,
+                };
+                Ok((IngressKey::new("bench", &format!("app-{i}"))?, entry))
+            })
+            .collect()
+    }
+
+    /// Reads one HTTP/1.1 response with a Content-Length body; returns its status and whether
+    /// the server keeps the connection open.
+    async fn response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, bool)> {
+        buf.clear();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let status: u16 = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .context("bad status line")?;
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let close =
+                    head.lines().any(|l| l.starts_with("connection:") && l.contains("close"));
+                while buf.len() < end + 4 + length {
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        bail!("connection closed inside a body");
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                return Ok((status, !close));
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                bail!("connection closed before a response");
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Requests/s for `host` over `connections` connections for `seconds`; every answer must
+    /// have status `expect`.
+    async fn load(addr: SocketAddr, host: &str, expect: u16, a: &RoutingArgs) -> Result<f64> {
+        let deadline = Instant::now() + Duration::from_secs(a.seconds);
+        let request =
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-bench\r\n\r\n");
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..a.connections {
+            let request = request.clone();
+            tasks.spawn(async move {
+                let mut done = 0u64;
+                let mut buf = Vec::with_capacity(4096);
+                while Instant::now() < deadline {
+                    let mut stream = TcpStream::connect(addr).await?;
+                    stream.set_nodelay(true)?;
+                    loop {
+                        stream.write_all(request.as_bytes()).await?;
+                        let (status, keep) = response(&mut stream, &mut buf).await?;
+                        if status != expect {
+                            bail!("answered {status}, expected {expect}");
+                        }
+                        done += 1;
+                        if !keep || Instant::now() >= deadline {
+                            break;
+                        }
+                    }
+                }
+                Ok::<u64, anyhow::Error>(done)
+            });
+        }
+        let started = Instant::now();
+        let mut total = 0;
+        while let Some(done) = tasks.join_next().await {
+            total += done??;
+        }
+        Ok(total as f64 / started.elapsed().as_secs_f64())
+    }
+
+    pub async fn run(a: RoutingArgs) -> Result<()> {
+        let haproxy = if std::path::Path::new("/usr/sbin/haproxy").exists() {
+            "/usr/sbin/haproxy"
+        } else {
+            "haproxy"
+        };
+        let ip = random_loopback_ip();
+        let backend = HttpBackend::start(ip, free_port(ip.into()), "web@node-1").await?;
+        println!(
+            "requests/s through one HAProxy, {} keep-alive connections, {} s per case\n",
+            a.connections, a.seconds
+        );
+        println!(
+            "| routes | config + maps | haproxy -c | first route | last route | unknown host (404) | last / first | unknown / first |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for &n in &a.routes {
+            let dir = TestDir::new("hafleet-bench-routing")?;
+            let model = model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?);
+            let bundle = Renderer::builtin().render(&model)?;
+            let config = dir.path().join("haproxy.cfg");
+            std::fs::create_dir_all(dir.path().join(hafleet_proto::MAPS_DIR))?;
+            std::fs::write(&config, &bundle.config)?;
+            for m in &bundle.maps {
+                std::fs::write(dir.path().join(m.name.relative_path()), &m.content)?;
+            }
+            let started = Instant::now();
+            let check = std::process::Command::new(haproxy)
+                .arg("-c")
+                .arg("-q")
+                .arg("-f")
+                .arg(&config)
+                .output()?;
+            let check_ms = started.elapsed().as_secs_f64() * 1000.0;
+            anyhow::ensure!(
+                check.status.success(),
+                "haproxy -c: {}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+            let http = SocketAddr::new(ip.into(), free_port(ip.into()));
+            let mut cmd = std::process::Command::new(haproxy);
+            cmd.arg("-db").arg("-f").arg(&config).env("HAFLEET_HTTP_BIND", http.to_string());
+            let mut child =
+                ChildGuard::spawn("haproxy", &mut cmd, &dir.path().join("haproxy.log"))?;
+            child
+                .wait_ready(Duration::from_secs(30), || async move {
+                    TcpStream::connect(http).await.is_ok()
+                })
+                .await?;
+            // Warm-up, then the three cases.
+            load(http, "app-0.example.com", 200, &RoutingArgs { seconds: 1, ..a.clone_args() })
+                .await?;
+            let first = load(http, "app-0.example.com", 200, &a).await?;
+            let last = load(http, &format!("app-{}.example.com", n - 1), 200, &a).await?;
+            let unknown = load(http, "nobody.example.com", 404, &a).await?;
+            println!(
+                "| {n} | {:.0} KB | {check_ms:.0} ms | {first:.0} | {last:.0} | {unknown:.0} | {:.0}% | {:.0}% |",
+                bundle.size() as f64 / 1e3,
+                100.0 * last / first,
+                100.0 * unknown / first
+            );
+            child.kill();
+        }
+        Ok(())
+    }
+
+    impl RoutingArgs {
+        fn clone_args(&self) -> RoutingArgs {
+            RoutingArgs {
+                routes: self.routes.clone(),
+                seconds: self.seconds,
+                connections: self.connections,
+            }
+        }
+    }
 }
