@@ -26,3 +26,4 @@ bench:
 	cargo build --release --workspace --bins
 	target/release/hafleet-bench
 	target/release/hafleet-bench routing
+	target/release/hafleet-bench history
