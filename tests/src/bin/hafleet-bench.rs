@@ -566,7 +566,7 @@ mod history {
         hafleet_tests::eventually(Duration::from_secs(900), "renderer idle", || {
             let js = js.clone();
             async move {
-                let mut stream = js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+                let stream = js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
                 let info = stream.consumer_info(hafleet_proto::RENDERER_CONSUMER).await?;
                 anyhow::ensure!(
                     info.num_pending == 0 && info.num_ack_pending == 0,
