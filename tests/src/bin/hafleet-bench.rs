@@ -51,6 +51,10 @@ struct Args {
     /// HAProxy hosts in the fleet.
     #[arg(long, default_value_t = 3)]
     hosts: usize,
+    /// Ingresses created (16 at a time) before measuring, so that every change is measured
+    /// against a fleet of this size.
+    #[arg(long, default_value_t = 0)]
+    existing: usize,
 }
 
 fn ingress(name: &str, host: &str) -> Ingress {
@@ -120,6 +124,37 @@ async fn pipeline(args: Args) -> Result<()> {
     // Warm-up: the first rollout also opens SSH connections.
     api.create(&PostParams::default(), &ingress("warm", "warm.example.com")).await?;
     until_served(&stack, "warm.example.com").await?;
+
+    if args.existing > 0 {
+        use futures::StreamExt as _;
+        let started = Instant::now();
+        let api = &api;
+        let created: Vec<_> = futures::stream::iter(0..args.existing)
+            .map(|i| async move {
+                api.create(
+                    &PostParams::default(),
+                    &ingress(&format!("existing-{i}"), &format!("existing-{i}.example.com")),
+                )
+                .await
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        for c in created {
+            c?;
+        }
+        let sent = started.elapsed().as_secs_f64();
+        until_served(&stack, &format!("existing-{}.example.com", args.existing - 1)).await?;
+        until_served(&stack, "existing-0.example.com").await?;
+        let size = stack.latest_version().await?.map(|v| v.size).unwrap_or(0);
+        println!(
+            "{} existing Ingresses: created in {sent:.1} s, served everywhere after {:.1} s; \
+             config + maps {:.1} MB\n",
+            args.existing,
+            started.elapsed().as_secs_f64(),
+            size as f64 / 1e6
+        );
+    }
 
     let mut converge = Vec::new();
     let mut apply = Vec::new();
