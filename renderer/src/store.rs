@@ -157,16 +157,20 @@ impl Store {
         Ok(desired)
     }
 
+    /// Fleets that have versions, in name order. Seeks from one fleet's prefix to the next
+    /// instead of walking every version: it runs after every batch.
     fn fleets_with_versions(&self) -> Result<Vec<FleetName>, StoreError> {
         let mut fleets = Vec::new();
-        for item in self.versions.iter().keys() {
-            let key = item?;
+        let mut from: Vec<u8> = Vec::new();
+        while let Some(item) = self.versions.range(from.as_slice()..).next() {
+            let (key, _) = item?;
             let end = key.iter().position(|b| *b == 0).unwrap_or(key.len());
-            if let Ok(f) = FleetName::new(String::from_utf8_lossy(&key[..end]).into_owned())
-                && fleets.last() != Some(&f)
-            {
+            if let Ok(f) = FleetName::new(String::from_utf8_lossy(&key[..end]).into_owned()) {
                 fleets.push(f);
             }
+            // The smallest key after every "<fleet>\0…" key.
+            from = key[..end].to_vec();
+            from.push(1);
         }
         Ok(fleets)
     }
@@ -451,5 +455,7 @@ mod tests {
         store.commit(&[], &[version(&other, 99)], 2).unwrap();
         assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 12);
         assert_eq!(store.versions(&fleet).unwrap().len(), 12);
+        assert_eq!(store.fleets_with_versions().unwrap(), [fleet.clone(), other.clone()]);
+        assert_eq!(store.unpublished().unwrap().len(), 13, "every fleet's versions");
     }
 }
