@@ -21,6 +21,11 @@ pub struct RenderModel {
     pub fleet: String,
     pub rules: Vec<RuleModel>,
     pub backends: Vec<BackendModel>,
+    /// With node health checks on: every node a `Cluster` backend lists, addressed at its
+    /// health port, in name order; the template checks each once and servers `track` them.
+    pub nodes: Vec<ServerModel>,
+    /// The path node health checks ask for (`None`: node health checks off).
+    pub node_check_path: Option<String>,
     pub notes: Vec<String>,
 }
 
@@ -50,7 +55,12 @@ pub struct ServerModel {
     pub name: String,
     /// `ip:port`, IPv6 in brackets.
     pub addr: String,
+    /// `hafleet_nodes/<node>`: the server takes its node's health instead of checking itself.
+    pub track: Option<String>,
 }
+
+/// HAProxy proxy name of the backend that health-checks nodes.
+pub const NODES_BACKEND: &str = "hafleet_nodes";
 
 /// HAProxy proxy name of a Service port. Kubernetes names never contain `_`, so the parts cannot
 /// run into each other.
@@ -62,16 +72,26 @@ fn backend_name(s: &ServiceRef) -> String {
 pub const DEFAULT_SERVERS_PER_BACKEND: usize = 10;
 
 /// Settings that change what a model holds. Replay must use the renderer's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// Most nodes a `Cluster` Service's backend lists (0: all). `Local` Services always list
     /// every node they are given: there, nodes are not interchangeable.
     pub servers_per_backend: usize,
+    /// Check each node's health once (e.g. kube-proxy's `:10256/healthz`) and have the
+    /// servers of `Cluster` backends track it, instead of checking every server.
+    pub node_health: Option<NodeHealth>,
+}
+
+/// Where a node answers for its own health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub port: u16,
+    pub path: hafleet_proto::HttpPath,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { servers_per_backend: DEFAULT_SERVERS_PER_BACKEND }
+        Options { servers_per_backend: DEFAULT_SERVERS_PER_BACKEND, node_health: None }
     }
 }
 
@@ -117,8 +137,16 @@ pub fn subset(backend: &Backend, k: usize) -> Vec<&Server> {
     kept
 }
 
+/// Whether a backend's servers track their nodes' health rather than checking themselves:
+/// only `Cluster` ones, where any node that forwards at all can serve. A `Local` Service is
+/// served only by nodes with an endpoint of their own, which a node check cannot see.
+fn tracks_nodes(backend: &Backend, options: &Options) -> bool {
+    options.node_health.is_some() && backend.traffic_policy == TrafficPolicy::Cluster
+}
+
 fn backend_model(name: String, backend: &Backend, options: &Options) -> BackendModel {
     let s = &backend.service;
+    let track = tracks_nodes(backend, options);
     BackendModel {
         name,
         service: format!("{}/{}:{}", s.namespace, s.name, s.port),
@@ -127,6 +155,7 @@ fn backend_model(name: String, backend: &Backend, options: &Options) -> BackendM
             .map(|s| ServerModel {
                 name: s.node.to_string(),
                 addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
+                track: track.then(|| format!("{NODES_BACKEND}/{}", s.node)),
             })
             .collect(),
     }
@@ -151,7 +180,7 @@ pub fn build_with(
 
     // Claims borrow from the state: nothing is copied until a rule wins its claim.
     let mut claimed: BTreeMap<Claim<'_>, (RuleModel, &IngressKey)> = BTreeMap::new();
-    let mut backends: BTreeMap<String, (u64, BackendModel)> = BTreeMap::new();
+    let mut backends: BTreeMap<String, (u64, BackendModel, &Backend)> = BTreeMap::new();
     let mut notes = Vec::new();
 
     for (key, entry) in owners {
@@ -202,11 +231,11 @@ pub fn build_with(
             match backends.entry(name) {
                 Entry::Vacant(slot) => {
                     let model = backend_model(slot.key().clone(), &route.backend, options);
-                    slot.insert((entry.seq, model));
+                    slot.insert((entry.seq, model, &route.backend));
                 }
                 Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
                     let model = backend_model(slot.key().clone(), &route.backend, options);
-                    slot.insert((entry.seq, model));
+                    slot.insert((entry.seq, model, &route.backend));
                 }
                 Entry::Occupied(_) => {}
             }
@@ -220,10 +249,38 @@ pub fn build_with(
         order(a).cmp(&order(b)).then_with(|| a.host.cmp(&b.host)).then_with(|| a.path.cmp(&b.path))
     });
 
+    // The nodes tracked servers follow, each once, at the address of the newest event that
+    // names it.
+    let mut nodes: BTreeMap<&str, (u64, std::net::IpAddr)> = BTreeMap::new();
+    if options.node_health.is_some() {
+        for (seq, _, backend) in backends.values() {
+            if !tracks_nodes(backend, options) {
+                continue;
+            }
+            for s in subset(backend, options.servers_per_backend) {
+                let slot = nodes.entry(s.node.as_str()).or_insert((*seq, s.addr));
+                if *seq > slot.0 {
+                    *slot = (*seq, s.addr);
+                }
+            }
+        }
+    }
+    let health = options.node_health.as_ref();
     RenderModel {
         fleet: fleet.to_string(),
         rules,
-        backends: backends.into_values().map(|(_, b)| b).collect(),
+        backends: backends.into_values().map(|(_, b, _)| b).collect(),
+        nodes: nodes
+            .into_iter()
+            .filter_map(|(name, (_, ip))| {
+                Some(ServerModel {
+                    name: name.to_owned(),
+                    addr: std::net::SocketAddr::new(ip, health?.port).to_string(),
+                    track: None,
+                })
+            })
+            .collect(),
+        node_check_path: health.map(|h| h.path.to_string()),
         notes,
     }
 }

@@ -39,6 +39,9 @@ struct Context<'a> {
     /// How many host + path rules the maps hold.
     routes: usize,
     backends: &'a [BackendModel],
+    /// Nodes to health-check once each (empty when node health checks are off).
+    nodes: &'a [crate::model::ServerModel],
+    node_check_path: Option<&'a str>,
     notes: &'a [String],
 }
 
@@ -68,6 +71,8 @@ impl Renderer {
             fleet: "check".into(),
             rules: vec![],
             backends: vec![],
+            nodes: vec![],
+            node_check_path: None,
             notes: vec![],
         })?;
         Ok(renderer)
@@ -92,6 +97,8 @@ impl Renderer {
             maps: &maps.paths,
             routes: model.rules.len(),
             backends: &model.backends,
+            nodes: &model.nodes,
+            node_check_path: model.node_check_path.as_deref(),
             notes: &model.notes,
         };
         let mut config = template.render(context).map_err(RenderError::Render)?;
@@ -159,11 +166,11 @@ mod tests {
         assert!(growth < 0.10, "{small} -> {large} bytes: {:.1}% more", growth * 100.0);
         // Without subsets it would grow about tenfold: the bound is what keeps it flat.
         let all = Renderer::builtin()
-            .with_options(crate::model::Options { servers_per_backend: 0 })
+            .with_options(crate::model::Options { servers_per_backend: 0, node_health: None })
             .render(&crate::model::build_with(
                 &name,
                 &fleet(2000, 200),
-                &crate::model::Options { servers_per_backend: 0 },
+                &crate::model::Options { servers_per_backend: 0, node_health: None },
             ))
             .unwrap()
             .size();

@@ -33,10 +33,8 @@ pub struct RunArgs {
     /// every fleet's desired state and config history.
     #[arg(long, env = "HAFLEET_DATA_DIR", default_value = "/var/lib/hafleet/renderer")]
     pub data_dir: PathBuf,
-    /// minijinja template to render instead of the built-in one (see
-    /// renderer/templates/haproxy.cfg.j2 for the model it receives).
-    #[arg(long, env = "HAFLEET_TEMPLATE")]
-    pub template: Option<PathBuf>,
+    #[command(flatten)]
+    pub render: RenderArgs,
     /// How long to wait for more route events after one arrives, so that a burst of changes
     /// makes one version instead of many.
     #[arg(long, env = "HAFLEET_COALESCE_MS", default_value_t = 200)]
@@ -44,20 +42,52 @@ pub struct RunArgs {
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
-    /// Most nodes listed in the backend of a Service with `externalTrafficPolicy: Cluster`
-    /// (0: every Ready node). Any node forwards such a Service's traffic, so a bounded,
-    /// deterministic subset (rendezvous hashing on Service and node names) keeps configs and
-    /// health checks growing as Services + nodes rather than Services × nodes, and a node
-    /// joining or leaving moves only the backends that hash to it. `Local` Services always
-    /// list every node. `replay` must be given the same value.
-    #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
-          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
-    pub servers_per_backend: usize,
     /// Seconds between tries to publish a version that could not be published.
     #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", default_value_t = 5)]
     pub publish_retry_secs: u64,
     #[command(flatten)]
     pub retention: RetentionArgs,
+}
+
+/// Everything that decides what a config looks like. `replay` takes the same flags (and reads
+/// the same environment variables): it is byte for byte the renderer's output only with them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RenderArgs {
+    /// minijinja template to render instead of the built-in one (see
+    /// renderer/templates/haproxy.cfg.j2 for the model it receives).
+    #[arg(long, env = "HAFLEET_TEMPLATE")]
+    pub template: Option<PathBuf>,
+    /// Most nodes listed in the backend of a Service with `externalTrafficPolicy: Cluster`
+    /// (0: every Ready node). Any node forwards such a Service's traffic, so a bounded,
+    /// deterministic subset (rendezvous hashing on Service and node names) keeps configs and
+    /// health checks growing as Services + nodes rather than Services × nodes, and a node
+    /// joining or leaving moves only the backends that hash to it. `Local` Services always
+    /// list every node.
+    #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
+          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
+    pub servers_per_backend: usize,
+    /// Check each node's health once, on this port of the node (kube-proxy answers on 10256),
+    /// and have the servers of `Cluster` backends track it (`track`) instead of checking each
+    /// Service on each node. 0 (the default): every server checks its own NodePort.
+    #[arg(long, env = "HAFLEET_NODE_HEALTH_PORT", default_value_t = 0)]
+    pub node_health_port: u16,
+    /// The path node health checks ask for.
+    #[arg(long, env = "HAFLEET_NODE_HEALTH_PATH", default_value = "/healthz")]
+    pub node_health_path: hafleet_proto::HttpPath,
+}
+
+impl RenderArgs {
+    /// The renderer these flags describe.
+    pub fn renderer(&self) -> anyhow::Result<Renderer> {
+        let node_health = (self.node_health_port != 0).then(|| crate::model::NodeHealth {
+            port: self.node_health_port,
+            path: self.node_health_path.clone(),
+        });
+        Ok(Renderer::load(self.template.as_deref())?.with_options(crate::model::Options {
+            servers_per_backend: self.servers_per_backend,
+            node_health,
+        }))
+    }
 }
 
 /// How much history NATS keeps, and how often the renderer checkpoints its desired state so
@@ -97,8 +127,7 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let renderer = Renderer::load(args.template.as_deref())?
-        .with_options(crate::model::Options { servers_per_backend: args.servers_per_backend });
+    let renderer = args.render.renderer()?;
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
     let r = &args.retention;

@@ -17,6 +17,10 @@ struct Fixture {
 }
 
 fn render_fixture(name: &str) -> Bundle {
+    render_fixture_with(name, Renderer::builtin())
+}
+
+fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     let fixtures: Vec<Fixture> =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -35,7 +39,7 @@ fn render_fixture(name: &str) -> Bundle {
         })
         .collect();
     let fleet = FleetName::new("edge").unwrap();
-    Renderer::builtin().render(&model::build(&fleet, &ingresses)).unwrap()
+    renderer.render(&model::build_with(&fleet, &ingresses, renderer.options())).unwrap()
 }
 
 /// The bundle as one text for a snapshot: the config, then each map file.
@@ -76,6 +80,24 @@ fn assert_haproxy_accepts(bundle: &Bundle) {
 fn shop_fleet() {
     let bundle = render_fixture("shop.json");
     insta::assert_snapshot!(snapshot_text(&bundle));
+    assert_haproxy_accepts(&bundle);
+}
+
+#[test]
+fn shop_fleet_with_node_health_checks() {
+    let options = model::Options {
+        node_health: Some(model::NodeHealth {
+            port: 10256,
+            path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
+        }),
+        ..Default::default()
+    };
+    let bundle = render_fixture_with("shop.json", Renderer::builtin().with_options(options));
+    let text = snapshot_text(&bundle);
+    // Cluster servers track their node; each node is checked once.
+    assert!(text.contains("backend hafleet_nodes\n"), "{text}");
+    assert!(text.contains(" no-check track hafleet_nodes/"), "{text}");
+    insta::assert_snapshot!(text);
     assert_haproxy_accepts(&bundle);
 }
 

@@ -6,7 +6,7 @@ use anyhow::Result;
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::proc::tcp_accepts;
 use hafleet_tests::stack::Component;
-use hafleet_tests::{eventually, http_get, wait_for};
+use hafleet_tests::{HttpBackend, eventually, http_get, wait_for};
 use kube::api::DeleteParams;
 use std::time::Duration;
 
@@ -191,5 +191,63 @@ async fn a_host_whose_sshd_goes_down_is_skipped_and_catches_up() -> Result<()> {
     );
     world.stack.hosts[1].start_sshd().await?;
     expect_everywhere(&world.stack, "b.example.com", "/", 200, "api@").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is_drained()
+-> Result<()> {
+    let mut world = World::start().await?;
+    // What kube-proxy answers on each node: its health, on one port for every node.
+    let port = 10256;
+    let ip = |i: usize| match world.backends[i].addr().ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        other => panic!("IPv4 nodes expected, got {other}"),
+    };
+    let health1 = HttpBackend::start(ip(0), port, "healthy@node-1").await?;
+    let health2 = HttpBackend::start(ip(1), port, "healthy@node-2").await?;
+    world.stack.kill(Component::Renderer);
+    world
+        .stack
+        .start_component_with(Component::Renderer, &[("HAFLEET_NODE_HEALTH_PORT", "10256")])?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    let stack = &world.stack;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
+    let config = stack.hosts[0].live_config();
+    assert!(config.contains("backend hafleet_nodes"), "{config}");
+    assert_eq!(config.matches(" no-check track hafleet_nodes/").count(), 4, "{config}");
+
+    // Checks go to the nodes' health port, none to the Services' NodePorts.
+    let nodeport_hits = |w: &World| w.backends.iter().map(|b| b.hits()).sum::<u64>();
+    let (before, checks_before) = (nodeport_hits(&world), health1.hits() + health2.hits());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(nodeport_hits(&world), before, "no health check reached a NodePort");
+    assert!(
+        health1.hits() + health2.hits() >= checks_before + 4,
+        "nodes checked: {} -> {}",
+        checks_before,
+        health1.hits() + health2.hits()
+    );
+
+    // node-2 stops answering for its health: every Service's servers on it are drained at once.
+    drop(health2);
+    for h in &stack.hosts {
+        let addr = h.http_addr();
+        eventually(CONVERGE, &format!("node-2 drained on {}", h.name()), || async move {
+            for (host, service) in [("shop.example.com", "web"), ("blog.example.com", "api")] {
+                for _ in 0..4 {
+                    let (status, body) = http_get(addr, host, "/").await?;
+                    anyhow::ensure!(
+                        status == 200 && body.starts_with(&format!("{service}@node-1")),
+                        "{host}: {status} {body}"
+                    );
+                }
+            }
+            Ok(())
+        })
+        .await?;
+    }
     Ok(())
 }

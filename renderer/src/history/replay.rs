@@ -6,14 +6,12 @@
 use super::cli::{Common, diff, print_bundle};
 use crate::bus;
 use crate::checkpoint::{Base, base_for};
-use crate::render::Renderer;
 use crate::state::{self, Applied, Desired};
 use anyhow::{Context as _, bail};
 use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use futures::StreamExt as _;
 use hafleet_proto::RouteMessage;
 use std::io::IsTerminal as _;
-use std::path::PathBuf;
 use std::time::Duration;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -56,14 +54,10 @@ pub struct ReplayArgs {
     /// The point, where replay started, the sha256 and the bundle as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Render with this template instead of the built-in one; the result is byte for byte the
-    /// version of that time only with the template the renderer used then.
-    #[arg(long, env = "HAFLEET_TEMPLATE")]
-    pub template: Option<PathBuf>,
-    /// The renderer's --servers-per-backend: it changes which servers a config lists.
-    #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
-          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
-    pub servers_per_backend: usize,
+    /// The renderer's own settings (template, servers per backend, node health): the result
+    /// is byte for byte the version of that time only with the ones the renderer used then.
+    #[command(flatten)]
+    pub render: crate::run::RenderArgs,
 }
 
 /// How long to wait for the next stream message before calling the stream stuck.
@@ -71,8 +65,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `hafleet-renderer replay`.
 pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let renderer = Renderer::load(args.template.as_deref())?
-        .with_options(crate::model::Options { servers_per_backend: args.servers_per_backend });
+    let renderer = args.render.renderer()?;
     let common = &args.common;
     let bus = common.nats.connect().await?;
     let bounds = bus::routes_bounds(&bus).await?;
