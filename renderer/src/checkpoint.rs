@@ -138,9 +138,9 @@ pub fn base_for(checkpoints: &[u64], until: u64, first_seq: u64) -> Result<Base,
     }
 }
 
-/// Checkpoints that can no longer serve any replay or restart: those before the stream's
-/// first message, except the newest of them (a restart may still need it) and any a later
-/// one cannot replace.
+/// Checkpoints that can no longer serve any replay: those more than one sequence before the
+/// stream's first kept message (the messages after them are gone). The newest checkpoint is
+/// always kept: a renderer on an empty store starts from it.
 pub fn prunable(checkpoints: &[u64], first_seq: u64) -> Vec<u64> {
     let newest = checkpoints.iter().copied().max();
     checkpoints.iter().copied().filter(|c| c + 1 < first_seq && Some(*c) != newest).collect()

@@ -161,6 +161,32 @@ fn backend_model(name: String, backend: &Backend, options: &Options) -> BackendM
     }
 }
 
+/// The nodes tracked servers follow, each once and at its health port, at the address of the
+/// newest event (`seq`) that names it; in node-name order.
+fn tracked_nodes<'a>(
+    backends: impl Iterator<Item = (u64, &'a Backend)>,
+    health: &NodeHealth,
+    options: &Options,
+) -> Vec<ServerModel> {
+    let mut nodes: BTreeMap<&str, (u64, std::net::IpAddr)> = BTreeMap::new();
+    for (seq, backend) in backends.filter(|(_, b)| tracks_nodes(b, options)) {
+        for s in subset(backend, options.servers_per_backend) {
+            let slot = nodes.entry(s.node.as_str()).or_insert((seq, s.addr));
+            if seq > slot.0 {
+                *slot = (seq, s.addr);
+            }
+        }
+    }
+    nodes
+        .into_iter()
+        .map(|(name, (_, ip))| ServerModel {
+            name: name.to_owned(),
+            addr: std::net::SocketAddr::new(ip, health.port).to_string(),
+            track: None,
+        })
+        .collect()
+}
+
 /// What a rule claims: host (`None`: any), path (a prefix without its trailing `/`), kind.
 type Claim<'a> = (Option<&'a str>, std::borrow::Cow<'a, str>, PathKind);
 
@@ -249,38 +275,18 @@ pub fn build_with(
         order(a).cmp(&order(b)).then_with(|| a.host.cmp(&b.host)).then_with(|| a.path.cmp(&b.path))
     });
 
-    // The nodes tracked servers follow, each once, at the address of the newest event that
-    // names it.
-    let mut nodes: BTreeMap<&str, (u64, std::net::IpAddr)> = BTreeMap::new();
-    if options.node_health.is_some() {
-        for (seq, _, backend) in backends.values() {
-            if !tracks_nodes(backend, options) {
-                continue;
-            }
-            for s in subset(backend, options.servers_per_backend) {
-                let slot = nodes.entry(s.node.as_str()).or_insert((*seq, s.addr));
-                if *seq > slot.0 {
-                    *slot = (*seq, s.addr);
-                }
-            }
+    let nodes = match &options.node_health {
+        Some(health) => {
+            tracked_nodes(backends.values().map(|(seq, _, b)| (*seq, *b)), health, options)
         }
-    }
-    let health = options.node_health.as_ref();
+        None => vec![],
+    };
     RenderModel {
         fleet: fleet.to_string(),
         rules,
         backends: backends.into_values().map(|(_, b, _)| b).collect(),
-        nodes: nodes
-            .into_iter()
-            .filter_map(|(name, (_, ip))| {
-                Some(ServerModel {
-                    name: name.to_owned(),
-                    addr: std::net::SocketAddr::new(ip, health?.port).to_string(),
-                    track: None,
-                })
-            })
-            .collect(),
-        node_check_path: health.map(|h| h.path.to_string()),
+        nodes,
+        node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),
         notes,
     }
 }

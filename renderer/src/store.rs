@@ -341,20 +341,21 @@ impl Store {
         applied_seq: u64,
         floors: &std::collections::BTreeMap<FleetName, u64>,
     ) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for (fleet, ingresses) in desired {
-            for (key, entry) in ingresses {
-                let k = join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
-                batch.insert(k, serde_json::to_vec(entry).expect("entries serialize"));
-            }
-        }
-        self.ingresses.apply_batch(batch)?;
+        // Floors first: alone they only raise numbers, and they leave the store empty, so a
+        // crash before the commit below restores again at the next start.
         for (fleet, n) in floors {
             self.meta.insert(floor_key(fleet), &n.to_be_bytes())?;
         }
-        self.meta.insert(APPLIED_SEQ, &applied_seq.to_be_bytes())?;
-        self.db.flush()?;
-        Ok(())
+        // The state and its sequence in one transaction, as every batch commits them.
+        let writes: Vec<StateWrite> = desired
+            .iter()
+            .flat_map(|(fleet, ingresses)| {
+                ingresses
+                    .iter()
+                    .map(|(key, entry)| StateWrite::Put(fleet.clone(), key.clone(), entry.clone()))
+            })
+            .collect();
+        self.commit(&writes, &[], applied_seq)
     }
 
     /// The number a fleet's versions must stay above because a checkpoint said so (0: none).
@@ -440,6 +441,21 @@ mod tests {
         let unpublished: Vec<u64> =
             store.unpublished().unwrap().iter().map(|v| v.version).collect();
         assert_eq!(unpublished, [2]);
+    }
+
+    #[test]
+    fn versions_written_as_plain_json_by_earlier_builds_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let old = version(&fleet, 3);
+        store.versions.insert(version_key(&fleet, 3), old.encode()).unwrap();
+        assert_eq!(store.version(&fleet, 3).unwrap(), Some(old.clone()));
+        // What this build writes is compressed, and reads back the same.
+        store.commit(&[], &[version(&fleet, 4)], 1).unwrap();
+        let raw = store.versions.get(version_key(&fleet, 4)).unwrap().unwrap();
+        assert!(raw.starts_with(&ZSTD_MAGIC));
+        assert_eq!(store.version(&fleet, 4).unwrap(), Some(version(&fleet, 4)));
     }
 
     #[test]

@@ -138,8 +138,7 @@ async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_
 -> Result<()> {
     let mut world = World::start().await?;
     // Checkpoint after every batch, with the routes stream's size bounded by a flag.
-    world.stack.kill(Component::Renderer);
-    world.stack.start_component_with(
+    world.stack.restart_with(
         Component::Renderer,
         &[("HAFLEET_CHECKPOINT_EVERY", "1"), ("HAFLEET_ROUTES_MAX_BYTES", "64MiB")],
     )?;

@@ -117,8 +117,20 @@ impl World {
 
     /// Creates an Ingress on fleet `edge`.
     pub async fn route(&self, name: &str, host: &str, path: &str, service: &str) -> Result<()> {
+        self.route_on("edge", name, host, path, service).await
+    }
+
+    /// Creates an Ingress on `fleet`.
+    pub async fn route_on(
+        &self,
+        fleet: &str,
+        name: &str,
+        host: &str,
+        path: &str,
+        service: &str,
+    ) -> Result<()> {
         self.ingresses
-            .create(&PostParams::default(), &ingress(name, Some("edge"), host, path, service))
+            .create(&PostParams::default(), &ingress(name, Some(fleet), host, path, service))
             .await?;
         Ok(())
     }
@@ -149,8 +161,7 @@ pub async fn render_with(
     assert!(template.contains(marker));
     let path = world.stack.dir().join(name);
     std::fs::write(&path, template)?;
-    world.stack.kill(Component::Renderer);
-    world.stack.start_component_with(
+    world.stack.restart_with(
         Component::Renderer,
         &[("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path"))],
     )?;

@@ -206,10 +206,7 @@ async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is
     };
     let health1 = HttpBackend::start(ip(0), port, "healthy@node-1").await?;
     let health2 = HttpBackend::start(ip(1), port, "healthy@node-2").await?;
-    world.stack.kill(Component::Renderer);
-    world
-        .stack
-        .start_component_with(Component::Renderer, &[("HAFLEET_NODE_HEALTH_PORT", "10256")])?;
+    world.stack.restart_with(Component::Renderer, &[("HAFLEET_NODE_HEALTH_PORT", "10256")])?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     world.route("blog", "blog.example.com", "/", "api").await?;
     let stack = &world.stack;

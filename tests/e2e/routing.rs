@@ -94,13 +94,7 @@ async fn each_fleet_serves_only_its_own_ingresses_and_an_ingress_can_move() -> R
     let stack = &world.stack;
     let core = stack.start_extra_fleet("core", 1).await?;
     world.route("shop", "shop.example.com", "/", "web").await?;
-    world
-        .ingresses
-        .create(
-            &PostParams::default(),
-            &ingress("intranet", Some("core"), "intra.example.com", "/", "api"),
-        )
-        .await?;
+    world.route_on("core", "intranet", "intra.example.com", "/", "api").await?;
 
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
     expect_on(&core.hosts, stack, "intra.example.com", "/", 200, "api@").await?;
@@ -183,8 +177,7 @@ fn servers_of(config: &str, backend: &str) -> Vec<String> {
 async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_services_every_node()
 -> Result<()> {
     let mut world = World::start().await?;
-    world.stack.kill(hafleet_tests::stack::Component::Renderer);
-    world.stack.start_component_with(
+    world.stack.restart_with(
         hafleet_tests::stack::Component::Renderer,
         &[("HAFLEET_SERVERS_PER_BACKEND", "1")],
     )?;

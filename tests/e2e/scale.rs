@@ -80,8 +80,7 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
     );
     let path = world.stack.dir().join("edge-padded.cfg.j2");
     std::fs::write(&path, template)?;
-    world.stack.kill(Component::Renderer);
-    world.stack.start_component_with(
+    world.stack.restart_with(
         Component::Renderer,
         &[
             ("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path")),
@@ -90,13 +89,7 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
     )?;
 
     // Fleet core gets its routes while edge's version is stuck.
-    world
-        .ingresses
-        .create(
-            &PostParams::default(),
-            &ingress("intranet", Some("core"), "intra.example.com", "/", "api"),
-        )
-        .await?;
+    world.route_on("core", "intranet", "intra.example.com", "/", "api").await?;
     expect_on(&core.hosts, &world.stack, "intra.example.com", "/", 200, "api@").await?;
     let stack = &world.stack;
     eventually(CONVERGE, "the stuck publish reported", || async move {

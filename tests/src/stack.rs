@@ -219,6 +219,12 @@ impl Stack {
         Ok(())
     }
 
+    /// Kills a component and starts it again with extra environment (new flags, say).
+    pub fn restart_with(&mut self, c: Component, env: &[(&str, &str)]) -> Result<()> {
+        self.kill(c);
+        self.start_component_with(c, env)
+    }
+
     /// Whether a component's process is still running.
     pub fn is_running(&mut self, c: Component) -> bool {
         self.slot(c).as_mut().is_some_and(|child| child.is_running())
