@@ -28,7 +28,10 @@ pub use values::*;
 ///
 /// 2: config versions carry a bundle (config and map files), inline or in the object store.
 /// Route messages and reports did not change, so schema 1 ones are still read.
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: route messages name a backend's NodePort instead of listing its servers, and the nodes
+/// travel once in their own message ([`NodesUpdate`]). Route messages of schema 1 and 2 and
+/// config versions of schema 2 are still read.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Hex sha256 of bytes, the one hash every component uses for configs and payloads.
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -62,6 +62,7 @@ pub struct ServiceRef {
 }
 
 /// One address HAProxy sends traffic to: a Ready node's InternalIP and the Service's NodePort.
+/// Only route messages of schema 1 and 2 list servers; see [`Backend::servers`].
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Server {
     pub node: ObjectName,
@@ -69,11 +70,20 @@ pub struct Server {
     pub port: u16,
 }
 
-/// The servers behind one Service port.
+/// The Service port behind a route. Its servers are the nodes of the newest [`NodesUpdate`]
+/// at `node_port`: nodes travel once, in their own message, so a node joining or leaving is one
+/// message however many Ingresses there are.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Backend {
     pub service: ServiceRef,
-    /// Sorted by node name; empty when no node is Ready (HAProxy then answers 503).
+    /// The Service port's NodePort. `None` when the Service does not exist (yet): no servers,
+    /// HAProxy answers 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
+    /// Route messages of schema 1 and 2 carried the servers themselves (every Ready node at
+    /// the NodePort, sorted by node name). Still read, and used as they are, so that replaying
+    /// old history renders what was rendered then; never sent any more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers: Vec<Server>,
     /// The Service's `externalTrafficPolicy`. Absent in messages means `Cluster` (and
     /// messages of watchers that did not send it were all treated as `Cluster`).
@@ -98,6 +108,24 @@ impl TrafficPolicy {
     pub fn is_cluster(&self) -> bool {
         *self == TrafficPolicy::Cluster
     }
+}
+
+/// A Ready node that routes go to: its name and InternalIP.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeAddr {
+    pub name: ObjectName,
+    pub addr: IpAddr,
+}
+
+/// Every node routes go to, published on [`crate::ROUTES_NODES_SUBJECT`] by a watcher after it
+/// (re)starts and whenever the set changes (a node joins, leaves, goes NotReady, changes its
+/// address or is excluded from load balancers). It replaces the previous set whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesUpdate {
+    pub schema: u32,
+    pub epoch: u64,
+    /// Sorted by name, each name once.
+    pub nodes: Vec<NodeAddr>,
 }
 
 /// One fully resolved routing rule of an Ingress.
@@ -155,6 +183,7 @@ pub struct RoutesSnapshot {
 pub enum RouteMessage {
     Event(RouteEvent),
     Snapshot(RoutesSnapshot),
+    Nodes(NodesUpdate),
 }
 
 impl RouteMessage {
@@ -174,10 +203,11 @@ pub struct Cause {
     pub stream_seq: u64,
     /// `None` for a snapshot sweep.
     pub ingress: Option<IngressKey>,
-    /// `upsert`, `delete`, `sweep`, `rerender`, `rollback` or `resume`.
+    /// `upsert`, `delete`, `sweep`, `nodes`, `rerender`, `rollback` or `resume`.
     pub what: String,
     pub resource_version: Option<String>,
-    /// Routes the change added, as `host/path (Kind)` (`*` for any host).
+    /// Routes the change added, as `host/path (Kind)` (`*` for any host); for `nodes`, the
+    /// nodes that joined or changed address, as `name (address)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added: Vec<String>,
     /// Routes the change removed, in the same form.
@@ -227,7 +257,7 @@ impl ConfigVersion {
     /// Decodes and, for an inline bundle, checks that it is the one the sha256 names (a
     /// bundle from the object store is checked by [`ConfigVersion::with_bundle`]).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, SCHEMA_VERSION)?;
+        check_schema_first(bytes, 2)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
         if let Body::Inline { bundle } = &v.body {
             bundle
@@ -326,14 +356,22 @@ mod tests {
                     name: ObjectName::new("api").unwrap(),
                     port: 80,
                 },
-                servers: vec![Server {
-                    node: ObjectName::new("node-1").unwrap(),
-                    addr: "127.0.0.2".parse().unwrap(),
-                    port: 30080,
-                }],
+                node_port: Some(30080),
+                servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
             },
         }
+    }
+
+    fn nodes() -> RouteMessage {
+        RouteMessage::Nodes(NodesUpdate {
+            schema: SCHEMA_VERSION,
+            epoch: 7,
+            nodes: vec![NodeAddr {
+                name: ObjectName::new("node-1").unwrap(),
+                addr: "127.0.0.2".parse().unwrap(),
+            }],
+        })
     }
 
     fn event(change: RouteChange) -> RouteMessage {
@@ -353,6 +391,7 @@ mod tests {
         for msg in [
             event(RouteChange::Upsert { routes: vec![route()] }),
             event(RouteChange::Delete),
+            nodes(),
             RouteMessage::Snapshot(RoutesSnapshot {
                 schema: SCHEMA_VERSION,
                 epoch: 7,
@@ -445,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn route_messages_and_reports_of_schema_1_are_still_read_config_versions_are_not() {
+    fn route_messages_of_schema_1_are_still_read_config_versions_only_from_schema_2() {
         let mut json: serde_json::Value =
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
         json["schema"] = 1.into();
@@ -454,6 +493,42 @@ mod tests {
         json["schema"] = 1.into();
         let err = ConfigVersion::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
         assert!(matches!(err, DecodeError::Schema { found: 1 }), "{err}");
+        json["schema"] = 2.into();
+        assert!(ConfigVersion::decode(&serde_json::to_vec(&json).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn a_schema_2_route_event_with_its_servers_is_still_read_as_it_was() {
+        let old = serde_json::json!({
+            "type": "event", "schema": 2, "fleet": "edge",
+            "ingress": {"namespace": "shop", "name": "web"},
+            "created_unix": 1, "resource_version": "4", "epoch": 1,
+            "change": {"op": "upsert", "routes": [{
+                "host": "shop.example.com", "path": "/", "kind": "Prefix",
+                "backend": {
+                    "service": {"namespace": "shop", "name": "web", "port": 80},
+                    "servers": [{"node": "n1", "addr": "10.0.0.1", "port": 30080}]
+                }
+            }]}
+        });
+        let RouteMessage::Event(e) = RouteMessage::decode(old.to_string().as_bytes()).unwrap()
+        else {
+            panic!("an event")
+        };
+        let RouteChange::Upsert { routes } = e.change else { panic!("an upsert") };
+        assert_eq!(routes[0].backend.node_port, None);
+        assert_eq!(routes[0].backend.servers[0].port, 30080);
+        // New messages never carry servers, and name the NodePort.
+        let new = String::from_utf8(event(RouteChange::Upsert { routes: vec![route()] }).encode())
+            .unwrap();
+        assert!(new.contains(r#""node_port":30080"#) && !new.contains("servers"), "{new}");
+    }
+
+    #[test]
+    fn an_unsafe_node_name_fails_to_decode() {
+        let mut json: serde_json::Value = serde_json::from_slice(&nodes().encode()).unwrap();
+        json["nodes"][0]["name"] = "n1 check inter 1".into();
+        assert!(RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).is_err());
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub const REPORTS_SUBJECTS: &str = "hafleet.reports.>";
 /// with `_`, so this cannot collide with a fleet's subject.
 pub const ROUTES_SNAPSHOT_SUBJECT: &str = "hafleet.routes._snapshot";
 
+/// Subject of the watcher's node sets ([`crate::NodesUpdate`]); like the snapshot's, it cannot
+/// collide with a fleet's subject.
+pub const ROUTES_NODES_SUBJECT: &str = "hafleet.routes._nodes";
+
 /// JetStream's de-duplication header: publishes that are retried carry the same id.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header naming the schema version of the payload.

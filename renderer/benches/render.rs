@@ -12,10 +12,11 @@ fn render(c: &mut Criterion) {
     let name = FleetName::new("edge").unwrap();
     let mut group = c.benchmark_group("render_fleet");
     for n in [10usize, 100, 1000, 5000] {
-        let state = common::fleet(n, 3);
+        let state = common::fleet(n);
+        let nodes = common::nodes(3);
         group.throughput(Throughput::Elements(n as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &state, |b, state| {
-            b.iter(|| renderer.render(&model::build(&name, state)).unwrap())
+            b.iter(|| renderer.render(&model::build(&name, state, &nodes)).unwrap())
         });
     }
     group.finish();

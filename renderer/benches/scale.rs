@@ -71,8 +71,8 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
     total
 }
 
-fn upsert(fleet: &FleetName, i: usize, nodes: usize, rv: usize) -> RouteMessage {
-    let mut routes = common::routes(i, nodes);
+fn upsert(fleet: &FleetName, i: usize, rv: usize) -> RouteMessage {
+    let mut routes = common::routes(i);
     // Every update moves the Exact rule, so each one changes the config.
     routes[1].path = hafleet_proto::HttpPath::new(format!("/v{rv}")).unwrap();
     RouteMessage::Event(RouteEvent {
@@ -101,9 +101,8 @@ fn one_change(
     let latest = store.latest_summary(fleet).unwrap();
     let latest = latest.as_ref().map(|l| Latest { version: l.number, sha256: &l.sha256 });
     let causes: Vec<Cause> = out.causes.remove(fleet).unwrap_or_default();
-    let v = next_version(renderer, fleet, &desired[fleet], latest, 0, causes, 0)
-        .unwrap()
-        .expect("a change");
+    let v =
+        next_version(renderer, fleet, desired, latest, 0, causes, 0).unwrap().expect("a change");
     let n = v.version;
     store.commit(&out.writes, &[v], seq).unwrap();
     store.set_published(fleet, n).unwrap();
@@ -119,12 +118,13 @@ fn main() {
         a.ingresses,
         a.ingresses * 2
     );
-    println!("| measure | nodes per backend | median | p90 | max | other |");
+    println!("| measure | nodes | median | p90 | max | other |");
     println!("|---|---|---|---|---|---|");
     for &nodes in &a.nodes {
         let before_kib = status_kib("VmRSS:");
         let mut desired = Desired::new();
-        desired.insert(fleet.clone(), common::fleet(a.ingresses, nodes));
+        desired.fleets.insert(fleet.clone(), common::fleet(a.ingresses));
+        desired.nodes = common::nodes(nodes);
         let state_kib = status_kib("VmRSS:").saturating_sub(before_kib);
 
         // Full render: model, template, maps, sha256.
@@ -133,9 +133,7 @@ fn main() {
         let mut size = 0;
         for _ in 0..reps {
             let started = Instant::now();
-            let v = next_version(&renderer, &fleet, &desired[&fleet], None, 0, vec![], 0)
-                .unwrap()
-                .unwrap();
+            let v = next_version(&renderer, &fleet, &desired, None, 0, vec![], 0).unwrap().unwrap();
             times.push(ms(started));
             size = v.size;
         }
@@ -151,7 +149,8 @@ fn main() {
         let (mut build, mut render, mut hash) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
             let started = Instant::now();
-            let model = hafleet_renderer::model::build(&fleet, &desired[&fleet]);
+            let model =
+                hafleet_renderer::model::build(&fleet, desired.ingresses(&fleet), &desired.nodes);
             build.push(ms(started));
             let started = Instant::now();
             let bundle = renderer.render(&model).unwrap();
@@ -168,14 +167,13 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let mut seq = 1;
-        let v1 =
-            next_version(&renderer, &fleet, &desired[&fleet], None, 0, vec![], 0).unwrap().unwrap();
+        let v1 = next_version(&renderer, &fleet, &desired, None, 0, vec![], 0).unwrap().unwrap();
         store.commit(&[], &[v1], seq).unwrap();
         let versions = if nodes > 50 { 20 } else { a.versions };
         let mut times = Vec::new();
         for k in 1..versions {
             seq += 1;
-            let msg = upsert(&fleet, (k * 7919) % a.ingresses, nodes, k);
+            let msg = upsert(&fleet, (k * 7919) % a.ingresses, k);
             let started = Instant::now();
             one_change(&store, &renderer, &mut desired, &fleet, seq, &msg);
             times.push(ms(started));
@@ -205,23 +203,22 @@ fn main() {
     let nodes = 3;
     let encoded: Vec<Vec<u8>> = (0..a.events)
         .map(|k| {
-            let msg = upsert(&fleet, k % a.ingresses, nodes, k / a.ingresses);
+            let msg = upsert(&fleet, k % a.ingresses, k / a.ingresses);
             serde_json::to_vec(&msg).unwrap()
         })
         .collect();
     let mut times = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
-        let mut desired = Desired::new();
+        let mut desired = Desired { nodes: common::nodes(nodes), ..Desired::new() };
         let mut out = Applied::default();
         for (seq, bytes) in encoded.iter().enumerate() {
             let msg = RouteMessage::decode(bytes).unwrap();
             state::apply(&mut desired, seq as u64 + 1, &msg, &mut out);
             out = Applied::default();
         }
-        let ingresses = &desired[&fleet];
-        assert_eq!(ingresses.len(), a.ingresses.min(a.events));
-        let v = next_version(&renderer, &fleet, ingresses, None, 0, vec![], 0).unwrap();
+        assert_eq!(desired.ingresses(&fleet).len(), a.ingresses.min(a.events));
+        let v = next_version(&renderer, &fleet, &desired, None, 0, vec![], 0).unwrap();
         assert!(v.is_some());
         times.push(ms(started));
     }

@@ -9,7 +9,7 @@
 //! checkpoint's.
 
 use crate::state::{Desired, IngressEntry};
-use hafleet_proto::{FleetName, IngressKey};
+use hafleet_proto::{FleetName, IngressKey, NodeAddr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -29,6 +29,10 @@ pub struct Checkpoint {
     pub latest: BTreeMap<FleetName, u64>,
     /// Every fleet's Ingresses (pairs: JSON object keys must be strings).
     pub fleets: Vec<(FleetName, Vec<(IngressKey, IngressEntry)>)>,
+    /// The nodes routes went to (absent in checkpoints of builds whose route messages listed
+    /// servers themselves).
+    #[serde(default)]
+    pub nodes: Vec<NodeAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +54,7 @@ impl Checkpoint {
         desired: &Desired,
     ) -> Self {
         let fleets = desired
+            .fleets
             .iter()
             .map(|(f, ingresses)| {
                 (f.clone(), ingresses.iter().map(|(k, e)| (k.clone(), e.clone())).collect())
@@ -62,14 +67,19 @@ impl Checkpoint {
             created_unix_ms,
             latest,
             fleets,
+            nodes: desired.nodes.clone(),
         }
     }
 
     pub fn desired(&self) -> Desired {
-        self.fleets
-            .iter()
-            .map(|(f, ingresses)| (f.clone(), ingresses.iter().cloned().collect()))
-            .collect()
+        Desired {
+            fleets: self
+                .fleets
+                .iter()
+                .map(|(f, ingresses)| (f.clone(), ingresses.iter().cloned().collect()))
+                .collect(),
+            nodes: self.nodes.clone(),
+        }
     }
 
     /// JSON, zstd-compressed: route state repeats itself and shrinks about tenfold.
@@ -157,9 +167,14 @@ mod tests {
         let entry =
             IngressEntry { created_unix: 1, resource_version: "9".into(), routes: vec![], seq: 4 };
         desired
+            .fleets
             .entry(fleet.clone())
             .or_default()
             .insert(IngressKey::new("shop", "web").unwrap(), entry);
+        desired.nodes = vec![NodeAddr {
+            name: hafleet_proto::ObjectName::new("n1").unwrap(),
+            addr: "10.0.0.1".parse().unwrap(),
+        }];
         let latest = BTreeMap::from([(fleet, 12)]);
         let c = Checkpoint::new(40, "t".into(), 5, latest, &desired);
         let bytes = c.encode();

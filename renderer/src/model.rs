@@ -6,14 +6,18 @@
 //!   Ingress (creation time, then namespace/name); the other is named in `notes`;
 //! - order: HAProxy takes the first `use_backend` that matches, so rules with a host come before
 //!   rules for any host, longer paths before shorter ones, and `Exact` before `Prefix`;
-//! - backends: one per Service port, shared by every rule that points at it, with the server
-//!   list of the newest route event that carries it (an older Ingress's list may be stale).
+//! - backends: one per Service port, shared by every rule that points at it, with the NodePort
+//!   of the newest route event that carries it (an older Ingress's may be stale), on the nodes
+//!   of the newest nodes message (a bounded subset of them for `Cluster` Services).
 
 use crate::state::IngressEntry;
-use hafleet_proto::{Backend, FleetName, IngressKey, PathKind, Server, ServiceRef, TrafficPolicy};
+use hafleet_proto::{
+    Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
+};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, btree_map::Entry};
+use std::net::IpAddr;
 
 /// What the template sees.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -109,31 +113,70 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A server a backend may list: a node at the backend's NodePort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Candidate<'a> {
+    pub node: &'a str,
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// The nodes that NodePort backends' servers come from, each name hashed once per render
+/// rather than once per backend.
+pub struct NodePool<'a> {
+    nodes: &'a [NodeAddr],
+    hashes: Vec<u64>,
+}
+
+impl<'a> NodePool<'a> {
+    pub fn new(nodes: &'a [NodeAddr]) -> Self {
+        NodePool {
+            nodes,
+            hashes: nodes.iter().map(|n| fnv1a(n.name.as_str().as_bytes())).collect(),
+        }
+    }
+
+    /// Every server `backend` could list, with its node's hash: the pool's nodes at the
+    /// backend's NodePort, or the servers a route message of schema 1 or 2 listed itself.
+    fn candidates(&self, backend: &'a Backend) -> Vec<(u64, Candidate<'a>)> {
+        if !backend.servers.is_empty() {
+            return backend
+                .servers
+                .iter()
+                .map(|s| {
+                    let c = Candidate { node: s.node.as_str(), addr: s.addr, port: s.port };
+                    (fnv1a(c.node.as_bytes()), c)
+                })
+                .collect();
+        }
+        let Some(port) = backend.node_port else { return vec![] };
+        self.nodes
+            .iter()
+            .zip(&self.hashes)
+            .map(|(n, h)| (*h, Candidate { node: n.name.as_str(), addr: n.addr, port }))
+            .collect()
+    }
+}
+
 /// Rendezvous (highest random weight) choice of `k` of a `Cluster` backend's servers: each
 /// node scores `mix(hash(service) * C ^ hash(node))` and the `k` best are kept. The same nodes
 /// give the same subset, and a node joining or leaving changes only the subsets it enters or
 /// leaves: about `k / nodes` of the backends. The kept servers stay in node-name order.
-pub fn subset(backend: &Backend, k: usize) -> Vec<&Server> {
-    let all: Vec<&Server> = backend.servers.iter().collect();
+pub fn subset<'a>(backend: &'a Backend, pool: &NodePool<'a>, k: usize) -> Vec<Candidate<'a>> {
+    let all = pool.candidates(backend);
     if k == 0 || all.len() <= k || backend.traffic_policy == TrafficPolicy::Local {
-        return all;
+        return all.into_iter().map(|(_, c)| c).collect();
     }
     let s = &backend.service;
     let service = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes());
-    let mut scored: Vec<(u64, &Server)> = all
+    let mut scored: Vec<(u64, Candidate<'a>)> = all
         .into_iter()
-        .map(|srv| {
-            (
-                mix(service.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                    ^ fnv1a(srv.node.as_str().as_bytes())),
-                srv,
-            )
-        })
+        .map(|(node, c)| (mix(service.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ node), c))
         .collect();
-    scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     scored.truncate(k);
-    let mut kept: Vec<&Server> = scored.into_iter().map(|(_, srv)| srv).collect();
-    kept.sort_by(|a, b| a.node.cmp(&b.node).then_with(|| a.cmp(b)));
+    let mut kept: Vec<Candidate<'a>> = scored.into_iter().map(|(_, c)| c).collect();
+    kept.sort_unstable();
     kept
 }
 
@@ -144,61 +187,84 @@ fn tracks_nodes(backend: &Backend, options: &Options) -> bool {
     options.node_health.is_some() && backend.traffic_policy == TrafficPolicy::Cluster
 }
 
-fn backend_model(name: String, backend: &Backend, options: &Options) -> BackendModel {
+/// A backend's model from its chosen servers.
+fn backend_model(
+    name: String,
+    backend: &Backend,
+    servers: &[Candidate],
+    track: bool,
+) -> BackendModel {
     let s = &backend.service;
-    let track = tracks_nodes(backend, options);
     BackendModel {
         name,
         service: format!("{}/{}:{}", s.namespace, s.name, s.port),
-        servers: subset(backend, options.servers_per_backend)
-            .into_iter()
-            .map(|s| ServerModel {
-                name: s.node.to_string(),
-                addr: std::net::SocketAddr::new(s.addr, s.port).to_string(),
-                track: track.then(|| format!("{NODES_BACKEND}/{}", s.node)),
+        servers: servers
+            .iter()
+            .map(|c| ServerModel {
+                name: c.node.to_owned(),
+                addr: std::net::SocketAddr::new(c.addr, c.port).to_string(),
+                track: track.then(|| format!("{NODES_BACKEND}/{}", c.node)),
             })
             .collect(),
     }
 }
 
-/// The nodes tracked servers follow, each once and at its health port, at the address of the
-/// newest event (`seq`) that names it; in node-name order.
-fn tracked_nodes<'a>(
-    backends: impl Iterator<Item = (u64, &'a Backend)>,
-    health: &NodeHealth,
+/// The models of the backends (name → newest event's sequence and backend), and, with node
+/// health checks on, the nodes tracked servers follow: each once, at its health port, at the
+/// address of the newest event (`seq`) that names it, in node-name order.
+fn backend_models(
+    backends: BTreeMap<String, (u64, &Backend)>,
+    pool: &NodePool,
     options: &Options,
-) -> Vec<ServerModel> {
-    let mut nodes: BTreeMap<&str, (u64, std::net::IpAddr)> = BTreeMap::new();
-    for (seq, backend) in backends.filter(|(_, b)| tracks_nodes(b, options)) {
-        for s in subset(backend, options.servers_per_backend) {
-            let slot = nodes.entry(s.node.as_str()).or_insert((seq, s.addr));
-            if seq > slot.0 {
-                *slot = (seq, s.addr);
-            }
-        }
-    }
-    nodes
+) -> (Vec<BackendModel>, Vec<ServerModel>) {
+    let mut tracked: BTreeMap<&str, (u64, IpAddr)> = BTreeMap::new();
+    let models = backends
         .into_iter()
-        .map(|(name, (_, ip))| ServerModel {
-            name: name.to_owned(),
-            addr: std::net::SocketAddr::new(ip, health.port).to_string(),
-            track: None,
+        .map(|(name, (seq, backend))| {
+            let servers = subset(backend, pool, options.servers_per_backend);
+            let track = tracks_nodes(backend, options);
+            if track {
+                for c in &servers {
+                    let slot = tracked.entry(c.node).or_insert((seq, c.addr));
+                    if seq > slot.0 {
+                        *slot = (seq, c.addr);
+                    }
+                }
+            }
+            backend_model(name, backend, &servers, track)
         })
-        .collect()
+        .collect();
+    let nodes = match &options.node_health {
+        Some(health) => tracked
+            .into_iter()
+            .map(|(name, (_, ip))| ServerModel {
+                name: name.to_owned(),
+                addr: std::net::SocketAddr::new(ip, health.port).to_string(),
+                track: None,
+            })
+            .collect(),
+        None => vec![],
+    };
+    (models, nodes)
 }
 
 /// What a rule claims: host (`None`: any), path (a prefix without its trailing `/`), kind.
 type Claim<'a> = (Option<&'a str>, std::borrow::Cow<'a, str>, PathKind);
 
 /// Builds the model of one fleet with the default [`Options`].
-pub fn build(fleet: &FleetName, ingresses: &BTreeMap<IngressKey, IngressEntry>) -> RenderModel {
-    build_with(fleet, ingresses, &Options::default())
+pub fn build(
+    fleet: &FleetName,
+    ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    nodes: &[NodeAddr],
+) -> RenderModel {
+    build_with(fleet, ingresses, nodes, &Options::default())
 }
 
-/// Builds the model of one fleet.
+/// Builds the model of one fleet whose NodePort backends go to `nodes`.
 pub fn build_with(
     fleet: &FleetName,
     ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    nodes: &[NodeAddr],
     options: &Options,
 ) -> RenderModel {
     let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
@@ -206,7 +272,7 @@ pub fn build_with(
 
     // Claims borrow from the state: nothing is copied until a rule wins its claim.
     let mut claimed: BTreeMap<Claim<'_>, (RuleModel, &IngressKey)> = BTreeMap::new();
-    let mut backends: BTreeMap<String, (u64, BackendModel, &Backend)> = BTreeMap::new();
+    let mut backends: BTreeMap<String, (u64, &Backend)> = BTreeMap::new();
     let mut notes = Vec::new();
 
     for (key, entry) in owners {
@@ -252,16 +318,14 @@ pub fn build_with(
                     slot.insert((rule, key));
                 }
             }
-            // Every Ingress carries the Service's servers as resolved when it was last
-            // published; the newest event's list is the current one.
+            // Every Ingress carries the Service's NodePort as resolved when it was last
+            // published; the newest event's is the current one.
             match backends.entry(name) {
                 Entry::Vacant(slot) => {
-                    let model = backend_model(slot.key().clone(), &route.backend, options);
-                    slot.insert((entry.seq, model, &route.backend));
+                    slot.insert((entry.seq, &route.backend));
                 }
                 Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
-                    let model = backend_model(slot.key().clone(), &route.backend, options);
-                    slot.insert((entry.seq, model, &route.backend));
+                    slot.insert((entry.seq, &route.backend));
                 }
                 Entry::Occupied(_) => {}
             }
@@ -275,16 +339,11 @@ pub fn build_with(
         order(a).cmp(&order(b)).then_with(|| a.host.cmp(&b.host)).then_with(|| a.path.cmp(&b.path))
     });
 
-    let nodes = match &options.node_health {
-        Some(health) => {
-            tracked_nodes(backends.values().map(|(seq, _, b)| (*seq, *b)), health, options)
-        }
-        None => vec![],
-    };
+    let (backends, nodes) = backend_models(backends, &NodePool::new(nodes), options);
     RenderModel {
         fleet: fleet.to_string(),
         rules,
-        backends: backends.into_values().map(|(_, b, _)| b).collect(),
+        backends,
         nodes,
         node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),
         notes,
@@ -295,6 +354,13 @@ pub fn build_with(
 mod tests {
     use super::*;
     use hafleet_proto::{Backend, HttpHost, HttpPath, Namespace, ObjectName, Route, Server};
+
+    fn one_node() -> Vec<NodeAddr> {
+        vec![NodeAddr {
+            name: ObjectName::new("node-1").unwrap(),
+            addr: "127.0.0.2".parse().unwrap(),
+        }]
+    }
 
     pub(crate) fn route(host: Option<&str>, path: &str, kind: PathKind, svc: &str) -> Route {
         Route {
@@ -307,11 +373,8 @@ mod tests {
                     name: ObjectName::new(svc).unwrap(),
                     port: 80,
                 },
-                servers: vec![Server {
-                    node: ObjectName::new("node-1").unwrap(),
-                    addr: "127.0.0.2".parse().unwrap(),
-                    port: 30080,
-                }],
+                node_port: Some(30080),
+                servers: vec![],
                 traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
             },
         }
@@ -341,7 +404,7 @@ mod tests {
             ("young", 200, vec![route(Some("a.com"), "/x/", PathKind::Prefix, "young")]),
             ("old", 100, vec![route(Some("a.com"), "/x", PathKind::Prefix, "old")]),
         ]);
-        let m = build(&f, &state);
+        let m = build(&f, &state, &one_node());
         assert_eq!(m.rules.len(), 1);
         assert_eq!(m.rules[0].ingress, "default/old");
         assert_eq!(m.backends.len(), 1);
@@ -360,8 +423,8 @@ mod tests {
         let new = IngressKey::new("default", "new").unwrap();
         state.get_mut(&old).unwrap().seq = 5;
         state.get_mut(&new).unwrap().seq = 9;
-        state.get_mut(&new).unwrap().routes[0].backend.servers[0].port = 31111;
-        let m = build(&f, &state);
+        state.get_mut(&new).unwrap().routes[0].backend.node_port = Some(31111);
+        let m = build(&f, &state, &one_node());
         assert_eq!(m.backends.len(), 1);
         assert_eq!(m.backends[0].servers[0].addr, "127.0.0.2:31111");
     }
@@ -380,8 +443,11 @@ mod tests {
                 route(Some("a.com"), "/api/v1", PathKind::Prefix, "v1"),
             ],
         )]);
-        let order: Vec<(Option<String>, String, &str)> =
-            build(&f, &state).rules.into_iter().map(|r| (r.host, r.path, r.kind)).collect();
+        let order: Vec<(Option<String>, String, &str)> = build(&f, &state, &one_node())
+            .rules
+            .into_iter()
+            .map(|r| (r.host, r.path, r.kind))
+            .collect();
         let a = || Some("a.com".to_owned());
         assert_eq!(
             order,
@@ -400,47 +466,67 @@ mod tests {
         let f = FleetName::new("edge").unwrap();
         let a = ("a", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")]);
         let b = ("b", 1, vec![route(Some("b.com"), "/", PathKind::Prefix, "b")]);
-        let one = build(&f, &fleet_of(vec![a.clone(), b.clone()]));
-        let two = build(&f, &fleet_of(vec![b, a]));
+        let one = build(&f, &fleet_of(vec![a.clone(), b.clone()]), &one_node());
+        let two = build(&f, &fleet_of(vec![b, a]), &one_node());
         assert_eq!(one, two);
     }
 
-    fn backend_on(
-        svc: usize,
-        nodes: impl Iterator<Item = usize>,
-        policy: TrafficPolicy,
-    ) -> Backend {
+    fn backend_on(svc: usize, policy: TrafficPolicy) -> Backend {
         Backend {
             service: ServiceRef {
                 namespace: Namespace::new("team").unwrap(),
                 name: ObjectName::new(format!("svc-{svc}")).unwrap(),
                 port: 80,
             },
-            servers: nodes
-                .map(|n| Server {
-                    node: ObjectName::new(format!("node-{n:03}")).unwrap(),
-                    addr: std::net::Ipv4Addr::from(0x0a00_0000 + n as u32).into(),
-                    port: 30080,
-                })
-                .collect(),
+            node_port: Some(30080),
+            servers: vec![],
             traffic_policy: policy,
         }
     }
 
-    fn names(servers: &[&Server]) -> Vec<String> {
-        servers.iter().map(|s| s.node.to_string()).collect()
+    fn nodes(range: impl Iterator<Item = usize>) -> Vec<NodeAddr> {
+        range
+            .map(|n| NodeAddr {
+                name: ObjectName::new(format!("node-{n:03}")).unwrap(),
+                addr: std::net::Ipv4Addr::from(0x0a00_0000 + n as u32).into(),
+            })
+            .collect()
+    }
+
+    /// The nodes `svc`'s backend lists when the cluster has `on`.
+    fn chosen(svc: usize, on: &[NodeAddr], policy: TrafficPolicy, k: usize) -> Vec<String> {
+        let b = backend_on(svc, policy);
+        subset(&b, &NodePool::new(on), k).iter().map(|c| c.node.to_owned()).collect()
     }
 
     #[test]
     fn cluster_backends_keep_a_bounded_subset_local_ones_every_node() {
-        let b = backend_on(1, 0..200, TrafficPolicy::Cluster);
-        let kept = subset(&b, 10);
+        let all = nodes(0..200);
+        let kept = chosen(1, &all, TrafficPolicy::Cluster, 10);
         assert_eq!(kept.len(), 10);
-        assert!(names(&kept).is_sorted(), "node-name order: {:?}", names(&kept));
-        assert_eq!(names(&subset(&b, 10)), names(&kept), "deterministic");
-        assert_eq!(subset(&b, 0).len(), 200, "0 keeps every node");
-        assert_eq!(subset(&backend_on(1, 0..4, TrafficPolicy::Cluster), 10).len(), 4);
-        assert_eq!(subset(&backend_on(1, 0..200, TrafficPolicy::Local), 10).len(), 200);
+        assert!(kept.is_sorted(), "node-name order: {kept:?}");
+        assert_eq!(chosen(1, &all, TrafficPolicy::Cluster, 10), kept, "deterministic");
+        assert_eq!(chosen(1, &all, TrafficPolicy::Cluster, 0).len(), 200, "0 keeps every node");
+        assert_eq!(chosen(1, &nodes(0..4), TrafficPolicy::Cluster, 10).len(), 4);
+        assert_eq!(chosen(1, &all, TrafficPolicy::Local, 10).len(), 200);
+        let mut gone = backend_on(1, TrafficPolicy::Cluster);
+        gone.node_port = None;
+        assert!(subset(&gone, &NodePool::new(&all), 10).is_empty(), "no NodePort, no server");
+    }
+
+    #[test]
+    fn servers_listed_by_a_schema_2_message_are_used_as_they_are() {
+        let mut b = backend_on(1, TrafficPolicy::Cluster);
+        b.node_port = None;
+        b.servers = vec![Server {
+            node: ObjectName::new("old-node").unwrap(),
+            addr: "10.9.9.9".parse().unwrap(),
+            port: 31000,
+        }];
+        let all = nodes(0..3);
+        let kept = subset(&b, &NodePool::new(&all), 10);
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].node, kept[0].port), ("old-node", 31000));
     }
 
     #[test]
@@ -448,14 +534,15 @@ mod tests {
         let k = 10;
         let (mut moved_leave, mut moved_join) = (0, 0);
         let mut uses = vec![0usize; 201];
+        let (all, left, joined_set) =
+            (nodes(0..200), nodes((0..200).filter(|n| *n != 7)), nodes(0..201));
         for svc in 0..1000 {
-            let before = names(&subset(&backend_on(svc, 0..200, TrafficPolicy::Cluster), k));
+            let before = chosen(svc, &all, TrafficPolicy::Cluster, k);
             for n in &before {
                 uses[n[5..].parse::<usize>().unwrap()] += 1;
             }
             // node-007 leaves.
-            let b = backend_on(svc, (0..200).filter(|n| *n != 7), TrafficPolicy::Cluster);
-            let after = names(&subset(&b, k));
+            let after = chosen(svc, &left, TrafficPolicy::Cluster, k);
             if before.contains(&"node-007".to_owned()) {
                 moved_leave += 1;
                 let same = before.iter().filter(|n| after.contains(n)).count();
@@ -464,7 +551,7 @@ mod tests {
                 assert_eq!(after, before, "a backend without node-007 does not move");
             }
             // node-200 joins.
-            let joined = names(&subset(&backend_on(svc, 0..201, TrafficPolicy::Cluster), k));
+            let joined = chosen(svc, &joined_set, TrafficPolicy::Cluster, k);
             if joined != before {
                 moved_join += 1;
                 assert!(joined.contains(&"node-200".to_owned()));

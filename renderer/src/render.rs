@@ -114,13 +114,23 @@ mod tests {
     use super::*;
     use crate::state::IngressEntry;
     use hafleet_proto::{
-        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
-        Server, ServiceRef, TrafficPolicy,
+        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName,
+        PathKind, Route, ServiceRef, TrafficPolicy,
     };
     use std::collections::BTreeMap;
 
-    /// `n` Ingresses, each with its own Service, on `nodes` Ready nodes.
-    fn fleet(n: usize, nodes: usize) -> BTreeMap<IngressKey, IngressEntry> {
+    /// `n` Ready nodes.
+    fn nodes(n: usize) -> Vec<NodeAddr> {
+        (0..n)
+            .map(|k| NodeAddr {
+                name: ObjectName::new(format!("node-{k}")).unwrap(),
+                addr: std::net::Ipv4Addr::from(0x0a00_0000 + k as u32).into(),
+            })
+            .collect()
+    }
+
+    /// `n` Ingresses, each with its own Service.
+    fn fleet(n: usize) -> BTreeMap<IngressKey, IngressEntry> {
         (0..n)
             .map(|i| {
                 let backend = Backend {
@@ -129,13 +139,8 @@ mod tests {
                         name: ObjectName::new(format!("svc-{i}")).unwrap(),
                         port: 80,
                     },
-                    servers: (0..nodes)
-                        .map(|k| Server {
-                            node: ObjectName::new(format!("node-{k}")).unwrap(),
-                            addr: std::net::Ipv4Addr::from(0x0a00_0000 + k as u32).into(),
-                            port: 30000 + (i % 2000) as u16,
-                        })
-                        .collect(),
+                    node_port: Some(30000 + (i % 2000) as u16),
+                    servers: vec![],
                     traffic_policy: TrafficPolicy::Cluster,
                 };
                 let route = Route {
@@ -159,8 +164,8 @@ mod tests {
     fn from_20_to_200_nodes_the_config_of_2000_ingresses_grows_by_less_than_10_percent() {
         let r = Renderer::builtin();
         let name = FleetName::new("edge").unwrap();
-        let size =
-            |nodes| r.render(&crate::model::build(&name, &fleet(2000, nodes))).unwrap().size();
+        let ingresses = fleet(2000);
+        let size = |n| r.render(&crate::model::build(&name, &ingresses, &nodes(n))).unwrap().size();
         let (small, large) = (size(20), size(200));
         let growth = large as f64 / small as f64 - 1.0;
         assert!(growth < 0.10, "{small} -> {large} bytes: {:.1}% more", growth * 100.0);
@@ -169,7 +174,8 @@ mod tests {
             .with_options(crate::model::Options { servers_per_backend: 0, node_health: None })
             .render(&crate::model::build_with(
                 &name,
-                &fleet(2000, 200),
+                &ingresses,
+                &nodes(200),
                 &crate::model::Options { servers_per_backend: 0, node_health: None },
             ))
             .unwrap()

@@ -142,7 +142,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
-    let start_floors = floors(&bus, &store, desired.keys()).await?;
+    let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
     let mut unpublished = publish_unpublished(&bus, &store).await?;
     let mut history = bus
@@ -354,6 +354,7 @@ fn rerender_all(
 ) -> anyhow::Result<()> {
     let applied = store.applied_seq()?;
     let causes = desired
+        .fleets
         .keys()
         .map(|fleet| {
             let cause = Cause {
@@ -385,16 +386,14 @@ pub(crate) fn make_versions(
     floors: &BTreeMap<FleetName, u64>,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut versions = Vec::new();
-    let empty = BTreeMap::new();
     for (fleet, causes) in causes {
-        let ingresses = desired.get(&fleet).unwrap_or(&empty);
         let latest = store.latest_summary(&fleet)?;
         let latest = latest.as_ref().map(|l| Latest { version: l.number, sha256: &l.sha256 });
         let floor = floors.get(&fleet).copied().unwrap_or(0);
         match next_version(
             renderer,
             &fleet,
-            ingresses,
+            desired,
             latest,
             floor,
             causes,
@@ -573,7 +572,7 @@ impl Checkpointer {
         applied: u64,
     ) -> anyhow::Result<usize> {
         let mut latest = BTreeMap::new();
-        for fleet in desired.keys() {
+        for fleet in desired.fleets.keys() {
             let n = store.latest_summary(fleet)?.map(|s| s.number).unwrap_or(0);
             latest.insert(fleet.clone(), n.max(store.floor(fleet)?));
         }

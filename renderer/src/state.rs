@@ -4,7 +4,7 @@
 //! applied in stream order; the caller skips any message whose stream sequence is at or below
 //! the last one applied, so redelivery after a crash changes nothing (invariant 4).
 
-use hafleet_proto::{Cause, FleetName, IngressKey, Route, RouteChange, RouteMessage};
+use hafleet_proto::{Cause, FleetName, IngressKey, NodeAddr, Route, RouteChange, RouteMessage};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,14 +20,37 @@ pub struct IngressEntry {
     pub seq: u64,
 }
 
-/// Every fleet's Ingresses, as far as one batch of messages needs them.
-pub type Desired = BTreeMap<FleetName, BTreeMap<IngressKey, IngressEntry>>;
+/// One fleet's Ingresses.
+pub type Ingresses = BTreeMap<IngressKey, IngressEntry>;
+
+static NO_INGRESSES: Ingresses = BTreeMap::new();
+
+/// What every config is rendered from: each fleet's Ingresses and the nodes their routes go to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub fleets: BTreeMap<FleetName, Ingresses>,
+    /// The nodes of the newest nodes message, sorted by name, each once.
+    pub nodes: Vec<NodeAddr>,
+}
+
+impl Desired {
+    pub fn new() -> Self {
+        Desired::default()
+    }
+
+    /// A fleet's Ingresses; none for a fleet the state does not know.
+    pub fn ingresses(&self, fleet: &FleetName) -> &Ingresses {
+        self.fleets.get(fleet).unwrap_or(&NO_INGRESSES)
+    }
+}
 
 /// One change to the stored state, for the store to write in the same transaction as versions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateWrite {
     Put(FleetName, IngressKey, IngressEntry),
     Remove(FleetName, IngressKey),
+    /// The node set, replaced whole.
+    Nodes(Vec<NodeAddr>),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -50,12 +73,50 @@ fn route_changes(old: &[Route], new: &[Route]) -> (Vec<String>, Vec<String>) {
     (new.difference(&old).cloned().collect(), old.difference(&new).cloned().collect())
 }
 
+/// Nodes in `new` and not in `old` or at another address, and names in `old` and not in
+/// `new`, as labels: `name (address)` and `name`.
+fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>) {
+    let before: BTreeMap<&str, &std::net::IpAddr> =
+        old.iter().map(|n| (n.name.as_str(), &n.addr)).collect();
+    let after: BTreeSet<&str> = new.iter().map(|n| n.name.as_str()).collect();
+    let added = new
+        .iter()
+        .filter(|n| before.get(n.name.as_str()) != Some(&&n.addr))
+        .map(|n| format!("{} ({})", n.name, n.addr))
+        .collect();
+    let removed =
+        before.keys().filter(|name| !after.contains(*name)).map(|name| name.to_string()).collect();
+    (added, removed)
+}
+
 /// Applies one message at stream sequence `seq` to `desired` (which must hold every fleet the
-/// store knows for snapshot sweeps to see them) and records what changed.
+/// store knows for snapshot sweeps and node changes to see them) and records what changed.
 pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
     match msg {
+        RouteMessage::Nodes(update) => {
+            let mut nodes = update.nodes.clone();
+            nodes.sort();
+            nodes.dedup_by(|a, b| a.name == b.name);
+            if nodes == desired.nodes {
+                return;
+            }
+            let (added, removed) = node_changes(&desired.nodes, &nodes);
+            desired.nodes = nodes.clone();
+            out.writes.push(StateWrite::Nodes(nodes));
+            // Every fleet routes to the same nodes: one cause each, one version each.
+            for fleet in desired.fleets.keys() {
+                out.causes.entry(fleet.clone()).or_default().push(Cause {
+                    stream_seq: seq,
+                    ingress: None,
+                    what: "nodes".to_owned(),
+                    resource_version: None,
+                    added: added.clone(),
+                    removed: removed.clone(),
+                });
+            }
+        }
         RouteMessage::Event(event) => {
-            let fleet = desired.entry(event.fleet.clone()).or_default();
+            let fleet = desired.fleets.entry(event.fleet.clone()).or_default();
             let cause = |what: &str, (added, removed): (Vec<String>, Vec<String>)| Cause {
                 stream_seq: seq,
                 ingress: Some(event.ingress.clone()),
@@ -110,7 +171,7 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
             let live: BTreeSet<(&FleetName, &IngressKey)> =
                 snapshot.live.iter().map(|(f, k)| (f, k)).collect();
             let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
-            for (fleet, ingresses) in desired.iter_mut() {
+            for (fleet, ingresses) in desired.fleets.iter_mut() {
                 let gone: Vec<IngressKey> = ingresses
                     .keys()
                     .filter(|k| !live.contains(&(fleet, *k)) && !keep.contains(k))
@@ -136,7 +197,7 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hafleet_proto::{RouteEvent, RoutesSnapshot, SCHEMA_VERSION};
+    use hafleet_proto::{NodesUpdate, ObjectName, RouteEvent, RoutesSnapshot, SCHEMA_VERSION};
 
     fn fleet() -> FleetName {
         FleetName::new("edge").unwrap()
@@ -159,9 +220,9 @@ mod tests {
         let mut d = Desired::new();
         let mut out = Applied::default();
         apply(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
-        assert_eq!(d[&fleet()].len(), 1);
+        assert_eq!(d.ingresses(&fleet()).len(), 1);
         apply(&mut d, 2, &event("a", RouteChange::Delete), &mut out);
-        assert!(d[&fleet()].is_empty());
+        assert!(d.ingresses(&fleet()).is_empty());
         assert_eq!(out.writes.len(), 2);
         assert_eq!(out.causes[&fleet()].len(), 2);
     }
@@ -191,12 +252,55 @@ mod tests {
         });
         let mut out = Applied::default();
         apply(&mut d, 4, &snap, &mut out);
-        let left: Vec<_> = d[&fleet()].keys().map(|k| k.to_string()).collect();
+        let left: Vec<_> = d.ingresses(&fleet()).keys().map(|k| k.to_string()).collect();
         assert_eq!(left, ["default/b", "default/kept"], "refused Ingresses are kept");
         assert_eq!(
             out.writes,
             [StateWrite::Remove(fleet(), IngressKey::new("default", "a").unwrap())]
         );
         assert_eq!(out.causes[&fleet()][0].what, "sweep");
+    }
+
+    fn nodes(list: &[(&str, &str)]) -> RouteMessage {
+        RouteMessage::Nodes(NodesUpdate {
+            schema: SCHEMA_VERSION,
+            epoch: 1,
+            nodes: list
+                .iter()
+                .map(|(n, a)| NodeAddr {
+                    name: ObjectName::new(*n).unwrap(),
+                    addr: a.parse().unwrap(),
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_node_change_is_one_write_and_one_cause_per_fleet_whatever_the_ingresses() {
+        let mut d = Desired::new();
+        let mut out = Applied::default();
+        for i in 0..100 {
+            let e = event(&format!("i{i}"), RouteChange::Upsert { routes: vec![] });
+            apply(&mut d, i + 1, &e, &mut out);
+        }
+        let mut out = Applied::default();
+        apply(&mut d, 200, &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]), &mut out);
+        assert_eq!(d.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(out.writes.len(), 1);
+        assert_eq!(out.causes[&fleet()].len(), 1);
+        assert_eq!(out.causes[&fleet()][0].added, ["n1 (10.0.0.1)", "n2 (10.0.0.2)"]);
+
+        // n1 moves, n2 leaves, n3 joins.
+        let mut out = Applied::default();
+        apply(&mut d, 201, &nodes(&[("n1", "10.0.0.9"), ("n3", "10.0.0.3")]), &mut out);
+        let cause = &out.causes[&fleet()][0];
+        assert_eq!((cause.what.as_str(), cause.ingress.as_ref()), ("nodes", None));
+        assert_eq!(cause.added, ["n1 (10.0.0.9)", "n3 (10.0.0.3)"]);
+        assert_eq!(cause.removed, ["n2"]);
+
+        // The same set again changes nothing.
+        let mut out = Applied::default();
+        apply(&mut d, 202, &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]), &mut out);
+        assert!(out.writes.is_empty() && out.causes.is_empty());
     }
 }

@@ -53,6 +53,8 @@ pub struct Store {
 
 const APPLIED_SEQ: &[u8] = b"applied_seq";
 const ROUTES_CREATED: &[u8] = b"routes_stream_created";
+/// The node set, as JSON.
+const NODES: &[u8] = b"nodes";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -147,12 +149,15 @@ impl Store {
                 continue;
             };
             let entry: IngressEntry = decode(&key, &value)?;
-            desired.entry(fleet).or_default().insert(ingress, entry);
+            desired.fleets.entry(fleet).or_default().insert(ingress, entry);
         }
         // Fleets whose every Ingress is gone still have versions (or, restored, a floor) and
         // must still be rendered.
         for fleet in self.fleets_with_versions()?.into_iter().chain(self.floored_fleets()?) {
-            desired.entry(fleet).or_default();
+            desired.fleets.entry(fleet).or_default();
+        }
+        if let Some(nodes) = self.meta.get(NODES)? {
+            desired.nodes = decode(NODES, &nodes)?;
         }
         Ok(desired)
     }
@@ -243,6 +248,10 @@ impl Store {
                             let k =
                                 join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
                             ingresses.remove(k)?;
+                        }
+                        StateWrite::Nodes(nodes) => {
+                            let v = serde_json::to_vec(nodes).expect("nodes serialize");
+                            meta.insert(NODES, v)?;
                         }
                     }
                 }
@@ -348,12 +357,14 @@ impl Store {
         }
         // The state and its sequence in one transaction, as every batch commits them.
         let writes: Vec<StateWrite> = desired
+            .fleets
             .iter()
             .flat_map(|(fleet, ingresses)| {
                 ingresses
                     .iter()
                     .map(|(key, entry)| StateWrite::Put(fleet.clone(), key.clone(), entry.clone()))
             })
+            .chain([StateWrite::Nodes(desired.nodes.clone())])
             .collect();
         self.commit(&writes, &[], applied_seq)
     }
@@ -425,9 +436,16 @@ mod tests {
                 routes: vec![],
                 seq: 1,
             };
+            let node = hafleet_proto::NodeAddr {
+                name: hafleet_proto::ObjectName::new("n1").unwrap(),
+                addr: "10.0.0.1".parse().unwrap(),
+            };
             store
                 .commit(
-                    &[StateWrite::Put(fleet.clone(), key.clone(), entry)],
+                    &[
+                        StateWrite::Put(fleet.clone(), key.clone(), entry),
+                        StateWrite::Nodes(vec![node]),
+                    ],
                     &[version(&fleet, 1), version(&fleet, 2)],
                     17,
                 )
@@ -436,7 +454,9 @@ mod tests {
         }
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.applied_seq().unwrap(), 17);
-        assert!(store.desired().unwrap()[&fleet].contains_key(&key));
+        let desired = store.desired().unwrap();
+        assert!(desired.ingresses(&fleet).contains_key(&key));
+        assert_eq!(desired.nodes[0].name.as_str(), "n1");
         assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 2);
         let unpublished: Vec<u64> =
             store.unpublished().unwrap().iter().map(|v| v.version).collect();

@@ -2,9 +2,8 @@
 
 use crate::model;
 use crate::render::{RenderError, Renderer};
-use crate::state::IngressEntry;
-use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, IngressKey, SCHEMA_VERSION};
-use std::collections::BTreeMap;
+use crate::state::Desired;
+use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, SCHEMA_VERSION};
 
 /// The newest version a fleet has: its number and sha256.
 #[derive(Debug, Clone, Copy)]
@@ -13,20 +12,21 @@ pub struct Latest<'a> {
     pub sha256: &'a str,
 }
 
-/// Renders `ingresses` and returns the next version of `fleet`, or `None` when the config is
+/// Renders `fleet` from `desired` and returns the next version of `fleet`, or `None` when the config is
 /// byte for byte the one `latest` already holds (invariant 4: same state, same version).
 /// `floor` is a number the next version must be above (the newest one published, when the
 /// store lost its history).
 pub fn next_version(
     renderer: &Renderer,
     fleet: &FleetName,
-    ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    desired: &Desired,
     latest: Option<Latest<'_>>,
     floor: u64,
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
-    let model = model::build_with(fleet, ingresses, renderer.options());
+    let model =
+        model::build_with(fleet, desired.ingresses(fleet), &desired.nodes, renderer.options());
     let bundle = renderer.render(&model)?;
     let sha256 = bundle.sha256();
     if latest.is_some_and(|l| l.sha256 == sha256) {
@@ -51,12 +51,14 @@ pub fn next_version(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::IngressEntry;
+    use hafleet_proto::IngressKey;
 
     #[test]
     fn the_same_state_makes_no_new_version_and_a_change_makes_the_next_one() {
         let r = Renderer::builtin();
         let fleet = FleetName::new("edge").unwrap();
-        let empty = BTreeMap::new();
+        let empty = Desired::new();
         let v1 = next_version(&r, &fleet, &empty, None, 0, vec![], 1).unwrap().unwrap();
         assert_eq!((v1.version, v1.parent), (1, None));
         let latest = Some(Latest { version: 1, sha256: &v1.sha256 });
@@ -65,8 +67,8 @@ mod tests {
         let v8 = next_version(&r, &fleet, &empty, None, 7, vec![], 1).unwrap().unwrap();
         assert_eq!((v8.version, v8.parent), (8, Some(7)));
 
-        let mut one = BTreeMap::new();
-        one.insert(
+        let mut one = Desired::new();
+        one.fleets.entry(fleet.clone()).or_default().insert(
             IngressKey::new("default", "web").unwrap(),
             IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![], seq: 1 },
         );

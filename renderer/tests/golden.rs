@@ -1,7 +1,7 @@
 //! Golden tests of the built-in template: each fixture (a fleet's Ingresses) renders to a
 //! reviewed snapshot, and every snapshot passes `haproxy -c` with the real HAProxy.
 
-use hafleet_proto::{Bundle, FleetName, IngressKey, Route};
+use hafleet_proto::{Bundle, FleetName, IngressKey, NodeAddr, Route};
 use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -16,14 +16,26 @@ struct Fixture {
     routes: Vec<Route>,
 }
 
+/// A fixture file: the Ingresses and the nodes of a nodes message, or (as route messages of
+/// schema 2 carried their servers themselves) only the Ingresses.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FixtureFile {
+    WithNodes { nodes: Vec<NodeAddr>, ingresses: Vec<Fixture> },
+    IngressesOnly(Vec<Fixture>),
+}
+
 fn render_fixture(name: &str) -> Bundle {
     render_fixture_with(name, Renderer::builtin())
 }
 
 fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    let fixtures: Vec<Fixture> =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let (nodes, fixtures) =
+        match serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() {
+            FixtureFile::WithNodes { nodes, ingresses } => (nodes, ingresses),
+            FixtureFile::IngressesOnly(ingresses) => (vec![], ingresses),
+        };
     let ingresses: BTreeMap<IngressKey, IngressEntry> = fixtures
         .into_iter()
         .map(|f| {
@@ -39,7 +51,7 @@ fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
         })
         .collect();
     let fleet = FleetName::new("edge").unwrap();
-    renderer.render(&model::build_with(&fleet, &ingresses, renderer.options())).unwrap()
+    renderer.render(&model::build_with(&fleet, &ingresses, &nodes, renderer.options())).unwrap()
 }
 
 /// The bundle as one text for a snapshot: the config, then each map file.
@@ -79,6 +91,15 @@ fn assert_haproxy_accepts(bundle: &Bundle) {
 #[test]
 fn shop_fleet() {
     let bundle = render_fixture("shop.json");
+    insta::assert_snapshot!(snapshot_text(&bundle));
+    assert_haproxy_accepts(&bundle);
+}
+
+/// Route messages of schema 2 listed each backend's servers; replaying them must render what
+/// was rendered then, byte for byte (this snapshot is the one of the build that read them).
+#[test]
+fn shop_fleet_from_schema_2_messages() {
+    let bundle = render_fixture("shop_schema_2.json");
     insta::assert_snapshot!(snapshot_text(&bundle));
     assert_haproxy_accepts(&bundle);
 }

@@ -231,3 +231,77 @@ async fn a_thousand_ingress_changes_converge_on_every_host_with_bounded_reloads(
     }
     Ok(())
 }
+
+/// The routes stream's last sequence and the subjects of the messages after `after`.
+async fn routes_after(world: &World, after: u64) -> Result<(u64, Vec<String>)> {
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let mut stream = js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let last = stream.info().await?.state.last_sequence;
+    let mut subjects = Vec::new();
+    for seq in after + 1..=last {
+        subjects.push(stream.get_raw_message(seq).await?.subject.to_string());
+    }
+    Ok((last, subjects))
+}
+
+/// Routes name NodePorts and nodes travel once: a node going NotReady among 1,000 Ingresses is
+/// one message on the routes stream and one version, and the node leaves every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_going_not_ready_among_a_thousand_ingresses_is_one_message_and_one_version()
+-> Result<()> {
+    use futures::StreamExt as _;
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let api = &world.ingresses;
+    let host = |i: usize| format!("n-{i}.example.com");
+    futures::stream::iter(0..1000)
+        .map(|i| async move {
+            let service = if i % 2 == 0 { "web" } else { "api" };
+            let ing = ingress(&format!("n-{i}"), Some("edge"), &host(i), "/", service);
+            api.create(&PostParams::default(), &ing).await
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    expect_everywhere(stack, &host(999), "/", 200, "api@").await?;
+    expect_everywhere(stack, &host(998), "/", 200, "web@").await?;
+
+    // Settled: nothing more comes on the routes stream.
+    let (mut seq, _) = routes_after(&world, 0).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (settled, late) = routes_after(&world, seq).await?;
+    assert!(late.is_empty(), "still publishing: {late:?}");
+    seq = settled;
+
+    for ready in [false, true] {
+        let before = stack.latest_version().await?.expect("a version").version;
+        stack.kube.set_node_ready("node-2", ready).await?;
+        for h in &stack.hosts {
+            let what = format!("{}: node-2 listed = {ready}", h.name());
+            eventually(CONVERGE, &what, || async move {
+                let listed = h.live_config().contains("server node-2 ");
+                anyhow::ensure!(listed == ready, "listed = {listed}");
+                Ok(())
+            })
+            .await?;
+        }
+        if !ready {
+            for i in [0, 1, 500, 999] {
+                let service = if i % 2 == 0 { "web" } else { "api" };
+                expect_everywhere(stack, &host(i), "/", 200, &format!("{service}@node-1")).await?;
+            }
+        }
+        let (last, subjects) = routes_after(&world, seq).await?;
+        assert_eq!(
+            subjects,
+            [hafleet_proto::ROUTES_NODES_SUBJECT],
+            "node-2 ready = {ready}: one nodes message, no route event"
+        );
+        seq = last;
+        let after = stack.latest_version().await?.expect("a version").version;
+        assert_eq!(after, before + 1, "node-2 ready = {ready}: one version");
+    }
+    Ok(())
+}

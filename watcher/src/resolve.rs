@@ -2,12 +2,14 @@
 //! validated [`Resolved`] or the reasons it was refused out.
 //!
 //! Routes go to Ready nodes' InternalIP at the Service's NodePort (kube-proxy takes it from
-//! there). A Service that does not exist yet resolves to no servers (HAProxy answers 503 until
-//! it appears); a Service without NodePorts is an error, because no node could ever serve it.
+//! there). A route names the NodePort; the nodes are resolved apart ([`ready_nodes`]) and
+//! published once for every route. A Service that does not exist yet resolves to no NodePort
+//! (HAProxy answers 503 until it appears); a Service without NodePorts is an error, because no
+//! node could ever serve it.
 
 use hafleet_proto::{
-    Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
-    Server, ServiceRef, TrafficPolicy,
+    Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName, PathKind,
+    Route, ServiceRef, TrafficPolicy,
 };
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
@@ -49,7 +51,6 @@ pub fn resolve(
     ingress: &Ingress,
     ingress_class: Option<&str>,
     services: &Services,
-    nodes: &[Node],
 ) -> Result<Resolved, Refused> {
     let meta = &ingress.metadata;
     let annotations = meta.annotations.as_ref();
@@ -76,7 +77,6 @@ pub fn resolve(
         .map_err(|e| errors.push(e.to_string()))
         .ok();
 
-    let ready = ready_nodes(nodes);
     let mut routes = Vec::new();
     let spec = ingress.spec.as_ref();
     let rules = spec.and_then(|s| s.rules.as_deref()).unwrap_or_default();
@@ -108,14 +108,14 @@ pub fn resolve(
                     continue;
                 }
             };
-            match backend(namespace, &p.backend, services, &ready, &mut warnings) {
+            match backend(namespace, &p.backend, services, &mut warnings) {
                 Ok(backend) => routes.push(Route { host: host.clone(), path, kind, backend }),
                 Err(e) => errors.push(format!("{at}.backend: {e}")),
             }
         }
     }
     if let Some(default) = spec.and_then(|s| s.default_backend.as_ref()) {
-        match backend(namespace, default, services, &ready, &mut warnings) {
+        match backend(namespace, default, services, &mut warnings) {
             Ok(backend) => routes.push(Route {
                 host: None,
                 path: HttpPath::root(),
@@ -139,10 +139,11 @@ pub fn resolve(
     }
 }
 
-/// Ready nodes with an InternalIP and without the exclusion label, sorted by name.
-fn ready_nodes(nodes: &[Node]) -> Vec<(ObjectName, IpAddr)> {
-    let mut ready: Vec<(ObjectName, IpAddr)> = nodes
-        .iter()
+/// The nodes routes go to: Ready, with an InternalIP and without the exclusion label, sorted
+/// by name.
+pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAddr> {
+    let mut ready: Vec<NodeAddr> = nodes
+        .into_iter()
         .filter_map(|n| {
             let status = n.status.as_ref()?;
             let is_ready = status
@@ -164,7 +165,7 @@ fn ready_nodes(nodes: &[Node]) -> Vec<(ObjectName, IpAddr)> {
                 .filter(|a| a.type_ == "InternalIP")
                 .find_map(|a| a.address.parse::<IpAddr>().ok())?;
             let name = ObjectName::new(n.metadata.name.clone()?).ok()?;
-            Some((name, ip))
+            Some(NodeAddr { name, addr: ip })
         })
         .collect();
     ready.sort();
@@ -175,7 +176,6 @@ fn backend(
     namespace: &str,
     backend: &IngressBackend,
     services: &Services,
-    nodes: &[(ObjectName, IpAddr)],
     warnings: &mut Vec<String>,
 ) -> Result<Backend, String> {
     if backend.resource.is_some() {
@@ -190,6 +190,7 @@ fn backend(
         let port = port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
         return Ok(Backend {
             service: ServiceRef { namespace: ns, name, port },
+            node_port: None,
             servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
         });
@@ -220,10 +221,8 @@ fn backend(
     };
     Ok(Backend {
         service: ServiceRef { namespace: ns, name, port: service_port },
-        servers: nodes
-            .iter()
-            .map(|(node, addr)| Server { node: node.clone(), addr: *addr, port: node_port })
-            .collect(),
+        node_port: Some(node_port),
+        servers: vec![],
         traffic_policy,
     })
 }
@@ -267,25 +266,23 @@ mod tests {
     }
 
     #[test]
-    fn a_nodeport_ingress_resolves_to_ready_nodes() {
+    fn a_nodeport_ingress_resolves_to_its_node_port_and_routes_go_to_ready_nodes() {
+        let r =
+            resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort")).unwrap();
+        assert_eq!(r.fleet.as_str(), "edge");
+        assert_eq!(r.key.to_string(), "shop/web");
+        assert_eq!(r.resource_version, "7");
+        assert_eq!(r.created_unix, 1_767_225_600);
+        assert_eq!(r.routes[0].backend.node_port, Some(30080));
+        assert!(r.routes[0].backend.servers.is_empty(), "nodes travel on their own");
         let nodes = [
             node("n2", "127.0.0.3", "True"),
             node("n1", "127.0.0.2", "True"),
             node("n3", "127.0.0.4", "False"),
         ];
-        let r = resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort"), &nodes)
-            .unwrap();
-        assert_eq!(r.fleet.as_str(), "edge");
-        assert_eq!(r.key.to_string(), "shop/web");
-        assert_eq!(r.resource_version, "7");
-        assert_eq!(r.created_unix, 1_767_225_600);
-        let servers: Vec<String> = r.routes[0]
-            .backend
-            .servers
-            .iter()
-            .map(|s| format!("{} {}:{}", s.node, s.addr, s.port))
-            .collect();
-        assert_eq!(servers, ["n1 127.0.0.2:30080", "n2 127.0.0.3:30080"]);
+        let ready: Vec<String> =
+            ready_nodes(&nodes).iter().map(|n| format!("{} {}", n.name, n.addr)).collect();
+        assert_eq!(ready, ["n1 127.0.0.2", "n2 127.0.0.3"]);
     }
 
     #[test]
@@ -294,11 +291,8 @@ mod tests {
         cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
         let mut excluded = node("n2", "127.0.0.3", "True");
         excluded.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_owned(), String::new())].into());
-        let r =
-            resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), &[cordoned, excluded])
-                .unwrap();
-        let nodes: Vec<&str> =
-            r.routes[0].backend.servers.iter().map(|s| s.node.as_str()).collect();
+        let ready = ready_nodes(&[cordoned, excluded]);
+        let nodes: Vec<&str> = ready.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(nodes, ["n1"]);
     }
 
@@ -306,29 +300,28 @@ mod tests {
     fn without_the_annotation_or_with_another_class_it_is_not_ours() {
         let mut ing = web_ingress("a.com", "/");
         let s = services("NodePort");
-        assert!(resolve(&ing, Some("hafleet"), &s, &[]) == Err(Refused::NotSelected));
+        assert!(resolve(&ing, Some("hafleet"), &s) == Err(Refused::NotSelected));
         ing.spec.as_mut().unwrap().ingress_class_name = Some("hafleet".into());
-        assert!(resolve(&ing, Some("hafleet"), &s, &[]).is_ok());
+        assert!(resolve(&ing, Some("hafleet"), &s).is_ok());
         ing.metadata.annotations = None;
-        assert_eq!(resolve(&ing, None, &s, &[]), Err(Refused::NotSelected));
+        assert_eq!(resolve(&ing, None, &s), Err(Refused::NotSelected));
     }
 
     #[test]
     fn injection_attempts_and_clusterip_services_are_refused_with_reasons() {
         let s = services("NodePort");
         let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s, &[])
+            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s)
         else {
             panic!("a path with a newline must be refused")
         };
         assert!(why[0].starts_with("rules[0].http.paths[0].path"), "{why:?}");
-        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s, &[])
-        else {
+        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s) else {
             panic!("a host with a brace must be refused")
         };
         assert!(why[0].starts_with("rules[0].host"), "{why:?}");
         let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"), &[])
+            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"))
         else {
             panic!("ClusterIP cannot be routed")
         };
@@ -340,13 +333,13 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(FLEET_ANNOTATION.into(), "Edge!".into());
-        assert!(matches!(resolve(&bad_fleet, None, &s, &[]), Err(Refused::Invalid(_))));
+        assert!(matches!(resolve(&bad_fleet, None, &s), Err(Refused::Invalid(_))));
     }
 
     #[test]
     fn a_missing_service_routes_to_nothing_with_a_warning() {
-        let r = resolve(&web_ingress("a.com", "/"), None, &Services::new(), &[]).unwrap();
-        assert!(r.routes[0].backend.servers.is_empty());
+        let r = resolve(&web_ingress("a.com", "/"), None, &Services::new()).unwrap();
+        assert_eq!(r.routes[0].backend.node_port, None);
         assert_eq!(r.warnings.len(), 1);
     }
 }
@@ -367,6 +360,7 @@ pub(crate) mod tests_support {
                     name: ObjectName::new("web").unwrap(),
                     port: 80,
                 },
+                node_port: Some(30080),
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
             },

@@ -1,9 +1,12 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node) ──tick──▶ debounce ──▶ resolve every Ingress from the caches
-//!   ──▶ index::diff against what was published ──▶ publish (acked) ──▶ index::record
+//! watches (Ingress, Service, Node) ──tick──▶ debounce ──▶ Ready nodes changed? publish them
+//!   ──▶ resolve every Ingress from the caches ──▶ index::diff against what was published
+//!   ──▶ publish (acked) ──▶ index::record
 //! ```
+//! Routes name NodePorts, not nodes: a node joining, leaving or going NotReady is one nodes
+//! message, whatever the number of Ingresses.
 //! After start-up, once every cache is listed and every live Ingress is published, a snapshot
 //! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
 
@@ -13,7 +16,8 @@ use crate::resolve::{self, Refused, Services};
 use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{
-    FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage, RoutesSnapshot, SCHEMA_VERSION,
+    FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteEvent, RouteMessage,
+    RoutesSnapshot, SCHEMA_VERSION,
 };
 use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,6 +56,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         epoch,
         seq: 0,
         published: Published::new(),
+        nodes: None,
         kept: BTreeSet::new(),
         snapshot_due: false,
         warned: BTreeSet::new(),
@@ -115,6 +120,9 @@ struct State {
     epoch: u64,
     seq: u64,
     published: Published,
+    /// The node set last published (and acked); `None` before the first or after a failed
+    /// publish, so that it is sent (again).
+    nodes: Option<Vec<NodeAddr>>,
     /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
     kept: BTreeSet<IngressKey>,
     /// A snapshot must be published after the next successful sync.
@@ -147,7 +155,10 @@ async fn sync(
             Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), (*s).clone()))
         })
         .collect();
-    let nodes: Vec<_> = caches.nodes.state().into_iter().map(|n| (*n).clone()).collect();
+    let nodes = resolve::ready_nodes(caches.nodes.state().iter().map(|n| n.as_ref()));
+    if state.nodes.as_ref() != Some(&nodes) {
+        send_nodes(bus, state, nodes).await?;
+    }
 
     let mut desired = BTreeMap::new();
     // (Ingress, resourceVersion) of every Ingress that exists now.
@@ -159,7 +170,7 @@ async fn sync(
         if let Ok(key) = IngressKey::new(ns, name) {
             current.insert((key, rv.clone()));
         }
-        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, &nodes) {
+        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services) {
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)
@@ -280,6 +291,22 @@ fn route_event(
         change,
         epoch,
     })
+}
+
+/// Publishes the node set that every route's servers come from.
+async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyhow::Result<()> {
+    let msg = RouteMessage::Nodes(NodesUpdate {
+        schema: SCHEMA_VERSION,
+        epoch: state.epoch,
+        nodes: nodes.clone(),
+    });
+    let id = state.next_msg_id();
+    state.nodes = None;
+    let seq =
+        bus.publish(hafleet_proto::ROUTES_NODES_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    info!(nodes = nodes.len(), stream_seq = seq, "nodes published");
+    state.nodes = Some(nodes);
+    Ok(())
 }
 
 /// Publishes a snapshot: every Ingress this watcher knows, live or kept. The renderer sweeps

@@ -98,10 +98,11 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
     };
     let events = apply_range(&bus, &mut desired, from, until).await?;
-    let Some(ingresses) = desired.get(&common.fleet) else {
+    let Some(ingresses) = desired.fleets.get(&common.fleet) else {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
-    let model = crate::model::build_with(&common.fleet, ingresses, renderer.options());
+    let model =
+        crate::model::build_with(&common.fleet, ingresses, &desired.nodes, renderer.options());
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
     let started =

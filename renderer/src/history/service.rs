@@ -7,7 +7,6 @@ use crate::store::Store;
 use crate::versions::{Latest, next_version};
 use hafleet_proto::{Cause, FleetName, HistoryErrorKind, HistoryReply, HistoryRequest};
 use hafleet_runtime::nats::Bus;
-use std::collections::BTreeMap;
 
 /// Everything a request may read or change.
 pub struct Ctx<'a> {
@@ -95,7 +94,6 @@ async fn answer(
             let pinned_sha = store.summary(fleet, pinned)?.map(|s| s.sha256).unwrap_or_default();
             let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
             store.set_pinned(fleet, None)?;
-            let empty = BTreeMap::new();
             let cause = Cause {
                 stream_seq: store.applied_seq()?,
                 ingress: None,
@@ -107,7 +105,7 @@ async fn answer(
             let made = next_version(
                 ctx.renderer,
                 fleet,
-                ctx.desired.get(fleet).unwrap_or(&empty),
+                ctx.desired,
                 Some(Latest { version: latest, sha256: &pinned_sha }),
                 0,
                 vec![cause],

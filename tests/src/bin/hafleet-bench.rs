@@ -209,8 +209,8 @@ mod routing {
 
     use anyhow::{Context, Result, bail};
     use hafleet_proto::{
-        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
-        Server, ServiceRef, TrafficPolicy,
+        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName,
+        PathKind, Route, ServiceRef, TrafficPolicy,
     };
     use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
     use hafleet_tests::{ChildGuard, HttpBackend, TestDir, free_port, random_loopback_ip};
@@ -241,11 +241,8 @@ mod routing {
                 name: ObjectName::new("web")?,
                 port: 80,
             },
-            servers: vec![Server {
-                node: ObjectName::new("node-1")?,
-                addr: (*addr.ip()).into(),
-                port: addr.port(),
-            }],
+            node_port: Some(addr.port()),
+            servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
         };
         (0..n)
@@ -360,7 +357,10 @@ mod routing {
         println!("|---|---|---|---|---|---|---|---|");
         for &n in &a.routes {
             let dir = TestDir::new("hafleet-bench-routing")?;
-            let model = model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?);
+            let SocketAddr::V4(addr) = backend.addr() else { bail!("IPv4 backend expected") };
+            let nodes = [NodeAddr { name: ObjectName::new("node-1")?, addr: (*addr.ip()).into() }];
+            let model =
+                model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?, &nodes);
             let bundle = Renderer::builtin().render(&model)?;
             let config = dir.path().join("haproxy.cfg");
             std::fs::create_dir_all(dir.path().join(hafleet_proto::MAPS_DIR))?;
@@ -427,8 +427,9 @@ mod history {
 
     use anyhow::{Context, Result};
     use hafleet_proto::{
-        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, ObjectName, PathKind, Route,
-        RouteChange, RouteEvent, RouteMessage, SCHEMA_VERSION, Server, ServiceRef, TrafficPolicy,
+        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, NodesUpdate,
+        ObjectName, PathKind, Route, RouteChange, RouteEvent, RouteMessage, SCHEMA_VERSION,
+        ServiceRef, TrafficPolicy,
     };
     use hafleet_tests::{ChildGuard, NatsServer, TestDir, bin_path};
     use std::time::{Duration, Instant};
@@ -456,15 +457,8 @@ mod history {
                 name: ObjectName::new(format!("svc-{i}"))?,
                 port: 80,
             },
-            servers: (1..=3)
-                .map(|n| {
-                    Ok(Server {
-                        node: ObjectName::new(format!("node-{n}"))?,
-                        addr: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
-                        port: 30000 + (i % 2000) as u16,
-                    })
-                })
-                .collect::<Result<_>>()?,
+            node_port: Some(30000 + (i % 2000) as u16),
+            servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
         };
         let msg = RouteMessage::Event(RouteEvent {
@@ -570,6 +564,20 @@ mod history {
         bus.ensure_stream(hafleet_proto::ROUTES).await?;
         bus.ensure_stream(hafleet_proto::CONFIGS).await?;
         let js = bus.js.clone();
+        // Three nodes, as a watcher publishes them, before any route.
+        let nodes = RouteMessage::Nodes(NodesUpdate {
+            schema: SCHEMA_VERSION,
+            epoch: 1,
+            nodes: (1..=3)
+                .map(|n| {
+                    Ok(NodeAddr {
+                        name: ObjectName::new(format!("node-{n}"))?,
+                        addr: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
+                    })
+                })
+                .collect::<Result<_>>()?,
+        });
+        js.publish(hafleet_proto::ROUTES_NODES_SUBJECT, nodes.encode().into()).await?.await?;
 
         // history list: a small fleet changed `versions` times, one version per change.
         let small = FleetName::new("small")?;
