@@ -1,4 +1,5 @@
-//! The renderer at fleet scale: full render, one change end to end through the store, memory,
+//! The renderer at fleet scale: full render (a fresh renderer, every backend section rendered),
+//! one change end to end through the store (sections of unchanged backends kept), memory,
 //! 1,000 versions on disk, `history list` of 1,000, and replaying 100,000 route events.
 //! A bench binary (not criterion): several of these take seconds, and the report is a table
 //! for BENCHMARKS.md. Run: `cargo bench -p hafleet-renderer --bench scale`
@@ -132,6 +133,8 @@ fn main() {
         let mut times = Vec::new();
         let mut size = 0;
         for _ in 0..reps {
+            // A fresh renderer: no backend section kept from an earlier render.
+            let renderer = Renderer::builtin();
             let started = Instant::now();
             let v = next_version(&renderer, &fleet, &desired, None, 0, vec![], 0).unwrap().unwrap();
             times.push(ms(started));
@@ -152,6 +155,7 @@ fn main() {
             let model =
                 hafleet_renderer::model::build(&fleet, desired.ingresses(&fleet), &desired.nodes);
             build.push(ms(started));
+            let renderer = Renderer::builtin();
             let started = Instant::now();
             let bundle = renderer.render(&model).unwrap();
             render.push(ms(started));

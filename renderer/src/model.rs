@@ -4,8 +4,8 @@
 //! Decisions made here:
 //! - conflicts: the same host + path + match kind claimed by two Ingresses goes to the older
 //!   Ingress (creation time, then namespace/name); the other is named in `notes`;
-//! - order: HAProxy takes the first `use_backend` that matches, so rules with a host come before
-//!   rules for any host, longer paths before shorter ones, and `Exact` before `Prefix`;
+//! - order: none that matters. Rules go into map files looked up by key ([`crate::maps`]), which
+//!   decide Exact before Prefix and the longest prefix; the model lists rules in claim order;
 //! - backends: one per Service port, shared by every rule that points at it, with the NodePort
 //!   of the newest route event that carries it (an older Ingress's may be stale), on the nodes
 //!   of the newest nodes message (a bounded subset of them for `Cluster` Services).
@@ -15,7 +15,6 @@ use hafleet_proto::{
     Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
 };
 use serde::Serialize;
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, btree_map::Entry};
 use std::net::IpAddr;
 
@@ -46,7 +45,7 @@ pub struct RuleModel {
     pub ingress: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct BackendModel {
     pub name: String,
     /// `namespace/service:port`.
@@ -54,7 +53,7 @@ pub struct BackendModel {
     pub servers: Vec<ServerModel>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct ServerModel {
     pub name: String,
     /// `ip:port`, IPv6 in brackets.
@@ -136,25 +135,20 @@ impl<'a> NodePool<'a> {
         }
     }
 
-    /// Every server `backend` could list, with its node's hash: the pool's nodes at the
-    /// backend's NodePort, or the servers a route message of schema 1 or 2 listed itself.
-    fn candidates(&self, backend: &'a Backend) -> Vec<(u64, Candidate<'a>)> {
-        if !backend.servers.is_empty() {
-            return backend
-                .servers
-                .iter()
-                .map(|s| {
-                    let c = Candidate { node: s.node.as_str(), addr: s.addr, port: s.port };
-                    (fnv1a(c.node.as_bytes()), c)
-                })
-                .collect();
-        }
-        let Some(port) = backend.node_port else { return vec![] };
+    /// The servers a route message of schema 1 or 2 listed itself, with their nodes' hashes.
+    fn listed(backend: &'a Backend) -> impl Iterator<Item = (u64, Candidate<'a>)> {
+        backend.servers.iter().map(|s| {
+            let c = Candidate { node: s.node.as_str(), addr: s.addr, port: s.port };
+            (fnv1a(c.node.as_bytes()), c)
+        })
+    }
+
+    /// The pool's nodes at `port`.
+    fn at(&self, port: u16) -> impl Iterator<Item = (u64, Candidate<'a>)> + '_ {
         self.nodes
             .iter()
             .zip(&self.hashes)
-            .map(|(n, h)| (*h, Candidate { node: n.name.as_str(), addr: n.addr, port }))
-            .collect()
+            .map(move |(n, h)| (*h, Candidate { node: n.name.as_str(), addr: n.addr, port }))
     }
 }
 
@@ -162,17 +156,32 @@ impl<'a> NodePool<'a> {
 /// node scores `mix(hash(service) * C ^ hash(node))` and the `k` best are kept. The same nodes
 /// give the same subset, and a node joining or leaving changes only the subsets it enters or
 /// leaves: about `k / nodes` of the backends. The kept servers stay in node-name order.
+///
+/// Every server the backend could list is the pool's nodes at its NodePort, or the servers a
+/// route message of schema 1 or 2 listed itself.
 pub fn subset<'a>(backend: &'a Backend, pool: &NodePool<'a>, k: usize) -> Vec<Candidate<'a>> {
-    let all = pool.candidates(backend);
-    if k == 0 || all.len() <= k || backend.traffic_policy == TrafficPolicy::Local {
-        return all.into_iter().map(|(_, c)| c).collect();
+    match (backend.servers.is_empty(), backend.node_port) {
+        (false, _) => pick(backend, NodePool::listed(backend), backend.servers.len(), k),
+        (true, Some(port)) => pick(backend, pool.at(port), pool.nodes.len(), k),
+        (true, None) => vec![],
+    }
+}
+
+/// [`subset`] of the `n` servers `all` gives.
+fn pick<'a>(
+    backend: &Backend,
+    all: impl Iterator<Item = (u64, Candidate<'a>)>,
+    n: usize,
+    k: usize,
+) -> Vec<Candidate<'a>> {
+    if k == 0 || n <= k || backend.traffic_policy == TrafficPolicy::Local {
+        return all.map(|(_, c)| c).collect();
     }
     let s = &backend.service;
-    let service = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes());
-    let mut scored: Vec<(u64, Candidate<'a>)> = all
-        .into_iter()
-        .map(|(node, c)| (mix(service.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ node), c))
-        .collect();
+    let seed = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes())
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut scored: Vec<(u64, Candidate<'a>)> =
+        all.map(|(node, c)| (mix(seed ^ node), c)).collect();
     scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     scored.truncate(k);
     let mut kept: Vec<Candidate<'a>> = scored.into_iter().map(|(_, c)| c).collect();
@@ -332,12 +341,7 @@ pub fn build_with(
         }
     }
 
-    let mut rules: Vec<RuleModel> = claimed.into_values().map(|(rule, _)| rule).collect();
-    // Claims are unique, so an unstable sort is deterministic; the comparison borrows.
-    let order = |r: &RuleModel| (r.host.is_none(), Reverse(r.path.len()), r.kind != "exact");
-    rules.sort_unstable_by(|a, b| {
-        order(a).cmp(&order(b)).then_with(|| a.host.cmp(&b.host)).then_with(|| a.path.cmp(&b.path))
-    });
+    let rules: Vec<RuleModel> = claimed.into_values().map(|(rule, _)| rule).collect();
 
     let (backends, nodes) = backend_models(backends, &NodePool::new(nodes), options);
     RenderModel {
@@ -430,38 +434,6 @@ mod tests {
     }
 
     #[test]
-    fn host_rules_come_first_then_longer_paths_then_exact() {
-        let f = FleetName::new("edge").unwrap();
-        let state = fleet_of(vec![(
-            "web",
-            1,
-            vec![
-                route(None, "/", PathKind::Prefix, "any"),
-                route(Some("a.com"), "/", PathKind::Prefix, "root"),
-                route(Some("a.com"), "/api", PathKind::Prefix, "api"),
-                route(Some("a.com"), "/api", PathKind::Exact, "exact"),
-                route(Some("a.com"), "/api/v1", PathKind::Prefix, "v1"),
-            ],
-        )]);
-        let order: Vec<(Option<String>, String, &str)> = build(&f, &state, &one_node())
-            .rules
-            .into_iter()
-            .map(|r| (r.host, r.path, r.kind))
-            .collect();
-        let a = || Some("a.com".to_owned());
-        assert_eq!(
-            order,
-            [
-                (a(), "/api/v1".into(), "prefix"),
-                (a(), "/api".into(), "exact"),
-                (a(), "/api".into(), "prefix"),
-                (a(), "/".into(), "prefix"),
-                (None, "/".into(), "prefix"),
-            ]
-        );
-    }
-
-    #[test]
     fn the_model_does_not_depend_on_arrival_order() {
         let f = FleetName::new("edge").unwrap();
         let a = ("a", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")]);
@@ -512,6 +484,30 @@ mod tests {
         let mut gone = backend_on(1, TrafficPolicy::Cluster);
         gone.node_port = None;
         assert!(subset(&gone, &NodePool::new(&all), 10).is_empty(), "no NodePort, no server");
+    }
+
+    /// The subsets of the first build of rendezvous subsets (score every node, select the k
+    /// best): the one-pass choice must pick the very same servers, or an upgrade would move
+    /// backends for nothing.
+    #[test]
+    fn the_one_pass_choice_picks_what_scoring_every_node_picks() {
+        let all = nodes(0..200);
+        for svc in 0..300 {
+            let b = backend_on(svc, TrafficPolicy::Cluster);
+            let s = &b.service;
+            let service = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes());
+            let mut scored: Vec<(u64, &str)> = all
+                .iter()
+                .map(|n| {
+                    let h = fnv1a(n.name.as_str().as_bytes());
+                    (mix(service.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ h), n.name.as_str())
+                })
+                .collect();
+            scored.select_nth_unstable_by(9, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+            let mut want: Vec<&str> = scored[..10].iter().map(|(_, n)| *n).collect();
+            want.sort_unstable();
+            assert_eq!(chosen(svc, &all, TrafficPolicy::Cluster, 10), want, "svc-{svc}");
+        }
     }
 
     #[test]

@@ -2,23 +2,41 @@
 //! from a minijinja template that names them. The built-in template is compiled in; operators
 //! can replace it. Undefined variables are errors, so a typo in a template fails loudly at
 //! start-up instead of rendering an empty directive.
+//!
+//! A template that defines a `backend(b)` macro gets `backend_sections`: every backend rendered
+//! through it, in name order. Each section is kept per fleet between renders and rendered again
+//! only when its backend changed, so one change to a fleet of 10,000 backends renders one
+//! section, not 10,000. `backends` is handed to the template only if it names it.
 
 use crate::maps::{self, MapPaths};
 use crate::model::{BackendModel, RenderModel};
 use hafleet_proto::Bundle;
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// The template shipped with hafleet.
 pub const BUILTIN_TEMPLATE: &str = include_str!("../templates/haproxy.cfg.j2");
 
 const NAME: &str = "haproxy.cfg";
 
+/// The macro that renders one backend's section.
+const BACKEND_MACRO: &str = "backend";
+
+/// Per fleet: each backend's section as last rendered.
+type Sections = HashMap<String, HashMap<BackendModel, String>>;
+
 /// A loaded, checked template.
 #[derive(Debug)]
 pub struct Renderer {
     env: Environment<'static>,
     options: crate::model::Options,
+    /// Whether the template names `backends` (otherwise it is not built for it).
+    uses_backends: bool,
+    /// Whether the template defines the `backend(b)` macro.
+    has_backend_macro: bool,
+    sections: Mutex<Sections>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +57,8 @@ struct Context<'a> {
     /// How many host + path rules the maps hold.
     routes: usize,
     backends: &'a [BackendModel],
+    /// Every backend's section, rendered by the template's `backend(b)` macro ("" without it).
+    backend_sections: &'a str,
     /// Nodes to health-check once each (empty when node health checks are off).
     nodes: &'a [crate::model::ServerModel],
     node_check_path: Option<&'a str>,
@@ -66,15 +86,43 @@ impl Renderer {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_keep_trailing_newline(true);
         env.add_template_owned(NAME, source).map_err(RenderError::Compile)?;
-        let renderer = Renderer { env, options: Default::default() };
-        renderer.render(&RenderModel {
+        let template = env.get_template(NAME).map_err(RenderError::Compile)?;
+        let uses_backends = template.undeclared_variables(false).contains("backends");
+        let empty = RenderModel {
             fleet: "check".into(),
             rules: vec![],
             backends: vec![],
             nodes: vec![],
             node_check_path: None,
             notes: vec![],
+        };
+        let maps = maps::build(&[]);
+        let captured = template
+            .render_captured(context(&empty, &maps.paths, &[], ""))
+            .map_err(RenderError::Render)?;
+        let has_backend_macro = captured.state().lookup(BACKEND_MACRO).is_some();
+        drop(captured);
+        let renderer = Renderer {
+            env,
+            options: Default::default(),
+            uses_backends,
+            has_backend_macro,
+            sections: Mutex::new(HashMap::new()),
+        };
+        // Once with a backend, so that a macro that cannot render is refused now.
+        renderer.render(&RenderModel {
+            backends: vec![BackendModel {
+                name: "be_check_check_80".into(),
+                service: "check/check:80".into(),
+                servers: vec![crate::model::ServerModel {
+                    name: "node".into(),
+                    addr: "127.0.0.1:30080".into(),
+                    track: None,
+                }],
+            }],
+            ..empty
         })?;
+        renderer.sections.lock().expect("not poisoned").clear();
         Ok(renderer)
     }
 
@@ -92,20 +140,79 @@ impl Renderer {
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
         let maps = maps::build(&model.rules);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
-        let context = Context {
-            fleet: &model.fleet,
-            maps: &maps.paths,
-            routes: model.rules.len(),
-            backends: &model.backends,
-            nodes: &model.nodes,
-            node_check_path: model.node_check_path.as_deref(),
-            notes: &model.notes,
+        let sections = if self.has_backend_macro {
+            self.backend_sections(&template, model, &maps.paths)?
+        } else {
+            String::new()
         };
-        let mut config = template.render(context).map_err(RenderError::Render)?;
+        let backends = if self.uses_backends { model.backends.as_slice() } else { &[] };
+        let mut config = template
+            .render(context(model, &maps.paths, backends, &sections))
+            .map_err(RenderError::Render)?;
         if !config.ends_with('\n') {
             config.push('\n');
         }
         Ok(Bundle { config, maps: maps.files })
+    }
+
+    /// Every backend's section through the template's macro, in the model's (name) order: the
+    /// fleet's sections of the last render where the backend is the same, the macro's output
+    /// where it is new or changed. Sections of backends that are gone are dropped.
+    fn backend_sections(
+        &self,
+        template: &minijinja::Template<'_, '_>,
+        model: &RenderModel,
+        paths: &MapPaths,
+    ) -> Result<String, RenderError> {
+        let mut all = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+        let mut old = all.remove(&model.fleet).unwrap_or_default();
+        let mut kept = HashMap::with_capacity(model.backends.len());
+        let mut captured = None;
+        let mut out = String::new();
+        for b in &model.backends {
+            let text = match old.remove_entry(b) {
+                Some((key, text)) => {
+                    out.push_str(&text);
+                    kept.insert(key, text);
+                    continue;
+                }
+                None => {
+                    // The macro sees the fleet-wide values, without the backends.
+                    if captured.is_none() {
+                        let ctx = context(model, paths, &[], "");
+                        captured =
+                            Some(template.render_captured(ctx).map_err(RenderError::Render)?);
+                    }
+                    let state = captured.as_ref().expect("just set").state();
+                    state
+                        .call_macro(BACKEND_MACRO, &[Value::from_serialize(b)])
+                        .map_err(RenderError::Render)?
+                }
+            };
+            out.push_str(&text);
+            kept.insert(b.clone(), text);
+        }
+        all.insert(model.fleet.clone(), kept);
+        Ok(out)
+    }
+}
+
+/// What the template renders with.
+fn context<'a>(
+    model: &'a RenderModel,
+    maps: &'a MapPaths,
+    backends: &'a [BackendModel],
+    backend_sections: &'a str,
+) -> Context<'a> {
+    Context {
+        fleet: &model.fleet,
+        maps,
+        routes: model.rules.len(),
+        backends,
+        backend_sections,
+        nodes: &model.nodes,
+        node_check_path: model.node_check_path.as_deref(),
+        notes: &model.notes,
     }
 }
 
@@ -181,5 +288,48 @@ mod tests {
             .unwrap()
             .size();
         assert!(all > 5 * large, "all nodes: {all} bytes; subsets: {large}");
+    }
+
+    #[test]
+    fn kept_sections_render_what_a_fresh_renderer_renders_through_every_change() {
+        let name = FleetName::new("edge").unwrap();
+        let other = FleetName::new("core").unwrap();
+        let warm = Renderer::builtin();
+        let mut ingresses = fleet(50);
+        let mut nodes_now = nodes(3);
+        let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
+            for f in [&name, &other] {
+                let model = crate::model::build(f, ingresses, nodes);
+                let fresh = Renderer::builtin().render(&model).unwrap();
+                assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");
+            }
+        };
+        check(&ingresses, &nodes_now);
+        // A backend changes its NodePort, one goes, one comes, a node leaves.
+        let key = IngressKey::new("team", "ing-3").unwrap();
+        ingresses.get_mut(&key).unwrap().routes[0].backend.node_port = Some(32000);
+        check(&ingresses, &nodes_now);
+        ingresses.remove(&IngressKey::new("team", "ing-7").unwrap());
+        ingresses.extend(fleet(60).into_iter().skip(50));
+        check(&ingresses, &nodes_now);
+        nodes_now.remove(1);
+        check(&ingresses, &nodes_now);
+        check(&BTreeMap::new(), &nodes_now);
+    }
+
+    #[test]
+    fn a_template_without_the_macro_loops_over_backends_itself() {
+        let source =
+            "{% for b in backends %}{{ b.name }}\n{% endfor %}{{ backend_sections }}".to_owned();
+        let r = Renderer::new(source).unwrap();
+        let model = crate::model::build(&FleetName::new("edge").unwrap(), &fleet(2), &nodes(1));
+        assert_eq!(r.render(&model).unwrap().config, "be_team_svc-0_80\nbe_team_svc-1_80\n");
+    }
+
+    #[test]
+    fn a_backend_macro_that_cannot_render_is_refused_at_load() {
+        let source = "{% macro backend(b) %}{{ b.nmae }}{% endmacro %}{{ backend_sections }}";
+        let err = Renderer::new(source.to_owned()).unwrap_err();
+        assert!(matches!(err, RenderError::Render(_)), "{err:?}");
     }
 }
