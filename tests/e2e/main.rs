@@ -57,6 +57,23 @@ pub async fn service_on_two_nodes(
     Ok(backends)
 }
 
+/// Waits until every HAProxy host's live config lists (`want`) or no longer lists a server on
+/// `node`.
+pub async fn node_listed_everywhere(stack: &Stack, node: &str, want: bool) -> Result<()> {
+    let line = format!("server {node} ");
+    for h in &stack.hosts {
+        let what = format!("{}: {line}listed = {want}", h.name());
+        let line = &line;
+        eventually(CONVERGE, &what, || async move {
+            let listed = h.live_config().contains(line.as_str());
+            anyhow::ensure!(listed == want, "listed = {listed}");
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 /// Waits until a GET through every HAProxy host of the stack answers `status` with a body
 /// starting with `body_prefix`.
 pub async fn expect_everywhere(

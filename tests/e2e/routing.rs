@@ -1,6 +1,6 @@
 //! Ingresses become routes on every HAProxy host and follow every change.
 
-use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress};
+use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress, node_listed_everywhere};
 use anyhow::Result;
 use hafleet_tests::eventually;
 use k8s_openapi::api::core::v1::Node;
@@ -35,24 +35,12 @@ async fn an_annotated_ingress_goes_live_on_both_hosts_and_follows_every_change()
     }
 
     // A node that stops being Ready leaves every host's backend; it comes back when Ready.
-    let has_node_2 = |want: bool| async move {
-        for h in &stack.hosts {
-            let what = format!("{}: server node-2 present = {want}", h.name());
-            eventually(CONVERGE, &what, || async move {
-                let present = h.live_config().contains("server node-2 ");
-                anyhow::ensure!(present == want, "present = {present}");
-                Ok(())
-            })
-            .await?;
-        }
-        anyhow::Ok(())
-    };
-    has_node_2(true).await?;
+    node_listed_everywhere(stack, "node-2", true).await?;
     stack.kube.set_node_ready("node-2", false).await?;
-    has_node_2(false).await?;
+    node_listed_everywhere(stack, "node-2", false).await?;
     expect_everywhere(stack, "shop.example.com", "/app", 200, "web@node-1").await?;
     stack.kube.set_node_ready("node-2", true).await?;
-    has_node_2(true).await?;
+    node_listed_everywhere(stack, "node-2", true).await?;
 
     // Cordoning (a drain) keeps a node: kube-proxy still serves on it. The load-balancer
     // exclusion label takes it out.

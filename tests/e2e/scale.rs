@@ -1,9 +1,12 @@
 //! Configs of any size: a bundle larger than a NATS message travels through the fleet's object
 //! store, is checked against its sha256 on arrival, and goes live on every host. A fleet whose
 //! version cannot be published holds up no other. 1,000 Ingress changes in a few seconds end
-//! with the right config everywhere, in a bounded number of versions and reloads.
+//! with the right config everywhere, in a bounded number of versions and reloads. A node going
+//! NotReady among 1,000 Ingresses is one message and one version.
 
-use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress, render_with};
+use crate::{
+    CONVERGE, World, expect_everywhere, expect_on, ingress, node_listed_everywhere, render_with,
+};
 use anyhow::Result;
 use hafleet_proto::{Body, ConfigVersion, FleetName};
 use hafleet_tests::{eventually, stack::Component};
@@ -278,15 +281,7 @@ async fn a_node_going_not_ready_among_a_thousand_ingresses_is_one_message_and_on
     for ready in [false, true] {
         let before = stack.latest_version().await?.expect("a version").version;
         stack.kube.set_node_ready("node-2", ready).await?;
-        for h in &stack.hosts {
-            let what = format!("{}: node-2 listed = {ready}", h.name());
-            eventually(CONVERGE, &what, || async move {
-                let listed = h.live_config().contains("server node-2 ");
-                anyhow::ensure!(listed == ready, "listed = {listed}");
-                Ok(())
-            })
-            .await?;
-        }
+        node_listed_everywhere(stack, "node-2", ready).await?;
         if !ready {
             for i in [0, 1, 500, 999] {
                 let service = if i % 2 == 0 { "web" } else { "api" };
