@@ -101,7 +101,7 @@ fn decode<T: serde::de::DeserializeOwned>(key: &[u8], value: &[u8]) -> Result<T,
 
 /// A version as stored: its JSON, compressed.
 fn compress(json: &[u8]) -> Vec<u8> {
-    zstd::encode_all(json, 3).expect("compressing into memory cannot fail")
+    zstd::encode_all(json, 1).expect("compressing into memory cannot fail")
 }
 
 impl Store {
