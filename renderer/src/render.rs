@@ -170,12 +170,9 @@ impl Renderer {
         let mut captured = None;
         let mut out = String::new();
         for b in &model.backends {
-            let text = match old.remove_entry(b) {
-                Some((key, text)) => {
-                    out.push_str(&text);
-                    kept.insert(key, text);
-                    continue;
-                }
+            // A kept section moves over with its key: no backend is cloned for it.
+            let (key, text) = match old.remove_entry(b) {
+                Some(hit) => hit,
                 None => {
                     // The macro sees the fleet-wide values, without the backends.
                     if captured.is_none() {
@@ -184,13 +181,14 @@ impl Renderer {
                             Some(template.render_captured(ctx).map_err(RenderError::Render)?);
                     }
                     let state = captured.as_ref().expect("just set").state();
-                    state
+                    let text = state
                         .call_macro(BACKEND_MACRO, &[Value::from_serialize(b)])
-                        .map_err(RenderError::Render)?
+                        .map_err(RenderError::Render)?;
+                    (b.clone(), text)
                 }
             };
             out.push_str(&text);
-            kept.insert(b.clone(), text);
+            kept.insert(key, text);
         }
         all.insert(model.fleet.clone(), kept);
         Ok(out)
