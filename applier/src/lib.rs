@@ -10,6 +10,7 @@ pub mod inventory;
 pub mod plan;
 pub mod rollout;
 pub mod run;
+pub mod runtime;
 pub mod ssh;
 
 use clap::Parser;

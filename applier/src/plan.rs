@@ -88,6 +88,14 @@ pub fn parse_show_proc(text: &str) -> Option<ProcState> {
     Some(ProcState { reloads, failed, workers })
 }
 
+/// The worker that serves new connections: the one that has lived through no reload. None if
+/// `show proc` lists no such worker, or more than one.
+pub fn current_worker(state: &ProcState) -> Option<u32> {
+    let mut current = state.workers.iter().filter(|(_, reloads)| *reloads == 0);
+    let (pid, _) = current.next()?;
+    current.next().is_none().then_some(*pid)
+}
+
 /// Where a reload stands, comparing `show proc` before and after asking for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadCheck {
@@ -138,6 +146,17 @@ mod tests {
         assert_eq!(check_reload(&start, &reloaded), ReloadCheck::Done);
         assert_eq!(check_reload(&reloaded, &broken), ReloadCheck::Failed);
         assert_eq!(check_reload(&start, &start), ReloadCheck::Pending);
+    }
+
+    #[test]
+    fn the_current_worker_is_the_one_that_lived_through_no_reload() {
+        let mut state = parse_show_proc(RELOADED).unwrap();
+        assert_eq!(current_worker(&state), Some(20571));
+        state.workers.push((20559, 1));
+        assert_eq!(current_worker(&state), Some(20571), "an old worker still draining");
+        state.workers.push((20600, 0));
+        assert_eq!(current_worker(&state), None);
+        assert_eq!(current_worker(&parse_show_proc(BROKEN).unwrap()), None);
     }
 
     #[test]

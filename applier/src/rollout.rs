@@ -10,6 +10,10 @@
 //!            haproxy -c -f <config>.hafleet-new-<token>    (refused: Failed, live file untouched)
 //!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
+//!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
+//!            command? ──yes──▶ no reload
+//!              │ no
+//!              ▼
 //!            reload on the master CLI; poll show proc until a new worker runs;
 //!            record the live sha256 in <config>.hafleet-loaded; sweep maps no config names
 //!              │ failed or timed out
@@ -21,6 +25,7 @@
 
 use crate::inventory::Host;
 use crate::plan::{self, HostPlan, ReloadCheck};
+use crate::runtime;
 use crate::ssh::{ConnPool, HostConn};
 use hafleet_proto::{ApplyOutcome, ApplyStage, Bundle, ConfigVersion};
 use std::time::Duration;
@@ -60,6 +65,9 @@ mod scripts {
     pub const SWEEP_MAPS: &str = r#"d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u); find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done"#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
+    /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
+    /// A session that stalls for 30 s is cut.
+    pub const MASTER_SESSION: &str = r#"socat -T 30 stdio "unix-connect:$1""#;
 }
 
 /// How rollouts behave.
@@ -93,24 +101,37 @@ fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
     Failure { stage, message, restored: false }
 }
 
-/// Puts `version` live on one host and says how it went. Never panics on remote trouble.
+/// What an apply asked of HAProxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effort {
+    /// Reloads (a restore of last-known-good counts as one more).
+    pub reloads: u32,
+    /// Runtime API commands sent instead of a reload.
+    pub runtime_commands: u32,
+}
+
+/// Puts `version` live on one host and says how it went. `known` are versions the applier
+/// holds whole: a host whose HAProxy loaded one of them may take the change through the
+/// runtime API. Never panics on remote trouble.
 #[tracing::instrument(skip_all, fields(host = %host.name, version = version.version))]
 pub async fn apply_host(
     host: &Host,
     version: &ConfigVersion,
+    known: &[&ConfigVersion],
     settings: &RolloutSettings,
-) -> ApplyOutcome {
+) -> (ApplyOutcome, Effort) {
     let (conn, generation) = match settings.ssh.take(host).await {
         Ok(c) => c,
         Err(e) => {
-            return failed(fail(ApplyStage::Connect, format!("{e}")));
+            return (failed(fail(ApplyStage::Connect, format!("{e}"))), Effort::default());
         }
     };
-    let result = apply_on(&conn, host, version, settings).await;
+    let mut effort = Effort::default();
+    let result = apply_on(&conn, host, version, known, settings, &mut effort).await;
     settings.ssh.give_back(host, conn, generation, result.is_ok()).await;
     match result {
-        Ok(outcome) => outcome,
-        Err(f) => failed(f),
+        Ok(outcome) => (outcome, effort),
+        Err(f) => (failed(f), effort),
     }
 }
 
@@ -122,7 +143,9 @@ async fn apply_on(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
+    known: &[&ConfigVersion],
     settings: &RolloutSettings,
+    effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
     let shas = remote(conn, ApplyStage::Upload, scripts::LIVE_SHA, &[live], None).await?;
@@ -133,9 +156,11 @@ async fn apply_on(
         HostPlan::ReloadOnly => {
             info!("live file is this version but HAProxy never loaded it; reloading");
             let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))?;
+            effort.reloads += 1;
             if let Err(mut failure) = reload(conn, host, &before, settings.reload_timeout).await {
                 // The live file is one HAProxy will not load: put last-known-good back, so a
                 // host restart does not start HAProxy on it.
+                effort.reloads += 1;
                 failure.restored = restore(conn, host, settings.reload_timeout).await;
                 return Err(failure);
             }
@@ -144,6 +169,15 @@ async fn apply_on(
         }
         HostPlan::Full => {}
     }
+    // What the change takes, when the applier holds the bundle HAProxy runs there.
+    let loaded = known
+        .iter()
+        .find(|v| live_sha == Some(v.sha256.as_str()) && loaded_sha == live_sha)
+        .and_then(|v| v.bundle());
+    let change = match (loaded, version.bundle()) {
+        (Some(loaded), Some(next)) => runtime::plan(loaded, next),
+        _ => runtime::Plan::Reload("the applier does not hold the config HAProxy runs".into()),
+    };
 
     // A name of this attempt's own: a second applier (a rolling update, say) can never swap in
     // a file this one validated, or the other way round.
@@ -159,6 +193,35 @@ async fn apply_on(
     };
     remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
 
+    // The files hold the version now; the running process takes it without a reload if it can.
+    let live_without_reload = match &change {
+        runtime::Plan::Nothing => {
+            info!("the new config differs from the running one in comments only; no reload");
+            true
+        }
+        runtime::Plan::Runtime(steps) => match apply_runtime(conn, host, &before, steps).await {
+            Ok(sent) => {
+                effort.runtime_commands = sent;
+                info!(commands = sent, "applied through the runtime API; no reload");
+                true
+            }
+            Err(why) => {
+                warn!(%why, "the runtime API did not take the change; reloading instead");
+                false
+            }
+        },
+        runtime::Plan::Reload(why) => {
+            info!(%why, "the change needs a reload");
+            false
+        }
+    };
+    if live_without_reload {
+        mark_loaded(conn, host, &version.sha256).await?;
+        let _ = conn.run(scripts::SWEEP_MAPS, &[live], None).await;
+        return Ok(ApplyOutcome::Applied);
+    }
+
+    effort.reloads += 1;
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
             mark_loaded(conn, host, &version.sha256).await?;
@@ -168,10 +231,70 @@ async fn apply_on(
         }
         Err(mut failure) => {
             warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
+            effort.reloads += 1;
             failure.restored = restore(conn, host, settings.reload_timeout).await;
             Err(failure)
         }
     }
+}
+
+/// Sends `steps` to the running worker through the master CLI. Returns how many commands
+/// went, or why the running process did not take the change (then it needs a reload, which
+/// makes it serve the files whatever the commands did).
+async fn apply_runtime(
+    conn: &HostConn,
+    host: &Host,
+    before: &plan::ProcState,
+    steps: &[runtime::Step],
+) -> Result<u32, String> {
+    let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
+    let socket = host.master_socket.as_str();
+    let mut sent = 0;
+    let mut prepared = runtime::PreparedMaps::new();
+    let kinds = runtime::map_kinds(steps);
+    if !kinds.is_empty() {
+        let show = format!("@!{pid} show map");
+        let out = conn
+            .run(scripts::MASTER_CLI, &[socket, &show], None)
+            .await
+            .map_err(|e| format!("ssh: {e}"))?;
+        let ids = runtime::map_ids(&out.stdout, &kinds)
+            .ok_or_else(|| format!("`show map` does not list one map of each kind {kinds:?}"))?;
+        let prepare = runtime::prepare_commands(&ids);
+        let answers = session(conn, socket, pid, &prepare).await?;
+        sent += prepare.len() + 1;
+        for ((kind, id), answer) in ids.into_iter().zip(answers) {
+            let version = runtime::prepared_version(&answer)
+                .ok_or_else(|| format!("prepare map {id}: {}", answer.trim()))?;
+            prepared.insert(kind, (id, version));
+        }
+    }
+    let commands = runtime::commands(steps, &prepared)?;
+    let answers = session(conn, socket, pid, &commands).await?;
+    sent += commands.len();
+    let answers: Vec<&str> = answers.iter().map(String::as_str).collect();
+    if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
+        return Err(format!("HAProxy answered {answer:?} to `{command}`"));
+    }
+    Ok(sent as u32)
+}
+
+/// One interactive master CLI session: the answers to `commands`, in order.
+async fn session(
+    conn: &HostConn,
+    socket: &str,
+    pid: u32,
+    commands: &[runtime::Command],
+) -> Result<Vec<String>, String> {
+    let input = runtime::session(pid, commands);
+    let out = conn
+        .run(scripts::MASTER_SESSION, &[socket], Some(input.as_bytes()))
+        .await
+        .map_err(|e| format!("ssh: {e}"))?;
+    if !out.success {
+        return Err(format!("master CLI session failed: {}", out.stderr.trim()));
+    }
+    Ok(runtime::answers(&out.stdout, commands.len()).into_iter().map(str::to_owned).collect())
 }
 
 /// Uploads the version under this attempt's name, checks what landed, validates it with
@@ -335,11 +458,21 @@ pub fn retryable(stage: ApplyStage) -> bool {
     !matches!(stage, ApplyStage::Validate | ApplyStage::Reload)
 }
 
+/// What one host did with the version.
+#[derive(Debug, Clone)]
+pub struct HostResult {
+    /// Index into the rollout's hosts.
+    pub host: usize,
+    pub outcome: ApplyOutcome,
+    pub took: Duration,
+    pub effort: Effort,
+}
+
 /// What a rollout did.
 #[derive(Debug, Default)]
 pub struct RolloutResult {
-    /// Every host attempted: (index into hosts, outcome, time taken).
-    pub outcomes: Vec<(usize, ApplyOutcome, Duration)>,
+    /// Every host attempted.
+    pub outcomes: Vec<HostResult>,
     /// Hosts not attempted because the rollout halted.
     pub not_attempted: Vec<usize>,
 }
@@ -351,15 +484,13 @@ impl RolloutResult {
         let mut retry: Vec<usize> = self
             .outcomes
             .iter()
-            .filter(
-                |(_, o, _)| matches!(o, ApplyOutcome::Failed { stage, .. } if retryable(*stage)),
-            )
-            .map(|(i, _, _)| *i)
+            .filter(|r| matches!(r.outcome, ApplyOutcome::Failed { stage, .. } if retryable(stage)))
+            .map(|r| r.host)
             .collect();
         let refused = self
             .outcomes
             .iter()
-            .any(|(_, o, _)| matches!(o, ApplyOutcome::Failed { stage, .. } if !retryable(*stage)));
+            .any(|r| matches!(r.outcome, ApplyOutcome::Failed { stage, .. } if !retryable(stage)));
         if !refused {
             retry.extend(&self.not_attempted);
         }
@@ -375,12 +506,13 @@ impl RolloutResult {
 pub async fn roll_out(
     hosts: &[Host],
     version: &ConfigVersion,
+    known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> RolloutResult {
     let attempt = |i: usize| async move {
         let started = std::time::Instant::now();
-        let outcome = apply_host(&hosts[i], version, settings).await;
-        (i, outcome, started.elapsed())
+        let (outcome, effort) = apply_host(&hosts[i], version, known, settings).await;
+        HostResult { host: i, outcome, took: started.elapsed(), effort }
     };
     let halted = |result: &mut RolloutResult, rest: &[usize]| {
         warn!(fleet = %version.fleet, version = version.version, "rollout halted");
@@ -390,10 +522,10 @@ pub async fn roll_out(
     let mut result = RolloutResult::default();
     let mut next = 0;
     while next < order.len() {
-        let (i, outcome, took) = attempt(order[next]).await;
+        let tried = attempt(order[next]).await;
         next += 1;
-        let verdict = plan::canary_verdict(&outcome);
-        result.outcomes.push((i, outcome, took));
+        let verdict = plan::canary_verdict(&tried.outcome);
+        result.outcomes.push(tried);
         match verdict {
             plan::CanaryVerdict::Unreachable => continue,
             plan::CanaryVerdict::Passed => break,
@@ -406,8 +538,8 @@ pub async fn roll_out(
     let rest = &order[next..];
     for (n, wave) in rest.chunks(settings.parallelism.max(1)).enumerate() {
         let outcomes = futures::future::join_all(wave.iter().map(|&i| attempt(i))).await;
-        let halt = outcomes.iter().any(|(_, o, _)| {
-            matches!(o, ApplyOutcome::Failed { stage, .. } if *stage != ApplyStage::Connect)
+        let halt = outcomes.iter().any(|r| {
+            matches!(r.outcome, ApplyOutcome::Failed { stage, .. } if stage != ApplyStage::Connect)
         });
         result.outcomes.extend(outcomes);
         if halt {
@@ -426,24 +558,27 @@ mod tests {
         ApplyOutcome::Failed { stage, message: String::new(), restored: false }
     }
 
+    fn host(host: usize, outcome: ApplyOutcome) -> HostResult {
+        HostResult { host, outcome, took: Duration::ZERO, effort: Effort::default() }
+    }
+
     #[test]
     fn transient_failures_and_unreached_hosts_are_retried_refusals_are_not() {
-        let zero = Duration::ZERO;
         let unreachable_canary = RolloutResult {
-            outcomes: vec![(0, failed(ApplyStage::Connect), zero)],
+            outcomes: vec![host(0, failed(ApplyStage::Connect))],
             not_attempted: vec![1, 2],
         };
         assert_eq!(unreachable_canary.to_retry(), [0, 1, 2]);
         let refused = RolloutResult {
-            outcomes: vec![(0, failed(ApplyStage::Validate), zero)],
+            outcomes: vec![host(0, failed(ApplyStage::Validate))],
             not_attempted: vec![1, 2],
         };
         assert!(refused.to_retry().is_empty(), "the same config would be refused again");
         let mixed = RolloutResult {
             outcomes: vec![
-                (0, ApplyOutcome::Applied, zero),
-                (1, failed(ApplyStage::Upload), zero),
-                (2, failed(ApplyStage::Reload), zero),
+                host(0, ApplyOutcome::Applied),
+                host(1, failed(ApplyStage::Upload)),
+                host(2, failed(ApplyStage::Reload)),
             ],
             not_attempted: vec![3],
         };

@@ -84,6 +84,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let retry_every = Duration::from_secs(args.retry_secs.max(1));
     let mut retry: Option<(ConfigVersion, Vec<usize>)> = None;
+    // The last versions rolled out, whole: a host that runs one of them may take the next
+    // through HAProxy's runtime API instead of a reload.
+    let mut known = Known::default();
     // The newest version rolled out; anything older that arrives later is superseded.
     let mut done: u64 = 0;
 
@@ -92,8 +95,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(version) = bus::latest_version(&configs, &args.fleet).await? {
         let version = bus.fetch_bundle(version).await?;
         info!(version = version.version, "converging on the newest version at start-up");
-        let unreached = apply_and_report(&bus, &hosts, &version, &settings).await;
+        let unreached = apply_and_report(&bus, &hosts, &version, &known, &settings).await;
         done = version.version;
+        known.push(version.clone());
         retry = (!unreached.is_empty()).then_some((version, unreached));
     }
 
@@ -106,7 +110,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 let (version, unreached) = retry.take().expect("guarded by if");
                 let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
                 info!(version = version.version, hosts = subset.len(), "retrying hosts");
-                let left = apply_and_report(&bus, &subset, &version, &settings).await;
+                let left = apply_and_report(&bus, &subset, &version, &known, &settings).await;
                 let left: Vec<usize> = left.into_iter().map(|i| unreached[i]).collect();
                 if !left.is_empty() {
                     retry = Some((version, left));
@@ -148,7 +152,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 };
                 if let Some(version) = version {
                     let unreached = {
-                        let work = apply_and_report(&bus, &hosts, &version, &settings);
+                        let work = apply_and_report(&bus, &hosts, &version, &known, &settings);
                         tokio::pin!(work);
                         // Keep the message ours while the rollout runs.
                         let mut progress = tokio::time::interval(bus::ACK_WAIT / 4);
@@ -163,6 +167,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         }
                     };
                     done = version.version;
+                    known.push(version.clone());
                     retry = (!unreached.is_empty()).then_some((version, unreached));
                 }
             }
@@ -178,21 +183,39 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The two versions rolled out last, bundles included (a few MB each at 10,000 Ingresses).
+#[derive(Debug, Default)]
+struct Known(Vec<ConfigVersion>);
+
+impl Known {
+    fn push(&mut self, version: ConfigVersion) {
+        self.0.retain(|v| v.sha256 != version.sha256);
+        self.0.push(version);
+        if self.0.len() > 2 {
+            self.0.remove(0);
+        }
+    }
+}
+
 /// Rolls out and publishes one report per host attempted. Returns the indexes (into `hosts`)
 /// of hosts worth another try with the same version (see [`rollout::RolloutResult::to_retry`]).
 async fn apply_and_report(
     bus: &bus::Bus,
     hosts: &[Host],
     version: &ConfigVersion,
+    known: &Known,
     settings: &RolloutSettings,
 ) -> Vec<usize> {
     info!(fleet = %version.fleet, version = version.version, sha256 = %version.sha256, "rolling out");
-    let result = rollout::roll_out(hosts, version, settings).await;
-    for (i, outcome, took) in result.outcomes.iter().cloned() {
+    let known: Vec<&ConfigVersion> = known.0.iter().collect();
+    let result = rollout::roll_out(hosts, version, &known, settings).await;
+    let reloads: u32 = result.outcomes.iter().map(|r| r.effort.reloads).sum();
+    info!(version = version.version, hosts = result.outcomes.len(), reloads, "rollout done");
+    for rollout::HostResult { host: i, outcome, took, effort } in result.outcomes.iter().cloned() {
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
-                info!(host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, "host done")
+                info!(host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done")
             }
             ApplyOutcome::Failed { stage, message, restored } => {
                 warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
@@ -207,6 +230,8 @@ async fn apply_and_report(
             outcome,
             finished_unix_ms: hafleet_runtime::now_unix_ms(),
             duration_ms: took.as_millis() as u64,
+            reloads: effort.reloads,
+            runtime_commands: effort.runtime_commands,
         };
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");

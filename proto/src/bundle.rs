@@ -53,6 +53,11 @@ impl MapName {
         stem.rsplit_once('-').map(|(_, d)| d).unwrap_or_default()
     }
 
+    /// What the map is for (`exact`, `prefix`, …): the part of the name before its digest.
+    pub fn kind(&self) -> &str {
+        self.0.rsplit_once('-').map(|(k, _)| k).unwrap_or_default()
+    }
+
     /// The path the config uses for it, relative to the config's folder.
     pub fn relative_path(&self) -> String {
         format!("{MAPS_DIR}/{}", self.0)

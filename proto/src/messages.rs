@@ -321,6 +321,14 @@ pub struct ApplyReport {
     pub outcome: ApplyOutcome,
     pub finished_unix_ms: u64,
     pub duration_ms: u64,
+    /// Reloads this apply asked HAProxy for: 0 when the change went in through the runtime API
+    /// (or nothing changed), 1 for a reload, 2 when last-known-good had to be reloaded back.
+    /// Reports of appliers before it read as 0.
+    #[serde(default)]
+    pub reloads: u32,
+    /// Runtime API commands this apply sent instead of a reload (0 when it reloaded).
+    #[serde(default)]
+    pub runtime_commands: u32,
 }
 
 impl ApplyReport {
@@ -532,6 +540,13 @@ mod tests {
     }
 
     #[test]
+    fn reports_of_appliers_that_did_not_count_reloads_still_read() {
+        let old = br#"{"schema":3,"fleet":"edge","host":"lb-1","version":3,"sha256":"ab","outcome":{"result":"applied"},"finished_unix_ms":5,"duration_ms":6}"#;
+        let r = ApplyReport::decode(old).unwrap();
+        assert_eq!((r.outcome, r.reloads, r.runtime_commands), (ApplyOutcome::Applied, 0, 0));
+    }
+
+    #[test]
     fn reports_round_trip() {
         for outcome in [
             ApplyOutcome::Applied,
@@ -551,6 +566,8 @@ mod tests {
                 outcome,
                 finished_unix_ms: 5,
                 duration_ms: 6,
+                reloads: 0,
+                runtime_commands: 7,
             };
             assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
         }

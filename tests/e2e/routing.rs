@@ -99,6 +99,88 @@ async fn each_fleet_serves_only_its_own_ingresses_and_an_ingress_can_move() -> R
     Ok(())
 }
 
+/// Every host's master reload counter.
+fn reload_counts(stack: &hafleet_tests::stack::Stack) -> Result<Vec<u32>> {
+    stack.hosts.iter().map(|h| h.reload_count()).collect()
+}
+
+/// Waits for every host's report of the fleet's latest version and checks it went live
+/// without a reload, through the runtime API.
+async fn live_without_a_reload(world: &World) -> Result<()> {
+    let version = world.stack.latest_version().await?.expect("a version").version;
+    for h in &world.stack.hosts {
+        let report = world.report(h.name(), version).await?;
+        assert_eq!(report.version, version, "{report:?}");
+        assert_eq!(report.outcome, hafleet_proto::ApplyOutcome::Applied, "{report:?}");
+        assert_eq!(report.reloads, 0, "{report:?}");
+        assert!(report.runtime_commands > 0, "{report:?}");
+    }
+    Ok(())
+}
+
+/// A route to a backend the hosts already run changes only map entries: it goes live through
+/// the runtime API without a reload, and so does its removal. The files on disk match what
+/// runs, so a reload afterwards serves the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("first", "first.example.com", "/", "web").await?;
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
+    let first = stack.latest_version().await?.expect("a version").version;
+    for h in &stack.hosts {
+        world.report(h.name(), first).await?;
+    }
+    let reloads = reload_counts(stack)?;
+
+    world.route("second", "second.example.com", "/shop", "web").await?;
+    expect_everywhere(stack, "second.example.com", "/shop/cart", 200, "web@node-").await?;
+    expect_everywhere(stack, "second.example.com", "/", 404, "").await?;
+    live_without_a_reload(&world).await?;
+    assert_eq!(reload_counts(stack)?, reloads, "a new map entry reloads nothing");
+
+    world.ingresses.delete("second", &DeleteParams::default()).await?;
+    expect_everywhere(stack, "second.example.com", "/shop/cart", 404, "").await?;
+    live_without_a_reload(&world).await?;
+    assert_eq!(reload_counts(stack)?, reloads, "a map entry removed reloads nothing");
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
+
+    // What runs is what the files say: reloaded by hand, each host serves the same.
+    for (h, before) in stack.hosts.iter().zip(&reloads) {
+        h.reload()?;
+        eventually(CONVERGE, &format!("{} reloaded", h.name()), || async move {
+            anyhow::ensure!(h.reload_count()? > *before, "not yet");
+            Ok(())
+        })
+        .await?;
+    }
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
+    expect_everywhere(stack, "second.example.com", "/shop/cart", 404, "").await?;
+
+    // A command HAProxy refuses falls back to a reload: someone removed node-2's server from
+    // the web backend by hand on the first host, so draining node-2 there cannot put it in
+    // maintenance; the second host takes the drain through the runtime API.
+    let (tampered, other) = (&stack.hosts[0], &stack.hosts[1]);
+    tampered.master_cli("@1 set server be_default_web_80/node-2 state maint")?;
+    let answer = tampered.master_cli("@1 del server be_default_web_80/node-2")?;
+    assert!(answer.contains("Server deleted"), "{answer}");
+    let before = stack.latest_version().await?.expect("a version").version;
+    let reloads = reload_counts(stack)?;
+    stack.kube.set_node_ready("node-2", false).await?;
+    node_listed_everywhere(stack, "node-2", false).await?;
+    let fell_back = world.report(tampered.name(), before + 1).await?;
+    assert_eq!(fell_back.outcome, hafleet_proto::ApplyOutcome::Applied, "{fell_back:?}");
+    assert_eq!(fell_back.reloads, 1, "{fell_back:?}");
+    let drained = world.report(other.name(), before + 1).await?;
+    assert_eq!(
+        (drained.reloads, drained.outcome.clone()),
+        (0, hafleet_proto::ApplyOutcome::Applied)
+    );
+    assert_eq!(reload_counts(stack)?, [reloads[0] + 1, reloads[1]]);
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-1").await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> Result<()> {
     let world = World::start().await?;

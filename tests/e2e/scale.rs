@@ -2,14 +2,15 @@
 //! store, is checked against its sha256 on arrival, and goes live on every host. A fleet whose
 //! version cannot be published holds up no other. 1,000 Ingress changes in a few seconds end
 //! with the right config everywhere, in a bounded number of versions and reloads. A node going
-//! NotReady among 1,000 Ingresses is one message and one version.
+//! NotReady among 1,000 Ingresses is one message and one version, and is drained through the
+//! runtime API without a reload.
 
 use crate::{
     CONVERGE, World, expect_everywhere, expect_on, ingress, node_listed_everywhere, render_with,
 };
 use anyhow::Result;
 use hafleet_proto::{Body, ConfigVersion, FleetName};
-use hafleet_tests::{eventually, stack::Component};
+use hafleet_tests::{eventually, http_get, stack::Component};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,12 +281,36 @@ async fn a_node_going_not_ready_among_a_thousand_ingresses_is_one_message_and_on
 
     for ready in [false, true] {
         let before = stack.latest_version().await?.expect("a version").version;
+        let reloads_before: Vec<u32> =
+            stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
         stack.kube.set_node_ready("node-2", ready).await?;
         node_listed_everywhere(stack, "node-2", ready).await?;
+        for h in &stack.hosts {
+            let report = world.report(h.name(), before + 1).await?;
+            assert_eq!(report.outcome, hafleet_proto::ApplyOutcome::Applied, "{report:?}");
+            if ready {
+                // A node joining needs a reload: HAProxy cannot track a server's health
+                // check that was added at runtime.
+                assert_eq!(report.reloads, 1, "{report:?}");
+            } else {
+                assert_eq!(report.reloads, 0, "drained without a reload: {report:?}");
+                assert!(report.runtime_commands >= 3, "{report:?}");
+            }
+        }
+        let reloads: Vec<u32> =
+            stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
+        let expected: Vec<u32> = reloads_before.iter().map(|r| r + u32::from(ready)).collect();
+        assert_eq!(reloads, expected, "node-2 ready = {ready}: reloads per host");
         if !ready {
-            for i in [0, 1, 500, 999] {
-                let service = if i % 2 == 0 { "web" } else { "api" };
-                expect_everywhere(stack, &host(i), "/", 200, &format!("{service}@node-1")).await?;
+            // Every request, not just one, goes to node-1: node-2's servers are out of the
+            // running process, not only out of the file.
+            for h in &stack.hosts {
+                for i in [0, 1, 500, 999, 998, 3] {
+                    let service = if i % 2 == 0 { "web" } else { "api" };
+                    let (status, body) = http_get(h.http_addr(), &host(i), "/").await?;
+                    assert_eq!(status, 200, "{} {}", h.name(), host(i));
+                    assert!(body.starts_with(&format!("{service}@node-1")), "{body}");
+                }
             }
         }
         let (last, subjects) = routes_after(&world, seq).await?;

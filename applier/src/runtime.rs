@@ -1,0 +1,857 @@
+//! Pure decisions for changes HAProxy can take without a reload: given the bundle a host's
+//! HAProxy loaded and the next one, either the runtime API commands that make the running
+//! process serve what the next bundle describes, or why it needs a reload.
+//!
+//! A change goes in through the runtime API when, comments and blank lines aside, the two
+//! configs differ only in
+//! - the map files' names and contents (each changed map is replaced atomically: `prepare map`,
+//!   `add map @<ver>`, `commit map`);
+//! - the server lines of backends both configs have: an address or port (`set server … addr`),
+//!   a weight (`set server … weight`), a server gone (`set server … state maint`, then
+//!   `del server`, which HAProxy may refuse while connections last: the server then stays in
+//!   maintenance and takes no traffic), or a server added that tracks another server for its
+//!   health (`add server … track`, `enable server`).
+//!
+//! Anything else (a backend added or removed, a server that needs its own health check, any
+//! other line) needs a reload, and so does any command HAProxy refuses: the rollout then
+//! reloads onto the files, which are written before any command is sent. The files on disk
+//! always hold the next bundle, so a later reload or restart changes nothing.
+
+use hafleet_proto::Bundle;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// More commands than this and a reload is the cheaper way (and the easier one to reason about).
+pub const MAX_COMMANDS: usize = 100_000;
+
+/// Bytes of map entries per `add map` command: HAProxy reads a command's payload into one
+/// buffer (16 kB by default).
+const MAP_PAYLOAD_BYTES: usize = 8 * 1024;
+
+/// One change to the running process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    SetAddr {
+        backend: String,
+        server: String,
+        ip: IpAddr,
+        port: u16,
+    },
+    SetWeight {
+        backend: String,
+        server: String,
+        weight: u32,
+    },
+    /// `add server <backend>/<server> <addr> <params>`, then `enable server` (a server added
+    /// at runtime starts in maintenance).
+    AddServer {
+        backend: String,
+        server: String,
+        addr: String,
+        params: Vec<String>,
+    },
+    /// `set server … state maint`, then `del server` (whose refusal is tolerated).
+    RemoveServer {
+        backend: String,
+        server: String,
+    },
+    /// Replace every entry of the map of this kind with `content`'s.
+    ReplaceMap {
+        kind: String,
+        content: String,
+    },
+}
+
+/// What a change needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// The two bundles are the same config.
+    Nothing,
+    /// These steps, in order: servers added first, servers removed last, so a backend never
+    /// runs out of servers in between.
+    Runtime(Vec<Step>),
+    /// A reload, and why.
+    Reload(String),
+}
+
+/// A config reduced to what HAProxy acts on.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Parsed<'a> {
+    /// Sections other than backends, in order: header and directives.
+    other: Vec<(&'a str, Vec<String>)>,
+    backends: BTreeMap<&'a str, ParsedBackend<'a>>,
+    /// Tokens of every `default-server` line of every `defaults` section.
+    default_servers: Vec<Vec<&'a str>>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ParsedBackend<'a> {
+    /// Directives other than `server`, in order.
+    lines: Vec<&'a str>,
+    /// Servers by name: (address, parameters).
+    servers: BTreeMap<&'a str, (&'a str, Vec<&'a str>)>,
+    /// Server names in the order the config lists them.
+    order: Vec<&'a str>,
+}
+
+/// `config` with every map file name of `maps` replaced by `<map:kind>`, so that configs that
+/// differ only in their maps' contents compare equal.
+fn normalize_map_names(config: &str, bundle: &Bundle) -> String {
+    let mut out = config.to_owned();
+    for map in &bundle.maps {
+        out = out.replace(&map.name.relative_path(), &format!("<map:{}>", map.name.kind()));
+    }
+    out
+}
+
+fn parse(config: &str) -> Result<Parsed<'_>, String> {
+    let mut parsed = Parsed::default();
+    // The section being read: None before the first header.
+    enum Current<'a> {
+        None,
+        Other(usize),
+        Backend(&'a str),
+    }
+    let mut current = Current::None;
+    for raw in config.lines() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let indented = raw.starts_with([' ', '\t']);
+        if !indented {
+            let mut words = line.split_whitespace();
+            let keyword = words.next().unwrap_or_default();
+            if keyword == "backend" {
+                let name = words.next().ok_or("a backend without a name")?;
+                if parsed.backends.insert(name, ParsedBackend::default()).is_some() {
+                    return Err(format!("backend {name} appears twice"));
+                }
+                current = Current::Backend(name);
+            } else {
+                parsed.other.push((line, Vec::new()));
+                current = Current::Other(parsed.other.len() - 1);
+            }
+            continue;
+        }
+        match current {
+            Current::None => return Err(format!("a directive before any section: {line}")),
+            Current::Other(i) => {
+                if parsed.other[i].0.starts_with("defaults") && line.starts_with("default-server") {
+                    parsed.default_servers.push(line.split_whitespace().skip(1).collect());
+                }
+                parsed.other[i].1.push(line.to_owned());
+            }
+            Current::Backend(name) => {
+                let backend = parsed.backends.get_mut(name).expect("inserted at its header");
+                let words: Vec<&str> = line.split_whitespace().collect();
+                if let ["server", server, addr, params @ ..] = words.as_slice() {
+                    if backend.servers.insert(server, (addr, params.to_vec())).is_some() {
+                        return Err(format!("server {name}/{server} appears twice"));
+                    }
+                    backend.order.push(server);
+                } else {
+                    backend.lines.push(line);
+                }
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// `ip:port` or `[ipv6]:port`.
+fn ip_port(addr: &str) -> Option<(IpAddr, u16)> {
+    let (ip, port) = addr.rsplit_once(':')?;
+    let ip = ip.strip_prefix('[').and_then(|i| i.strip_suffix(']')).unwrap_or(ip);
+    Some((ip.parse().ok()?, port.parse().ok()?))
+}
+
+/// A server's parameters without its `weight`, and the weight (None: not set).
+fn split_weight<'a>(params: &[&'a str]) -> (Vec<&'a str>, Option<&'a str>) {
+    let mut rest = Vec::new();
+    let mut weight = None;
+    let mut words = params.iter();
+    while let Some(&w) = words.next() {
+        if w == "weight" {
+            weight = words.next().copied();
+        } else {
+            rest.push(w);
+        }
+    }
+    (rest, weight)
+}
+
+/// Keywords of `default-server` (besides `check` and `no-check`) that only time a server's own
+/// health checks, each with a value. A server with `no-check` and `track` runs none, so added
+/// at runtime (where it inherits no `default-server`) it behaves as the same line read from
+/// the file.
+const CHECK_TIMING: &[&str] = &["inter", "fastinter", "downinter", "fall", "rise"];
+
+/// The parameters `add server` takes for a server line of the file, if it is one that
+/// behaves the same when added at runtime: it tracks another server for its health (HAProxy
+/// refuses `no-check` on `add server`; a server added at runtime checks nothing anyway), with
+/// at most a weight besides.
+fn dynamic_params(
+    params: &[&str],
+    backend_defaults: &[&str],
+    defaults: &[Vec<&str>],
+) -> Result<Vec<String>, String> {
+    let mut checks_by_default = false;
+    let inherited: Vec<&str> =
+        defaults.iter().flatten().copied().chain(backend_defaults.iter().copied()).collect();
+    let mut words = inherited.iter();
+    while let Some(&w) = words.next() {
+        match w {
+            "check" => checks_by_default = true,
+            "no-check" => checks_by_default = false,
+            w if CHECK_TIMING.contains(&w) => {
+                words.next();
+            }
+            w => {
+                return Err(format!(
+                    "default-server sets {w}, which a server added at runtime would not inherit"
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let (mut no_check, mut track) = (false, false);
+    let mut words = params.iter();
+    while let Some(&w) = words.next() {
+        match w {
+            "no-check" => no_check = true,
+            "track" | "weight" => {
+                let value = words.next().ok_or_else(|| format!("{w} without a value"))?;
+                track |= w == "track";
+                out.extend([w.to_owned(), (*value).to_owned()]);
+            }
+            other => return Err(format!("it sets {other}")),
+        }
+    }
+    if !track {
+        return Err("it runs its own health check (only servers that track another can be added at runtime)".into());
+    }
+    if checks_by_default && !no_check {
+        return Err("it would run its own health check besides tracking".into());
+    }
+    Ok(out)
+}
+
+/// The servers of one backend present in both configs: what changed, as steps.
+fn server_steps(
+    name: &str,
+    old: &ParsedBackend<'_>,
+    new: &ParsedBackend<'_>,
+    defaults: &[Vec<&str>],
+    added: &mut Vec<Step>,
+    changed: &mut Vec<Step>,
+    removed: &mut Vec<Step>,
+) -> Result<(), String> {
+    if old.lines != new.lines {
+        return Err(format!("backend {name} changed beyond its servers"));
+    }
+    let backend_defaults: Vec<&str> = new
+        .lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("default-server"))
+        .flat_map(str::split_whitespace)
+        .collect();
+    for server in &new.order {
+        let (addr, params) = &new.servers[server];
+        let Some((old_addr, old_params)) = old.servers.get(server) else {
+            let params = dynamic_params(params, &backend_defaults, defaults).map_err(|why| {
+                format!("server {name}/{server} cannot be added at runtime: {why}")
+            })?;
+            if ip_port(addr).is_none() {
+                return Err(format!("server {name}/{server} has no ip:port address"));
+            }
+            added.push(Step::AddServer {
+                backend: name.to_owned(),
+                server: (*server).to_owned(),
+                addr: (*addr).to_owned(),
+                params,
+            });
+            continue;
+        };
+        let (rest, weight) = split_weight(params);
+        let (old_rest, old_weight) = split_weight(old_params);
+        if rest != old_rest {
+            return Err(format!("server {name}/{server} changed beyond its address and weight"));
+        }
+        if addr != old_addr {
+            let (ip, port) = ip_port(addr)
+                .ok_or_else(|| format!("server {name}/{server} has no ip:port address"))?;
+            changed.push(Step::SetAddr {
+                backend: name.to_owned(),
+                server: (*server).to_owned(),
+                ip,
+                port,
+            });
+        }
+        if weight != old_weight {
+            let weight = match weight {
+                None => 1,
+                Some(w) => w.parse().map_err(|_| format!("server {name}/{server}: weight {w}"))?,
+            };
+            changed.push(Step::SetWeight {
+                backend: name.to_owned(),
+                server: (*server).to_owned(),
+                weight,
+            });
+        }
+    }
+    for server in &old.order {
+        if !new.servers.contains_key(server) {
+            removed.push(Step::RemoveServer {
+                backend: name.to_owned(),
+                server: (*server).to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What it takes to go from `loaded` (the bundle the host's HAProxy runs) to `next`.
+pub fn plan(loaded: &Bundle, next: &Bundle) -> Plan {
+    match try_plan(loaded, next) {
+        Ok(steps) if steps.is_empty() => Plan::Nothing,
+        Ok(steps) if command_count(&steps) > MAX_COMMANDS => {
+            Plan::Reload(format!("the change takes more than {MAX_COMMANDS} runtime commands"))
+        }
+        Ok(steps) => Plan::Runtime(steps),
+        Err(why) => Plan::Reload(why),
+    }
+}
+
+fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
+    let kinds = |b: &Bundle| b.maps.iter().map(|m| m.name.kind().to_owned()).collect::<Vec<_>>();
+    let (old_kinds, new_kinds) = (kinds(loaded), kinds(next));
+    if old_kinds != new_kinds || new_kinds.iter().collect::<BTreeSet<_>>().len() != new_kinds.len()
+    {
+        return Err("the set of map files changed".into());
+    }
+    let (old_text, new_text) =
+        (normalize_map_names(&loaded.config, loaded), normalize_map_names(&next.config, next));
+    let (old, new) = (parse(&old_text)?, parse(&new_text)?);
+    if old.other != new.other {
+        return Err("a section other than a backend changed".into());
+    }
+    let (old_names, new_names): (BTreeSet<_>, BTreeSet<_>) =
+        (old.backends.keys().collect(), new.backends.keys().collect());
+    if old_names != new_names {
+        let gone = old_names.difference(&new_names).count();
+        let added = new_names.difference(&old_names).count();
+        return Err(format!("{added} backend(s) added and {gone} removed"));
+    }
+    let (mut added, mut changed, mut removed) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, new_backend) in &new.backends {
+        let old_backend = &old.backends[name];
+        if old_backend != new_backend {
+            server_steps(
+                name,
+                old_backend,
+                new_backend,
+                &new.default_servers,
+                &mut added,
+                &mut changed,
+                &mut removed,
+            )?;
+        }
+    }
+    let mut steps = added;
+    steps.append(&mut changed);
+    for (old_map, new_map) in loaded.maps.iter().zip(&next.maps) {
+        if old_map.name != new_map.name {
+            steps.push(Step::ReplaceMap {
+                kind: new_map.name.kind().to_owned(),
+                content: new_map.content.clone(),
+            });
+        }
+    }
+    steps.append(&mut removed);
+    Ok(steps)
+}
+
+fn command_count(steps: &[Step]) -> usize {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::ReplaceMap { content, .. } => 2 + content.len() / MAP_PAYLOAD_BYTES,
+            Step::AddServer { .. } | Step::RemoveServer { .. } => 2,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// What HAProxy must answer to a command for it to count as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Nothing (or only the payload's continuation prompts).
+    Empty,
+    /// An answer starting with one of these.
+    OneOf(&'static [&'static str]),
+    /// Whatever it answers: a refusal leaves a state that serves as well (a server in
+    /// maintenance that HAProxy keeps while connections last).
+    Anything,
+}
+
+/// One command for HAProxy's CLI, without the master CLI's `@!<pid>` prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub line: String,
+    /// Lines sent after `line <<`, ended by an empty line.
+    pub payload: Option<String>,
+    pub expect: Expect,
+}
+
+impl Command {
+    fn new(line: String, expect: Expect) -> Self {
+        Command { line, payload: None, expect }
+    }
+
+    /// Whether `answer` says the command was done.
+    pub fn accepted(&self, answer: &str) -> bool {
+        // A payload's continuation prompts come back before the answer.
+        let mut answer = answer.trim_start();
+        while let Some(rest) = answer.strip_prefix('+') {
+            answer = rest.trim_start();
+        }
+        let answer = answer.trim();
+        match self.expect {
+            Expect::Empty => answer.is_empty(),
+            Expect::OneOf(prefixes) => prefixes.iter().any(|p| answer.starts_with(p)),
+            Expect::Anything => true,
+        }
+    }
+}
+
+/// Where each changed map lives in the running process, by kind: the `#<id>` that `show map`
+/// lists for it, and the version `prepare map` allocated.
+pub type PreparedMaps = BTreeMap<String, (String, u32)>;
+
+/// The kinds of map a plan replaces.
+pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::ReplaceMap { kind, .. } => Some(kind.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// From `show map`: the `#<id>` of the map file of each kind in `kinds`. The running process
+/// knows a map by the name it loaded it under, which a runtime change before this one may have
+/// made older than the live file's: it is found by kind. None if a kind is not there exactly
+/// once.
+pub fn map_ids(show_map: &str, kinds: &[&str]) -> Option<BTreeMap<String, String>> {
+    let mut ids = BTreeMap::new();
+    for kind in kinds {
+        let mut found = show_map.lines().filter_map(|line| {
+            // `<id> (<file>) pattern loaded from file …`
+            let (id, rest) = line.split_once(' ')?;
+            let file = rest.strip_prefix('(')?.split_once(')')?.0;
+            let name = file.rsplit('/').next()?;
+            let parsed = hafleet_proto::MapName::new(name.to_owned()).ok()?;
+            (parsed.kind() == *kind && id.parse::<i64>().is_ok()).then(|| format!("#{id}"))
+        });
+        let id = found.next()?;
+        if found.next().is_some() {
+            return None;
+        }
+        ids.insert((*kind).to_owned(), id);
+    }
+    Some(ids)
+}
+
+/// `prepare map` for each id.
+pub fn prepare_commands(ids: &BTreeMap<String, String>) -> Vec<Command> {
+    ids.values()
+        .map(|id| {
+            Command::new(format!("prepare map {id}"), Expect::OneOf(&["New version created:"]))
+        })
+        .collect()
+}
+
+/// The version number in `prepare map`'s answer.
+pub fn prepared_version(answer: &str) -> Option<u32> {
+    answer.trim().strip_prefix("New version created:")?.trim().parse().ok()
+}
+
+/// The commands that carry out `steps`, given the prepared maps.
+pub fn commands(steps: &[Step], maps: &PreparedMaps) -> Result<Vec<Command>, String> {
+    let mut out = Vec::new();
+    for step in steps {
+        match step {
+            Step::SetAddr { backend, server, ip, port } => out.push(Command::new(
+                format!("set server {backend}/{server} addr {ip} port {port}"),
+                Expect::OneOf(&["IP changed from", "no need to change the addr"]),
+            )),
+            Step::SetWeight { backend, server, weight } => out.push(Command::new(
+                format!("set server {backend}/{server} weight {weight}"),
+                Expect::Empty,
+            )),
+            Step::AddServer { backend, server, addr, params } => {
+                let mut line = format!("add server {backend}/{server} {addr}");
+                for p in params {
+                    line.push(' ');
+                    line.push_str(p);
+                }
+                out.push(Command::new(line, Expect::OneOf(&["New server registered."])));
+                out.push(Command::new(format!("enable server {backend}/{server}"), Expect::Empty));
+            }
+            Step::RemoveServer { backend, server } => {
+                out.push(Command::new(
+                    format!("set server {backend}/{server} state maint"),
+                    Expect::Empty,
+                ));
+                out.push(Command::new(format!("del server {backend}/{server}"), Expect::Anything));
+            }
+            Step::ReplaceMap { kind, content } => {
+                let (id, version) =
+                    maps.get(kind).ok_or_else(|| format!("map {kind} was not prepared"))?;
+                for chunk in payload_chunks(content) {
+                    out.push(Command {
+                        line: format!("add map @{version} {id}"),
+                        payload: Some(chunk),
+                        expect: Expect::Empty,
+                    });
+                }
+                out.push(Command::new(format!("commit map @{version} {id}"), Expect::Empty));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A map file's entries in payloads of at most [`MAP_PAYLOAD_BYTES`] (a longer single entry
+/// goes alone). Comment and blank lines are left out: a blank line ends a payload.
+fn payload_chunks(content: &str) -> Vec<String> {
+    let mut chunks = Vec::new();
+    let mut chunk = String::new();
+    for line in content.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        if !chunk.is_empty() && chunk.len() + line.len() + 1 > MAP_PAYLOAD_BYTES {
+            chunks.push(std::mem::take(&mut chunk));
+        }
+        chunk.push_str(line);
+        chunk.push('\n');
+    }
+    if !chunk.is_empty() {
+        chunks.push(chunk);
+    }
+    chunks
+}
+
+/// The master CLI session that sends `commands` to the worker `pid`: interactive mode, so that
+/// each answer is followed by a prompt and can be told apart, and `quit` at the end.
+pub fn session(pid: u32, commands: &[Command]) -> String {
+    let mut s = String::from("prompt\n");
+    for c in commands {
+        s.push_str(&format!("@!{pid} {}", c.line));
+        match &c.payload {
+            Some(payload) => {
+                s.push_str(" <<\n");
+                s.push_str(payload);
+                s.push('\n');
+            }
+            None => s.push('\n'),
+        }
+    }
+    s.push_str("quit\n");
+    s
+}
+
+/// Splits what a [`session`] printed into one answer per command. The first thing printed is
+/// the prompt itself (the answer to `prompt`); after that every answer ends with a newline and
+/// the prompt. Answers missing at the end (the connection closed early) are absent.
+pub fn answers(output: &str, commands: usize) -> Vec<&str> {
+    let Some(end) = output.find("> ") else { return Vec::new() };
+    let prompt = &output[..end + 2];
+    let separator = format!("\n{prompt}");
+    let rest = &output[prompt.len()..];
+    let mut parts: Vec<&str> = rest.split(separator.as_str()).collect();
+    // The last part is what followed the last prompt: never a whole answer.
+    parts.pop();
+    parts.truncate(commands);
+    parts
+}
+
+/// The first command HAProxy did not accept, and its answer.
+pub fn first_refused<'a>(
+    commands: &'a [Command],
+    answers: &[&'a str],
+) -> Option<(&'a str, String)> {
+    for (i, c) in commands.iter().enumerate() {
+        match answers.get(i) {
+            None => return Some((c.line.as_str(), "no answer".to_owned())),
+            Some(a) if !c.accepted(a) => return Some((c.line.as_str(), a.trim().to_owned())),
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hafleet_proto::{MapFile, MapName};
+
+    /// A bundle shaped like the built-in template's: `nodes` are (name, ip) checked in
+    /// hafleet_nodes; each backend lists (server, ip:port) tracking the node of that name.
+    fn bundle(nodes: &[(&str, &str)], backends: &[(&str, &[(&str, &str)])], exact: &str) -> Bundle {
+        let maps = vec![
+            MapFile { name: MapName::for_content("exact", exact).unwrap(), content: exact.into() },
+            MapFile {
+                name: MapName::for_content("prefix", "/ be_a\n").unwrap(),
+                content: "/ be_a\n".into(),
+            },
+        ];
+        let mut c = format!(
+            "# Generated for {} routes\nglobal\n    default-path config\n\ndefaults\n    mode http\n    \
+             default-server check inter 2s fall 2 rise 2\n\nfrontend f\n    # {} rules\n    \
+             http-request set-var(txn.backend) path,map_str({})\n    \
+             http-request set-var(txn.backend) path,map_beg({})\n    \
+             use_backend %[var(txn.backend)]\n\nbackend hafleet_nodes\n    option httpchk GET /healthz\n",
+            exact.lines().count(),
+            exact.lines().count(),
+            maps[0].name.relative_path(),
+            maps[1].name.relative_path()
+        );
+        for (n, ip) in nodes {
+            c.push_str(&format!("    server {n} {ip}:10256\n"));
+        }
+        for (b, servers) in backends {
+            c.push_str(&format!("\nbackend {b}\n    # a comment\n"));
+            for (s, addr) in servers.iter() {
+                c.push_str(&format!("    server {s} {addr} no-check track hafleet_nodes/{s}\n"));
+            }
+        }
+        Bundle { config: c, maps }
+    }
+
+    const NODES: &[(&str, &str)] = &[("n1", "10.0.0.1"), ("n2", "10.0.0.2")];
+
+    #[test]
+    fn the_same_config_needs_nothing_and_a_comment_is_not_a_change() {
+        let a = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+        assert_eq!(plan(&a, &a.clone()), Plan::Nothing);
+        let mut b = a.clone();
+        b.config = b.config.replace("# a comment", "# another comment");
+        assert_eq!(plan(&a, &b), Plan::Nothing);
+    }
+
+    #[test]
+    fn a_node_drained_is_servers_put_in_maintenance_and_deleted_without_a_reload() {
+        let both: &[(&str, &str)] = &[("n1", "10.0.0.1:30080"), ("n2", "10.0.0.2:30080")];
+        let one: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let a = bundle(NODES, &[("be_a", both), ("be_b", both)], "x be_a\n");
+        let b = bundle(&NODES[..1], &[("be_a", one), ("be_b", one)], "x be_a\n");
+        let remove = |backend: &str, server: &str| Step::RemoveServer {
+            backend: backend.into(),
+            server: server.into(),
+        };
+        assert_eq!(
+            plan(&a, &b),
+            Plan::Runtime(vec![
+                remove("be_a", "n2"),
+                remove("be_b", "n2"),
+                remove("hafleet_nodes", "n2")
+            ])
+        );
+    }
+
+    #[test]
+    fn a_node_joining_needs_a_reload_because_its_own_check_cannot_be_tracked_at_runtime() {
+        let one: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let both: &[(&str, &str)] = &[("n1", "10.0.0.1:30080"), ("n2", "10.0.0.2:30080")];
+        let a = bundle(&NODES[..1], &[("be_a", one)], "x be_a\n");
+        let b = bundle(NODES, &[("be_a", both)], "x be_a\n");
+        let Plan::Reload(why) = plan(&a, &b) else { panic!("a new checked server is a reload") };
+        assert!(why.contains("hafleet_nodes/n2"), "{why}");
+    }
+
+    #[test]
+    fn a_subset_moving_to_a_known_node_adds_a_tracking_server_before_removing_the_old() {
+        let a = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+        let b = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\n");
+        assert_eq!(
+            plan(&a, &b),
+            Plan::Runtime(vec![
+                Step::AddServer {
+                    backend: "be_a".into(),
+                    server: "n2".into(),
+                    addr: "10.0.0.2:30080".into(),
+                    // no-check is refused by `add server`, and means nothing there.
+                    params: vec!["track".into(), "hafleet_nodes/n2".into()],
+                },
+                Step::RemoveServer { backend: "be_a".into(), server: "n1".into() },
+            ])
+        );
+    }
+
+    #[test]
+    fn a_node_port_or_address_change_is_set_server_addr() {
+        let a = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+        let b = bundle(
+            &[("n1", "10.0.0.9"), NODES[1]],
+            &[("be_a", &[("n1", "[fd00::1]:30081")])],
+            "x be_a\n",
+        );
+        assert_eq!(
+            plan(&a, &b),
+            Plan::Runtime(vec![
+                Step::SetAddr {
+                    backend: "be_a".into(),
+                    server: "n1".into(),
+                    ip: "fd00::1".parse().unwrap(),
+                    port: 30081
+                },
+                Step::SetAddr {
+                    backend: "hafleet_nodes".into(),
+                    server: "n1".into(),
+                    ip: "10.0.0.9".parse().unwrap(),
+                    port: 10256
+                },
+            ])
+        );
+    }
+
+    #[test]
+    fn map_entries_are_replaced_whole_and_the_renamed_map_file_is_not_a_change() {
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
+        assert_eq!(
+            plan(&a, &b),
+            Plan::Runtime(vec![Step::ReplaceMap {
+                kind: "exact".into(),
+                content: "x be_a\ny be_a\n".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn new_backends_other_lines_and_unknown_server_settings_need_a_reload() {
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        let added = bundle(NODES, &[("be_a", servers), ("be_b", servers)], "x be_a\n");
+        assert!(matches!(plan(&a, &added), Plan::Reload(w) if w.contains("1 backend(s) added")));
+        let mut timeout = a.clone();
+        timeout.config = timeout.config.replace("mode http", "mode http\n    timeout client 5s");
+        assert!(
+            matches!(plan(&a, &timeout), Plan::Reload(w) if w.contains("other than a backend"))
+        );
+        let mut balance = a.clone();
+        balance.config.push_str("    balance source\n");
+        assert!(matches!(plan(&a, &balance), Plan::Reload(w) if w.contains("beyond its servers")));
+        let mut maxconn = a.clone();
+        maxconn.config = maxconn.config.replace("no-check track", "maxconn 5 no-check track");
+        assert!(matches!(plan(&a, &maxconn), Plan::Reload(w) if w.contains("beyond its address")));
+        // A server added at runtime inherits no default-server: one that sets more than check
+        // timings makes an added server different from the file's.
+        let moved = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\n");
+        let mut a_maxconn = a.clone();
+        let mut moved_maxconn = moved.clone();
+        for b in [&mut a_maxconn, &mut moved_maxconn] {
+            b.config = b.config.replace("rise 2", "rise 2 maxconn 10");
+        }
+        assert!(
+            matches!(plan(&a_maxconn, &moved_maxconn), Plan::Reload(w) if w.contains("maxconn"))
+        );
+        assert!(matches!(plan(&a, &moved), Plan::Runtime(_)));
+    }
+
+    #[test]
+    fn weights_are_set_and_a_weight_removed_goes_back_to_one() {
+        let a = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+        let mut b = a.clone();
+        b.config = b.config.replace("no-check track", "weight 7 no-check track");
+        let set = |weight| {
+            Plan::Runtime(vec![Step::SetWeight {
+                backend: "be_a".into(),
+                server: "n1".into(),
+                weight,
+            }])
+        };
+        assert_eq!(plan(&a, &b), set(7));
+        assert_eq!(plan(&b, &a), set(1));
+    }
+
+    #[test]
+    fn commands_chunk_map_payloads_and_name_the_prepared_version() {
+        let content: String = (0..2000).map(|i| format!("host{i}.example.com/ be_a\n")).collect();
+        let steps = vec![
+            Step::AddServer {
+                backend: "be_a".into(),
+                server: "n2".into(),
+                addr: "10.0.0.2:30080".into(),
+                params: vec!["track".into(), "hafleet_nodes/n2".into()],
+            },
+            Step::ReplaceMap { kind: "prefix".into(), content: content.clone() },
+        ];
+        let maps = PreparedMaps::from([("prefix".to_owned(), ("#1".to_owned(), 4))]);
+        let cmds = commands(&steps, &maps).unwrap();
+        assert_eq!(cmds[0].line, "add server be_a/n2 10.0.0.2:30080 track hafleet_nodes/n2");
+        assert_eq!(cmds[1].line, "enable server be_a/n2");
+        let adds: Vec<&Command> = cmds.iter().filter(|c| c.payload.is_some()).collect();
+        assert!(adds.len() > 1, "{} bytes in one payload", content.len());
+        assert!(adds.iter().all(|c| c.line == "add map @4 #1"));
+        assert!(adds.iter().all(|c| c.payload.as_ref().unwrap().len() <= MAP_PAYLOAD_BYTES));
+        let sent: String = adds.iter().map(|c| c.payload.clone().unwrap()).collect();
+        assert_eq!(sent, content, "every entry once, in order");
+        assert_eq!(cmds.last().unwrap().line, "commit map @4 #1");
+        assert!(commands(&steps, &PreparedMaps::new()).is_err(), "an unprepared map");
+    }
+
+    // Captured from HAProxy 2.6.12's master CLI: `prompt`, `set server … state maint` (empty
+    // answer), `add map #1 <<` with one entry, `show map #1`, `set server … state ready`, `quit`.
+    const SESSION: &str = "master> \nmaster> + + \nmaster> 0x562c94e2bc40 x y\n0x562c94e2bce0 z w\n0x7f39f804ced0 q r\n\nmaster> \nmaster> master> ";
+
+    #[test]
+    fn a_session_s_answers_are_told_apart_by_the_prompt() {
+        let got = answers(SESSION, 4);
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], "");
+        assert_eq!(got[1], "+ + ");
+        assert!(got[2].starts_with("0x562c94e2bc40 x y\n"));
+        assert_eq!(got[3], "");
+        let empty = Command::new("x".into(), Expect::Empty);
+        assert!(empty.accepted(got[1]), "payload prompts are not an answer");
+        assert!(!empty.accepted("No such server.\n"));
+        // A connection that closed early leaves commands unanswered.
+        let mut cmds = vec![empty.clone(); 6];
+        cmds[2].expect = Expect::Anything;
+        assert_eq!(first_refused(&cmds[..4], &got), None);
+        assert_eq!(first_refused(&cmds, &answers(SESSION, 6)), Some(("x", "no answer".into())));
+        cmds[2].expect = Expect::Empty;
+        assert!(first_refused(&cmds, &got).unwrap().1.starts_with("0x562c94e2bc40 x y"));
+        assert!(answers("", 2).is_empty());
+    }
+
+    #[test]
+    fn sessions_prefix_the_worker_and_end_payloads_with_a_blank_line() {
+        let cmds = vec![
+            Command::new("set server a/b state maint".into(), Expect::Empty),
+            Command {
+                line: "add map @2 #0".into(),
+                payload: Some("k v\n".into()),
+                expect: Expect::Empty,
+            },
+        ];
+        assert_eq!(
+            session(42, &cmds),
+            "prompt\n@!42 set server a/b state maint\n@!42 add map @2 #0 <<\nk v\n\nquit\n"
+        );
+    }
+
+    #[test]
+    fn maps_are_found_by_kind_under_the_name_they_were_loaded_with() {
+        let show = "# id (file) description\n0 (hafleet-maps/exact-4842e04a7cca046ba124389aaebf24e07c6d1d810cf0823f5987f9be078eb896.map) pattern loaded from file 'x' used by map at file '/h/haproxy.cfg' line 36. curr_ver=0 next_ver=0 entry_cnt=1\n1 (hafleet-maps/prefix-852c4d26aa55d2ce637764c67c70f3d609789212de358fd5ab22aeff36f26f5c.map) pattern loaded from file 'y' used by map. curr_ver=0 next_ver=0 entry_cnt=3\n\n";
+        let ids = map_ids(show, &["prefix", "exact"]).unwrap();
+        assert_eq!(ids["exact"], "#0");
+        assert_eq!(ids["prefix"], "#1");
+        assert!(map_ids(show, &["host"]).is_none());
+        assert_eq!(prepared_version("New version created: 3\n"), Some(3));
+        assert_eq!(prepared_version("Unknown map identifier."), None);
+    }
+}
