@@ -33,13 +33,16 @@ use tracing::{info, warn};
 
 /// Scripts run on hosts with `sh -c`; arguments come as `$1`, `$2`, … (quoted by the caller).
 mod scripts {
-    /// $1 = live config path. Prints two lines: the live file's sha256 and the sha256 of the
-    /// config HAProxy last loaded (from the marker), each empty if unknown.
-    pub const LIVE_SHA: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo"#;
+    /// $1 = live config path, then the names of the version's map files. Prints the live
+    /// file's sha256 and the sha256 of the config HAProxy last loaded (from the marker), a
+    /// line each, empty if unknown; then the map names the host does not have yet, a line each.
+    pub const LIVE_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
     /// $1 = live config path, $2 = expected sha256 or empty. Records the live file's sha256 as
-    /// what HAProxy has loaded (run only after a verified reload); fails if it is not $2.
-    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s
-' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded""#;
+    /// what HAProxy has loaded (run only after a verified reload or runtime change); fails if
+    /// it is not $2. Then, best effort, deletes map files that neither the live config nor
+    /// last-known-good names, once they are an hour old (an upload of another attempt may not
+    /// be swapped in yet).
+    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -47,22 +50,20 @@ mod scripts {
     /// attempt uses, and prints the sha256 of what landed.
     /// Uploads left by attempts that died more than an hour ago are swept first.
     pub const UPLOAD: &str = r#"set -e; umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null || true; cat > "$1.hafleet-new-$2"; sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1"#;
-    /// $1 = haproxy binary, $2 = live config path, $3 = token.
-    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out"; exit $rc"#;
+    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket. Validates
+    /// the upload (its output on stderr; a refused upload is removed), then prints `show proc`
+    /// for the reload check to come (not being able to is not the config's fault: it shows as
+    /// an unreadable `show proc`, a failure that may pass).
+    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
     /// $1 = live config path, $2 = token. Keeps the live file as last-known-good, then renames
     /// this attempt's validated file over it.
     pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
-    /// $1 = live config path, then map names. Prints the names the host does not have yet.
-    pub const MISSING_MAPS: &str = r#"d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
     /// $1 = live config path, $2 = map name, $3 = token, $4 = the map's sha256; the map on
     /// stdin. Writes it under a temporary name and renames it to its own only if what landed
     /// has that sha256, so a file under a map's name is always that content.
     pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
-    /// $1 = live config path. Deletes map files that neither the live config nor last-known-good
-    /// names, once they are an hour old (an upload of another attempt may not be swapped in yet).
-    pub const SWEEP_MAPS: &str = r#"d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u); find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done"#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
     /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
@@ -148,9 +149,13 @@ async fn apply_on(
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
-    let shas = remote(conn, ApplyStage::Upload, scripts::LIVE_SHA, &[live], None).await?;
-    let mut lines = shas.lines().map(str::trim).map(|s| (!s.is_empty()).then_some(s));
-    let (live_sha, loaded_sha) = (lines.next().flatten(), lines.next().flatten());
+    let mut args = vec![live];
+    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.as_str()));
+    let state = remote(conn, ApplyStage::Upload, scripts::LIVE_STATE, &args, None).await?;
+    let mut lines = state.lines().map(str::trim);
+    let mut sha = || lines.next().filter(|s| !s.is_empty());
+    let (live_sha, loaded_sha) = (sha(), sha());
+    let missing_maps: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
     match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
         HostPlan::Unchanged => return Ok(ApplyOutcome::Unchanged),
         HostPlan::ReloadOnly => {
@@ -183,7 +188,7 @@ async fn apply_on(
     // a file this one validated, or the other way round.
     let token = attempt_token(version.version);
     let token = token.as_str();
-    let before = match upload_and_validate(conn, host, version, token).await {
+    let before = match upload_and_validate(conn, host, version, &missing_maps, token).await {
         Ok(before) => before,
         Err(failure) => {
             // Leave no copy of a config that is not live behind (best effort).
@@ -217,7 +222,6 @@ async fn apply_on(
     };
     if live_without_reload {
         mark_loaded(conn, host, &version.sha256).await?;
-        let _ = conn.run(scripts::SWEEP_MAPS, &[live], None).await;
         return Ok(ApplyOutcome::Applied);
     }
 
@@ -225,8 +229,6 @@ async fn apply_on(
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
             mark_loaded(conn, host, &version.sha256).await?;
-            // Best effort: a map left over costs disk, not correctness.
-            let _ = conn.run(scripts::SWEEP_MAPS, &[live], None).await;
             Ok(ApplyOutcome::Applied)
         }
         Err(mut failure) => {
@@ -303,13 +305,14 @@ async fn upload_and_validate(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
+    missing_maps: &[&str],
     token: &str,
 ) -> Result<plan::ProcState, Failure> {
     let live = host.config_path.as_str();
     let Some(bundle) = version.bundle() else {
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
-    upload_maps(conn, host, bundle, token).await?;
+    upload_maps(conn, host, bundle, missing_maps, token).await?;
     let config = Some(bundle.config.as_bytes());
     let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
     if landed.trim() != version.sha256 {
@@ -318,26 +321,22 @@ async fn upload_and_validate(
             format!("uploaded file has sha256 {} instead of {}", landed.trim(), version.sha256),
         ));
     }
-    remote(conn, ApplyStage::Validate, scripts::VALIDATE, &[&host.haproxy_bin, live, token], None)
-        .await?;
-    show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))
+    let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
+    let proc = remote(conn, ApplyStage::Validate, scripts::VALIDATE, &args, None).await?;
+    parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))
 }
 
-/// Uploads the map files of `bundle` that the host does not have yet, each checked on arrival.
+/// Uploads the map files of `bundle` that the host does not have yet (`missing`), each checked
+/// on arrival.
 async fn upload_maps(
     conn: &HostConn,
     host: &Host,
     bundle: &Bundle,
+    missing: &[&str],
     token: &str,
 ) -> Result<(), Failure> {
-    if bundle.maps.is_empty() {
-        return Ok(());
-    }
     let live = host.config_path.as_str();
-    let mut args = vec![live];
-    args.extend(bundle.maps.iter().map(|m| m.name.as_str()));
-    let missing = remote(conn, ApplyStage::Upload, scripts::MISSING_MAPS, &args, None).await?;
-    for name in missing.lines().map(str::trim).filter(|l| !l.is_empty()) {
+    for &name in missing {
         let Some(map) = bundle.maps.iter().find(|m| m.name.as_str() == name) else { continue };
         let content = Some(map.content.as_bytes());
         let args = [live, name, token, map.name.digest()];
@@ -390,12 +389,16 @@ async fn show_proc(conn: &HostConn, host: &Host) -> Result<plan::ProcState, Stri
         .run(scripts::MASTER_CLI, &[&host.master_socket, "show proc"], None)
         .await
         .map_err(|e| format!("ssh: {e}"))?;
-    plan::parse_show_proc(&out.stdout).ok_or_else(|| {
+    parse_show_proc(host, &out.stdout, &out.stderr)
+}
+
+fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::ProcState, String> {
+    plan::parse_show_proc(stdout).ok_or_else(|| {
         format!(
             "cannot read `show proc` from the master socket {}: {}{}",
             host.master_socket,
-            out.stdout.trim(),
-            out.stderr.trim()
+            stdout.trim(),
+            stderr.trim()
         )
     })
 }

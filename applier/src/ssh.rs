@@ -92,6 +92,7 @@ impl HostConn {
         args: &[&str],
         stdin: Option<&[u8]>,
     ) -> Result<RemoteOutput, openssh::Error> {
+        let started = std::time::Instant::now();
         let mut cmd = self.session.command("sh");
         cmd.arg("-c").arg(script).arg("hafleet").args(args);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -104,6 +105,11 @@ impl HostConn {
             drop(pipe);
         }
         let out = child.wait_with_output().await?;
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            script = script.get(..48).unwrap_or(script),
+            "remote command"
+        );
         Ok(RemoteOutput {
             success: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

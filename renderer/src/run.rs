@@ -2,7 +2,8 @@
 //! publish, then ack.
 //!
 //! ```text
-//! routes stream ──▶ batch (first message + whatever arrives within --coalesce-ms)
+//! routes stream ──▶ batch (first message + what follows it, until --quiet-ms pass without
+//!   one or --coalesce-ms after the first)
 //!   ──▶ skip seq ≤ applied_seq ──▶ state::apply ──▶ versions::next_version per touched fleet
 //!   ──▶ store.commit (state + versions + applied_seq, one transaction, flushed)
 //!   ──▶ publish unpublished versions ──▶ ack the batch
@@ -35,10 +36,14 @@ pub struct RunArgs {
     pub data_dir: PathBuf,
     #[command(flatten)]
     pub render: RenderArgs,
-    /// How long to wait for more route events after one arrives, so that a burst of changes
-    /// makes one version instead of many.
+    /// Most milliseconds to wait for more route events after one arrives, so that a burst of
+    /// changes makes one version instead of many.
     #[arg(long, env = "HAFLEET_COALESCE_MS", default_value_t = 200)]
     pub coalesce_ms: u64,
+    /// Milliseconds without a route event after which a batch closes before --coalesce-ms: a
+    /// lone change is rendered after this, a burst is folded for up to --coalesce-ms.
+    #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
+    pub quiet_ms: u64,
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
@@ -158,6 +163,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
 
     let coalesce = Duration::from_millis(args.coalesce_ms);
+    let quiet = Duration::from_millis(args.quiet_ms.min(args.coalesce_ms));
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(60).min(r.checkpoint_interval));
@@ -194,7 +200,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + coalesce;
         while batch.len() < args.max_batch {
-            match tokio::time::timeout_at(deadline, messages.next()).await {
+            let until = deadline.min(tokio::time::Instant::now() + quiet);
+            match tokio::time::timeout_at(until, messages.next()).await {
                 Ok(Some(Ok(m))) => batch.push(m),
                 Ok(Some(Err(e))) => {
                     warn!(error = %e, "routes stream hiccup while batching");

@@ -176,13 +176,10 @@ impl Stack {
             .env("NO_COLOR", "1");
         match c {
             Component::Watcher => {
-                cmd.env("KUBECONFIG", self.kube.watcher_kubeconfig_path())
-                    .env("HAFLEET_DEBOUNCE_MS", "50");
+                cmd.env("KUBECONFIG", self.kube.watcher_kubeconfig_path());
             }
             Component::Renderer => {
-                cmd.arg("run")
-                    .env("HAFLEET_DATA_DIR", self.dir.path().join("renderer-data"))
-                    .env("HAFLEET_COALESCE_MS", "100");
+                cmd.arg("run").env("HAFLEET_DATA_DIR", self.dir.path().join("renderer-data"));
             }
             Component::Applier => {
                 cmd.env("HAFLEET_FLEET", &self.fleet)

@@ -1,7 +1,8 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node) ──tick──▶ debounce ──▶ Ready nodes changed? publish them
+//! watches (Ingress, Service, Node) ──tick──▶ settle (--quiet-ms without a change,
+//!   at most --debounce-ms) ──▶ Ready nodes changed? publish them
 //!   ──▶ resolve every Ingress from the caches ──▶ index::diff against what was published
 //!   ──▶ publish (acked) ──▶ index::record
 //! ```
@@ -33,9 +34,14 @@ pub struct RunArgs {
     /// kubernetes.io/ingress.class annotation). Unset: every Ingress carrying hafleet.io/fleet.
     #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
     pub ingress_class: Option<String>,
-    /// Milliseconds to let a burst of cluster changes settle before resolving.
+    /// Most milliseconds to let a burst of cluster changes settle before resolving: a burst
+    /// that goes on longer is published in steps of this.
     #[arg(long, env = "HAFLEET_DEBOUNCE_MS", default_value_t = 100)]
     pub debounce_ms: u64,
+    /// Milliseconds without a cluster change after which a burst counts as settled: a lone
+    /// change is resolved after this, not after --debounce-ms.
+    #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
+    pub quiet_ms: u64,
     /// Seconds between re-resolving everything from the caches even without changes, which
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
@@ -87,6 +93,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let debounce = Duration::from_millis(args.debounce_ms);
+    let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
     let resync = Duration::from_secs(args.resync_secs.max(1));
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -94,13 +101,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::select! {
             tick = changes.next() => {
                 if tick.is_none() { break; }
-                // Let the burst settle, keeping the caches current meanwhile.
+                // Let the burst settle, keeping the caches current meanwhile: until no change
+                // came for `quiet`, or `debounce` after the first.
                 let settle = tokio::time::sleep(debounce);
                 tokio::pin!(settle);
                 loop {
                     tokio::select! {
                         _ = &mut settle => break,
-                        _ = changes.next() => {}
+                        more = tokio::time::timeout(quiet, changes.next()) => {
+                            if more.is_err() { break; }
+                        }
                     }
                 }
             }

@@ -1,6 +1,9 @@
 //! hafleet-bench: end-to-end latency on real parts. Starts the loopback stack and measures:
-//! - one Ingress at a time: from `create` returning to the route answering through every
-//!   HAProxy host, and each host's apply time as its report gives it;
+//! - one Ingress at a time, of two kinds taken in turn: one on a Service the fleet already
+//!   routes to (map entries only: the hosts take it through the runtime API) and one on a new
+//!   Service (a new backend: the hosts reload). For each, from `create` returning to the route
+//!   answering through every HAProxy host, and each host's apply time and reloads as its
+//!   report gives them;
 //! - a burst: N Ingresses created back to back, until all answer everywhere, and how many
 //!   config versions the renderer made for them (coalescing).
 //!
@@ -14,6 +17,8 @@
 
 use anyhow::Result;
 use clap::Parser;
+use hafleet_proto::IngressKey;
+use hafleet_renderer::state::IngressEntry;
 use hafleet_tests::stack::Stack;
 use hafleet_tests::{HttpBackend, http_get, random_loopback_ip};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -37,12 +42,16 @@ enum Mode {
     /// `history list` of 1,000 versions and `replay` of 100,000 route events, each run as
     /// the operator's CLI process against NATS and a running renderer.
     History(history::HistoryArgs),
+    /// `haproxy -c`, a reload, and changes through the runtime API, at 10,000 Ingresses on
+    /// 200 nodes.
+    Reload(reload::ReloadArgs),
 }
 
 /// The pipeline bench's settings (the default mode).
 #[derive(Debug, clap::Args)]
 struct Args {
-    /// Ingresses created one at a time.
+    /// Ingresses created one at a time, of each kind (on the Service every other Ingress
+    /// uses, and on a Service of its own).
     #[arg(long, default_value_t = 30)]
     sequential: usize,
     /// Ingresses created back to back in the burst.
@@ -58,13 +67,62 @@ struct Args {
 }
 
 fn ingress(name: &str, host: &str) -> Ingress {
+    ingress_to(name, host, "web")
+}
+
+fn ingress_to(name: &str, host: &str, service: &str) -> Ingress {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
         "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
         "spec": {"rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
+            "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}]}
     }))
     .expect("valid Ingress")
+}
+
+/// One kind of change measured one at a time.
+#[derive(Default)]
+struct Measured {
+    converge: Vec<f64>,
+    apply: Vec<f64>,
+    reloads: u32,
+    reports: u32,
+}
+
+impl Measured {
+    /// Creates `ing` and waits until `host` answers everywhere; takes each host's report of
+    /// the version that made it live.
+    async fn change(
+        &mut self,
+        stack: &Stack,
+        api: &Api<Ingress>,
+        ing: &Ingress,
+        host: &str,
+    ) -> Result<()> {
+        api.create(&PostParams::default(), ing).await?;
+        let started = Instant::now();
+        until_served(stack, host).await?;
+        self.converge.push(started.elapsed().as_secs_f64() * 1000.0);
+        // A host serves the route before the applier reports: wait for the report of the
+        // version that made it live.
+        let version = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for h in &stack.hosts {
+            let report = loop {
+                match stack.last_report(h.name()).await? {
+                    Some(r) if r.version >= version => break r,
+                    _ if Instant::now() > deadline => {
+                        anyhow::bail!("no report of version {version} from {}", h.name())
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            };
+            self.apply.push(report.duration_ms as f64);
+            self.reloads += report.reloads;
+            self.reports += 1;
+        }
+        Ok(())
+    }
 }
 
 /// Polls every 5 ms until `host` answers 200 through every HAProxy host; bounded at 120 s.
@@ -106,6 +164,7 @@ async fn main() -> Result<()> {
     match cli.mode {
         Some(Mode::Routing(args)) => routing::run(args).await,
         Some(Mode::History(args)) => history::run(args).await,
+        Some(Mode::Reload(args)) => reload::run(args).await,
         None => pipeline(cli.pipeline).await,
     }
 }
@@ -114,8 +173,10 @@ async fn pipeline(args: Args) -> Result<()> {
     let stack = Stack::start("edge", args.hosts).await?;
     let mut backends = Vec::new();
     let node_port = u16::try_from(stack.kube.create_nodeport_service("default", "web", 80).await?)?;
+    let mut node_ips = Vec::new();
     for i in 1..=3 {
         let ip = random_loopback_ip();
+        node_ips.push(ip);
         stack.kube.create_ready_node(&format!("node-{i}"), ip).await?;
         backends.push(HttpBackend::start(ip, node_port, &format!("web@node-{i}")).await?);
     }
@@ -156,22 +217,23 @@ async fn pipeline(args: Args) -> Result<()> {
         );
     }
 
-    let mut converge = Vec::new();
-    let mut apply = Vec::new();
+    let (mut known, mut new) = (Measured::default(), Measured::default());
     for i in 0..args.sequential {
         let host = format!("seq-{i}.example.com");
-        api.create(&PostParams::default(), &ingress(&format!("seq-{i}"), &host)).await?;
-        let started = Instant::now();
-        until_served(&stack, &host).await?;
-        converge.push(started.elapsed().as_secs_f64() * 1000.0);
-        for h in &stack.hosts {
-            if let Some(r) = stack.last_report(h.name()).await? {
-                apply.push(r.duration_ms as f64);
-            }
+        known.change(&stack, &api, &ingress(&format!("seq-{i}"), &host), &host).await?;
+        // A Service of its own, with a backend on every node, before its Ingress.
+        let service = format!("svc-{i}");
+        let port =
+            u16::try_from(stack.kube.create_nodeport_service("default", &service, 80).await?)?;
+        for (n, &ip) in node_ips.iter().enumerate() {
+            backends
+                .push(HttpBackend::start(ip, port, &format!("{service}@node-{}", n + 1)).await?);
         }
+        let host = format!("own-{i}.example.com");
+        new.change(&stack, &api, &ingress_to(&format!("own-{i}"), &host, &service), &host).await?;
     }
 
-    let versions_before = stack.last_report("lb-1").await?.map(|r| r.version).unwrap_or(0);
+    let versions_before = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
     let started = Instant::now();
     for i in 0..args.burst {
         api.create(
@@ -184,12 +246,24 @@ async fn pipeline(args: Args) -> Result<()> {
         until_served(&stack, &format!("burst-{i}.example.com")).await?;
     }
     let burst_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let versions_after = stack.last_report("lb-1").await?.map(|r| r.version).unwrap_or(0);
+    let versions_after = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
 
     println!("| measure | n | p50 ms | p90 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|---|");
-    println!("{}", percentiles("Ingress created → served by every host", converge));
-    println!("{}", percentiles("apply on one host (report duration)", apply));
+    for (what, m) in [("on a routed Service", &known), ("on a new Service", &new)] {
+        println!(
+            "{}",
+            percentiles(
+                &format!("Ingress {what}: created → served by every host"),
+                m.converge.clone()
+            )
+        );
+        println!("{}", percentiles(&format!("Ingress {what}: apply on one host"), m.apply.clone()));
+    }
+    println!(
+        "\nreloads per host report: {} of {} on a routed Service, {} of {} on a new Service",
+        known.reloads, known.reports, new.reloads, new.reports
+    );
     println!(
         "\nburst: {} Ingresses created back to back → all served by all {} hosts in {:.0} ms, \
          in {} config versions",
@@ -201,6 +275,46 @@ async fn pipeline(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// `n` Ingresses in namespace `bench`, `app-<i>` routing `app-<i>.example.com/` (Prefix) to
+/// the Service and NodePort `service(i)` names.
+fn fleet(
+    n: usize,
+    service: impl Fn(usize) -> (String, u16),
+) -> Result<std::collections::BTreeMap<IngressKey, IngressEntry>> {
+    use hafleet_proto::{
+        Backend, HttpHost, HttpPath, Namespace, ObjectName, PathKind, Route, ServiceRef,
+        TrafficPolicy,
+    };
+    (0..n)
+        .map(|i| {
+            let (name, node_port) = service(i);
+            let backend = Backend {
+                service: ServiceRef {
+                    namespace: Namespace::new("bench")?,
+                    name: ObjectName::new(name)?,
+                    port: 80,
+                },
+                node_port: Some(node_port),
+                servers: vec![],
+                traffic_policy: TrafficPolicy::Cluster,
+            };
+            let route = Route {
+                host: Some(HttpHost::new(format!("app-{i}.example.com"))?),
+                path: HttpPath::root(),
+                kind: PathKind::Prefix,
+                backend,
+            };
+            let entry = IngressEntry {
+                created_unix: i as i64,
+                resource_version: "1".into(),
+                routes: vec![route],
+                seq: 1,
+            };
+            Ok((IngressKey::new("bench", &format!("app-{i}"))?, entry))
+        })
+        .collect()
+}
+
 mod routing {
     //! Routing cost by number of routes: one Ingress per host (`app-<i>.example.com`, `/`
     //! Prefix), rendered by the renderer's own code with the built-in template, served by a
@@ -208,10 +322,7 @@ mod routing {
     //! keep-alive connections sends `GET /` for `--seconds` per case.
 
     use anyhow::{Context, Result, bail};
-    use hafleet_proto::{
-        Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName,
-        PathKind, Route, ServiceRef, TrafficPolicy,
-    };
+    use hafleet_proto::{FleetName, IngressKey, NodeAddr, ObjectName};
     use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
     use hafleet_tests::{ChildGuard, HttpBackend, TestDir, free_port, random_loopback_ip};
     use std::collections::BTreeMap;
@@ -235,33 +346,7 @@ mod routing {
 
     fn ingresses(n: usize, backend: SocketAddr) -> Result<BTreeMap<IngressKey, IngressEntry>> {
         let SocketAddr::V4(addr) = backend else { bail!("IPv4 backend expected") };
-        let backend = Backend {
-            service: ServiceRef {
-                namespace: Namespace::new("bench")?,
-                name: ObjectName::new("web")?,
-                port: 80,
-            },
-            node_port: Some(addr.port()),
-            servers: vec![],
-            traffic_policy: TrafficPolicy::Cluster,
-        };
-        (0..n)
-            .map(|i| {
-                let route = Route {
-                    host: Some(HttpHost::new(format!("app-{i}.example.com"))?),
-                    path: HttpPath::root(),
-                    kind: PathKind::Prefix,
-                    backend: backend.clone(),
-                };
-                let entry = IngressEntry {
-                    created_unix: i as i64,
-                    resource_version: "1".into(),
-                    routes: vec![route],
-                    seq: 1,
-                };
-                Ok((IngressKey::new("bench", &format!("app-{i}"))?, entry))
-            })
-            .collect()
+        crate::fleet(n, |_| ("web".to_owned(), addr.port()))
     }
 
     /// Reads one HTTP/1.1 response with a Content-Length body; returns its status and whether
@@ -416,6 +501,228 @@ mod routing {
                 connections: self.connections,
             }
         }
+    }
+}
+
+mod reload {
+    //! What a version costs HAProxy at scale: `--ingresses` Ingresses, each on its own
+    //! Service (a backend each), on `--nodes` nodes with node health checks on and the
+    //! renderer's default subset of nodes per backend, rendered by the renderer's own code with
+    //! the built-in template. A real HAProxy (master-worker, master socket) runs on the files.
+    //! Timed: `haproxy -c`; a reload, from asking the master to a new worker in `show proc`;
+    //! and, through the applier's own runtime-API code, the two changes that need no reload at
+    //! that size: a node drained, and a route added on a running backend (the map replaced).
+    //! Nodes are 127.1.x.y addresses where nothing listens: their checks fail fast, locally.
+
+    use anyhow::{Context, Result};
+    use hafleet_applier::{plan, runtime};
+    use hafleet_proto::{Bundle, FleetName, HttpPath, NodeAddr, ObjectName};
+    use hafleet_renderer::{model, render::Renderer};
+    use hafleet_tests::{ChildGuard, TestDir};
+    use std::io::Write as _;
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    #[derive(Debug, clap::Args)]
+    pub struct ReloadArgs {
+        #[arg(long, default_value_t = 10_000)]
+        ingresses: usize,
+        #[arg(long, default_value_t = 200)]
+        nodes: usize,
+        /// Runs of each timed step.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    }
+
+    fn nodes(n: usize) -> Vec<NodeAddr> {
+        (0..n)
+            .map(|i| NodeAddr {
+                name: ObjectName::new(format!("node-{i}")).expect("valid name"),
+                addr: std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8).into(),
+            })
+            .collect()
+    }
+
+    fn render(n: usize, nodes: &[NodeAddr], extra: bool) -> Result<Bundle> {
+        let mut ingresses = crate::fleet(n, |i| (format!("svc-{i}"), 30000 + (i % 2700) as u16))?;
+        if extra {
+            // One more route, on the first Ingress's Service: map entries only.
+            let more = crate::fleet(1, |_| ("svc-0".to_owned(), 30000))?;
+            let (_, mut entry) = more.into_iter().next().context("one")?;
+            entry.routes[0].host = Some(hafleet_proto::HttpHost::new("extra.example.com")?);
+            ingresses.insert(hafleet_proto::IngressKey::new("bench", "extra")?, entry);
+        }
+        let options = model::Options {
+            servers_per_backend: 10,
+            node_health: Some(model::NodeHealth { port: 10256, path: HttpPath::new("/healthz")? }),
+        };
+        let model = model::build_with(&FleetName::new("bench")?, &ingresses, nodes, &options);
+        Ok(Renderer::builtin().render(&model)?)
+    }
+
+    fn write(dir: &Path, bundle: &Bundle) -> Result<()> {
+        std::fs::create_dir_all(dir.join(hafleet_proto::MAPS_DIR))?;
+        std::fs::write(dir.join("haproxy.cfg"), &bundle.config)?;
+        for m in &bundle.maps {
+            std::fs::write(dir.join(m.name.relative_path()), &m.content)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `input` to the master socket and returns what it answered.
+    fn master(socket: &Path, input: &str) -> Result<String> {
+        let mut child = std::process::Command::new("socat")
+            .args(["-T", "60", "stdio"])
+            .arg(format!("unix-connect:{}", socket.display()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            // Polling before the master listens is refused: that is the answer, not news.
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        child.stdin.take().context("stdin")?.write_all(input.as_bytes())?;
+        let out = child.wait_with_output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn show_proc(socket: &Path) -> Result<plan::ProcState> {
+        plan::parse_show_proc(&master(socket, "show proc\n")?).context("show proc")
+    }
+
+    fn median(mut ms: Vec<f64>) -> f64 {
+        ms.sort_by(|a, b| a.total_cmp(b));
+        ms[ms.len() / 2]
+    }
+
+    /// Sends the plan from `from` to `to` through the master CLI, as the applier does; returns
+    /// the commands sent and the time taken.
+    fn runtime_change(socket: &Path, from: &Bundle, to: &Bundle) -> Result<(usize, f64)> {
+        let runtime::Plan::Runtime(steps) = runtime::plan(from, to) else {
+            anyhow::bail!("expected a runtime change");
+        };
+        let started = Instant::now();
+        let pid = plan::current_worker(&show_proc(socket)?).context("current worker")?;
+        let mut sent = 1;
+        let mut prepared = runtime::PreparedMaps::new();
+        let kinds = runtime::map_kinds(&steps);
+        if !kinds.is_empty() {
+            let show = master(socket, &format!("@!{pid} show map\n"))?;
+            let ids = runtime::map_ids(&show, &kinds).context("map ids")?;
+            let prepare = runtime::prepare_commands(&ids);
+            let out = master(socket, &runtime::session(pid, &prepare))?;
+            sent += 1 + prepare.len();
+            for ((kind, id), answer) in ids.into_iter().zip(runtime::answers(&out, prepare.len())) {
+                prepared.insert(kind, (id, runtime::prepared_version(answer).context("version")?));
+            }
+        }
+        let commands = runtime::commands(&steps, &prepared).map_err(anyhow::Error::msg)?;
+        let out = master(socket, &runtime::session(pid, &commands))?;
+        let answers = runtime::answers(&out, commands.len());
+        if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
+            anyhow::bail!("HAProxy answered {answer:?} to {command}");
+        }
+        Ok((sent + commands.len(), started.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    pub async fn run(a: ReloadArgs) -> Result<()> {
+        let haproxy =
+            if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
+        let all = nodes(a.nodes);
+        let started = Instant::now();
+        let base = render(a.ingresses, &all, false)?;
+        let render_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let dir = TestDir::new("hafleet-bench-reload")?;
+        write(dir.path(), &base)?;
+        let config = dir.path().join("haproxy.cfg");
+
+        let mut check = Vec::new();
+        for _ in 0..a.runs {
+            let started = Instant::now();
+            let out = std::process::Command::new(haproxy)
+                .arg("-c")
+                .arg("-q")
+                .arg("-f")
+                .arg(&config)
+                .output()?;
+            check.push(started.elapsed().as_secs_f64() * 1000.0);
+            anyhow::ensure!(
+                out.status.success(),
+                "haproxy -c: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+
+        let socket = dir.path().join("master.sock");
+        let http = std::net::SocketAddr::new(
+            [127, 0, 0, 1].into(),
+            hafleet_tests::free_port([127, 0, 0, 1].into()),
+        );
+        let mut cmd = std::process::Command::new(haproxy);
+        cmd.arg("-W")
+            .arg("-db")
+            .arg("-S")
+            .arg(&socket)
+            .arg("-f")
+            .arg(&config)
+            .env("HAFLEET_HTTP_BIND", http.to_string());
+        let mut child = ChildGuard::spawn("haproxy", &mut cmd, &dir.path().join("haproxy.log"))?;
+        let sock = socket.clone();
+        child
+            .wait_ready(Duration::from_secs(120), || {
+                let sock = sock.clone();
+                async move { show_proc(&sock).is_ok_and(|p| plan::current_worker(&p).is_some()) }
+            })
+            .await?;
+
+        let mut reload = Vec::new();
+        for _ in 0..a.runs {
+            let before = show_proc(&socket)?;
+            let started = Instant::now();
+            master(&socket, "reload\n")?;
+            let deadline = started + Duration::from_secs(120);
+            loop {
+                if let Ok(after) = show_proc(&socket) {
+                    match plan::check_reload(&before, &after) {
+                        plan::ReloadCheck::Done => break,
+                        plan::ReloadCheck::Failed => anyhow::bail!("reload failed"),
+                        plan::ReloadCheck::Pending => {}
+                    }
+                }
+                anyhow::ensure!(Instant::now() < deadline, "no new worker after 120 s");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            reload.push(started.elapsed().as_secs_f64() * 1000.0);
+            // Let the old worker go before the next run.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
+        // A node drained: every backend whose subset held it moves to another node.
+        let drained = render(a.ingresses, &all[1..], false)?;
+        let (drain_commands, drain_ms) = runtime_change(&socket, &base, &drained)?;
+        // A route added on a running backend: the map of prefix rules replaced whole.
+        let routed = render(a.ingresses, &all[1..], true)?;
+        let (map_commands, map_ms) = runtime_change(&socket, &drained, &routed)?;
+        child.kill();
+
+        println!(
+            "{} Ingresses (one Service each) on {} nodes, node health checks, 10 servers per backend; \
+             rendered in {render_ms:.0} ms\n",
+            a.ingresses, a.nodes
+        );
+        println!("| measure | value |\n|---|---|");
+        println!(
+            "| config + maps | {:.1} MB ({:.1} MB config) |",
+            base.size() as f64 / 1e6,
+            base.config.len() as f64 / 1e6
+        );
+        println!("| `haproxy -c` (median of {}) | {:.0} ms |", a.runs, median(check));
+        println!("| reload → new worker (median of {}) | {:.0} ms |", a.runs, median(reload));
+        println!(
+            "| node drained through the runtime API | {drain_commands} commands, {drain_ms:.0} ms |"
+        );
+        println!(
+            "| route added on a running backend (map replaced) | {map_commands} commands, {map_ms:.0} ms |"
+        );
+        Ok(())
     }
 }
 
