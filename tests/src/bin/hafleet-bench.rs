@@ -315,6 +315,40 @@ fn fleet(
         .collect()
 }
 
+/// The HAProxy binary: Debian's, or the first on PATH.
+fn haproxy_bin() -> &'static str {
+    if std::path::Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" }
+}
+
+/// Writes `bundle` as a host holds it: `dir/haproxy.cfg` and the map files beside it. Returns
+/// the config's path.
+fn write_bundle(
+    dir: &std::path::Path,
+    bundle: &hafleet_proto::Bundle,
+) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir.join(hafleet_proto::MAPS_DIR))?;
+    let config = dir.join("haproxy.cfg");
+    std::fs::write(&config, &bundle.config)?;
+    for m in &bundle.maps {
+        std::fs::write(dir.join(m.name.relative_path()), &m.content)?;
+    }
+    Ok(config)
+}
+
+/// `haproxy -c` on `config`: milliseconds taken; an error if HAProxy refuses it.
+fn check_config(config: &std::path::Path) -> Result<f64> {
+    let started = Instant::now();
+    let out = std::process::Command::new(haproxy_bin())
+        .arg("-c")
+        .arg("-q")
+        .arg("-f")
+        .arg(config)
+        .output()?;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(out.status.success(), "haproxy -c: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(ms)
+}
+
 mod routing {
     //! Routing cost by number of routes: one Ingress per host (`app-<i>.example.com`, `/`
     //! Prefix), rendered by the renderer's own code with the built-in template, served by a
@@ -425,11 +459,7 @@ mod routing {
     }
 
     pub async fn run(a: RoutingArgs) -> Result<()> {
-        let haproxy = if std::path::Path::new("/usr/sbin/haproxy").exists() {
-            "/usr/sbin/haproxy"
-        } else {
-            "haproxy"
-        };
+        let haproxy = crate::haproxy_bin();
         let ip = random_loopback_ip();
         let backend = HttpBackend::start(ip, free_port(ip.into()), "web@node-1").await?;
         println!(
@@ -447,25 +477,8 @@ mod routing {
             let model =
                 model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?, &nodes);
             let bundle = Renderer::builtin().render(&model)?;
-            let config = dir.path().join("haproxy.cfg");
-            std::fs::create_dir_all(dir.path().join(hafleet_proto::MAPS_DIR))?;
-            std::fs::write(&config, &bundle.config)?;
-            for m in &bundle.maps {
-                std::fs::write(dir.path().join(m.name.relative_path()), &m.content)?;
-            }
-            let started = Instant::now();
-            let check = std::process::Command::new(haproxy)
-                .arg("-c")
-                .arg("-q")
-                .arg("-f")
-                .arg(&config)
-                .output()?;
-            let check_ms = started.elapsed().as_secs_f64() * 1000.0;
-            anyhow::ensure!(
-                check.status.success(),
-                "haproxy -c: {}",
-                String::from_utf8_lossy(&check.stderr)
-            );
+            let config = crate::write_bundle(dir.path(), &bundle)?;
+            let check_ms = crate::check_config(&config)?;
             let http = SocketAddr::new(ip.into(), free_port(ip.into()));
             let mut cmd = std::process::Command::new(haproxy);
             cmd.arg("-db").arg("-f").arg(&config).env("HAFLEET_HTTP_BIND", http.to_string());
@@ -560,15 +573,6 @@ mod reload {
         Ok(Renderer::builtin().render(&model)?)
     }
 
-    fn write(dir: &Path, bundle: &Bundle) -> Result<()> {
-        std::fs::create_dir_all(dir.join(hafleet_proto::MAPS_DIR))?;
-        std::fs::write(dir.join("haproxy.cfg"), &bundle.config)?;
-        for m in &bundle.maps {
-            std::fs::write(dir.join(m.name.relative_path()), &m.content)?;
-        }
-        Ok(())
-    }
-
     /// Sends `input` to the master socket and returns what it answered.
     fn master(socket: &Path, input: &str) -> Result<String> {
         let mut child = std::process::Command::new("socat")
@@ -631,25 +635,9 @@ mod reload {
         let base = render(a.ingresses, &all, false)?;
         let render_ms = started.elapsed().as_secs_f64() * 1000.0;
         let dir = TestDir::new("hafleet-bench-reload")?;
-        write(dir.path(), &base)?;
-        let config = dir.path().join("haproxy.cfg");
-
-        let mut check = Vec::new();
-        for _ in 0..a.runs {
-            let started = Instant::now();
-            let out = std::process::Command::new(haproxy)
-                .arg("-c")
-                .arg("-q")
-                .arg("-f")
-                .arg(&config)
-                .output()?;
-            check.push(started.elapsed().as_secs_f64() * 1000.0);
-            anyhow::ensure!(
-                out.status.success(),
-                "haproxy -c: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let config = crate::write_bundle(dir.path(), &base)?;
+        let check =
+            (0..a.runs).map(|_| crate::check_config(&config)).collect::<Result<Vec<_>>>()?;
 
         let socket = dir.path().join("master.sock");
         let http = std::net::SocketAddr::new(
