@@ -129,7 +129,7 @@ fn main() {
         let state_kib = status_kib("VmRSS:").saturating_sub(before_kib);
 
         // Full render: model, template, maps, sha256.
-        let reps = if nodes > 50 { 3 } else { 10 };
+        let reps = 10;
         let mut times = Vec::new();
         let mut size = 0;
         for _ in 0..reps {

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod history;
 pub mod maps;
 pub mod model;
+pub mod par;
 pub mod render;
 pub mod run;
 pub mod state;

@@ -16,8 +16,6 @@
 use crate::model::RuleModel;
 use hafleet_proto::{MapFile, MapName};
 use serde::Serialize;
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 /// The map files of a fleet and the paths the template names them by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,19 +41,24 @@ pub fn key(rule: &RuleModel) -> String {
     }
 }
 
-/// Builds both maps. Rules hold one claim per (host, path, kind), so keys are unique; they are
-/// sorted so the same rules make the same bytes.
-pub fn build(rules: &[RuleModel]) -> Maps {
-    let mut exact = BTreeMap::new();
-    let mut prefix = BTreeMap::new();
+/// Builds both maps from rules whose `key` is set. Rules hold one claim per (host, path, kind),
+/// so keys are unique; they are sorted so the same rules make the same bytes.
+pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
+    let mut exact = Vec::new();
+    let mut prefix = Vec::new();
     for rule in rules {
+        let rule = rule.borrow();
         let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
-        map.insert(key(rule), rule.backend.as_str());
+        map.push((rule.key.as_str(), rule.backend.as_str()));
     }
-    let text = |map: BTreeMap<String, &str>| {
-        let mut out = String::with_capacity(map.len() * 64);
+    let text = |mut map: Vec<(&str, &str)>| {
+        map.sort_unstable();
+        let mut out = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
         for (k, v) in map {
-            let _ = writeln!(out, "{k} {v}");
+            out.push_str(k);
+            out.push(' ');
+            out.push_str(v);
+            out.push('\n');
         }
         out
     };
@@ -76,13 +79,16 @@ mod tests {
     use super::*;
 
     fn rule(host: Option<&str>, path: &str, kind: &'static str, backend: &str) -> RuleModel {
-        RuleModel {
+        let mut rule = RuleModel {
+            key: String::new(),
             host: host.map(str::to_owned),
             path: path.into(),
             kind,
             backend: backend.into(),
             ingress: "default/x".into(),
-        }
+        };
+        rule.key = key(&rule);
+        rule
     }
 
     /// What HAProxy does with the maps: exact on `<host><path>`, longest `map_beg` on
@@ -154,6 +160,6 @@ mod tests {
         let a = rule(Some("a.com"), "/x", "prefix", "x");
         let b = rule(Some("b.com"), "/y", "exact", "y");
         assert_eq!(build(&[a.clone(), b.clone()]), build(&[b, a]));
-        assert_ne!(build(&[]).paths, build(&[rule(None, "/", "prefix", "z")]).paths);
+        assert_ne!(build::<RuleModel>(&[]).paths, build(&[rule(None, "/", "prefix", "z")]).paths);
     }
 }

@@ -15,17 +15,18 @@ use hafleet_proto::{
     Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
 };
 use serde::Serialize;
-use std::collections::{BTreeMap, btree_map::Entry};
+use std::collections::{BTreeMap, HashMap, btree_map::Entry};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// What the template sees.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RenderModel {
     pub fleet: String,
-    pub rules: Vec<RuleModel>,
-    pub backends: Vec<BackendModel>,
-    /// With node health checks on: every node a `Cluster` backend lists, addressed at its
-    /// health port, in name order; the template checks each once and servers `track` them.
+    pub rules: Vec<Arc<RuleModel>>,
+    pub backends: Vec<Arc<BackendModel>>,
+    /// With node health checks on: every node, addressed at its health port, in name order;
+    /// the template checks each once and servers `track` them.
     pub nodes: Vec<ServerModel>,
     /// The path node health checks ask for (`None`: node health checks off).
     pub node_check_path: Option<String>,
@@ -34,6 +35,8 @@ pub struct RenderModel {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuleModel {
+    /// The key the maps store the rule under ([`crate::maps::key`]).
+    pub key: String,
     /// `None`: any host.
     pub host: Option<String>,
     /// Trailing slash removed for `prefix` (Kubernetes ignores it); as written for `exact`.
@@ -100,9 +103,28 @@ impl Default for Options {
 
 /// FNV-1a, 64 bits. Part of the output's definition: changing it would move every subset.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    fnv1a_more(0xcbf2_9ce4_8422_2325, bytes)
+}
+
+/// FNV-1a of what was hashed into `h`, then `bytes`: hashing pieces one after the other is
+/// hashing them joined.
+fn fnv1a_more(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// A Service port's seed in rendezvous scores: FNV-1a of `namespace/name:port`, spread.
+fn seed(s: &ServiceRef) -> u64 {
+    let mut port = itoa::Buffer::new();
+    [
+        s.namespace.as_str().as_bytes(),
+        b"/",
+        s.name.as_str().as_bytes(),
+        b":",
+        port.format(s.port).as_bytes(),
+    ]
+    .iter()
+    .fold(0xcbf2_9ce4_8422_2325, |h, piece| fnv1a_more(h, piece))
+    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// SplitMix64's finaliser: spreads a combined hash over all 64 bits.
@@ -118,6 +140,9 @@ pub struct Candidate<'a> {
     pub node: &'a str,
     pub addr: IpAddr,
     pub port: u16,
+    /// `addr` written for a server line, with its `:` (`10.0.0.1:`, `[fd00::1]:`), when the
+    /// pool wrote it once for every backend.
+    pub written: Option<&'a str>,
 }
 
 /// The nodes that NodePort backends' servers come from, each name hashed once per render
@@ -125,6 +150,8 @@ pub struct Candidate<'a> {
 pub struct NodePool<'a> {
     nodes: &'a [NodeAddr],
     hashes: Vec<u64>,
+    /// Each node's address as a server line writes it before the port.
+    written: Vec<String>,
 }
 
 impl<'a> NodePool<'a> {
@@ -132,23 +159,28 @@ impl<'a> NodePool<'a> {
         NodePool {
             nodes,
             hashes: nodes.iter().map(|n| fnv1a(n.name.as_str().as_bytes())).collect(),
+            written: nodes
+                .iter()
+                .map(|n| match n.addr {
+                    IpAddr::V4(ip) => format!("{ip}:"),
+                    IpAddr::V6(ip) => format!("[{ip}]:"),
+                })
+                .collect(),
         }
     }
 
     /// The servers a route message of schema 1 or 2 listed itself, with their nodes' hashes.
     fn listed(backend: &'a Backend) -> impl Iterator<Item = (u64, Candidate<'a>)> {
         backend.servers.iter().map(|s| {
-            let c = Candidate { node: s.node.as_str(), addr: s.addr, port: s.port };
+            let c = Candidate { node: s.node.as_str(), addr: s.addr, port: s.port, written: None };
             (fnv1a(c.node.as_bytes()), c)
         })
     }
 
-    /// The pool's nodes at `port`.
-    fn at(&self, port: u16) -> impl Iterator<Item = (u64, Candidate<'a>)> + '_ {
-        self.nodes
-            .iter()
-            .zip(&self.hashes)
-            .map(move |(n, h)| (*h, Candidate { node: n.name.as_str(), addr: n.addr, port }))
+    /// The pool's `i`th node at `port`.
+    fn at(&self, i: usize, port: u16) -> Candidate<'_> {
+        let n = &self.nodes[i];
+        Candidate { node: n.name.as_str(), addr: n.addr, port, written: Some(&self.written[i]) }
     }
 }
 
@@ -159,12 +191,34 @@ impl<'a> NodePool<'a> {
 ///
 /// Every server the backend could list is the pool's nodes at its NodePort, or the servers a
 /// route message of schema 1 or 2 listed itself.
-pub fn subset<'a>(backend: &'a Backend, pool: &NodePool<'a>, k: usize) -> Vec<Candidate<'a>> {
+pub fn subset<'a>(backend: &'a Backend, pool: &'a NodePool<'a>, k: usize) -> Vec<Candidate<'a>> {
     match (backend.servers.is_empty(), backend.node_port) {
         (false, _) => pick(backend, NodePool::listed(backend), backend.servers.len(), k),
-        (true, Some(port)) => pick(backend, pool.at(port), pool.nodes.len(), k),
+        (true, Some(port)) => pick_from_pool(backend, pool, port, k),
         (true, None) => vec![],
     }
+}
+
+/// [`pick`] for the pool's nodes at `port`, scoring node indices rather than candidates. The
+/// pool is in node-name order, so a tie (of two 64-bit scores) goes to the same node as in
+/// [`pick`].
+fn pick_from_pool<'a>(
+    backend: &Backend,
+    pool: &'a NodePool<'a>,
+    port: u16,
+    k: usize,
+) -> Vec<Candidate<'a>> {
+    let n = pool.nodes.len();
+    if k == 0 || n <= k || backend.traffic_policy == TrafficPolicy::Local {
+        return (0..n).map(|i| pool.at(i, port)).collect();
+    }
+    let seed = seed(&backend.service);
+    let mut scored: Vec<(u64, u32)> =
+        pool.hashes.iter().zip(0u32..).map(|(node, i)| (mix(seed ^ node), i)).collect();
+    scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    let mut kept: Vec<u32> = scored[..k].iter().map(|(_, i)| *i).collect();
+    kept.sort_unstable();
+    kept.into_iter().map(|i| pool.at(i as usize, port)).collect()
 }
 
 /// [`subset`] of the `n` servers `all` gives.
@@ -177,9 +231,7 @@ fn pick<'a>(
     if k == 0 || n <= k || backend.traffic_policy == TrafficPolicy::Local {
         return all.map(|(_, c)| c).collect();
     }
-    let s = &backend.service;
-    let seed = fnv1a(format!("{}/{}:{}", s.namespace, s.name, s.port).as_bytes())
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let seed = seed(&backend.service);
     let mut scored: Vec<(u64, Candidate<'a>)> =
         all.map(|(node, c)| (mix(seed ^ node), c)).collect();
     scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -211,54 +263,155 @@ fn backend_model(
             .iter()
             .map(|c| ServerModel {
                 name: c.node.to_owned(),
-                addr: std::net::SocketAddr::new(c.addr, c.port).to_string(),
+                addr: match c.written {
+                    Some(ip) => {
+                        let mut port = itoa::Buffer::new();
+                        let port = port.format(c.port);
+                        let mut addr = String::with_capacity(ip.len() + port.len());
+                        addr.push_str(ip);
+                        addr.push_str(port);
+                        addr
+                    }
+                    None => std::net::SocketAddr::new(c.addr, c.port).to_string(),
+                },
                 track: track.then(|| format!("{NODES_BACKEND}/{}", c.node)),
             })
             .collect(),
     }
 }
 
+/// What one build of a fleet's model lends the next: each Ingress's rules (for as long as its
+/// routes are the same) and each backend's model (its subset of nodes chosen, its addresses
+/// written; for as long as the nodes and options are the same). Each depends on nothing else,
+/// so a hit is exactly what building it again would give, and one change to a fleet of 10,000
+/// Ingresses builds one Ingress's rules and one backend, not 10,000.
+#[derive(Debug, Default)]
+pub struct Memo {
+    nodes: Vec<NodeAddr>,
+    options: Option<Options>,
+    backends: HashMap<Backend, Arc<BackendModel>, foldhash::fast::RandomState>,
+    rules: HashMap<IngressKey, RulesOf, foldhash::fast::RandomState>,
+}
+
+impl Memo {
+    /// Forgets every backend unless `nodes` and `options` are those it was filled with.
+    fn check(&mut self, nodes: &[NodeAddr], options: &Options) {
+        if self.nodes != nodes || self.options.as_ref() != Some(options) {
+            self.backends.clear();
+            self.nodes = nodes.to_vec();
+            self.options = Some(options.clone());
+        }
+    }
+}
+
 /// The models of the backends (name → newest event's sequence and backend), and, with node
-/// health checks on, the nodes tracked servers follow: each once, at its health port, at the
-/// address of the newest event (`seq`) that names it, in node-name order.
+/// health checks on, the nodes tracked servers follow, each once, at its health port, in
+/// node-name order: every node of `pool`, and the nodes that servers listed by route messages
+/// of schema 1 or 2 name (at the address of the newest event, `seq`, that names them). Every
+/// node is listed, not only those some subset holds, so that a backend moving to another node
+/// never adds a health check (which only a reload can).
 fn backend_models(
-    backends: BTreeMap<String, (u64, &Backend)>,
+    backends: BTreeMap<&str, (u64, &Backend)>,
     pool: &NodePool,
     options: &Options,
-) -> (Vec<BackendModel>, Vec<ServerModel>) {
-    let mut tracked: BTreeMap<&str, (u64, IpAddr)> = BTreeMap::new();
-    let models = backends
-        .into_iter()
-        .map(|(name, (seq, backend))| {
-            let servers = subset(backend, pool, options.servers_per_backend);
-            let track = tracks_nodes(backend, options);
-            if track {
-                for c in &servers {
-                    let slot = tracked.entry(c.node).or_insert((seq, c.addr));
-                    if seq > slot.0 {
-                        *slot = (seq, c.addr);
-                    }
+    memo: &mut Memo,
+) -> (Vec<Arc<BackendModel>>, Vec<ServerModel>) {
+    memo.check(pool.nodes, options);
+    let mut listed: BTreeMap<&str, (u64, IpAddr)> = BTreeMap::new();
+    for (seq, backend) in backends.values() {
+        if tracks_nodes(backend, options) {
+            for s in &backend.servers {
+                let slot = listed.entry(s.node.as_str()).or_insert((*seq, s.addr));
+                if *seq > slot.0 {
+                    *slot = (*seq, s.addr);
                 }
             }
-            backend_model(name, backend, &servers, track)
+        }
+    }
+    // The memo's models where it has them; the others built, on every core if there are many
+    // (a fresh renderer, or new nodes).
+    type Found<'b> = (&'b str, &'b Backend, Option<(Backend, Arc<BackendModel>)>);
+    let found: Vec<Found> = backends
+        .into_iter()
+        .map(|(name, (_, backend))| (name, backend, memo.backends.remove_entry(backend)))
+        .collect();
+    let missing: Vec<(&str, &Backend)> =
+        found.iter().filter(|f| f.2.is_none()).map(|f| (f.0, f.1)).collect();
+    let mut built = crate::par::map(&missing, |(name, backend)| {
+        let servers = subset(backend, pool, options.servers_per_backend);
+        Arc::new(backend_model(
+            (*name).to_owned(),
+            backend,
+            &servers,
+            tracks_nodes(backend, options),
+        ))
+    })
+    .into_iter();
+    let mut kept = HashMap::with_capacity_and_hasher(found.len(), Default::default());
+    let models = found
+        .into_iter()
+        .map(|(_, backend, hit)| {
+            let (key, model) = match hit {
+                Some(hit) => hit,
+                None => (backend.clone(), built.next().expect("one model built per miss")),
+            };
+            kept.insert(key, Arc::clone(&model));
+            model
         })
         .collect();
+    memo.backends = kept;
     let nodes = match &options.node_health {
-        Some(health) => tracked
-            .into_iter()
-            .map(|(name, (_, ip))| ServerModel {
-                name: name.to_owned(),
-                addr: std::net::SocketAddr::new(ip, health.port).to_string(),
-                track: None,
-            })
-            .collect(),
+        Some(health) => {
+            let mut all: BTreeMap<&str, IpAddr> =
+                listed.into_iter().map(|(name, (_, ip))| (name, ip)).collect();
+            all.extend(pool.nodes.iter().map(|n| (n.name.as_str(), n.addr)));
+            all.into_iter()
+                .map(|(name, ip)| ServerModel {
+                    name: name.to_owned(),
+                    addr: std::net::SocketAddr::new(ip, health.port).to_string(),
+                    track: None,
+                })
+                .collect()
+        }
         None => vec![],
     };
     (models, nodes)
 }
 
-/// What a rule claims: host (`None`: any), path (a prefix without its trailing `/`), kind.
-type Claim<'a> = (Option<&'a str>, std::borrow::Cow<'a, str>, PathKind);
+/// The rules of one Ingress's routes, one per route, as they were last built.
+#[derive(Debug)]
+struct RulesOf {
+    routes: Vec<hafleet_proto::Route>,
+    rules: Arc<[Arc<RuleModel>]>,
+}
+
+/// The rule of each route of `key`: a route's claim is its host, its path (a prefix without
+/// its trailing `/`) and its kind, which is what its map key says.
+fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleModel>]> {
+    let ingress = key.to_string();
+    routes
+        .iter()
+        .map(|route| {
+            let path = match route.kind {
+                PathKind::Prefix => route.path.trimmed().as_str().to_owned(),
+                PathKind::Exact => route.path.as_str().to_owned(),
+            };
+            let mut rule = RuleModel {
+                host: route.host.as_ref().map(|h| h.as_str().to_owned()),
+                path,
+                kind: match route.kind {
+                    PathKind::Exact => "exact",
+                    PathKind::Prefix => "prefix",
+                },
+                backend: backend_name(&route.backend.service),
+                ingress: ingress.clone(),
+                key: String::new(),
+            };
+            rule.key = crate::maps::key(&rule);
+            Arc::new(rule)
+        })
+        .collect()
+}
 
 /// Builds the model of one fleet with the default [`Options`].
 pub fn build(
@@ -276,60 +429,80 @@ pub fn build_with(
     nodes: &[NodeAddr],
     options: &Options,
 ) -> RenderModel {
+    build_memo(fleet, ingresses, nodes, options, &mut Memo::default())
+}
+
+/// [`build_with`], taking what it can from `memo` (the same fleet's last build) and leaving in
+/// it what the next build can take.
+pub fn build_memo(
+    fleet: &FleetName,
+    ingresses: &BTreeMap<IngressKey, IngressEntry>,
+    nodes: &[NodeAddr],
+    options: &Options,
+    memo: &mut Memo,
+) -> RenderModel {
     let mut owners: Vec<(&IngressKey, &IngressEntry)> = ingresses.iter().collect();
     owners.sort_by_key(|(key, entry)| (entry.created_unix, *key));
 
-    // Claims borrow from the state: nothing is copied until a rule wins its claim.
-    let mut claimed: BTreeMap<Claim<'_>, (RuleModel, &IngressKey)> = BTreeMap::new();
-    let mut backends: BTreeMap<String, (u64, &Backend)> = BTreeMap::new();
+    // Each Ingress's rules as built last time, unless its routes changed; the others built,
+    // on every core if there are many (a fresh renderer).
+    let mut old = std::mem::take(&mut memo.rules);
+    let found: Vec<Option<(IngressKey, RulesOf)>> = owners
+        .iter()
+        .map(|(key, entry)| old.remove_entry(*key).filter(|(_, kept)| kept.routes == entry.routes))
+        .collect();
+    let missing: Vec<&(&IngressKey, &IngressEntry)> =
+        owners.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(o, _)| o).collect();
+    let mut fresh = crate::par::map(&missing, |(key, entry)| RulesOf {
+        routes: entry.routes.clone(),
+        rules: rules_of(key, &entry.routes),
+    })
+    .into_iter();
+    memo.rules.reserve(owners.len());
+    let built: Vec<Arc<[Arc<RuleModel>]>> = owners
+        .iter()
+        .zip(found)
+        .map(|((key, _), hit)| {
+            let (key, kept) = hit
+                .unwrap_or_else(|| ((*key).clone(), fresh.next().expect("rules built per miss")));
+            let rules = Arc::clone(&kept.rules);
+            memo.rules.insert(key, kept);
+            rules
+        })
+        .collect();
+    drop(old);
+
+    // A claim is a rule's map (kind) and key; the first (oldest) Ingress to make it wins.
+    let mut claimed: HashMap<(&str, &str), &IngressKey, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(owners.len() * 2, Default::default());
+    let mut rules = Vec::with_capacity(owners.len() * 2);
+    let mut backends: BTreeMap<&str, (u64, &Backend)> = BTreeMap::new();
     let mut notes = Vec::new();
 
-    for (key, entry) in owners {
-        let mut ingress_name: Option<String> = None;
-        for route in &entry.routes {
-            let path: std::borrow::Cow<'_, str> = match route.kind {
-                PathKind::Prefix
-                    if route.path.as_str().len() > 1 && route.path.as_str().ends_with('/') =>
-                {
-                    route.path.trimmed().as_str().to_owned().into()
-                }
-                _ => route.path.as_str().into(),
-            };
-            let host = route.host.as_ref().map(|h| h.as_str());
-            let name = backend_name(&route.backend.service);
-            match claimed.entry((host, path, route.kind)) {
-                Entry::Occupied(claim) => {
-                    let (host, path, kind) = claim.key();
-                    let (_, owner) = claim.get();
-                    if *owner != key {
+    for ((key, entry), built) in owners.iter().zip(&built) {
+        for (route, rule) in entry.routes.iter().zip(built.iter()) {
+            match claimed.entry((rule.kind, rule.key.as_str())) {
+                std::collections::hash_map::Entry::Occupied(claim) => {
+                    let owner = *claim.get();
+                    if owner != *key {
                         notes.push(format!(
                             "{key}: {}{} ({:?}) is already routed by {owner}, the older \
                              Ingress; ignored",
-                            host.unwrap_or("*"),
-                            path,
-                            kind,
+                            rule.host.as_deref().unwrap_or("*"),
+                            rule.path,
+                            route.kind,
                         ));
                     }
                     continue;
                 }
-                Entry::Vacant(slot) => {
-                    let (host, path, kind) = slot.key();
-                    let rule = RuleModel {
-                        host: host.map(str::to_owned),
-                        path: path.to_string(),
-                        kind: match kind {
-                            PathKind::Exact => "exact",
-                            PathKind::Prefix => "prefix",
-                        },
-                        backend: name.clone(),
-                        ingress: ingress_name.get_or_insert_with(|| key.to_string()).clone(),
-                    };
-                    slot.insert((rule, key));
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(key);
+                    rules.push(Arc::clone(rule));
                 }
             }
             // Every Ingress carries the Service's NodePort as resolved when it was last
             // published; the newest event's is the current one.
-            match backends.entry(name) {
+            match backends.entry(rule.backend.as_str()) {
                 Entry::Vacant(slot) => {
                     slot.insert((entry.seq, &route.backend));
                 }
@@ -341,9 +514,7 @@ pub fn build_with(
         }
     }
 
-    let rules: Vec<RuleModel> = claimed.into_values().map(|(rule, _)| rule).collect();
-
-    let (backends, nodes) = backend_models(backends, &NodePool::new(nodes), options);
+    let (backends, nodes) = backend_models(backends, &NodePool::new(nodes), options, memo);
     RenderModel {
         fleet: fleet.to_string(),
         rules,
@@ -511,6 +682,23 @@ mod tests {
     }
 
     #[test]
+    fn with_node_health_every_node_is_checked_once_whichever_subsets_hold_it() {
+        let options = Options {
+            servers_per_backend: 1,
+            node_health: Some(NodeHealth { port: 10256, path: HttpPath::new("/healthz").unwrap() }),
+        };
+        let f = FleetName::new("edge").unwrap();
+        let state =
+            fleet_of(vec![("one", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")])]);
+        let m = build_with(&f, &state, &nodes(0..3), &options);
+        assert_eq!(m.backends[0].servers.len(), 1, "one node in the subset");
+        let checked: Vec<&str> = m.nodes.iter().map(|n| n.addr.as_str()).collect();
+        assert_eq!(checked, ["10.0.0.0:10256", "10.0.0.1:10256", "10.0.0.2:10256"]);
+        let track = m.backends[0].servers[0].track.as_deref().unwrap();
+        assert!(track.starts_with("hafleet_nodes/node-00"), "{track}");
+    }
+
+    #[test]
     fn servers_listed_by_a_schema_2_message_are_used_as_they_are() {
         let mut b = backend_on(1, TrafficPolicy::Cluster);
         b.node_port = None;
@@ -520,7 +708,8 @@ mod tests {
             port: 31000,
         }];
         let all = nodes(0..3);
-        let kept = subset(&b, &NodePool::new(&all), 10);
+        let pool = NodePool::new(&all);
+        let kept = subset(&b, &pool, 10);
         assert_eq!(kept.len(), 1);
         assert_eq!((kept[0].node, kept[0].port), ("old-node", 31000));
     }

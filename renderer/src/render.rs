@@ -9,12 +9,12 @@
 //! section, not 10,000. `backends` is handed to the template only if it names it.
 
 use crate::maps::{self, MapPaths};
-use crate::model::{BackendModel, RenderModel};
+use crate::model::{BackendModel, RenderModel, RuleModel};
 use hafleet_proto::Bundle;
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The template shipped with hafleet.
 pub const BUILTIN_TEMPLATE: &str = include_str!("../templates/haproxy.cfg.j2");
@@ -24,8 +24,35 @@ const NAME: &str = "haproxy.cfg";
 /// The macro that renders one backend's section.
 const BACKEND_MACRO: &str = "backend";
 
-/// Per fleet: each backend's section as last rendered.
-type Sections = HashMap<String, HashMap<BackendModel, String>>;
+/// Each backend's section as last rendered, by the backend's content.
+type Sections = HashMap<SectionKey, String, foldhash::fast::RandomState>;
+
+/// A backend as the key of its section: hashed by name alone (cheap, and one backend per name),
+/// equal only when the whole backend is (at once when it is the same shared model, as the
+/// model's memo hands out for a backend that did not change).
+#[derive(Debug)]
+struct SectionKey(Arc<BackendModel>);
+
+impl std::hash::Hash for SectionKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.name.hash(state);
+    }
+}
+
+impl PartialEq for SectionKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for SectionKey {}
+
+/// What one fleet's last model build and render lend the next.
+#[derive(Debug, Default)]
+struct Kept {
+    memo: crate::model::Memo,
+    sections: Sections,
+}
 
 /// A loaded, checked template.
 #[derive(Debug)]
@@ -36,7 +63,8 @@ pub struct Renderer {
     uses_backends: bool,
     /// Whether the template defines the `backend(b)` macro.
     has_backend_macro: bool,
-    sections: Mutex<Sections>,
+    /// Per fleet.
+    kept: Mutex<HashMap<String, Kept>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +84,7 @@ struct Context<'a> {
     maps: &'a MapPaths,
     /// How many host + path rules the maps hold.
     routes: usize,
-    backends: &'a [BackendModel],
+    backends: &'a [Arc<BackendModel>],
     /// Every backend's section, rendered by the template's `backend(b)` macro ("" without it).
     backend_sections: &'a str,
     /// Nodes to health-check once each (empty when node health checks are off).
@@ -96,7 +124,7 @@ impl Renderer {
             node_check_path: None,
             notes: vec![],
         };
-        let maps = maps::build(&[]);
+        let maps = maps::build::<RuleModel>(&[]);
         let captured = template
             .render_captured(context(&empty, &maps.paths, &[], ""))
             .map_err(RenderError::Render)?;
@@ -107,11 +135,11 @@ impl Renderer {
             options: Default::default(),
             uses_backends,
             has_backend_macro,
-            sections: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
         };
         // Once with a backend, so that a macro that cannot render is refused now.
         renderer.render(&RenderModel {
-            backends: vec![BackendModel {
+            backends: vec![Arc::new(BackendModel {
                 name: "be_check_check_80".into(),
                 service: "check/check:80".into(),
                 servers: vec![crate::model::ServerModel {
@@ -119,10 +147,10 @@ impl Renderer {
                     addr: "127.0.0.1:30080".into(),
                     track: None,
                 }],
-            }],
+            })],
             ..empty
         })?;
-        renderer.sections.lock().expect("not poisoned").clear();
+        renderer.kept.lock().expect("not poisoned").clear();
         Ok(renderer)
     }
 
@@ -135,6 +163,19 @@ impl Renderer {
     /// What the models this renderer renders are built with.
     pub fn options(&self) -> &crate::model::Options {
         &self.options
+    }
+
+    /// The model of `fleet`, built with this renderer's options and with what its last build
+    /// of the same fleet can lend ([`crate::model::Memo`]).
+    pub fn model(
+        &self,
+        fleet: &hafleet_proto::FleetName,
+        ingresses: &crate::state::Ingresses,
+        nodes: &[hafleet_proto::NodeAddr],
+    ) -> RenderModel {
+        let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = all.entry(fleet.to_string()).or_default();
+        crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo)
     }
 
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
@@ -164,33 +205,55 @@ impl Renderer {
         model: &RenderModel,
         paths: &MapPaths,
     ) -> Result<String, RenderError> {
-        let mut all = self.sections.lock().unwrap_or_else(|p| p.into_inner());
-        let mut old = all.remove(&model.fleet).unwrap_or_default();
-        let mut kept = HashMap::with_capacity(model.backends.len());
-        let mut captured = None;
+        let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let fleet = all.entry(model.fleet.clone()).or_default();
+        let mut old = std::mem::take(&mut fleet.sections);
+        // A kept section moves over with its key: no backend is cloned for it.
+        let found: Vec<Option<(SectionKey, String)>> =
+            model.backends.iter().map(|b| old.remove_entry(&SectionKey(Arc::clone(b)))).collect();
+        drop(old);
+        let missing: Vec<&Arc<BackendModel>> = model
+            .backends
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(b, _)| b)
+            .collect();
+        // New and changed backends through the macro, on every core if there are many (a fresh
+        // renderer, or new nodes). The macro sees the fleet-wide values, without the backends.
+        let rendered = crate::par::map_chunks(&missing, |part| {
+            let captured = template
+                .render_captured(context(model, paths, &[], ""))
+                .map_err(RenderError::Render)?;
+            part.iter()
+                .map(|b| {
+                    captured
+                        .state()
+                        .call_macro(BACKEND_MACRO, &[Value::from_serialize(&***b)])
+                        .map_err(RenderError::Render)
+                })
+                .collect()
+        })?;
+        let mut rendered = rendered.into_iter();
+        let mut kept = Sections::with_capacity_and_hasher(model.backends.len(), Default::default());
         let mut out = String::new();
-        for b in &model.backends {
-            // A kept section moves over with its key: no backend is cloned for it.
-            let (key, text) = match old.remove_entry(b) {
-                Some(hit) => hit,
-                None => {
-                    // The macro sees the fleet-wide values, without the backends.
-                    if captured.is_none() {
-                        let ctx = context(model, paths, &[], "");
-                        captured =
-                            Some(template.render_captured(ctx).map_err(RenderError::Render)?);
-                    }
-                    let state = captured.as_ref().expect("just set").state();
-                    let text = state
-                        .call_macro(BACKEND_MACRO, &[Value::from_serialize(b)])
-                        .map_err(RenderError::Render)?;
-                    (b.clone(), text)
-                }
-            };
+        let texts: Vec<(SectionKey, String)> = model
+            .backends
+            .iter()
+            .zip(found)
+            .map(|(b, hit)| {
+                hit.unwrap_or_else(|| {
+                    let text = rendered.next().expect("one section rendered per miss");
+                    (SectionKey(Arc::clone(b)), text)
+                })
+            })
+            .collect();
+        out.reserve(texts.iter().map(|(_, t)| t.len()).sum());
+        for (key, text) in texts {
             out.push_str(&text);
             kept.insert(key, text);
         }
-        all.insert(model.fleet.clone(), kept);
+        fleet.sections = kept;
         Ok(out)
     }
 }
@@ -199,7 +262,7 @@ impl Renderer {
 fn context<'a>(
     model: &'a RenderModel,
     maps: &'a MapPaths,
-    backends: &'a [BackendModel],
+    backends: &'a [Arc<BackendModel>],
     backend_sections: &'a str,
 ) -> Context<'a> {
     Context {
@@ -289,30 +352,51 @@ mod tests {
     }
 
     #[test]
-    fn kept_sections_render_what_a_fresh_renderer_renders_through_every_change() {
+    fn a_warm_renderer_builds_and_renders_what_a_fresh_one_does_through_every_change() {
         let name = FleetName::new("edge").unwrap();
         let other = FleetName::new("core").unwrap();
-        let warm = Renderer::builtin();
-        let mut ingresses = fleet(50);
-        let mut nodes_now = nodes(3);
-        let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
-            for f in [&name, &other] {
-                let model = crate::model::build(f, ingresses, nodes);
-                let fresh = Renderer::builtin().render(&model).unwrap();
-                assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");
-            }
+        let health = crate::model::Options {
+            servers_per_backend: 2,
+            node_health: Some(crate::model::NodeHealth {
+                port: 10256,
+                path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
+            }),
         };
-        check(&ingresses, &nodes_now);
-        // A backend changes its NodePort, one goes, one comes, a node leaves.
-        let key = IngressKey::new("team", "ing-3").unwrap();
-        ingresses.get_mut(&key).unwrap().routes[0].backend.node_port = Some(32000);
-        check(&ingresses, &nodes_now);
-        ingresses.remove(&IngressKey::new("team", "ing-7").unwrap());
-        ingresses.extend(fleet(60).into_iter().skip(50));
-        check(&ingresses, &nodes_now);
-        nodes_now.remove(1);
-        check(&ingresses, &nodes_now);
-        check(&BTreeMap::new(), &nodes_now);
+        for options in [crate::model::Options::default(), health] {
+            let warm = Renderer::builtin().with_options(options.clone());
+            let mut ingresses = fleet(50);
+            let mut nodes_now = nodes(3);
+            let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
+                for f in [&name, &other] {
+                    let fresh = crate::model::build_with(f, ingresses, nodes, &options);
+                    let model = warm.model(f, ingresses, nodes);
+                    assert_eq!(model, fresh, "fleet {f}");
+                    let fresh = Renderer::builtin().render(&fresh).unwrap();
+                    assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");
+                }
+            };
+            check(&ingresses, &nodes_now);
+            // A backend changes its NodePort, one goes, one comes, a node leaves.
+            let key = IngressKey::new("team", "ing-3").unwrap();
+            ingresses.get_mut(&key).unwrap().routes[0].backend.node_port = Some(32000);
+            check(&ingresses, &nodes_now);
+            ingresses.remove(&IngressKey::new("team", "ing-7").unwrap());
+            ingresses.extend(fleet(60).into_iter().skip(50));
+            check(&ingresses, &nodes_now);
+            // A younger Ingress claims ing-4's host and path: it loses, until ing-4 goes.
+            let mut rival = ingresses[&IngressKey::new("team", "ing-4").unwrap()].clone();
+            rival.created_unix = 1_000;
+            rival.routes[0].backend.service.name = ObjectName::new("rival").unwrap();
+            ingresses.insert(IngressKey::new("team", "rival").unwrap(), rival);
+            check(&ingresses, &nodes_now);
+            ingresses.remove(&IngressKey::new("team", "ing-4").unwrap());
+            check(&ingresses, &nodes_now);
+            nodes_now.remove(1);
+            check(&ingresses, &nodes_now);
+            nodes_now = nodes(5);
+            check(&ingresses, &nodes_now);
+            check(&BTreeMap::new(), &nodes_now);
+        }
     }
 
     #[test]

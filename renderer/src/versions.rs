@@ -1,6 +1,5 @@
 //! Whether a fleet's desired state makes a new config version. Pure: the clock is a parameter.
 
-use crate::model;
 use crate::render::{RenderError, Renderer};
 use crate::state::Desired;
 use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, SCHEMA_VERSION};
@@ -25,8 +24,7 @@ pub fn next_version(
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
-    let model =
-        model::build_with(fleet, desired.ingresses(fleet), &desired.nodes, renderer.options());
+    let model = renderer.model(fleet, desired.ingresses(fleet), &desired.nodes);
     let bundle = renderer.render(&model)?;
     let sha256 = bundle.sha256();
     if latest.is_some_and(|l| l.sha256 == sha256) {

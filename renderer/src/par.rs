@@ -1,0 +1,63 @@
+//! Spreading a big batch of independent, pure work over the machine's cores: a fresh render of
+//! 10,000 backends (each backend's subset of nodes, each backend's section) is that, while one
+//! change is a handful of items and stays on the caller's thread.
+
+/// Fewer items than this run on the caller's thread: a thread costs more than they do.
+const MIN_ITEMS: usize = 512;
+
+/// At most this many threads, whatever the machine has.
+const MAX_THREADS: usize = 8;
+
+/// `f` of each item, in the items' order, on up to as many threads as the machine has cores
+/// when there are enough items to be worth it.
+pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let all =
+        map_chunks(items, |part| Ok::<_, std::convert::Infallible>(part.iter().map(&f).collect()));
+    match all {
+        Ok(all) => all,
+        Err(never) => match never {},
+    }
+}
+
+/// `f` of consecutive chunks of the items (one per thread, or all of them on the caller's
+/// thread when there are few), concatenated in the items' order; the first error in that
+/// order, if any.
+pub fn map_chunks<T: Sync, R: Send, E: Send>(
+    items: &[T],
+    f: impl Fn(&[T]) -> Result<Vec<R>, E> + Sync,
+) -> Result<Vec<R>, E> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
+    if items.len() < MIN_ITEMS || threads < 2 {
+        return f(items);
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let rest: Vec<_> =
+            items[chunk..].chunks(chunk).map(|part| scope.spawn(move || f(part))).collect();
+        let mut out = f(&items[..chunk]);
+        for handle in rest {
+            let part = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            match (&mut out, part) {
+                (Ok(all), Ok(part)) => all.extend(part),
+                (Ok(_), Err(e)) => out = Err(e),
+                (Err(_), _) => {}
+            }
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keeps_the_order_of_the_items_small_or_large() {
+        for n in [0, 3, super::MIN_ITEMS, 10_007] {
+            let items: Vec<usize> = (0..n).collect();
+            assert_eq!(
+                super::map(&items, |i| i * 2),
+                items.iter().map(|i| i * 2).collect::<Vec<_>>()
+            );
+        }
+    }
+}
