@@ -248,3 +248,64 @@ async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is
     }
     Ok(())
 }
+
+/// With node health on, every node is checked once whichever backends hold it: a backend whose
+/// only node goes NotReady moves to the other node through the runtime API, without a reload
+/// (adding a health check would need one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> Result<()> {
+    let mut world = World::start().await?;
+    let ip = |i: usize| match world.backends[i].addr().ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        other => panic!("IPv4 nodes expected, got {other}"),
+    };
+    let _health1 = HttpBackend::start(ip(0), 10256, "healthy@node-1").await?;
+    let _health2 = HttpBackend::start(ip(1), 10256, "healthy@node-2").await?;
+    world.stack.restart_with(
+        Component::Renderer,
+        &[("HAFLEET_NODE_HEALTH_PORT", "10256"), ("HAFLEET_SERVERS_PER_BACKEND", "1")],
+    )?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    let stack = &world.stack;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+
+    let config = stack.hosts[0].live_config();
+    let held: Vec<&str> = config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("server "))
+        .filter(|l| l.contains(" track hafleet_nodes/"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(held.len(), 1, "one node in web's subset\n{config}");
+    let (held, other) =
+        if held[0] == "node-1" { ("node-1", "node-2") } else { ("node-2", "node-1") };
+    for node in ["node-1", "node-2"] {
+        assert!(
+            config
+                .lines()
+                .any(|l| l.trim().starts_with(&format!("server {node} ")) && l.contains(":10256")),
+            "{node} checked once in hafleet_nodes, held or not\n{config}"
+        );
+    }
+
+    let before = stack.latest_version().await?.expect("a version").version;
+    let reloads_before: Vec<u32> =
+        stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
+    stack.kube.set_node_ready(held, false).await?;
+    for h in &stack.hosts {
+        let report = world.report(h.name(), before + 1).await?;
+        assert_eq!(report.outcome, ApplyOutcome::Applied, "{report:?}");
+        assert_eq!(report.reloads, 0, "moved without a reload: {report:?}");
+        assert!(report.runtime_commands > 0, "{report:?}");
+    }
+    let reloads: Vec<u32> = stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
+    assert_eq!(reloads, reloads_before, "no host reloaded");
+    for h in &stack.hosts {
+        for _ in 0..4 {
+            let (status, body) = http_get(h.http_addr(), "shop.example.com", "/").await?;
+            assert_eq!(status, 200, "{}", h.name());
+            assert!(body.starts_with(&format!("web@{other}")), "{}: {body}", h.name());
+        }
+    }
+    Ok(())
+}
