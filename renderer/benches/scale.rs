@@ -173,7 +173,7 @@ fn main() {
         let mut seq = 1;
         let v1 = next_version(&renderer, &fleet, &desired, None, 0, vec![], 0).unwrap().unwrap();
         store.commit(&[], &[v1], seq).unwrap();
-        let versions = if nodes > 50 { 20 } else { a.versions };
+        let versions = a.versions;
         let mut times = Vec::new();
         for k in 1..versions {
             seq += 1;

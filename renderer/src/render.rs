@@ -187,9 +187,18 @@ impl Renderer {
             String::new()
         };
         let backends = if self.uses_backends { model.backends.as_slice() } else { &[] };
-        let mut config = template
-            .render(context(model, &maps.paths, backends, &sections))
+        // Written into a buffer sized for the sections and the rest, not grown (and copied)
+        // by doubling: at 10,000 backends the sections are megabytes.
+        let mut out = Vec::with_capacity(sections.len() + 64 * 1024 + model.notes.len() * 128);
+        template
+            .render_captured_to(context(model, &maps.paths, backends, &sections), &mut out)
             .map_err(RenderError::Render)?;
+        let mut config = String::from_utf8(out).map_err(|e| {
+            RenderError::Render(minijinja::Error::new(
+                minijinja::ErrorKind::BadSerialization,
+                e.to_string(),
+            ))
+        })?;
         if !config.ends_with('\n') {
             config.push('\n');
         }

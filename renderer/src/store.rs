@@ -11,9 +11,13 @@
 //!            "pinned" 0x00 <fleet>                  -> u64 BE: the rollback the fleet is pinned to
 //!            "floor" 0x00 <fleet>                   -> u64 BE: numbers a restored fleet stays above
 //! ```
-//! Versions are stored as zstd-compressed JSON (a config and its maps repeat themselves; a
-//! 10,000-Ingress version shrinks more than tenfold); records written as plain JSON by earlier
-//! builds are still read.
+//! Versions are stored as zstd-compressed JSON: one in [`KEYFRAME_EVERY`] of a fleet whole (a
+//! keyframe), the others as a zstd frame compressed against the JSON of the fleet's last
+//! keyframe (zstd's "patch from" mode: the keyframe is the window every match can refer to),
+//! each behind a header naming its keyframe. A version is one change apart from the one
+//! before, so at 10,000 Ingresses on 200 nodes a delta takes a few kB where the whole version
+//! takes about 1 MB; reading one costs at most two decompressions. Records written as plain JSON
+//! or whole zstd frames by earlier builds are still read, and serve as keyframes.
 //! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
 //! after a crash the store is either before or after the batch, never in between.
 
@@ -21,6 +25,7 @@ use crate::state::{Desired, IngressEntry, StateWrite};
 use hafleet_proto::{ConfigVersion, FleetName, IngressKey, VersionSummary};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +54,52 @@ pub struct Store {
     versions: sled::Tree,
     summaries: sled::Tree,
     meta: sled::Tree,
+    /// Per fleet: its last keyframe's number and JSON, which its next versions are deltas to.
+    keyframes: std::sync::Arc<std::sync::Mutex<HashMap<FleetName, Keyframe>>>,
+}
+
+/// A fleet's last keyframe: its number and JSON.
+type Keyframe = (u64, std::sync::Arc<Vec<u8>>);
+
+/// A fleet's versions are stored whole once in this many (and when it has none yet), as deltas
+/// against the last whole one in between.
+pub const KEYFRAME_EVERY: u64 = 64;
+
+/// What a stored delta starts with, then its keyframe's number (u64 BE), then a zstd frame.
+const DELTA_MAGIC: [u8; 4] = *b"hfd1";
+
+/// zstd's level for versions: level 1 keeps one change cheap, and deltas are small anyway.
+const LEVEL: i32 = 1;
+
+/// The window a delta of `json` against `base` needs: both must fit, so that every byte of the
+/// keyframe can be referred to. zstd accepts 2^10 to 2^31 (64-bit).
+fn window_log(base: &[u8], json: &[u8]) -> u32 {
+    let need = (base.len() + json.len()).max(1 << 10);
+    (usize::BITS - (need - 1).leading_zeros()).clamp(10, 31)
+}
+
+/// `json` as a delta against the keyframe `base` (number `base_no`).
+fn compress_delta(json: &[u8], base_no: u64, base: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut out = Vec::with_capacity(json.len() / 64 + 64);
+    out.extend_from_slice(&DELTA_MAGIC);
+    out.extend_from_slice(&base_no.to_be_bytes());
+    let mut encoder = zstd::stream::write::Encoder::with_ref_prefix(&mut out, LEVEL, base)?;
+    encoder.window_log(window_log(base, json))?;
+    encoder.long_distance_matching(true)?;
+    encoder.write_all(json)?;
+    encoder.finish()?;
+    Ok(out)
+}
+
+/// The JSON of a delta's body (`frame`, after the header) against its keyframe's JSON.
+fn decompress_delta(frame: &[u8], base: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut decoder = zstd::stream::read::Decoder::with_ref_prefix(frame, base)?;
+    decoder.window_log_max(31)?;
+    let mut json = Vec::new();
+    decoder.read_to_end(&mut json)?;
+    Ok(json)
 }
 
 const APPLIED_SEQ: &[u8] = b"applied_seq";
@@ -99,9 +150,14 @@ fn decode<T: serde::de::DeserializeOwned>(key: &[u8], value: &[u8]) -> Result<T,
     serde_json::from_slice(value).map_err(corrupt)
 }
 
-/// A version as stored: its JSON, compressed.
+/// A version as stored whole: its JSON, compressed.
 fn compress(json: &[u8]) -> Vec<u8> {
-    zstd::encode_all(json, 1).expect("compressing into memory cannot fail")
+    zstd::encode_all(json, LEVEL).expect("compressing into memory cannot fail")
+}
+
+/// The JSON of a record stored whole: compressed, or plain as earlier builds wrote it.
+fn whole_json(value: &[u8]) -> std::io::Result<Vec<u8>> {
+    if value.starts_with(&ZSTD_MAGIC) { zstd::decode_all(value) } else { Ok(value.to_vec()) }
 }
 
 impl Store {
@@ -113,8 +169,81 @@ impl Store {
             versions: db.open_tree("versions")?,
             summaries: db.open_tree("summaries")?,
             meta: db.open_tree("meta")?,
+            keyframes: Default::default(),
             db,
         })
+    }
+
+    /// The JSON of the version stored at `key` as `value`, through its keyframe when it is a
+    /// delta. `base` keeps the last keyframe read, for the next call.
+    fn version_json(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        base: &mut Option<Keyframe>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let corrupt = |e: std::io::Error| StoreError::Corrupt {
+            key: String::from_utf8_lossy(key).replace('\0', "/"),
+            source: serde_json::Error::io(e),
+        };
+        if !value.starts_with(&DELTA_MAGIC) {
+            return whole_json(value).map_err(corrupt);
+        }
+        if value.len() < 12 || key.len() < 8 {
+            return Err(corrupt(std::io::Error::other("a delta without its header")));
+        }
+        let number = be_u64(&value[4..12]);
+        let keyframe = match base {
+            Some((n, json)) if *n == number => std::sync::Arc::clone(json),
+            _ => {
+                let base_key = [&key[..key.len() - 8], &number.to_be_bytes()[..]].concat();
+                let raw = self.versions.get(&base_key)?.ok_or_else(|| {
+                    corrupt(std::io::Error::other(format!("keyframe {number} is missing")))
+                })?;
+                if raw.starts_with(&DELTA_MAGIC) {
+                    let why = format!("keyframe {number} is itself a delta");
+                    return Err(corrupt(std::io::Error::other(why)));
+                }
+                let json = std::sync::Arc::new(whole_json(&raw).map_err(corrupt)?);
+                *base = Some((number, std::sync::Arc::clone(&json)));
+                json
+            }
+        };
+        decompress_delta(&value[12..], &keyframe).map_err(corrupt)
+    }
+
+    /// The version stored at `key` as `value` ([`Store::version_json`]).
+    fn decode_version(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        base: &mut Option<Keyframe>,
+    ) -> Result<ConfigVersion, StoreError> {
+        let json = self.version_json(key, value, base)?;
+        serde_json::from_slice(&json).map_err(|source| StoreError::Corrupt {
+            key: String::from_utf8_lossy(key).replace('\0', "/"),
+            source,
+        })
+    }
+
+    /// The keyframe `fleet`'s next version is a delta to: the last one its newest stored
+    /// version refers to (or is). `None` when it has no version yet.
+    fn keyframe(&self, fleet: &FleetName) -> Result<Option<Keyframe>, StoreError> {
+        let mut all = self.keyframes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(kept) = all.get(fleet) {
+            return Ok(Some(kept.clone()));
+        }
+        let prefix = join(&[fleet.as_str(), ""]);
+        let Some(item) = self.versions.scan_prefix(&prefix).next_back() else { return Ok(None) };
+        let (key, value) = item?;
+        let mut base = None;
+        let json = self.version_json(&key, &value, &mut base)?;
+        let found = match base {
+            Some(keyframe) => keyframe,
+            None => (be_u64(&key[key.len() - 8..]), std::sync::Arc::new(json)),
+        };
+        all.insert(fleet.clone(), found.clone());
+        Ok(Some(found))
     }
 
     /// When the routes stream this store follows was created, as recorded the first time.
@@ -186,7 +315,7 @@ impl Store {
         match self.versions.scan_prefix(&prefix).next_back() {
             Some(item) => {
                 let (key, value) = item?;
-                Ok(Some(decode(&key, &value)?))
+                Ok(Some(self.decode_version(&key, &value, &mut None)?))
             }
             None => Ok(None),
         }
@@ -198,17 +327,18 @@ impl Store {
         version: u64,
     ) -> Result<Option<ConfigVersion>, StoreError> {
         let key = version_key(fleet, version);
-        self.versions.get(&key)?.map(|v| decode(&key, &v)).transpose()
+        self.versions.get(&key)?.map(|v| self.decode_version(&key, &v, &mut None)).transpose()
     }
 
     /// Versions of a fleet, oldest first.
     pub fn versions(&self, fleet: &FleetName) -> Result<Vec<ConfigVersion>, StoreError> {
         let prefix = join(&[fleet.as_str(), ""]);
+        let mut base = None;
         self.versions
             .scan_prefix(&prefix)
             .map(|item| {
                 let (key, value) = item?;
-                decode(&key, &value)
+                self.decode_version(&key, &value, &mut base)
             })
             .collect()
     }
@@ -225,15 +355,30 @@ impl Store {
             .iter()
             .map(|v| Ok(v.restores.is_none() && self.pinned(&v.fleet)?.is_some()))
             .collect::<Result<_, StoreError>>()?;
-        let encoded: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = new_versions
-            .iter()
-            .zip(held)
-            .map(|(v, held)| {
-                let summary =
-                    serde_json::to_vec(&VersionSummary::of(v, held)).expect("summaries serialize");
-                (version_key(&v.fleet, v.version), compress(&v.encode()), summary)
-            })
-            .collect();
+        // Each version whole or as a delta to its fleet's keyframe; new keyframes are kept
+        // once the transaction has committed.
+        let mut keyframes: HashMap<FleetName, Keyframe> = HashMap::new();
+        let mut encoded: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = Vec::with_capacity(new_versions.len());
+        for (v, held) in new_versions.iter().zip(held) {
+            let summary =
+                serde_json::to_vec(&VersionSummary::of(v, held)).expect("summaries serialize");
+            let json = v.encode();
+            let base = match keyframes.get(&v.fleet) {
+                Some(kept) => Some(kept.clone()),
+                None => self.keyframe(&v.fleet)?,
+            };
+            let stored = match base {
+                Some((n, base)) if v.version > n && v.version - n < KEYFRAME_EVERY => {
+                    compress_delta(&json, n, &base).expect("compressing into memory cannot fail")
+                }
+                _ => {
+                    let stored = compress(&json);
+                    keyframes.insert(v.fleet.clone(), (v.version, std::sync::Arc::new(json)));
+                    stored
+                }
+            };
+            encoded.push((version_key(&v.fleet, v.version), stored, summary));
+        }
         (&self.ingresses, &self.versions, &self.summaries, &self.meta).transaction(
             |(ingresses, versions, summaries, meta)| {
                 for write in writes {
@@ -264,6 +409,7 @@ impl Store {
             },
         )?;
         self.db.flush()?;
+        self.keyframes.lock().unwrap_or_else(|p| p.into_inner()).extend(keyframes);
         Ok(())
     }
 
@@ -471,11 +617,64 @@ mod tests {
         let old = version(&fleet, 3);
         store.versions.insert(version_key(&fleet, 3), old.encode()).unwrap();
         assert_eq!(store.version(&fleet, 3).unwrap(), Some(old.clone()));
-        // What this build writes is compressed, and reads back the same.
+        // What this build writes is a delta to the old record, and reads back the same.
         store.commit(&[], &[version(&fleet, 4)], 1).unwrap();
         let raw = store.versions.get(version_key(&fleet, 4)).unwrap().unwrap();
-        assert!(raw.starts_with(&ZSTD_MAGIC));
+        assert!(raw.starts_with(&DELTA_MAGIC));
+        assert_eq!(be_u64(&raw[4..12]), 3, "the plain record is its keyframe");
         assert_eq!(store.version(&fleet, 4).unwrap(), Some(version(&fleet, 4)));
+    }
+
+    /// A version of a big config, one line changed per number.
+    fn big(fleet: &FleetName, n: u64) -> ConfigVersion {
+        let mut config: String = (0..20_000)
+            .map(|i| format!("    server node-{i} 10.0.{}.{}:30080\n", i / 250, i % 250))
+            .collect();
+        config.push_str(&format!("# change {n}\n"));
+        let bundle = hafleet_proto::Bundle { config, maps: vec![] };
+        ConfigVersion {
+            sha256: bundle.sha256(),
+            body: hafleet_proto::Body::Inline { bundle },
+            ..version(fleet, n)
+        }
+    }
+
+    #[test]
+    fn versions_are_deltas_to_a_keyframe_every_64_and_read_back_the_same_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let other = FleetName::new("core").unwrap();
+        let raw =
+            |store: &Store, n: u64| store.versions.get(version_key(&fleet, n)).unwrap().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            // Two in one commit, then one per commit, with another fleet in between.
+            store.commit(&[], &[big(&fleet, 1), big(&fleet, 2)], 1).unwrap();
+            for n in 3..=100 {
+                store.commit(&[], &[big(&fleet, n), version(&other, n)], n).unwrap();
+            }
+            assert!(raw(&store, 1).starts_with(&ZSTD_MAGIC), "the first is whole");
+            assert!(raw(&store, 65).starts_with(&ZSTD_MAGIC), "and one in 64");
+            for n in [2, 64, 66, 100] {
+                let stored = raw(&store, n);
+                assert!(stored.starts_with(&DELTA_MAGIC), "version {n}");
+                let keyframe = if n < 65 { 1 } else { 65 };
+                assert_eq!(be_u64(&stored[4..12]), keyframe, "version {n}");
+                assert!(stored.len() * 20 < raw(&store, keyframe).len(), "version {n} is small");
+            }
+        }
+        // A new process finds the keyframe its next version refers to from the store.
+        let store = Store::open(dir.path()).unwrap();
+        store.commit(&[], &[big(&fleet, 101)], 101).unwrap();
+        assert_eq!(be_u64(&raw(&store, 101)[4..12]), 65);
+        let all = store.versions(&fleet).unwrap();
+        assert_eq!(all.len(), 101);
+        for (i, v) in all.iter().enumerate() {
+            assert_eq!(*v, big(&fleet, i as u64 + 1));
+        }
+        assert_eq!(store.version(&fleet, 77).unwrap(), Some(big(&fleet, 77)));
+        assert_eq!(store.latest(&fleet).unwrap(), Some(big(&fleet, 101)));
+        assert_eq!(store.version(&other, 50).unwrap(), Some(version(&other, 50)));
     }
 
     #[test]
