@@ -265,11 +265,7 @@ async fn apply_runtime(
         let prepare = runtime::prepare_commands(&ids);
         let answers = session(conn, socket, pid, &prepare).await?;
         sent += prepare.len() + 1;
-        for ((kind, id), answer) in ids.into_iter().zip(answers) {
-            let version = runtime::prepared_version(&answer)
-                .ok_or_else(|| format!("prepare map {id}: {}", answer.trim()))?;
-            prepared.insert(kind, (id, version));
-        }
+        prepared = runtime::prepared_maps(ids, &answers)?;
     }
     let commands = runtime::commands(steps, &prepared)?;
     let answers = session(conn, socket, pid, &commands).await?;

@@ -478,6 +478,26 @@ pub fn prepared_version(answer: &str) -> Option<u32> {
     answer.trim().strip_prefix("New version created:")?.trim().parse().ok()
 }
 
+/// The maps prepared by [`prepare_commands`]`(ids)`, from HAProxy's answers to them in order:
+/// each kind's map id and the version `prepare map` created.
+pub fn prepared_maps<S: AsRef<str>>(
+    ids: BTreeMap<String, String>,
+    answers: &[S],
+) -> Result<PreparedMaps, String> {
+    if answers.len() != ids.len() {
+        return Err(format!("{} answers to {} `prepare map`", answers.len(), ids.len()));
+    }
+    ids.into_iter()
+        .zip(answers)
+        .map(|((kind, id), answer)| {
+            let answer = answer.as_ref();
+            let version = prepared_version(answer)
+                .ok_or_else(|| format!("prepare map {id}: {}", answer.trim()))?;
+            Ok((kind, (id, version)))
+        })
+        .collect()
+}
+
 /// The commands that carry out `steps`, given the prepared maps.
 pub fn commands(steps: &[Step], maps: &PreparedMaps) -> Result<Vec<Command>, String> {
     let mut out = Vec::new();
@@ -853,5 +873,10 @@ mod tests {
         assert!(map_ids(show, &["host"]).is_none());
         assert_eq!(prepared_version("New version created: 3\n"), Some(3));
         assert_eq!(prepared_version("Unknown map identifier."), None);
+        let ids: BTreeMap<String, String> = [("exact".into(), "#1".into())].into();
+        let prepared = prepared_maps(ids.clone(), &["New version created: 3\n"]).unwrap();
+        assert_eq!(prepared["exact"], ("#1".to_owned(), 3));
+        assert!(prepared_maps(ids.clone(), &["Unknown map identifier."]).is_err());
+        assert!(prepared_maps(ids, &[] as &[&str]).is_err(), "an answer missing");
     }
 }

@@ -330,31 +330,25 @@ fn backend_models(
     }
     // The memo's models where it has them; the others built, on every core if there are many
     // (a fresh renderer, or new nodes).
-    type Found<'b> = (&'b str, &'b Backend, Option<(Backend, Arc<BackendModel>)>);
-    let found: Vec<Found> = backends
+    let backends: Vec<(&str, &Backend)> =
+        backends.into_iter().map(|(name, (_, backend))| (name, backend)).collect();
+    let Ok(all) = crate::par::reuse_or_build(
+        &backends,
+        |(_, backend)| memo.backends.remove_entry(*backend),
+        |part| {
+            let built = part.iter().map(|(name, backend)| {
+                let servers = subset(backend, pool, options.servers_per_backend);
+                let track = tracks_nodes(backend, options);
+                let model = backend_model((*name).to_owned(), backend, &servers, track);
+                ((*backend).clone(), Arc::new(model))
+            });
+            Ok::<_, std::convert::Infallible>(built.collect())
+        },
+    );
+    let mut kept = HashMap::with_capacity_and_hasher(all.len(), Default::default());
+    let models = all
         .into_iter()
-        .map(|(name, (_, backend))| (name, backend, memo.backends.remove_entry(backend)))
-        .collect();
-    let missing: Vec<(&str, &Backend)> =
-        found.iter().filter(|f| f.2.is_none()).map(|f| (f.0, f.1)).collect();
-    let mut built = crate::par::map(&missing, |(name, backend)| {
-        let servers = subset(backend, pool, options.servers_per_backend);
-        Arc::new(backend_model(
-            (*name).to_owned(),
-            backend,
-            &servers,
-            tracks_nodes(backend, options),
-        ))
-    })
-    .into_iter();
-    let mut kept = HashMap::with_capacity_and_hasher(found.len(), Default::default());
-    let models = found
-        .into_iter()
-        .map(|(_, backend, hit)| {
-            let (key, model) = match hit {
-                Some(hit) => hit,
-                None => (backend.clone(), built.next().expect("one model built per miss")),
-            };
+        .map(|(key, model)| {
             kept.insert(key, Arc::clone(&model));
             model
         })
@@ -447,30 +441,27 @@ pub fn build_memo(
     // Each Ingress's rules as built last time, unless its routes changed; the others built,
     // on every core if there are many (a fresh renderer).
     let mut old = std::mem::take(&mut memo.rules);
-    let found: Vec<Option<(IngressKey, RulesOf)>> = owners
-        .iter()
-        .map(|(key, entry)| old.remove_entry(*key).filter(|(_, kept)| kept.routes == entry.routes))
-        .collect();
-    let missing: Vec<&(&IngressKey, &IngressEntry)> =
-        owners.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(o, _)| o).collect();
-    let mut fresh = crate::par::map(&missing, |(key, entry)| RulesOf {
-        routes: entry.routes.clone(),
-        rules: rules_of(key, &entry.routes),
-    })
-    .into_iter();
-    memo.rules.reserve(owners.len());
-    let built: Vec<Arc<[Arc<RuleModel>]>> = owners
-        .iter()
-        .zip(found)
-        .map(|((key, _), hit)| {
-            let (key, kept) = hit
-                .unwrap_or_else(|| ((*key).clone(), fresh.next().expect("rules built per miss")));
+    let Ok(all) = crate::par::reuse_or_build(
+        &owners,
+        |(key, entry)| old.remove_entry(*key).filter(|(_, kept)| kept.routes == entry.routes),
+        |part| {
+            let built = part.iter().map(|(key, entry)| {
+                let rules = rules_of(key, &entry.routes);
+                ((*key).clone(), RulesOf { routes: entry.routes.clone(), rules })
+            });
+            Ok::<_, std::convert::Infallible>(built.collect())
+        },
+    );
+    drop(old);
+    memo.rules.reserve(all.len());
+    let built: Vec<Arc<[Arc<RuleModel>]>> = all
+        .into_iter()
+        .map(|(key, kept)| {
             let rules = Arc::clone(&kept.rules);
             memo.rules.insert(key, kept);
             rules
         })
         .collect();
-    drop(old);
 
     // A claim is a rule's map (kind) and key; the first (oldest) Ingress to make it wins.
     let mut claimed: HashMap<(&str, &str), &IngressKey, foldhash::fast::RandomState> =

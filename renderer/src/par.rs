@@ -19,6 +19,24 @@ pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
     }
 }
 
+/// For each item, in the items' order: the key and value `reuse` finds kept from an earlier
+/// run, or, for the items it has none for, what `build` makes of them ([`map_chunks`] over
+/// those items alone: on every core when many miss, as after a start).
+pub fn reuse_or_build<T: Sync, K: Send, V: Send, E: Send>(
+    items: &[T],
+    reuse: impl FnMut(&T) -> Option<(K, V)>,
+    build: impl Fn(&[&T]) -> Result<Vec<(K, V)>, E> + Sync,
+) -> Result<Vec<(K, V)>, E> {
+    let found: Vec<Option<(K, V)>> = items.iter().map(reuse).collect();
+    let missing: Vec<&T> =
+        items.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(item, _)| item).collect();
+    let mut built = map_chunks(&missing, |part| build(part))?.into_iter();
+    Ok(found
+        .into_iter()
+        .map(|hit| hit.unwrap_or_else(|| built.next().expect("one built per item missing")))
+        .collect())
+}
+
 /// `f` of consecutive chunks of the items (one per thread, or all of them on the caller's
 /// thread when there are few), concatenated in the items' order; the first error in that
 /// order, if any.
@@ -58,6 +76,20 @@ mod tests {
                 super::map(&items, |i| i * 2),
                 items.iter().map(|i| i * 2).collect::<Vec<_>>()
             );
+        }
+    }
+
+    #[test]
+    fn reuses_what_it_finds_and_builds_the_rest_in_order() {
+        let items: Vec<usize> = (0..2000).collect();
+        let Ok(all) = super::reuse_or_build(
+            &items,
+            |i| (i % 3 == 0).then_some((*i, "kept")),
+            |part| Ok::<_, std::convert::Infallible>(part.iter().map(|i| (**i, "built")).collect()),
+        );
+        assert_eq!(all.len(), items.len());
+        for (i, (key, how)) in all.iter().enumerate() {
+            assert_eq!((*key, *how), (i, if i % 3 == 0 { "kept" } else { "built" }));
         }
     }
 }

@@ -217,46 +217,29 @@ impl Renderer {
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let fleet = all.entry(model.fleet.clone()).or_default();
         let mut old = std::mem::take(&mut fleet.sections);
-        // A kept section moves over with its key: no backend is cloned for it.
-        let found: Vec<Option<(SectionKey, String)>> =
-            model.backends.iter().map(|b| old.remove_entry(&SectionKey(Arc::clone(b)))).collect();
+        // A kept section moves over with its key: no backend is cloned for it. New and changed
+        // backends go through the macro, which sees the fleet-wide values, not the backends.
+        let texts = crate::par::reuse_or_build(
+            &model.backends,
+            |b| old.remove_entry(&SectionKey(Arc::clone(b))),
+            |part| {
+                let captured = template
+                    .render_captured(context(model, paths, &[], ""))
+                    .map_err(RenderError::Render)?;
+                part.iter()
+                    .map(|b| {
+                        let text = captured
+                            .state()
+                            .call_macro(BACKEND_MACRO, &[Value::from_serialize(&***b)])
+                            .map_err(RenderError::Render)?;
+                        Ok((SectionKey(Arc::clone(b)), text))
+                    })
+                    .collect()
+            },
+        )?;
         drop(old);
-        let missing: Vec<&Arc<BackendModel>> = model
-            .backends
-            .iter()
-            .zip(&found)
-            .filter(|(_, f)| f.is_none())
-            .map(|(b, _)| b)
-            .collect();
-        // New and changed backends through the macro, on every core if there are many (a fresh
-        // renderer, or new nodes). The macro sees the fleet-wide values, without the backends.
-        let rendered = crate::par::map_chunks(&missing, |part| {
-            let captured = template
-                .render_captured(context(model, paths, &[], ""))
-                .map_err(RenderError::Render)?;
-            part.iter()
-                .map(|b| {
-                    captured
-                        .state()
-                        .call_macro(BACKEND_MACRO, &[Value::from_serialize(&***b)])
-                        .map_err(RenderError::Render)
-                })
-                .collect()
-        })?;
-        let mut rendered = rendered.into_iter();
         let mut kept = Sections::with_capacity_and_hasher(model.backends.len(), Default::default());
         let mut out = String::new();
-        let texts: Vec<(SectionKey, String)> = model
-            .backends
-            .iter()
-            .zip(found)
-            .map(|(b, hit)| {
-                hit.unwrap_or_else(|| {
-                    let text = rendered.next().expect("one section rendered per miss");
-                    (SectionKey(Arc::clone(b)), text)
-                })
-            })
-            .collect();
         out.reserve(texts.iter().map(|(_, t)| t.len()).sum());
         for (key, text) in texts {
             out.push_str(&text);

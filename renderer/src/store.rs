@@ -193,6 +193,17 @@ impl Store {
             return Err(corrupt(std::io::Error::other("a delta without its header")));
         }
         let number = be_u64(&value[4..12]);
+        // The keyframe a fleet's new versions refer to is kept in memory: reading back a
+        // version just committed (to publish it) does not read and decompress it again.
+        if base.as_ref().is_none_or(|(n, _)| *n != number) {
+            let fleet = String::from_utf8_lossy(&key[..key.len().saturating_sub(9)]);
+            let all = self.keyframes.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(kept) = FleetName::new(fleet.into_owned()).ok().and_then(|f| all.get(&f))
+                && kept.0 == number
+            {
+                *base = Some(kept.clone());
+            }
+        }
         let keyframe = match base {
             Some((n, json)) if *n == number => std::sync::Arc::clone(json),
             _ => {
@@ -229,10 +240,10 @@ impl Store {
     /// The keyframe `fleet`'s next version is a delta to: the last one its newest stored
     /// version refers to (or is). `None` when it has no version yet.
     fn keyframe(&self, fleet: &FleetName) -> Result<Option<Keyframe>, StoreError> {
-        let mut all = self.keyframes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(kept) = all.get(fleet) {
+        if let Some(kept) = self.keyframes.lock().unwrap_or_else(|p| p.into_inner()).get(fleet) {
             return Ok(Some(kept.clone()));
         }
+        // Not locked while reading: reading a delta looks at the kept keyframes too.
         let prefix = join(&[fleet.as_str(), ""]);
         let Some(item) = self.versions.scan_prefix(&prefix).next_back() else { return Ok(None) };
         let (key, value) = item?;
@@ -242,6 +253,7 @@ impl Store {
             Some(keyframe) => keyframe,
             None => (be_u64(&key[key.len() - 8..]), std::sync::Arc::new(json)),
         };
+        let mut all = self.keyframes.lock().unwrap_or_else(|p| p.into_inner());
         all.insert(fleet.clone(), found.clone());
         Ok(Some(found))
     }

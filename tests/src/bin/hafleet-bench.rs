@@ -614,9 +614,8 @@ mod reload {
             let prepare = runtime::prepare_commands(&ids);
             let out = master(socket, &runtime::session(pid, &prepare))?;
             sent += 1 + prepare.len();
-            for ((kind, id), answer) in ids.into_iter().zip(runtime::answers(&out, prepare.len())) {
-                prepared.insert(kind, (id, runtime::prepared_version(answer).context("version")?));
-            }
+            prepared = runtime::prepared_maps(ids, &runtime::answers(&out, prepare.len()))
+                .map_err(anyhow::Error::msg)?;
         }
         let commands = runtime::commands(&steps, &prepared).map_err(anyhow::Error::msg)?;
         let out = master(socket, &runtime::session(pid, &commands))?;
