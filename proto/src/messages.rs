@@ -89,6 +89,12 @@ pub struct Backend {
     /// messages of watchers that did not send it were all treated as `Cluster`).
     #[serde(default, skip_serializing_if = "TrafficPolicy::is_cluster")]
     pub traffic_policy: TrafficPolicy,
+    /// For a `Local` Service: the nodes that run a ready endpoint of it (from its
+    /// EndpointSlices), sorted and each once; only these forward its traffic, so only these
+    /// of the nodes are its servers. `None` where the watcher could not know (a cluster that
+    /// serves no EndpointSlices, or messages of earlier watchers): every node, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_nodes: Option<Vec<ObjectName>>,
 }
 
 /// How a Service's NodePort forwards (`spec.externalTrafficPolicy`).
@@ -367,6 +373,7 @@ mod tests {
                 node_port: Some(30080),
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
+                endpoint_nodes: None,
             },
         }
     }

@@ -12,7 +12,7 @@
 
 use crate::state::IngressEntry;
 use hafleet_proto::{
-    Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
+    Backend, FleetName, IngressKey, NodeAddr, ObjectName, PathKind, ServiceRef, TrafficPolicy,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, btree_map::Entry};
@@ -209,7 +209,23 @@ fn pick_from_pool<'a>(
     k: usize,
 ) -> Vec<Candidate<'a>> {
     let n = pool.nodes.len();
-    if k == 0 || n <= k || backend.traffic_policy == TrafficPolicy::Local {
+    if backend.traffic_policy == TrafficPolicy::Local {
+        // Only nodes with an endpoint of their own forward: those, all of them (a subset
+        // could leave out the only one). Both lists are in node-name order.
+        return match &backend.endpoint_nodes {
+            Some(on) => {
+                // Watchers send them sorted; a message that does not is still read right.
+                let sorted = on.is_sorted();
+                let has = |name: &ObjectName| match sorted {
+                    true => on.binary_search(name).is_ok(),
+                    false => on.contains(name),
+                };
+                (0..n).filter(|i| has(&pool.nodes[*i].name)).map(|i| pool.at(i, port)).collect()
+            }
+            None => (0..n).map(|i| pool.at(i, port)).collect(),
+        };
+    }
+    if k == 0 || n <= k {
         return (0..n).map(|i| pool.at(i, port)).collect();
     }
     let seed = seed(&backend.service);
@@ -542,6 +558,7 @@ mod tests {
                 node_port: Some(30080),
                 servers: vec![],
                 traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
+                endpoint_nodes: None,
             },
         }
     }
@@ -615,6 +632,7 @@ mod tests {
             node_port: Some(30080),
             servers: vec![],
             traffic_policy: policy,
+            endpoint_nodes: None,
         }
     }
 
@@ -642,7 +660,20 @@ mod tests {
         assert_eq!(chosen(1, &all, TrafficPolicy::Cluster, 10), kept, "deterministic");
         assert_eq!(chosen(1, &all, TrafficPolicy::Cluster, 0).len(), 200, "0 keeps every node");
         assert_eq!(chosen(1, &nodes(0..4), TrafficPolicy::Cluster, 10).len(), 4);
-        assert_eq!(chosen(1, &all, TrafficPolicy::Local, 10).len(), 200);
+        assert_eq!(chosen(1, &all, TrafficPolicy::Local, 10).len(), 200, "endpoints unknown");
+        // With its endpoints known, a Local backend lists exactly the nodes that run one, in
+        // node-name order, however many; nodes it names that are not Ready are left out.
+        let mut local = backend_on(1, TrafficPolicy::Local);
+        let on = ["node-150", "node-003", "node-077", "node-999"];
+        local.endpoint_nodes = Some(on.iter().map(|n| ObjectName::new(*n).unwrap()).collect());
+        let listed = |b: &Backend| -> Vec<String> {
+            subset(b, &NodePool::new(&all), 1).iter().map(|c| c.node.to_owned()).collect()
+        };
+        assert_eq!(listed(&local), ["node-003", "node-077", "node-150"], "unsorted input");
+        local.endpoint_nodes.as_mut().unwrap().sort();
+        assert_eq!(listed(&local), ["node-003", "node-077", "node-150"]);
+        local.endpoint_nodes = Some(vec![]);
+        assert!(listed(&local).is_empty(), "no endpoint: no server, HAProxy answers 503");
         let mut gone = backend_on(1, TrafficPolicy::Cluster);
         gone.node_port = None;
         assert!(subset(&gone, &NodePool::new(&all), 10).is_empty(), "no NodePort, no server");

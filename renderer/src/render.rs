@@ -302,6 +302,7 @@ mod tests {
                     node_port: Some(30000 + (i % 2000) as u16),
                     servers: vec![],
                     traffic_policy: TrafficPolicy::Cluster,
+                    endpoint_nodes: None,
                 };
                 let route = Route {
                     host: Some(HttpHost::new(format!("app-{i}.example.com")).unwrap()),

@@ -243,17 +243,76 @@ fn servers_of(config: &str, backend: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// An EndpointSlice of `service` in `default`, as the EndpointSlice controller writes it at
+/// `ar`'s version, with one endpoint per (node, ready): `nodeName` in `discovery.k8s.io/v1`,
+/// the node's hostname label in `v1beta1`'s topology (the only form Kubernetes 1.20 keeps).
+fn endpoint_slice(
+    ar: &kube::api::ApiResource,
+    name: &str,
+    service: &str,
+    on: &[(&str, bool)],
+) -> Result<kube::api::DynamicObject> {
+    let endpoints: Vec<serde_json::Value> = on
+        .iter()
+        .enumerate()
+        .map(|(i, (node, ready))| {
+            let mut e = serde_json::json!({"addresses": [format!("10.9.0.{}", i + 1)],
+                                           "conditions": {"ready": ready}});
+            match ar.version.as_str() {
+                "v1beta1" => {
+                    e["topology"] = serde_json::json!({"kubernetes.io/hostname": hostname(node)})
+                }
+                _ => e["nodeName"] = serde_json::json!(node),
+            }
+            e
+        })
+        .collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": ar.api_version, "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))?)
+}
+
+/// The `kubernetes.io/hostname` label the tests give a node: not its name, so that finding
+/// the node from a v1beta1 topology is proven.
+fn hostname(node: &str) -> String {
+    format!("host-of-{node}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_services_every_node()
+async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_ones_their_endpoints_nodes()
 -> Result<()> {
     let mut world = World::start().await?;
     world.stack.restart_with(
         hafleet_tests::stack::Component::Renderer,
         &[("HAFLEET_SERVERS_PER_BACKEND", "1")],
     )?;
-    // api forwards only on nodes with an endpoint of its own: every node must stay listed.
-    let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(world.stack.kube.client().await?, "default");
+    let client = world.stack.kube.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in ["node-1", "node-2"] {
+        let label =
+            serde_json::json!({"metadata": {"labels": {"kubernetes.io/hostname": hostname(node)}}});
+        nodes.patch(node, &PatchParams::default(), &Patch::Merge(&label)).await?;
+    }
+    // api forwards only on nodes with an endpoint of its own: its EndpointSlice, written here
+    // as the EndpointSlice controller would, at the version this API server serves, puts its
+    // one ready endpoint on node-1 (and a not-ready one on node-2).
+    let (ar, _) = kube::discovery::group(&client, "discovery.k8s.io")
+        .await?
+        .recommended_kind("EndpointSlice")
+        .ok_or_else(|| anyhow::anyhow!("the API server serves no EndpointSlice"))?;
+    let slices: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &ar);
+    slices
+        .create(
+            &PostParams::default(),
+            &endpoint_slice(&ar, "api-1", "api", &[("node-1", true), ("node-2", false)])?,
+        )
+        .await?;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "default");
     let local = serde_json::json!({"spec": {"externalTrafficPolicy": "Local"}});
     services.patch("api", &PatchParams::default(), &Patch::Merge(&local)).await?;
     world.route("shop", "shop.example.com", "/", "web").await?;
@@ -266,7 +325,9 @@ async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_services_ever
         let config = h.live_config();
         let web = servers_of(&config, "be_default_web_80");
         assert_eq!(web.len(), 1, "Cluster: one node of two\n{config}");
-        assert_eq!(servers_of(&config, "be_default_api_80").len(), 2, "Local: both\n{config}");
+        let api = servers_of(&config, "be_default_api_80");
+        assert_eq!(api.len(), 1, "Local: the node with a ready endpoint\n{config}");
+        assert!(api[0].starts_with("node-1 "), "{config}");
         // Every request goes to the one node the subset holds, the same on every host.
         let node = web[0].split_whitespace().next().unwrap_or_default().to_owned();
         for _ in 0..6 {
@@ -274,11 +335,29 @@ async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_services_ever
                 hafleet_tests::http_get(h.http_addr(), "shop.example.com", "/").await?;
             assert_eq!(status, 200);
             assert!(body.starts_with(&format!("web@{node}")), "{body} is not from {node}");
+            let (status, body) =
+                hafleet_tests::http_get(h.http_addr(), "blog.example.com", "/").await?;
+            assert_eq!((status, body.starts_with("api@node-1")), (200, true), "{body}");
         }
     }
     assert_eq!(
         servers_of(&stack.hosts[0].live_config(), "be_default_web_80"),
         servers_of(&stack.hosts[1].live_config(), "be_default_web_80")
     );
+
+    // The endpoint moves: node-2's becomes ready, node-1's goes. api follows, on every host.
+    let mut moved = endpoint_slice(&ar, "api-1", "api", &[("node-1", false), ("node-2", true)])?;
+    moved.metadata.resource_version = slices.get("api-1").await?.metadata.resource_version;
+    slices.replace("api-1", &PostParams::default(), &moved).await?;
+    for h in &stack.hosts {
+        eventually(CONVERGE, &format!("api only on node-2 on {}", h.name()), || async move {
+            let config = h.live_config();
+            let api = servers_of(&config, "be_default_api_80");
+            anyhow::ensure!(api.len() == 1 && api[0].starts_with("node-2 "), "{api:?}");
+            Ok(())
+        })
+        .await?;
+    }
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@node-2").await?;
     Ok(())
 }

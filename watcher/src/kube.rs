@@ -1,15 +1,18 @@
-//! Kubernetes adapter: reflectors (watch-driven caches, never polling) for Ingresses, Services
-//! and Nodes, a stream that ticks whenever any of them changes, and Warning Events.
+//! Kubernetes adapter: reflectors (watch-driven caches, never polling) for Ingresses, Services,
+//! Nodes and EndpointSlices, a stream that ticks whenever any of them changes, and Warning
+//! Events.
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use std::pin::Pin;
-use tracing::warn;
+use std::time::Duration;
+use tracing::{info, warn};
 
 /// Read-only views of the cluster, kept current by watches.
 #[derive(Clone)]
@@ -17,13 +20,17 @@ pub struct Caches {
     pub ingresses: Store<Ingress>,
     pub services: Store<Service>,
     pub nodes: Store<Node>,
+    /// Where Services' endpoints run, read as the server serves them (`discovery.k8s.io/v1`,
+    /// or `v1beta1` before Kubernetes 1.21); `None` on a server that serves neither.
+    pub endpoint_slices: Option<Store<DynamicObject>>,
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
 pub type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
-/// Starts the three watches. Nothing is fetched until the returned stream is polled.
-pub fn watch(client: Client) -> (Caches, Changes) {
+/// Starts the watches; EndpointSlices at `endpoint_slices` when given (see
+/// [`endpoint_slice_api`]). Nothing is fetched until the returned stream is polled.
+pub fn watch(client: Client, endpoint_slices: Option<ApiResource>) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -36,17 +43,61 @@ pub fn watch(client: Client) -> (Caches, Changes) {
         .default_backoff()
         .reflect(svc_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("services", e)));
-    let node = watcher(Api::<Node>::all(client), cfg())
+    let node = watcher(Api::<Node>::all(client.clone()), cfg())
         .default_backoff()
         .reflect(node_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("nodes", e)));
-    let changes = futures::stream::select_all([ing.boxed(), svc.boxed(), node.boxed()]).map(|r| {
+    let mut all = vec![ing.boxed(), svc.boxed(), node.boxed()];
+    let endpoint_slices = endpoint_slices.map(|ar| {
+        let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+        let store = writer.as_reader();
+        let eps = watcher(Api::<DynamicObject>::all_with(client, &ar), cfg())
+            .default_backoff()
+            // Only what routing reads is kept: not managedFields or annotations.
+            .modify(|s| {
+                s.metadata.managed_fields = None;
+                s.metadata.annotations = None;
+            })
+            .reflect(writer)
+            .map(|r| r.map(|_| ()).map_err(|e| ("endpointslices", e)));
+        all.push(eps.boxed());
+        store
+    });
+    let changes = futures::stream::select_all(all).map(|r| {
         if let Err((what, e)) = r {
             // The watcher backs off and resumes by itself; the caches keep their last state.
             warn!(watch = what, error = %e, "watch error");
         }
     });
-    (Caches { ingresses, services, nodes }, Box::pin(changes))
+    (Caches { ingresses, services, nodes, endpoint_slices }, Box::pin(changes))
+}
+
+/// The EndpointSlice API the server prefers (`discovery.k8s.io/v1` from Kubernetes 1.21,
+/// `v1beta1` on 1.17 to 1.20), or `None` when it serves neither: then `Local` Services are
+/// routed to every node, as without endpoints. Retries until the server answers.
+pub async fn endpoint_slice_api(client: &Client) -> Option<ApiResource> {
+    loop {
+        match kube::discovery::group(client, "discovery.k8s.io").await {
+            Ok(group) => {
+                let found = group.recommended_kind("EndpointSlice").map(|(ar, _)| ar);
+                match &found {
+                    Some(ar) => info!(version = %ar.api_version, "watching EndpointSlices"),
+                    None => warn!(
+                        "discovery.k8s.io serves no EndpointSlice: Local Services go to every node"
+                    ),
+                }
+                return found;
+            }
+            Err(kube::Error::Discovery(kube::error::DiscoveryError::MissingApiGroup(_))) => {
+                warn!("the API server serves no discovery.k8s.io: Local Services go to every node");
+                return None;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot discover the EndpointSlice API; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 impl Caches {
@@ -55,6 +106,9 @@ impl Caches {
         self.ingresses.wait_until_ready().await?;
         self.services.wait_until_ready().await?;
         self.nodes.wait_until_ready().await?;
+        if let Some(slices) = &self.endpoint_slices {
+            slices.wait_until_ready().await?;
+        }
         Ok(())
     }
 }

@@ -13,7 +13,9 @@ use hafleet_proto::{
 };
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
-use std::collections::BTreeMap;
+use kube::api::DynamicObject;
+use serde::Deserialize as _;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 /// The annotation that puts an Ingress on a fleet.
@@ -46,11 +48,88 @@ pub enum Refused {
 /// Services by (namespace, name).
 pub type Services = BTreeMap<(String, String), Service>;
 
+/// For each Service (namespace, name): the nodes that run a ready endpoint of it, by name.
+pub type Endpoints = HashMap<(String, String), BTreeSet<String>>;
+
+/// The label that names a Service on its EndpointSlices.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// One endpoint of an EndpointSlice, as `discovery.k8s.io/v1` and `v1beta1` both write it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SliceEndpoint {
+    #[serde(default)]
+    conditions: Option<SliceConditions>,
+    /// v1, and v1beta1 from Kubernetes 1.20 when its feature gate is on.
+    #[serde(default)]
+    node_name: Option<String>,
+    /// v1beta1: the node's `kubernetes.io/hostname` label under that key.
+    #[serde(default)]
+    topology: Option<BTreeMap<String, String>>,
+}
+
+#[derive(serde::Deserialize)]
+struct SliceConditions {
+    #[serde(default)]
+    ready: Option<bool>,
+}
+
+/// The nodes with a ready endpoint of each Service, from its EndpointSlices (of either API
+/// version). An endpoint whose `ready` condition is absent counts as ready, as Kubernetes
+/// defines it. Its node is its `nodeName`, else the node whose `kubernetes.io/hostname`
+/// label its v1beta1 topology names (that label's value, when no node carries it); an
+/// endpoint on no node (outside the cluster) serves no NodePort. Slices that do not parse are
+/// skipped, not fatal: they are the API server's, not a user's, to get right.
+pub fn endpoints<'a>(
+    slices: impl IntoIterator<Item = &'a DynamicObject>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> Endpoints {
+    let by_hostname: HashMap<&str, &str> = nodes
+        .into_iter()
+        .filter_map(|n| {
+            let hostname = n.metadata.labels.as_ref()?.get(HOSTNAME_LABEL)?;
+            Some((hostname.as_str(), n.metadata.name.as_deref()?))
+        })
+        .collect();
+    let mut out = Endpoints::new();
+    for slice in slices {
+        let (Some(ns), Some(service)) = (
+            slice.metadata.namespace.as_ref(),
+            slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)),
+        ) else {
+            continue;
+        };
+        let listed = match slice.data.get("endpoints") {
+            None | Some(serde_json::Value::Null) => vec![],
+            Some(list) => match Vec::<SliceEndpoint>::deserialize(list) {
+                Ok(list) => list,
+                Err(_) => continue,
+            },
+        };
+        let nodes = out.entry((ns.clone(), service.clone())).or_default();
+        for e in listed {
+            if !e.conditions.and_then(|c| c.ready).unwrap_or(true) {
+                continue;
+            }
+            let node = e.node_name.or_else(|| {
+                let hostname = e.topology?.remove(HOSTNAME_LABEL)?;
+                Some(by_hostname.get(hostname.as_str()).map_or(hostname, |n| (*n).to_owned()))
+            });
+            if let Some(node) = node {
+                nodes.insert(node);
+            }
+        }
+    }
+    out
+}
+
 /// Decides whether `ingress` is hafleet's and resolves it.
 pub fn resolve(
     ingress: &Ingress,
     ingress_class: Option<&str>,
     services: &Services,
+    endpoints: Option<&Endpoints>,
 ) -> Result<Resolved, Refused> {
     let meta = &ingress.metadata;
     let annotations = meta.annotations.as_ref();
@@ -108,14 +187,14 @@ pub fn resolve(
                     continue;
                 }
             };
-            match backend(namespace, &p.backend, services, &mut warnings) {
+            match backend(namespace, &p.backend, (services, endpoints), &mut warnings) {
                 Ok(backend) => routes.push(Route { host: host.clone(), path, kind, backend }),
                 Err(e) => errors.push(format!("{at}.backend: {e}")),
             }
         }
     }
     if let Some(default) = spec.and_then(|s| s.default_backend.as_ref()) {
-        match backend(namespace, default, services, &mut warnings) {
+        match backend(namespace, default, (services, endpoints), &mut warnings) {
             Ok(backend) => routes.push(Route {
                 host: None,
                 path: HttpPath::root(),
@@ -175,7 +254,7 @@ pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAdd
 fn backend(
     namespace: &str,
     backend: &IngressBackend,
-    services: &Services,
+    (services, endpoints): (&Services, Option<&Endpoints>),
     warnings: &mut Vec<String>,
 ) -> Result<Backend, String> {
     if backend.resource.is_some() {
@@ -193,6 +272,7 @@ fn backend(
             node_port: None,
             servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
+            endpoint_nodes: None,
         });
     };
     let spec = service.spec.as_ref().ok_or("service has no spec")?;
@@ -219,11 +299,32 @@ fn backend(
         Some("Local") => TrafficPolicy::Local,
         _ => TrafficPolicy::Cluster,
     };
+    // A Local Service's NodePort forwards only on nodes with an endpoint of their own (kube-proxy
+    // drops its traffic on the others): the route names those nodes, when they can be known.
+    let endpoint_nodes = match (traffic_policy, endpoints) {
+        (TrafficPolicy::Local, Some(all)) => {
+            let on: Vec<ObjectName> = all
+                .get(&(namespace.to_owned(), svc.name.clone()))
+                .into_iter()
+                .flatten()
+                .filter_map(|n| ObjectName::new(n.as_str()).ok())
+                .collect();
+            if on.is_empty() {
+                warnings.push(format!(
+                    "service {namespace}/{name} has externalTrafficPolicy Local and no ready \
+                     endpoint on any node; requests get 503"
+                ));
+            }
+            Some(on)
+        }
+        _ => None,
+    };
     Ok(Backend {
         service: ServiceRef { namespace: ns, name, port: service_port },
         node_port: Some(node_port),
         servers: vec![],
         traffic_policy,
+        endpoint_nodes,
     })
 }
 
@@ -267,8 +368,8 @@ mod tests {
 
     #[test]
     fn a_nodeport_ingress_resolves_to_its_node_port_and_routes_go_to_ready_nodes() {
-        let r =
-            resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort")).unwrap();
+        let r = resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort"), None)
+            .unwrap();
         assert_eq!(r.fleet.as_str(), "edge");
         assert_eq!(r.key.to_string(), "shop/web");
         assert_eq!(r.resource_version, "7");
@@ -300,28 +401,29 @@ mod tests {
     fn without_the_annotation_or_with_another_class_it_is_not_ours() {
         let mut ing = web_ingress("a.com", "/");
         let s = services("NodePort");
-        assert!(resolve(&ing, Some("hafleet"), &s) == Err(Refused::NotSelected));
+        assert!(resolve(&ing, Some("hafleet"), &s, None) == Err(Refused::NotSelected));
         ing.spec.as_mut().unwrap().ingress_class_name = Some("hafleet".into());
-        assert!(resolve(&ing, Some("hafleet"), &s).is_ok());
+        assert!(resolve(&ing, Some("hafleet"), &s, None).is_ok());
         ing.metadata.annotations = None;
-        assert_eq!(resolve(&ing, None, &s), Err(Refused::NotSelected));
+        assert_eq!(resolve(&ing, None, &s, None), Err(Refused::NotSelected));
     }
 
     #[test]
     fn injection_attempts_and_clusterip_services_are_refused_with_reasons() {
         let s = services("NodePort");
         let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s)
+            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s, None)
         else {
             panic!("a path with a newline must be refused")
         };
         assert!(why[0].starts_with("rules[0].http.paths[0].path"), "{why:?}");
-        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s) else {
+        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s, None)
+        else {
             panic!("a host with a brace must be refused")
         };
         assert!(why[0].starts_with("rules[0].host"), "{why:?}");
         let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"))
+            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"), None)
         else {
             panic!("ClusterIP cannot be routed")
         };
@@ -333,12 +435,71 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(FLEET_ANNOTATION.into(), "Edge!".into());
-        assert!(matches!(resolve(&bad_fleet, None, &s), Err(Refused::Invalid(_))));
+        assert!(matches!(resolve(&bad_fleet, None, &s, None), Err(Refused::Invalid(_))));
+    }
+
+    fn slice(v: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_local_service_names_the_nodes_with_a_ready_endpoint_from_either_slice_version() {
+        let mut s = services("NodePort");
+        let svc = s.get_mut(&("shop".to_owned(), "web".to_owned())).unwrap();
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+        let meta = |name: &str| {
+            json!({"name": name, "namespace": "shop",
+                   "labels": {"kubernetes.io/service-name": "web"}})
+        };
+        let v1 = slice(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": meta("web-a"), "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.1.0.1"], "nodeName": "n1", "conditions": {"ready": true}},
+                {"addresses": ["10.1.0.2"], "nodeName": "n2", "conditions": {"ready": false}},
+                {"addresses": ["10.1.0.3"], "nodeName": "n3"},
+                {"addresses": ["10.1.0.9"]}
+            ]
+        }));
+        // v1beta1 (Kubernetes 1.20): the node is found by its hostname label.
+        let v1beta1 = slice(json!({
+            "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+            "metadata": meta("web-b"), "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.1.0.4"], "topology": {"kubernetes.io/hostname": "host-5"}},
+                {"addresses": ["10.1.0.5"], "topology": {"kubernetes.io/hostname": "n6"}}
+            ]
+        }));
+        let mut n5 = node("n5", "10.0.0.5", "True");
+        n5.metadata.labels = Some([(HOSTNAME_LABEL.to_owned(), "host-5".to_owned())].into());
+        let other = slice(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "x", "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": "other"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.1.0.8"], "nodeName": "n9"}]
+        }));
+        let eps = endpoints([&v1, &v1beta1, &other], [&n5]);
+        let r = resolve(&web_ingress("a.com", "/"), None, &s, Some(&eps)).unwrap();
+        let b = &r.routes[0].backend;
+        assert_eq!(b.traffic_policy, TrafficPolicy::Local);
+        let on: Vec<&str> = b.endpoint_nodes.iter().flatten().map(|n| n.as_str()).collect();
+        assert_eq!(on, ["n1", "n3", "n5", "n6"], "not n2 (not ready), not n9 (another Service)");
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        // No slice: no node serves it, and the owner is told.
+        let r = resolve(&web_ingress("a.com", "/"), None, &s, Some(&Endpoints::new())).unwrap();
+        assert_eq!(r.routes[0].backend.endpoint_nodes, Some(vec![]));
+        assert!(r.warnings[0].contains("no ready endpoint"), "{:?}", r.warnings);
+        // EndpointSlices not served: unknown, every node (as before).
+        let r = resolve(&web_ingress("a.com", "/"), None, &s, None).unwrap();
+        assert_eq!(r.routes[0].backend.endpoint_nodes, None);
+        // A Cluster Service does not name endpoints: every node forwards.
+        let r = resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), Some(&eps));
+        assert_eq!(r.unwrap().routes[0].backend.endpoint_nodes, None);
     }
 
     #[test]
     fn a_missing_service_routes_to_nothing_with_a_warning() {
-        let r = resolve(&web_ingress("a.com", "/"), None, &Services::new()).unwrap();
+        let r = resolve(&web_ingress("a.com", "/"), None, &Services::new(), None).unwrap();
         assert_eq!(r.routes[0].backend.node_port, None);
         assert_eq!(r.warnings.len(), 1);
     }
@@ -363,6 +524,7 @@ pub(crate) mod tests_support {
                 node_port: Some(30080),
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
+                endpoint_nodes: None,
             },
         }
     }

@@ -1,7 +1,7 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node) ──tick──▶ settle (--quiet-ms without a change,
+//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet-ms without a change,
 //!   at most --debounce-ms) ──▶ Ready nodes changed? publish them
 //!   ──▶ resolve every Ingress from the caches ──▶ index::diff against what was published
 //!   ──▶ publish (acked) ──▶ index::record
@@ -55,7 +55,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bus = args.nats.connect().await?;
     bus.ensure_stream(hafleet_proto::ROUTES).await?;
 
-    let (caches, mut changes) = kube_adapter::watch(client.clone());
+    let slices = kube_adapter::endpoint_slice_api(&client).await;
+    let (caches, mut changes) = kube_adapter::watch(client.clone(), slices);
     let warnings = Warnings::new(client);
     let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
     let mut state = State {
@@ -165,7 +166,14 @@ async fn sync(
             Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), (*s).clone()))
         })
         .collect();
-    let nodes = resolve::ready_nodes(caches.nodes.state().iter().map(|n| n.as_ref()));
+    let all_nodes = caches.nodes.state();
+    let nodes = resolve::ready_nodes(all_nodes.iter().map(|n| n.as_ref()));
+    let endpoints = caches.endpoint_slices.as_ref().map(|slices| {
+        resolve::endpoints(
+            slices.state().iter().map(|s| s.as_ref()),
+            all_nodes.iter().map(|n| n.as_ref()),
+        )
+    });
     if state.nodes.as_ref() != Some(&nodes) {
         send_nodes(bus, state, nodes).await?;
     }
@@ -180,7 +188,7 @@ async fn sync(
         if let Ok(key) = IngressKey::new(ns, name) {
             current.insert((key, rv.clone()));
         }
-        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services) {
+        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref()) {
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)

@@ -20,6 +20,7 @@ pub fn routes(i: usize) -> Vec<Route> {
         node_port: Some(30000 + (i % 2000) as u16),
         servers: vec![],
         traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
+        endpoint_nodes: None,
     };
     let host = HttpHost::new(format!("app-{i}.example.com")).unwrap();
     vec![

@@ -297,6 +297,7 @@ fn fleet(
                 node_port: Some(node_port),
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
+                endpoint_nodes: None,
             };
             let route = Route {
                 host: Some(HttpHost::new(format!("app-{i}.example.com"))?),
@@ -754,6 +755,7 @@ mod history {
             node_port: Some(30000 + (i % 2000) as u16),
             servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
+            endpoint_nodes: None,
         };
         let msg = RouteMessage::Event(RouteEvent {
             schema: SCHEMA_VERSION,
