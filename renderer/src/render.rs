@@ -11,6 +11,7 @@
 use crate::maps::{self, MapPaths};
 use crate::model::{BackendModel, RenderModel, RuleModel};
 use hafleet_proto::Bundle;
+use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -230,7 +231,7 @@ impl Renderer {
                     .map(|b| {
                         let text = captured
                             .state()
-                            .call_macro(BACKEND_MACRO, &[Value::from_serialize(&***b)])
+                            .call_macro(BACKEND_MACRO, &[Value::from_dyn_object(Arc::clone(b))])
                             .map_err(RenderError::Render)?;
                         Ok((SectionKey(Arc::clone(b)), text))
                     })
@@ -247,6 +248,63 @@ impl Renderer {
         }
         fleet.sections = kept;
         Ok(out)
+    }
+}
+
+/// A backend as the `backend(b)` macro sees it: the fields of [`BackendModel`], read where they
+/// are instead of copied into a map of values first (10,000 backends of 10 servers each are
+/// 400,000 values on a full render).
+impl Object for BackendModel {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "name" => Some(Value::from(self.name.as_str())),
+            "service" => Some(Value::from(self.service.as_str())),
+            "servers" => Some(Value::from_object(ServersOf(Arc::clone(self)))),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["name", "service", "servers"])
+    }
+}
+
+/// A backend's servers, as a sequence.
+#[derive(Debug)]
+struct ServersOf(Arc<BackendModel>);
+
+impl Object for ServersOf {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let i = key.as_usize()?;
+        (i < self.0.servers.len()).then(|| Value::from_object(ServerOf(Arc::clone(&self.0), i)))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Seq(self.0.servers.len())
+    }
+}
+
+/// The `i`th server of a backend: the fields of [`crate::model::ServerModel`].
+#[derive(Debug)]
+struct ServerOf(Arc<BackendModel>, usize);
+
+impl Object for ServerOf {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let s = &self.0.servers[self.1];
+        match key.as_str()? {
+            "name" => Some(Value::from(s.name.as_str())),
+            "addr" => Some(Value::from(s.addr.as_str())),
+            "track" => Some(s.track.as_deref().map_or(Value::from(()), Value::from)),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["name", "addr", "track"])
     }
 }
 
@@ -399,6 +457,48 @@ mod tests {
         let r = Renderer::new(source).unwrap();
         let model = crate::model::build(&FleetName::new("edge").unwrap(), &fleet(2), &nodes(1));
         assert_eq!(r.render(&model).unwrap().config, "be_team_svc-0_80\nbe_team_svc-1_80\n");
+    }
+
+    /// The macro reads backends through [`Object`], not as serialized maps: whatever a
+    /// template does with `b` (fields, filters, tests, loops, JSON) must come out the same.
+    #[test]
+    fn the_backend_macro_sees_what_a_serialized_backend_shows() {
+        let body = "{{ b.name }} {{ b.service|upper }} {{ b.servers|length }} \
+            {%- for s in b.servers %} {{ loop.index }}:{{ s.name }}={{ s.addr }}\
+            {%- if s.track is none %} checked{% else %} track {{ s.track }}{% endif %}\
+            {%- if loop.last %}.{% endif %}{% endfor %} \
+            {%- if b.servers %} {{ b.servers[0].addr }} {{ b.servers[-1] }}{% endif %} \
+            {{ b.servers|map(attribute='name')|join(',') }} \
+            {{ b|list }} {{ 'servers' in b }} {{ b.missing is undefined }}\n";
+        let source =
+            format!("{{% macro backend(b) %}}{body}{{% endmacro %}}{{{{ backend_sections }}}}");
+        let mut ingresses = fleet(3);
+        ingresses.values_mut().next().unwrap().routes[0].backend.node_port = None;
+        let model = crate::model::build_with(
+            &FleetName::new("edge").unwrap(),
+            &ingresses,
+            &nodes(3),
+            &crate::model::Options {
+                servers_per_backend: 2,
+                node_health: Some(crate::model::NodeHealth {
+                    port: 10256,
+                    path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
+                }),
+            },
+        );
+        let config = Renderer::new(source).unwrap().render(&model).unwrap().config;
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        let looped = format!("{{% for b in backends %}}{body}{{% endfor %}}");
+        env.add_template("t", &looped).unwrap();
+        let serialized: Vec<Value> =
+            model.backends.iter().map(|b| Value::from_serialize(&**b)).collect();
+        let expected = env.get_template("t").unwrap().render(minijinja::context! {
+            backends => serialized
+        });
+        assert_eq!(config, expected.unwrap());
+        assert!(config.contains("track hafleet_nodes/"), "{config}");
+        assert!(config.contains(" 0 "), "a backend without servers: {config}");
     }
 
     #[test]
