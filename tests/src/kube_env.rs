@@ -351,7 +351,10 @@ async fn start_apiserver(bin: &Path, dir: &Path, etcd_url: &str, port: u16) -> R
         .arg("--bind-address=127.0.0.1")
         .arg("--advertise-address=127.0.0.1")
         .arg(format!("--cert-dir={}", dir.join("certs").display()))
-        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        // Room for the benches' and the demo's 10,000 NodePort Services (the defaults hold
+        // 254 ClusterIPs and 2,768 NodePorts). NodePorts stay below Linux's ephemeral range.
+        .arg("--service-cluster-ip-range=10.0.0.0/16")
+        .arg("--service-node-port-range=20000-32767")
         .arg(format!("--service-account-key-file={}", sa_key.display()))
         .arg(format!("--service-account-signing-key-file={}", sa_key.display()))
         .arg("--service-account-issuer=https://kubernetes.default.svc")

@@ -5,6 +5,7 @@
 //! Set `HAFLEET_KEEP_TMP=1` to keep the temp dirs (configs, logs) of a failed test.
 
 pub mod backend;
+pub mod cluster;
 pub mod haproxy_host;
 pub mod http;
 pub mod kube_env;

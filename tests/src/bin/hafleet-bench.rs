@@ -19,8 +19,9 @@ use anyhow::Result;
 use clap::Parser;
 use hafleet_proto::IngressKey;
 use hafleet_renderer::state::IngressEntry;
+use hafleet_tests::cluster::{NODE_HEALTH_PORT, ready_nodes, service_with_backends};
 use hafleet_tests::stack::Stack;
-use hafleet_tests::{HttpBackend, http_get, random_loopback_ip};
+use hafleet_tests::http_get;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use std::time::{Duration, Instant};
@@ -64,6 +65,18 @@ struct Args {
     /// against a fleet of this size.
     #[arg(long, default_value_t = 0)]
     existing: usize,
+    /// Give each existing Ingress a NodePort Service of its own (one HAProxy backend each),
+    /// instead of pointing them all at one Service (map entries only).
+    #[arg(long)]
+    own_services: bool,
+    /// Ready nodes in the cluster. Only the nodes the renderer lists for a Service (its subset
+    /// of 10) run a backend process for it.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Run the renderer with node health checks (`--node-health-port 10256`; every node
+    /// answers there), so HAProxy checks each node once, not every server.
+    #[arg(long)]
+    node_health: bool,
 }
 
 fn ingress(name: &str, host: &str) -> Ingress {
@@ -170,16 +183,15 @@ async fn main() -> Result<()> {
 }
 
 async fn pipeline(args: Args) -> Result<()> {
-    let stack = Stack::start("edge", args.hosts).await?;
-    let mut backends = Vec::new();
-    let node_port = u16::try_from(stack.kube.create_nodeport_service("default", "web", 80).await?)?;
-    let mut node_ips = Vec::new();
-    for i in 1..=3 {
-        let ip = random_loopback_ip();
-        node_ips.push(ip);
-        stack.kube.create_ready_node(&format!("node-{i}"), ip).await?;
-        backends.push(HttpBackend::start(ip, node_port, &format!("web@node-{i}")).await?);
+    let mut stack = Stack::start("edge", args.hosts).await?;
+    if args.node_health {
+        stack.restart_with(
+            hafleet_tests::stack::Component::Renderer,
+            &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
+        )?;
     }
+    let (nodes, mut backends) = ready_nodes(&stack, args.nodes, args.node_health).await?;
+    backends.extend(service_with_backends(&stack, "web", &nodes).await?);
     let api: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "default");
 
     // Warm-up: the first rollout also opens SSH connections.
@@ -189,12 +201,46 @@ async fn pipeline(args: Args) -> Result<()> {
     if args.existing > 0 {
         use futures::StreamExt as _;
         let started = Instant::now();
-        let api = &api;
+        let (api, stack_ref) = (&api, &stack);
+        let last = args.existing - 1;
+        let service =
+            |i: usize| if args.own_services { format!("existing-{i}") } else { "web".into() };
+        if args.own_services {
+            // Services first, as a team would: only the two whose routes are checked below
+            // get backend processes (10,000 Services x 10 nodes would be 100,000 listeners).
+            let created: Vec<_> = futures::stream::iter(1..last)
+                .map(|i| async move {
+                    stack_ref
+                        .kube
+                        .create_nodeport_service("default", &format!("existing-{i}"), 80)
+                        .await
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            for c in created {
+                c?;
+            }
+            for i in [0, last] {
+                backends.extend(service_with_backends(&stack, &service(i), &nodes).await?);
+            }
+            println!(
+                "{} NodePort Services created in {:.1} s",
+                args.existing,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let started = Instant::now();
+        let service = &service;
         let created: Vec<_> = futures::stream::iter(0..args.existing)
             .map(|i| async move {
                 api.create(
                     &PostParams::default(),
-                    &ingress(&format!("existing-{i}"), &format!("existing-{i}.example.com")),
+                    &ingress_to(
+                        &format!("existing-{i}"),
+                        &format!("existing-{i}.example.com"),
+                        &service(i),
+                    ),
                 )
                 .await
             })
@@ -205,13 +251,15 @@ async fn pipeline(args: Args) -> Result<()> {
             c?;
         }
         let sent = started.elapsed().as_secs_f64();
-        until_served(&stack, &format!("existing-{}.example.com", args.existing - 1)).await?;
+        until_served(&stack, &format!("existing-{last}.example.com")).await?;
         until_served(&stack, "existing-0.example.com").await?;
         let size = stack.latest_version().await?.map(|v| v.size).unwrap_or(0);
         println!(
-            "{} existing Ingresses: created in {sent:.1} s, served everywhere after {:.1} s; \
-             config + maps {:.1} MB\n",
+            "{} existing Ingresses on {} Services, {} nodes: created in {sent:.1} s, served \
+             everywhere after {:.1} s; config + maps {:.1} MB\n",
             args.existing,
+            if args.own_services { args.existing } else { 1 },
+            args.nodes,
             started.elapsed().as_secs_f64(),
             size as f64 / 1e6
         );
@@ -221,14 +269,10 @@ async fn pipeline(args: Args) -> Result<()> {
     for i in 0..args.sequential {
         let host = format!("seq-{i}.example.com");
         known.change(&stack, &api, &ingress(&format!("seq-{i}"), &host), &host).await?;
-        // A Service of its own, with a backend on every node, before its Ingress.
+        // A Service of its own, with a backend on every node it is routed to, before its
+        // Ingress.
         let service = format!("svc-{i}");
-        let port =
-            u16::try_from(stack.kube.create_nodeport_service("default", &service, 80).await?)?;
-        for (n, &ip) in node_ips.iter().enumerate() {
-            backends
-                .push(HttpBackend::start(ip, port, &format!("{service}@node-{}", n + 1)).await?);
-        }
+        backends.extend(service_with_backends(&stack, &service, &nodes).await?);
         let host = format!("own-{i}.example.com");
         new.change(&stack, &api, &ingress_to(&format!("own-{i}"), &host, &service), &host).await?;
     }

@@ -3,8 +3,10 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use hafleet_tests::stack::Stack;
-use hafleet_tests::{HttpBackend, eventually, http_get, random_loopback_ip};
+use futures::StreamExt as _;
+use hafleet_tests::cluster::{NODE_HEALTH_PORT, ready_nodes, service_with_backends};
+use hafleet_tests::stack::{Component, Stack};
+use hafleet_tests::{eventually, http_get};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use std::fmt::Write as _;
@@ -25,10 +27,33 @@ struct Args {
     /// How many HAProxy hosts the fleet has.
     #[arg(long, default_value_t = 2)]
     hosts: usize,
+    /// How many Ready nodes the cluster has. Each answers for its health as kube-proxy would,
+    /// and the renderer runs with node health checks.
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// How many Ingresses the fleet serves: `hello.local`, and `app-<i>.local` for the rest,
+    /// each on a NodePort Service of its own. Try `--ingresses 10000 --nodes 200`. Only
+    /// hello and the last app run backend processes; the others answer 503.
+    #[arg(long, default_value_t = 1)]
+    ingresses: usize,
 }
 
 const FLEET: &str = "edge";
 const HOST: &str = "hello.local";
+
+/// An Ingress on `fleet` routing `host`, every path, to Service `service` port 80.
+fn ingress(name: &str, host: &str, service: &str) -> Ingress {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": name, "annotations": {"hafleet.io/fleet": FLEET}},
+        "spec": {"rules": [{"host": host, "http": {"paths": [{
+            "path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": service, "port": {"number": 80}}}
+        }]}}]}
+    }))
+    .expect("a valid Ingress")
+}
 
 #[tokio::main]
 async fn main() {
@@ -44,53 +69,87 @@ async fn main() {
 
 async fn run(args: &Args) -> Result<()> {
     eprintln!("starting kube-apiserver, NATS, {} HAProxy hosts and hafleet…", args.hosts);
-    let stack = Stack::start(FLEET, args.hosts).await?;
-
-    let nodes: Vec<(String, std::net::Ipv4Addr)> =
-        (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
-    for (name, ip) in &nodes {
-        stack.kube.create_ready_node(name, *ip).await?;
-    }
-    let node_port =
-        u16::try_from(stack.kube.create_nodeport_service("default", "hello", 80).await?)?;
-    let mut backends = Vec::new();
-    for (name, ip) in &nodes {
-        backends.push(HttpBackend::start(*ip, node_port, &format!("hello from {name}")).await?);
-    }
-    let ingress: Ingress = serde_json::from_value(serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": "hello", "annotations": {"hafleet.io/fleet": FLEET}},
-        "spec": {"rules": [{"host": HOST, "http": {"paths": [{
-            "path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": "hello", "port": {"number": 80}}}
-        }]}}]}
-    }))?;
-    Api::<Ingress>::namespaced(stack.kube.client().await?, "default")
-        .create(&PostParams::default(), &ingress)
+    anyhow::ensure!(args.nodes >= 1 && args.ingresses >= 1, "--nodes and --ingresses start at 1");
+    let mut stack = Stack::start(FLEET, args.hosts).await?;
+    stack.restart_with(
+        Component::Renderer,
+        &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
+    )?;
+    let (nodes, mut backends) = ready_nodes(&stack, args.nodes, true).await?;
+    backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
+    let ingresses = Api::<Ingress>::namespaced(stack.kube.client().await?, "default");
+    ingresses
+        .create(&PostParams::default(), &ingress("hello", HOST, "hello"))
         .await
         .context("creating the sample Ingress")?;
+    // The rest of the fleet: Services first, then their Ingresses, 16 requests at a time.
+    let last_app = (args.ingresses > 1).then(|| args.ingresses - 1);
+    if let Some(last) = last_app {
+        eprintln!("creating {last} more Services and Ingresses on {} nodes…", args.nodes);
+        let started = std::time::Instant::now();
+        let stack_ref = &stack;
+        let services = futures::stream::iter(1..last).map(|i| async move {
+            stack_ref
+                .kube
+                .create_nodeport_service("default", &format!("app-{i}"), 80)
+                .await
+                .map(drop)
+        });
+        for created in services.buffer_unordered(16).collect::<Vec<_>>().await {
+            created?;
+        }
+        backends.extend(service_with_backends(&stack, &format!("app-{last}"), &nodes).await?);
+        let ingresses = &ingresses;
+        let apps = futures::stream::iter(1..=last).map(|i| async move {
+            let (name, host) = (format!("app-{i}"), format!("app-{i}.local"));
+            ingresses.create(&PostParams::default(), &ingress(&name, &host, &name)).await.map(drop)
+        });
+        for created in apps.buffer_unordered(16).collect::<Vec<_>>().await {
+            created.context("creating an app Ingress")?;
+        }
+        eprintln!("created in {:.1} s", started.elapsed().as_secs_f64());
+    }
 
-    for h in &stack.hosts {
-        let addr = h.http_addr();
-        let (status, body) = eventually(
-            Duration::from_secs(90),
-            &format!("{} serves {HOST}", h.name()),
-            || async move {
-                let (status, body) = http_get(addr, HOST, "/").await?;
-                anyhow::ensure!(
-                    status == 200 && body.starts_with("hello from node-"),
-                    "got {status} {body:?}"
-                );
-                Ok((status, body))
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+    // hello and the last app through every HAProxy host; the first app is routed too, but
+    // nothing runs behind its NodePort: HAProxy answers 503 (an unknown host gets 404).
+    let mut expect = vec![(HOST.to_owned(), 200, "hello@node-".to_owned())];
+    if let Some(last) = last_app {
+        expect.push((format!("app-{last}.local"), 200, format!("app-{last}@node-")));
+        if last > 1 {
+            expect.push(("app-1.local".to_owned(), 503, String::new()));
+        }
+    }
+    for (host, want, body_starts) in &expect {
+        for h in &stack.hosts {
+            let addr = h.http_addr();
+            let (status, body) = eventually(
+                Duration::from_secs(300),
+                &format!("{} serves {host}", h.name()),
+                || async move {
+                    let (status, body) = http_get(addr, host, "/").await?;
+                    anyhow::ensure!(
+                        status == *want && body.starts_with(body_starts.as_str()),
+                        "got {status} {body:?}"
+                    );
+                    Ok((status, body))
+                },
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+            println!(
+                "ok: GET http://{addr}/ Host: {host} through HAProxy {} -> {status} {}",
+                h.name(),
+                body.lines().next().unwrap_or_default().trim()
+            );
+        }
+    }
+    if let Some(version) = stack.latest_version().await? {
         println!(
-            "ok: GET http://{addr}/ Host: {HOST} through HAProxy {} -> {status} {}",
-            h.name(),
-            body.trim()
+            "version {} live: {} Ingresses on {} nodes, config + maps {:.1} MB",
+            version.version,
+            args.ingresses,
+            args.nodes,
+            version.size as f64 / 1e6
         );
     }
 

@@ -1,0 +1,66 @@
+//! A cluster's moving parts as the demo and the benches need them at scale: Ready nodes that
+//! answer for their health as kube-proxy would, and NodePort Services with a backend process on
+//! each node the renderer routes them to, not on every node (10,000 Services on 200 nodes would
+//! be 2 million listeners).
+
+use crate::stack::Stack;
+use crate::{HttpBackend, random_loopback_ip};
+use anyhow::Result;
+use hafleet_proto::{Backend, Namespace, NodeAddr, ObjectName, ServiceRef, TrafficPolicy};
+use hafleet_renderer::model::{DEFAULT_SERVERS_PER_BACKEND, NodePool, subset};
+use std::net::IpAddr;
+
+/// Where nodes answer for their health (kube-proxy's `/healthz` port), for a renderer run with
+/// `--node-health-port` this.
+pub const NODE_HEALTH_PORT: u16 = 10256;
+
+/// Creates `count` Ready nodes `node-1`… on random loopback addresses; with `health`, each
+/// answers 200 at [`NODE_HEALTH_PORT`] (the returned processes; keep them).
+pub async fn ready_nodes(
+    stack: &Stack,
+    count: usize,
+    health: bool,
+) -> Result<(Vec<NodeAddr>, Vec<HttpBackend>)> {
+    let mut nodes = Vec::with_capacity(count);
+    let mut processes = Vec::new();
+    for i in 1..=count {
+        let ip = random_loopback_ip();
+        let name = format!("node-{i}");
+        stack.kube.create_ready_node(&name, ip).await?;
+        if health {
+            processes.push(HttpBackend::start(ip, NODE_HEALTH_PORT, "healthz").await?);
+        }
+        nodes.push(NodeAddr { name: ObjectName::new(name)?, addr: ip.into() });
+    }
+    Ok((nodes, processes))
+}
+
+/// Creates NodePort Service `name` in `default` and starts its backend process (answering
+/// `<name>@<node>`) at the NodePort on each node the renderer lists for it: its subset of
+/// `nodes`, chosen by the renderer's own code with the default servers per backend (every
+/// node, when there are no more than that).
+pub async fn service_with_backends(
+    stack: &Stack,
+    name: &str,
+    nodes: &[NodeAddr],
+) -> Result<Vec<HttpBackend>> {
+    let port = u16::try_from(stack.kube.create_nodeport_service("default", name, 80).await?)?;
+    let backend = Backend {
+        service: ServiceRef {
+            namespace: Namespace::new("default")?,
+            name: ObjectName::new(name)?,
+            port: 80,
+        },
+        node_port: Some(port),
+        servers: vec![],
+        traffic_policy: TrafficPolicy::Cluster,
+        endpoint_nodes: None,
+    };
+    let pool = NodePool::new(nodes);
+    let mut started = Vec::new();
+    for c in subset(&backend, &pool, DEFAULT_SERVERS_PER_BACKEND) {
+        let IpAddr::V4(ip) = c.addr else { anyhow::bail!("node {} is not IPv4", c.node) };
+        started.push(HttpBackend::start(ip, port, &format!("{name}@{}", c.node)).await?);
+    }
+    Ok(started)
+}
