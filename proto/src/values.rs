@@ -141,15 +141,21 @@ validated_string!(
 );
 
 validated_string!(
-    /// An HTTP host an Ingress rule matches: an RFC 1123 hostname in lowercase. Wildcard hosts
-    /// (`*.example.com`) are refused for now rather than matched wrongly.
+    /// An HTTP host an Ingress rule matches: an RFC 1123 hostname in lowercase, or a wildcard
+    /// host as Kubernetes defines it: `*.` and a hostname (`*.example.com` matches exactly one
+    /// more label: `a.example.com`, not `example.com` nor `a.b.example.com`). `*` appears
+    /// nowhere else.
     HttpHost,
     "host",
     |what, value| {
-        if value.starts_with("*.") {
-            return Err(rule(what, value, "wildcard hosts are not supported yet"));
-        }
-        check_subdomain(what, value)
+        let name = value.strip_prefix("*.").unwrap_or(value);
+        check_subdomain(what, name).map_err(|_| {
+            rule(
+                what,
+                value,
+                "must be a lowercase RFC 1123 hostname, or '*.' followed by one (a wildcard)",
+            )
+        })
     }
 );
 
@@ -254,14 +260,20 @@ mod tests {
     }
 
     #[test]
-    fn hosts_are_lowercase_hostnames_without_wildcards() {
-        for ok in ["example.com", "a.b-c.d", "localhost", "x1.io"] {
+    fn hosts_are_lowercase_hostnames_or_a_wildcard_first_label() {
+        for ok in ["example.com", "a.b-c.d", "localhost", "x1.io", "*.example.com", "*.io"] {
             assert!(HttpHost::new(ok).is_ok(), "{ok}");
         }
         for bad in [
             "",
             "Example.com",
-            "*.example.com",
+            "*",
+            "*.",
+            "*example.com",
+            "a.*.example.com",
+            "*.*.example.com",
+            "**.example.com",
+            "*.Example.com",
             "a..b",
             ".a",
             "a.",

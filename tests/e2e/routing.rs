@@ -203,6 +203,12 @@ async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> 
                 ]}},
                 // A rule without a host: any host that no host rule takes.
                 {"http": {"paths": [path("/static", "Prefix", "api")]}},
+                // A wildcard: one label deep; an exact host wins over it.
+                {"host": "*.wild.test", "http": {"paths": [
+                    path("/", "Prefix", "api"),
+                    path("/exact", "Exact", "web"),
+                ]}},
+                {"host": "exact.wild.test", "http": {"paths": [path("/", "Prefix", "web")]}},
             ]}
         }))?;
     world.ingresses.create(&PostParams::default(), &ing).await?;
@@ -219,6 +225,14 @@ async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> 
         ("other.example.com", "/static/app.js", 200, "api@"), // host-less rule
         ("other.example.com", "/staticfiles", 404, ""),
         ("other.example.com", "/", 404, ""), // nothing routes it: the 404 default
+        ("a.wild.test", "/x", 200, "api@"),  // the wildcard's prefix
+        ("a.wild.test", "/exact", 200, "web@"), // the wildcard's Exact rule
+        ("B.wild.test:80", "/exact", 200, "web@"), // case and port do not matter
+        ("exact.wild.test", "/exact", 200, "web@"), // the exact host wins: its own /
+        ("exact.wild.test", "/x", 200, "web@"),
+        ("b.a.wild.test", "/x", 404, ""), // one label only: falls to the host-less rules
+        ("wild.test", "/x", 404, ""),     // and the bare domain is not covered
+        ("b.a.wild.test", "/static/x", 200, "api@"), // … which route what they route
     ] {
         expect_everywhere(stack, host, path, status, body).await?;
     }
