@@ -8,6 +8,8 @@
 //!            upload the map files the host lacks to hafleet-maps/ (named by their sha256)
 //!            upload to <config>.hafleet-new-<token>, check its sha256
 //!            haproxy -c -f <config>.hafleet-new-<token>    (refused: Failed, live file untouched)
+//!              (a version that differs from the running config only in its map files:
+//!               haproxy -c on a config that loads those maps alone, as the config uses them)
 //!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
@@ -55,6 +57,10 @@ mod scripts {
     /// for the reload check to come (not being able to is not the config's fault: it shows as
     /// an unreadable `show proc`, a failure that may pass).
     pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
+    /// As VALIDATE, for a version whose config HAProxy runs but for its map files: `haproxy
+    /// -c` on the config on stdin, which loads only the maps (written next to the live file,
+    /// so relative map paths resolve alike, and removed after).
+    pub const VALIDATE_MAPS: &str = r#"f="$2.hafleet-mapcheck-$3"; cat > "$f"; out=$("$1" -c -f "$f" 2>&1); rc=$?; rm -f "$f"; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
     /// $1 = live config path, $2 = token. Keeps the live file as last-known-good, then renames
     /// this attempt's validated file over it.
     pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
@@ -188,7 +194,14 @@ async fn apply_on(
     // a file this one validated, or the other way round.
     let token = attempt_token(version.version);
     let token = token.as_str();
-    let before = match upload_and_validate(conn, host, version, &missing_maps, token).await {
+    // A version that changes only map files (the config is the loaded one but for their
+    // names) is checked by loading its maps alone: the rest passed `haproxy -c` and loaded.
+    let map_check = match runtime::maps_only(&change) {
+        true => version.bundle().and_then(runtime::map_check_config),
+        false => None,
+    };
+    let validate = UploadCheck { missing_maps: &missing_maps, map_check: map_check.as_deref() };
+    let before = match upload_and_validate(conn, host, version, &validate, token).await {
         Ok(before) => before,
         Err(failure) => {
             // Leave no copy of a config that is not live behind (best effort).
@@ -295,15 +308,25 @@ async fn session(
     Ok(runtime::answers(&out.stdout, commands.len()).into_iter().map(str::to_owned).collect())
 }
 
+/// What an upload sends and how it is checked.
+struct UploadCheck<'a> {
+    /// The version's map files the host does not have yet.
+    missing_maps: &'a [&'a str],
+    /// A config that loads only the maps ([`runtime::map_check_config`]), for a version
+    /// whose config HAProxy runs but for its maps; `None`: `haproxy -c` on the whole config.
+    map_check: Option<&'a str>,
+}
+
 /// Uploads the version under this attempt's name, checks what landed, validates it with
 /// `haproxy -c`, and reads `show proc` for the reload check to come.
 async fn upload_and_validate(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
-    missing_maps: &[&str],
+    check: &UploadCheck<'_>,
     token: &str,
 ) -> Result<plan::ProcState, Failure> {
+    let missing_maps = check.missing_maps;
     let live = host.config_path.as_str();
     let Some(bundle) = version.bundle() else {
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
@@ -318,7 +341,14 @@ async fn upload_and_validate(
         ));
     }
     let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
-    let proc = remote(conn, ApplyStage::Validate, scripts::VALIDATE, &args, None).await?;
+    let proc = match check.map_check {
+        Some(maps) => {
+            info!("the config is the running one but for its maps: checking the maps alone");
+            let stdin = Some(maps.as_bytes());
+            remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
+        }
+        None => remote(conn, ApplyStage::Validate, scripts::VALIDATE, &args, None).await?,
+    };
     parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))
 }
 

@@ -372,6 +372,67 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
     Ok(steps)
 }
 
+/// Whether `plan` changes map files only (or nothing HAProxy acts on): the next config is then
+/// the loaded one but for its map files' names and its comments.
+pub fn maps_only(plan: &Plan) -> bool {
+    match plan {
+        Plan::Nothing => true,
+        Plan::Runtime(steps) => steps.iter().all(|s| matches!(s, Step::ReplaceMap { .. })),
+        Plan::Reload(_) => false,
+    }
+}
+
+/// A config for `haproxy -c` that loads every map file of `bundle` with each converter its
+/// config applies to that map, and nothing else. For a version whose config HAProxy already
+/// runs but for its maps ([`maps_only`]), checking this is checking the version: the rest of
+/// the config is what passed `haproxy -c` and loaded before. It takes milliseconds where the
+/// whole config of 10,000 backends takes most of a second.
+///
+/// `None` (check the whole config) when the config names a map other than as the first
+/// argument of a `map*` converter, does not name one of the bundle's maps, or has no
+/// `default-path` (then relative map paths depend on HAProxy's working directory, which this
+/// check could not reproduce).
+pub fn map_check_config(bundle: &Bundle) -> Option<String> {
+    let default_path = bundle
+        .config
+        .lines()
+        .map(str::trim)
+        .find(|l| l.split_whitespace().next() == Some("default-path"))?;
+    let prefix = format!("{}/", hafleet_proto::bundle::MAPS_DIR);
+    let mut uses = BTreeSet::new();
+    for (at, _) in bundle.config.match_indices(&prefix) {
+        let before = bundle.config[..at].strip_suffix('(')?;
+        let start =
+            before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
+        let converter = &before[start..];
+        let rest = &bundle.config[at..];
+        let path = &rest[..rest.find([')', ','])?];
+        if !converter.starts_with("map") || path.contains(char::is_whitespace) {
+            return None;
+        }
+        uses.insert((converter, path));
+    }
+    for map in &bundle.maps {
+        let path = map.name.relative_path();
+        if !uses.iter().any(|(_, p)| *p == path) {
+            return None;
+        }
+    }
+    let mut out = format!(
+        "# hafleet: the map files of a version whose config HAProxy runs but for its maps\n\
+         global\n    {default_path}\n\
+         defaults\n    mode http\n    timeout connect 1s\n    timeout client 1s\n    \
+         timeout server 1s\n\
+         frontend hafleet_map_check\n    bind 127.0.0.1:1\n"
+    );
+    for (converter, path) in uses {
+        out.push_str(&format!(
+            "    http-request set-var(txn.hafleet_map_check) path,{converter}({path})\n"
+        ));
+    }
+    Some(out)
+}
+
 fn command_count(steps: &[Step]) -> usize {
     steps
         .iter()
@@ -748,6 +809,79 @@ mod tests {
                 content: "x be_a\ny be_a\n".into()
             }])
         );
+    }
+
+    /// Lays `check` out next to `bundle`'s maps as on a host and runs the real `haproxy -c`.
+    fn haproxy_accepts(check: &str, maps: &[MapFile]) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("hafleet-maps")).unwrap();
+        for m in maps {
+            std::fs::write(dir.path().join(m.name.relative_path()), &m.content).unwrap();
+        }
+        let file = dir.path().join("haproxy.cfg.hafleet-mapcheck");
+        std::fs::write(&file, check).unwrap();
+        let out = std::process::Command::new("haproxy")
+            .arg("-c")
+            .arg("-f")
+            .arg(&file)
+            .output()
+            .expect("haproxy is installed (bash tests/setup.sh)");
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
+    }
+
+    #[test]
+    fn a_map_only_version_is_checked_by_loading_its_maps_as_its_config_uses_them() {
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
+        assert!(maps_only(&plan(&a, &b)));
+        assert!(maps_only(&plan(&a, &a)), "comments only");
+        let moved = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\n");
+        assert!(!maps_only(&plan(&a, &moved)), "servers change: the whole config is checked");
+        assert!(!maps_only(&Plan::Reload("x".into())));
+
+        let check = map_check_config(&b).expect("the built-in shape has a quick check");
+        for m in &b.maps {
+            assert!(check.contains(&m.name.relative_path()), "{check}");
+        }
+        assert!(check.contains("path,map_str(hafleet-maps/exact-"), "{check}");
+        assert!(check.contains("path,map_beg(hafleet-maps/prefix-"), "{check}");
+        assert!(check.contains("default-path config"), "{check}");
+        haproxy_accepts(&check, &b.maps).unwrap();
+        // A map that is not on the host fails the check.
+        let err = haproxy_accepts(&check, &b.maps[1..]).unwrap_err();
+        assert!(err.contains("exact-"), "{err}");
+        // Each converter the config applies is applied: a map read as regexes by a custom
+        // template is refused for an entry that is not one.
+        let mut regex = b.clone();
+        regex.config = regex.config.replace("map_beg(", "map_reg(");
+        regex.maps[1].content = "/( be_a\n".into();
+        let check = map_check_config(&regex).unwrap();
+        assert!(check.contains("map_reg("), "{check}");
+        let err = haproxy_accepts(&check, &regex.maps).unwrap_err();
+        assert!(err.contains("regex"), "{err}");
+    }
+
+    #[test]
+    fn the_whole_config_is_checked_when_its_maps_cannot_be_checked_alone() {
+        let b = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+        let mut no_default_path = b.clone();
+        no_default_path.config = no_default_path.config.replace("default-path config", "");
+        assert_eq!(map_check_config(&no_default_path), None);
+        let mut named_otherwise = b.clone();
+        named_otherwise.config.push_str(&format!(
+            "\nfrontend g\n    acl a path -f {}\n",
+            b.maps[0].name.relative_path()
+        ));
+        assert_eq!(map_check_config(&named_otherwise), None);
+        let mut unused = b.clone();
+        unused.config = unused
+            .config
+            .replace(&format!("path,map_beg({})", b.maps[1].name.relative_path()), "path");
+        assert_eq!(map_check_config(&unused), None, "a map the config does not name");
     }
 
     #[test]
