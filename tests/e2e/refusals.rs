@@ -33,19 +33,8 @@ async fn an_ingress_that_tries_to_inject_directives_is_refused_alone_with_a_warn
     let ingresses: &Api<Ingress> = &world.ingresses;
     ingresses.patch("shop", &PatchParams::default(), &Patch::Merge(&patch)).await?;
 
-    let events: Api<Event> = Api::namespaced(stack.kube.client().await?, "default");
     for name in ["evil", "shop"] {
-        let events = &events;
-        eventually(CONVERGE, &format!("Warning event on ingress {name}"), || async move {
-            let found = events.list(&ListParams::default()).await?.items.into_iter().any(|e| {
-                e.reason.as_deref() == Some("InvalidIngress")
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            });
-            anyhow::ensure!(found, "no InvalidIngress event for {name} yet");
-            Ok(())
-        })
-        .await?;
+        warning_event(stack, name, "InvalidIngress").await?;
     }
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
     expect_everywhere(stack, "evil.example.com", "/", 404, "").await?;
@@ -81,6 +70,73 @@ async fn an_ingress_that_tries_to_inject_directives_is_refused_alone_with_a_warn
         assert!(!live.contains("evil.example.com") && !live.contains("/x }"), "{live}");
         assert!(!live.contains("/a b"), "{live}");
     }
+    Ok(())
+}
+
+/// The Warning Event with `reason` on Ingress `name` in `default`, once it is posted.
+async fn warning_event(
+    stack: &hafleet_tests::stack::Stack,
+    name: &str,
+    reason: &str,
+) -> Result<Event> {
+    let events: Api<Event> = Api::namespaced(stack.kube.client().await?, "default");
+    let events = &events;
+    eventually(CONVERGE, &format!("{reason} event on ingress {name}"), || async move {
+        events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .ok_or_else(|| anyhow::anyhow!("no {reason} event for {name} yet"))
+    })
+    .await
+}
+
+/// A Service that stops being reachable through its NodePort takes its routes off that port
+/// (Kubernetes may give it to another Service) with an Event, and they come back with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_service_loses_its_node_port_is_withdrawn_with_an_event() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(stack.kube.client().await?, "default");
+    let node_port = services
+        .get("web")
+        .await?
+        .spec
+        .and_then(|s| s.ports)
+        .and_then(|p| p.first().and_then(|p| p.node_port))
+        .ok_or_else(|| anyhow::anyhow!("web has no nodePort"))?;
+    let ports = |node_port: Option<i32>| {
+        let mut port =
+            serde_json::json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80});
+        if let Some(n) = node_port {
+            port["nodePort"] = n.into();
+        }
+        serde_json::json!([port])
+    };
+
+    let cluster_ip = serde_json::json!({"spec": {"type": "ClusterIP", "ports": ports(None)}});
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&cluster_ip)).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 503, "").await?;
+    for h in &stack.hosts {
+        let live = h.live_config();
+        assert!(!live.contains(&format!(":{node_port}")), "{node_port} still routed\n{live}");
+    }
+    let event = warning_event(stack, "shop", "RouteWithdrawn").await?;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("default/web is of type ClusterIP") && note.contains("503"), "{note}");
+
+    let back = serde_json::json!({"spec": {"type": "NodePort", "ports": ports(Some(node_port))}});
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&back)).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
     Ok(())
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Routes go to Ready nodes' InternalIP at the Service's NodePort (kube-proxy takes it from
 //! there). A route names the NodePort; the nodes are resolved apart ([`ready_nodes`]) and
-//! published once for every route. A Service that does not exist yet resolves to no NodePort
-//! (HAProxy answers 503 until it appears); a Service without NodePorts is an error, because no
-//! node could ever serve it.
+//! published once for every route. A Service that does not exist, or that has no NodePort
+//! for the port (not NodePort or LoadBalancer, the port or its nodePort gone), resolves to no
+//! NodePort: HAProxy answers 503 until that is fixed, and the route never stays on a NodePort
+//! Kubernetes may have given to another Service.
 
 use hafleet_proto::{
     Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName, PathKind,
@@ -33,7 +34,7 @@ pub struct Resolved {
     pub resource_version: String,
     pub routes: Vec<Route>,
     /// Things worth telling the Ingress's owner that do not stop it from being routed.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 /// Why an Ingress is not routed.
@@ -251,11 +252,24 @@ pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAdd
     ready
 }
 
+/// Something worth telling an Ingress's owner that does not stop it from being routed: the
+/// reason of its Warning Event and the note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// The Service port behind an Ingress backend. A route whose Service is missing, or cannot be
+/// reached through a NodePort (not NodePort or LoadBalancer, or without that port or its
+/// nodePort), goes to no NodePort at all, so HAProxy answers 503: routing on to the NodePort it
+/// had could reach whatever Service Kubernetes gives that port next. Only what is wrong with
+/// the Ingress itself is an `Err`, which refuses the Ingress (it keeps its published routes).
 fn backend(
     namespace: &str,
     backend: &IngressBackend,
     (services, endpoints): (&Services, Option<&Endpoints>),
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Backend, String> {
     if backend.resource.is_some() {
         return Err("resource backends are not supported; use a Service".into());
@@ -264,40 +278,36 @@ fn backend(
     let name = ObjectName::new(svc.name.as_str()).map_err(|e| e.to_string())?;
     let ns = Namespace::new(namespace).map_err(|e| e.to_string())?;
     let port = svc.port.as_ref().ok_or("service.port is missing")?;
-    let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
-        warnings.push(format!("service {namespace}/{name} does not exist; requests get 503"));
-        let port = port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
-        return Ok(Backend {
-            service: ServiceRef { namespace: ns, name, port },
-            node_port: None,
-            servers: vec![],
-            traffic_policy: TrafficPolicy::Cluster,
-            endpoint_nodes: None,
-        });
+    let no_node_port = |name: ObjectName, ns: Namespace| Backend {
+        service: ServiceRef {
+            namespace: ns,
+            name,
+            port: port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0),
+        },
+        node_port: None,
+        servers: vec![],
+        traffic_policy: TrafficPolicy::Cluster,
+        endpoint_nodes: None,
     };
-    let spec = service.spec.as_ref().ok_or("service has no spec")?;
-    let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if kind != "NodePort" && kind != "LoadBalancer" {
-        return Err(format!(
-            "service {namespace}/{name} is of type {kind}; hafleet routes to NodePorts, so it \
-             must be NodePort or LoadBalancer"
-        ));
-    }
-    let ports = spec.ports.as_deref().unwrap_or_default();
-    let found = match (&port.number, &port.name) {
-        (Some(n), _) => ports.iter().find(|p| p.port == *n),
-        (None, Some(pname)) => ports.iter().find(|p| p.name.as_deref() == Some(pname.as_str())),
-        (None, None) => None,
-    }
-    .ok_or_else(|| format!("service {namespace}/{name} has no port {port:?}"))?;
-    let node_port = found
-        .node_port
-        .and_then(|p| u16::try_from(p).ok())
-        .ok_or_else(|| format!("service {namespace}/{name} port {} has no nodePort", found.port))?;
-    let service_port = u16::try_from(found.port).map_err(|_| "service port out of range")?;
-    let traffic_policy = match spec.external_traffic_policy.as_deref() {
-        Some("Local") => TrafficPolicy::Local,
-        _ => TrafficPolicy::Cluster,
+    let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
+        warnings.push(Warning {
+            reason: "BackendMissing",
+            note: format!("service {namespace}/{name} does not exist; requests get 503"),
+        });
+        return Ok(no_node_port(name, ns));
+    };
+    let (service_port, node_port, traffic_policy) = match node_port_of(service, port) {
+        Ok(found) => found,
+        Err(why) => {
+            warnings.push(Warning {
+                reason: "RouteWithdrawn",
+                note: format!(
+                    "service {namespace}/{name} {why}; hafleet routes to NodePorts, so its \
+                     routes get no traffic (503) until it has one"
+                ),
+            });
+            return Ok(no_node_port(name, ns));
+        }
     };
     // A Local Service's NodePort forwards only on nodes with an endpoint of their own (kube-proxy
     // drops its traffic on the others): the route names those nodes, when they can be known.
@@ -310,10 +320,13 @@ fn backend(
                 .filter_map(|n| ObjectName::new(n.as_str()).ok())
                 .collect();
             if on.is_empty() {
-                warnings.push(format!(
-                    "service {namespace}/{name} has externalTrafficPolicy Local and no ready \
-                     endpoint on any node; requests get 503"
-                ));
+                warnings.push(Warning {
+                    reason: "NoReadyEndpoint",
+                    note: format!(
+                        "service {namespace}/{name} has externalTrafficPolicy Local and no ready \
+                         endpoint on any node; requests get 503"
+                    ),
+                });
             }
             Some(on)
         }
@@ -326,6 +339,37 @@ fn backend(
         traffic_policy,
         endpoint_nodes,
     })
+}
+
+/// The Service's port that `port` names, its NodePort and its traffic policy, or what keeps
+/// the Service from being reached through a NodePort (completing "service ns/name …").
+fn node_port_of(
+    service: &Service,
+    port: &k8s_openapi::api::networking::v1::ServiceBackendPort,
+) -> Result<(u16, u16, TrafficPolicy), String> {
+    let spec = service.spec.as_ref().ok_or("has no spec")?;
+    let kind = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if kind != "NodePort" && kind != "LoadBalancer" {
+        return Err(format!("is of type {kind}, not NodePort or LoadBalancer"));
+    }
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let found = match (&port.number, &port.name) {
+        (Some(n), _) => ports.iter().find(|p| p.port == *n),
+        (None, Some(pname)) => ports.iter().find(|p| p.name.as_deref() == Some(pname.as_str())),
+        (None, None) => None,
+    };
+    let named = port.number.map(|n| n.to_string()).or_else(|| port.name.clone());
+    let found = found.ok_or_else(|| format!("has no port {}", named.unwrap_or_default()))?;
+    let node_port = found
+        .node_port
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| format!("port {} has no nodePort", found.port))?;
+    let service_port = u16::try_from(found.port).map_err(|_| "port is out of range")?;
+    let traffic_policy = match spec.external_traffic_policy.as_deref() {
+        Some("Local") => TrafficPolicy::Local,
+        _ => TrafficPolicy::Cluster,
+    };
+    Ok((service_port, node_port, traffic_policy))
 }
 
 #[cfg(test)]
@@ -409,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn injection_attempts_and_clusterip_services_are_refused_with_reasons() {
+    fn injection_attempts_are_refused_with_reasons() {
         let s = services("NodePort");
         let Err(Refused::Invalid(why)) =
             resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s, None)
@@ -422,12 +466,6 @@ mod tests {
             panic!("a host with a brace must be refused")
         };
         assert!(why[0].starts_with("rules[0].host"), "{why:?}");
-        let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/"), None, &services("ClusterIP"), None)
-        else {
-            panic!("ClusterIP cannot be routed")
-        };
-        assert!(why[0].contains("ClusterIP"), "{why:?}");
         let mut bad_fleet = web_ingress("a.com", "/");
         bad_fleet
             .metadata
@@ -488,13 +526,40 @@ mod tests {
         // No slice: no node serves it, and the owner is told.
         let r = resolve(&web_ingress("a.com", "/"), None, &s, Some(&Endpoints::new())).unwrap();
         assert_eq!(r.routes[0].backend.endpoint_nodes, Some(vec![]));
-        assert!(r.warnings[0].contains("no ready endpoint"), "{:?}", r.warnings);
+        assert_eq!(r.warnings[0].reason, "NoReadyEndpoint");
+        assert!(r.warnings[0].note.contains("no ready endpoint"), "{:?}", r.warnings);
         // EndpointSlices not served: unknown, every node (as before).
         let r = resolve(&web_ingress("a.com", "/"), None, &s, None).unwrap();
         assert_eq!(r.routes[0].backend.endpoint_nodes, None);
         // A Cluster Service does not name endpoints: every node forwards.
         let r = resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), Some(&eps));
         assert_eq!(r.unwrap().routes[0].backend.endpoint_nodes, None);
+    }
+
+    /// A route must never stay on a NodePort its Service no longer has: Kubernetes may give
+    /// that port to another Service.
+    #[test]
+    fn a_service_that_cannot_be_reached_through_a_node_port_withdraws_the_route() {
+        let with_spec = |spec: serde_json::Value| -> Services {
+            let svc: Service = serde_json::from_value(
+                json!({"metadata": {"name": "web", "namespace": "shop"}, "spec": spec}),
+            )
+            .unwrap();
+            [(("shop".to_owned(), "web".to_owned()), svc)].into()
+        };
+        for (spec, why) in [
+            (json!({"type": "ClusterIP", "ports": [{"port": 80}]}), "is of type ClusterIP"),
+            (json!({"type": "NodePort", "ports": [{"port": 81, "nodePort": 30081}]}), "no port 80"),
+            (json!({"type": "NodePort", "ports": [{"port": 80}]}), "port 80 has no nodePort"),
+        ] {
+            let r = resolve(&web_ingress("a.com", "/"), None, &with_spec(spec), None).unwrap();
+            let b = &r.routes[0].backend;
+            assert_eq!((b.node_port, b.service.port), (None, 80), "{why}");
+            assert_eq!(r.warnings.len(), 1, "{why}");
+            assert_eq!(r.warnings[0].reason, "RouteWithdrawn");
+            assert!(r.warnings[0].note.contains(why), "{}", r.warnings[0].note);
+            assert!(r.warnings[0].note.contains("503"), "{}", r.warnings[0].note);
+        }
     }
 
     #[test]

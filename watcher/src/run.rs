@@ -208,9 +208,9 @@ async fn sync(
             }
             Ok(r) => {
                 for w in &r.warnings {
-                    if state.warned.insert((r.key.clone(), rv.clone(), w.clone())) {
-                        warn!(ingress = %r.key, warning = %w, "ingress routed with a caveat");
-                        warnings.warn(&ing, "BackendMissing", w.clone()).await;
+                    if state.warned.insert((r.key.clone(), rv.clone(), w.note.clone())) {
+                        warn!(ingress = %r.key, reason = w.reason, warning = %w.note, "ingress routed with a caveat");
+                        warnings.warn(&ing, w.reason, w.note.clone()).await;
                     }
                 }
                 desired.insert(r.key.clone(), Desired::Routed(r));
