@@ -79,7 +79,17 @@ async fn warning_event(
     name: &str,
     reason: &str,
 ) -> Result<Event> {
-    let events: Api<Event> = Api::namespaced(stack.kube.client().await?, "default");
+    warning_event_in(stack, "default", name, reason).await
+}
+
+/// [`warning_event`] in namespace `ns`.
+async fn warning_event_in(
+    stack: &hafleet_tests::stack::Stack,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> Result<Event> {
+    let events: Api<Event> = Api::namespaced(stack.kube.client().await?, ns);
     let events = &events;
     eventually(CONVERGE, &format!("{reason} event on ingress {name}"), || async move {
         events
@@ -95,6 +105,52 @@ async fn warning_event(
             .ok_or_else(|| anyhow::anyhow!("no {reason} event for {name} yet"))
     })
     .await
+}
+
+/// A host belongs to the namespace of the oldest Ingress that routes it: another namespace's
+/// Ingress cannot take a path of it until the owner shares the host, and the loser of a
+/// same-namespace conflict is told who won.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_belong_to_the_oldest_ingress_s_namespace_and_losers_are_told() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(stack, "shop.example.com", "/admin", 200, "web@").await?;
+
+    // team-b claims shop.example.com/admin, for a Service it does not even have: were the
+    // route taken, /admin would answer 503.
+    let client = stack.kube.client().await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let team_b = serde_json::from_value(serde_json::json!({"metadata": {"name": "team-b"}}))?;
+    namespaces.create(&kube::api::PostParams::default(), &team_b).await?;
+    let foreign: Api<Ingress> = Api::namespaced(client, "team-b");
+    let thief = crate::ingress("thief", Some("edge"), "shop.example.com", "/admin", "missing");
+    foreign.create(&kube::api::PostParams::default(), &thief).await?;
+    let event = warning_event_in(stack, "team-b", "thief", "HostTaken").await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("host shop.example.com on fleet edge belongs to namespace default"),
+        "{note}"
+    );
+    expect_everywhere(stack, "shop.example.com", "/admin", 200, "web@").await?;
+
+    // The owner shares the host with team-b: its route goes live (503: no such Service).
+    let share =
+        serde_json::json!({"metadata": {"annotations": {"hafleet.io/share-hosts-with": "team-b"}}});
+    world.ingresses.patch("shop", &PatchParams::default(), &Patch::Merge(&share)).await?;
+    expect_everywhere(stack, "shop.example.com", "/admin", 503, "").await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // A younger Ingress of the owner's namespace on the same host and path loses, and is told.
+    world.route("copy", "shop.example.com", "/", "api").await?;
+    let event = warning_event(stack, "copy", "PathTaken").await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("shop.example.com/ (Prefix) is already routed by default/shop"),
+        "{note}"
+    );
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+    Ok(())
 }
 
 /// A Service that stops being reachable through its NodePort takes its routes off that port

@@ -89,6 +89,7 @@ mod tests {
             resource_version: "1".into(),
             routes: vec![route; n_routes],
             warnings: vec![],
+            sharing: Default::default(),
         }
     }
 

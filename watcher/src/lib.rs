@@ -1,13 +1,15 @@
 //! hafleet-watcher: watches annotated Ingresses and the Services and Nodes they route to, and
 //! publishes each Ingress's fully resolved routes for its fleet.
 //!
-//! Pure decisions: [`resolve`] (objects → validated routes) and [`index`] (what to publish).
+//! Pure decisions: [`resolve`] (objects → validated routes), [`tenancy`] (hosts kept to their
+//! namespace, conflicts told to the loser) and [`index`] (what to publish).
 //! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
 pub mod index;
 pub mod kube;
 pub mod resolve;
 pub mod run;
+pub mod tenancy;
 
 use clap::Parser;
 

@@ -35,6 +35,9 @@ pub struct Resolved {
     pub routes: Vec<Route>,
     /// Things worth telling the Ingress's owner that do not stop it from being routed.
     pub warnings: Vec<Warning>,
+    /// Which other namespaces may route the hosts this Ingress's namespace owns
+    /// ([`crate::tenancy::SHARE_ANNOTATION`]).
+    pub sharing: crate::tenancy::Sharing,
 }
 
 /// Why an Ingress is not routed.
@@ -157,6 +160,15 @@ pub fn resolve(
         .map_err(|e| errors.push(e.to_string()))
         .ok();
 
+    let sharing = match annotations.and_then(|a| a.get(crate::tenancy::SHARE_ANNOTATION)) {
+        None => crate::tenancy::Sharing::Nobody,
+        Some(value) => crate::tenancy::Sharing::parse(value)
+            .map_err(|e| {
+                errors.push(format!("annotation {}: {e}", crate::tenancy::SHARE_ANNOTATION))
+            })
+            .unwrap_or_default(),
+    };
+
     let mut routes = Vec::new();
     let spec = ingress.spec.as_ref();
     let rules = spec.and_then(|s| s.rules.as_deref()).unwrap_or_default();
@@ -214,6 +226,7 @@ pub fn resolve(
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             routes,
             warnings,
+            sharing,
         }),
         _ => Err(Refused::Invalid(errors)),
     }

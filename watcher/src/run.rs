@@ -14,6 +14,7 @@
 use crate::index::{self, Action, Desired, Published};
 use crate::kube::{self as kube_adapter, Caches, Warnings};
 use crate::resolve::{self, Refused, Services};
+use crate::tenancy;
 use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{
@@ -42,6 +43,12 @@ pub struct RunArgs {
     /// change is resolved after this, not after --debounce-ms.
     #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
     pub quiet_ms: u64,
+    /// Let any namespace route any host. By default a host belongs, on each fleet, to the
+    /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
+    /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
+    /// its `hafleet.io/share-hosts-with` annotation (or `*`). For single-tenant clusters.
+    #[arg(long, env = "HAFLEET_SHARE_HOSTS_ACROSS_NAMESPACES")]
+    pub share_hosts_across_namespaces: bool,
     /// Seconds between re-resolving everything from the caches even without changes, which
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
@@ -181,6 +188,8 @@ async fn sync(
     let mut desired = BTreeMap::new();
     // (Ingress, resourceVersion) of every Ingress that exists now.
     let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
+    // The routed Ingresses' objects, to post Events on once tenants are kept apart.
+    let mut objects = BTreeMap::new();
     for ing in caches.ingresses.state() {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
         let name = ing.metadata.name.as_deref().unwrap_or_default();
@@ -207,12 +216,7 @@ async fn sync(
                 desired.insert(r.key.clone(), Desired::Keep);
             }
             Ok(r) => {
-                for w in &r.warnings {
-                    if state.warned.insert((r.key.clone(), rv.clone(), w.note.clone())) {
-                        warn!(ingress = %r.key, reason = w.reason, warning = %w.note, "ingress routed with a caveat");
-                        warnings.warn(&ing, w.reason, w.note.clone()).await;
-                    }
-                }
+                objects.insert(r.key.clone(), (ing.clone(), rv));
                 desired.insert(r.key.clone(), Desired::Routed(r));
             }
             Err(Refused::NotSelected) => {}
@@ -227,6 +231,27 @@ async fn sync(
                     warnings.warn(&ing, "InvalidIngress", note).await;
                 }
                 desired.insert(key, Desired::Keep);
+            }
+        }
+    }
+    // Hosts kept to the namespace that owns them; the losers of conflicts told.
+    let mut routed: Vec<&mut resolve::Resolved> = desired
+        .values_mut()
+        .filter_map(|d| match d {
+            Desired::Routed(r) => Some(r),
+            Desired::Keep => None,
+        })
+        .collect();
+    let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
+    for r in routed {
+        told.entry(r.key.clone()).or_default().splice(0..0, r.warnings.iter().cloned());
+    }
+    for (key, said) in told {
+        let Some((ing, rv)) = objects.get(&key) else { continue };
+        for w in said {
+            if state.warned.insert((key.clone(), rv.clone(), w.note.clone())) {
+                warn!(ingress = %key, reason = w.reason, warning = %w.note, "ingress routed with a caveat");
+                warnings.warn(ing, w.reason, w.note).await;
             }
         }
     }

@@ -1,0 +1,257 @@
+//! Tenants kept apart. Pure: the routes every Ingress resolved to in, the routes each may keep
+//! and what to tell the others out.
+//!
+//! - **Hosts belong to namespaces.** On each fleet, a host belongs to the namespace of the
+//!   oldest Ingress that routes it (creationTimestamp, then namespace/name: the same order the
+//!   renderer settles conflicts in). Another namespace's routes for that host are dropped, and
+//!   that Ingress is told (`HostTaken`), unless an Ingress of the owning namespace that routes
+//!   the host lists the other namespace in `hafleet.io/share-hosts-with` (or `*`). Rules
+//!   without a host match every host, so they are owned the same way, as one more host: one
+//!   namespace cannot catch another's traffic with a host-less rule. A wildcard host is a host
+//!   of its own (`*.example.com` is not `shop.example.com`).
+//! - **The loser of a conflict is told.** Two routes of one fleet with the same host, path and
+//!   match kind: the older Ingress's wins (the renderer routes it), and the other Ingress gets a
+//!   `PathTaken` Warning naming the winner.
+//!
+//! Dropping routes from the message, rather than refusing the Ingress, withdraws them even from
+//! an Ingress that routed the host before the owner appeared, and keeps its other hosts routed.
+
+use crate::resolve::{Resolved, Warning};
+use hafleet_proto::{FleetName, IngressKey, PathKind};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The annotation with which a host's owning namespace lets other namespaces route it: a
+/// comma-separated list of namespaces, or `*` for every namespace.
+pub const SHARE_ANNOTATION: &str = "hafleet.io/share-hosts-with";
+
+/// Which namespaces an Ingress lets route the hosts its namespace owns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Sharing {
+    #[default]
+    Nobody,
+    Namespaces(BTreeSet<String>),
+    Everyone,
+}
+
+impl Sharing {
+    /// Parses the annotation's value: namespaces (RFC 1123 labels) separated by commas, or `*`.
+    pub fn parse(value: &str) -> Result<Sharing, String> {
+        if value.trim() == "*" {
+            return Ok(Sharing::Everyone);
+        }
+        let mut namespaces = BTreeSet::new();
+        for ns in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
+            namespaces.insert(ns.to_owned());
+        }
+        Ok(Sharing::Namespaces(namespaces))
+    }
+
+    fn allows(&self, namespace: &str) -> bool {
+        match self {
+            Sharing::Nobody => false,
+            Sharing::Namespaces(ns) => ns.contains(namespace),
+            Sharing::Everyone => true,
+        }
+    }
+}
+
+/// A route's host as ownership sees it: `""` for a rule without a host.
+fn host_of(route: &hafleet_proto::Route) -> &str {
+    route.host.as_ref().map_or("", |h| h.as_str())
+}
+
+/// With `namespaces_own_hosts`, drops from each Ingress of `routed` the routes for hosts
+/// another namespace owns and does not share; returns what to tell each Ingress (the routes
+/// dropped, and the conflicts it lost).
+pub fn keep_apart(
+    routed: &mut [&mut Resolved],
+    namespaces_own_hosts: bool,
+) -> BTreeMap<IngressKey, Vec<Warning>> {
+    let mut warnings: BTreeMap<IngressKey, Vec<Warning>> = BTreeMap::new();
+    // Oldest first: the first to claim a host owns it, the first to claim a path wins it.
+    routed.sort_by(|a, b| (a.created_unix, &a.key).cmp(&(b.created_unix, &b.key)));
+
+    // (fleet, host) → owning Ingress (the oldest that routes it).
+    let mut owners: BTreeMap<(FleetName, String), IngressKey> = BTreeMap::new();
+    for r in routed.iter() {
+        for route in &r.routes {
+            owners.entry((r.fleet.clone(), host_of(route).to_owned())).or_insert(r.key.clone());
+        }
+    }
+    // (fleet, host) → whom the owning namespace's Ingresses that route it share it with.
+    let mut shared: BTreeMap<(FleetName, String), Vec<Sharing>> = BTreeMap::new();
+    for r in routed.iter() {
+        for route in &r.routes {
+            let at = (r.fleet.clone(), host_of(route).to_owned());
+            if owners.get(&at).is_some_and(|o| o.namespace == r.key.namespace) {
+                shared.entry(at).or_default().push(r.sharing.clone());
+            }
+        }
+    }
+
+    let mut claims: BTreeMap<(FleetName, String, String, PathKind), IngressKey> = BTreeMap::new();
+    for r in routed.iter_mut() {
+        let mut taken: BTreeMap<String, IngressKey> = BTreeMap::new();
+        let key = r.key.clone();
+        let fleet = r.fleet.clone();
+        r.routes.retain(|route| {
+            let at = (fleet.clone(), host_of(route).to_owned());
+            let Some(owner) = owners.get(&at) else { return true };
+            let allowed = !namespaces_own_hosts
+                || owner.namespace == key.namespace
+                || shared
+                    .get(&at)
+                    .is_some_and(|s| s.iter().any(|s| s.allows(key.namespace.as_str())));
+            if !allowed {
+                taken.insert(at.1, owner.clone());
+            }
+            allowed
+        });
+        for (host, owner) in taken {
+            let (what, verb) = match host.is_empty() {
+                true => ("rules without a host".to_owned(), "belong"),
+                false => (format!("host {host}"), "belongs"),
+            };
+            warnings.entry(key.clone()).or_default().push(Warning {
+                reason: "HostTaken",
+                note: format!(
+                    "{what} on fleet {fleet} {verb} to namespace {} (Ingress {owner} is the \
+                     oldest that routes it); these routes are ignored unless an Ingress of {} \
+                     that routes it lists {} in {SHARE_ANNOTATION}",
+                    owner.namespace, owner.namespace, key.namespace
+                ),
+            });
+        }
+        for route in &r.routes {
+            let path = match route.kind {
+                PathKind::Prefix => route.path.trimmed().as_str().to_owned(),
+                PathKind::Exact => route.path.as_str().to_owned(),
+            };
+            let claim = (fleet.clone(), host_of(route).to_owned(), path, route.kind);
+            match claims.get(&claim) {
+                None => {
+                    claims.insert(claim, key.clone());
+                }
+                Some(winner) if *winner != key => {
+                    let host = if claim.1.is_empty() { "*" } else { claim.1.as_str() };
+                    warnings.entry(key.clone()).or_default().push(Warning {
+                        reason: "PathTaken",
+                        note: format!(
+                            "{host}{} ({:?}) is already routed by {winner}, an older Ingress; \
+                             this route is ignored while it does",
+                            claim.2, route.kind
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolve::tests_support::route;
+    use hafleet_proto::{HttpHost, HttpPath};
+
+    fn ingress(ns: &str, name: &str, created: i64, hosts: &[Option<&str>]) -> Resolved {
+        Resolved {
+            fleet: FleetName::new("edge").unwrap(),
+            key: IngressKey::new(ns, name).unwrap(),
+            created_unix: created,
+            resource_version: "1".into(),
+            routes: hosts
+                .iter()
+                .map(|h| {
+                    let mut r = route();
+                    r.host = h.map(|h| HttpHost::new(h).unwrap());
+                    r
+                })
+                .collect(),
+            warnings: vec![],
+            sharing: Sharing::Nobody,
+        }
+    }
+
+    fn hosts(r: &Resolved) -> Vec<&str> {
+        r.routes.iter().map(host_of).collect()
+    }
+
+    #[test]
+    fn a_host_belongs_to_the_oldest_ingress_s_namespace_and_others_are_dropped_and_told() {
+        let mut owner = ingress("team-a", "shop", 10, &[Some("shop.com")]);
+        let mut same_ns = ingress("team-a", "shop-api", 30, &[Some("shop.com")]);
+        let mut thief = ingress("team-b", "steal", 20, &[Some("shop.com"), Some("b.com"), None]);
+        let mut catch_all = ingress("team-c", "all", 5, &[None]);
+        let warnings =
+            keep_apart(&mut [&mut thief, &mut owner, &mut same_ns, &mut catch_all], true);
+        assert_eq!(hosts(&owner), ["shop.com"]);
+        assert_eq!(hosts(&thief), ["b.com"], "its own host stays; shop.com and host-less go");
+        assert_eq!(hosts(&catch_all), [""], "the oldest host-less rule's namespace owns those");
+        let told = &warnings[&thief.key];
+        assert!(told.iter().all(|w| w.reason == "HostTaken"), "{told:?}");
+        assert!(
+            told.iter().any(|w| w
+                .note
+                .contains("host shop.com on fleet edge belongs to namespace team-a")),
+            "{told:?}"
+        );
+        assert!(
+            told.iter().any(|w| w
+                .note
+                .contains("rules without a host on fleet edge belong to namespace team-c")),
+            "{told:?}"
+        );
+        // The same namespace may route the host; its duplicate path loses to the older one.
+        assert_eq!(hosts(&same_ns), ["shop.com"]);
+        let lost = &warnings[&same_ns.key];
+        assert_eq!(lost.len(), 1, "{lost:?}");
+        assert_eq!(lost[0].reason, "PathTaken");
+        assert!(
+            lost[0].note.contains("shop.com/ (Prefix) is already routed by team-a/shop"),
+            "{}",
+            lost[0].note
+        );
+        assert!(!warnings.contains_key(&owner.key));
+    }
+
+    #[test]
+    fn the_owner_may_share_a_host_with_named_namespaces_or_everyone() {
+        let mut owner = ingress("team-a", "shop", 10, &[Some("shop.com")]);
+        owner.sharing = Sharing::parse("team-b, team-x").unwrap();
+        let mut b = ingress("team-b", "b", 20, &[Some("shop.com")]);
+        let mut c = ingress("team-c", "c", 30, &[Some("shop.com")]);
+        b.routes[0].path = HttpPath::new("/b").unwrap();
+        c.routes[0].path = HttpPath::new("/c").unwrap();
+        let warnings = keep_apart(&mut [&mut owner, &mut b, &mut c], true);
+        assert_eq!(hosts(&b), ["shop.com"]);
+        assert!(hosts(&c).is_empty());
+        assert!(!warnings.contains_key(&b.key));
+        assert_eq!(warnings[&c.key][0].reason, "HostTaken");
+        owner.sharing = Sharing::parse("*").unwrap();
+        let mut c = ingress("team-c", "c", 30, &[Some("shop.com")]);
+        keep_apart(&mut [&mut owner, &mut c], true);
+        assert_eq!(hosts(&c), ["shop.com"]);
+        assert!(Sharing::parse("Team-B").is_err());
+        assert!(Sharing::parse("a;b").is_err());
+    }
+
+    #[test]
+    fn fleets_and_wildcards_are_owned_apart() {
+        let mut a = ingress("team-a", "a", 10, &[Some("shop.com"), Some("*.shop.com")]);
+        let mut b = ingress("team-b", "b", 20, &[Some("x.shop.com")]);
+        let mut other_fleet = ingress("team-c", "c", 30, &[Some("shop.com")]);
+        other_fleet.fleet = FleetName::new("core").unwrap();
+        let warnings = keep_apart(&mut [&mut a, &mut b, &mut other_fleet], true);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let mut thief = ingress("team-b", "t", 40, &[Some("shop.com")]);
+        keep_apart(&mut [&mut a, &mut thief], false);
+        assert_eq!(hosts(&thief), ["shop.com"], "single-tenant: any namespace routes any host");
+        assert_eq!(hosts(&b), ["x.shop.com"], "an exact host is not its wildcard");
+        assert_eq!(hosts(&other_fleet), ["shop.com"], "hosts are owned per fleet");
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+}
