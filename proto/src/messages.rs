@@ -2,7 +2,9 @@
 //! understand; all of them round-trip through JSON unchanged.
 
 use crate::bundle::{Bundle, BundleError};
-use crate::values::{FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName, PathKind};
+use crate::values::{
+    Cidr, CookieName, FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName, PathKind,
+};
 use crate::{InvalidValue, SCHEMA_VERSION};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -95,6 +97,74 @@ pub struct Backend {
     /// serves no EndpointSlices, or messages of earlier watchers): every node, as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_nodes: Option<Vec<ObjectName>>,
+    /// How HAProxy treats this Ingress's traffic to the Service (its `hafleet.io/`
+    /// annotations). Backends with other options are other HAProxy backends.
+    #[serde(default, skip_serializing_if = "BackendOptions::is_default")]
+    pub options: BackendOptions,
+}
+
+/// HAProxy's load-balancing algorithm for a backend (`hafleet.io/balance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balance {
+    Roundrobin,
+    StaticRr,
+    Leastconn,
+    First,
+    Source,
+    Random,
+}
+
+impl Balance {
+    /// Every algorithm, as HAProxy and the annotation spell it.
+    pub const ALL: [(&'static str, Balance); 6] = [
+        ("roundrobin", Balance::Roundrobin),
+        ("static-rr", Balance::StaticRr),
+        ("leastconn", Balance::Leastconn),
+        ("first", Balance::First),
+        ("source", Balance::Source),
+        ("random", Balance::Random),
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        Balance::ALL.iter().find(|(_, b)| b == self).map(|(s, _)| *s).unwrap_or("roundrobin")
+    }
+}
+
+/// Per-Ingress settings of the backends its routes go to, from its `hafleet.io/` annotations.
+/// Every field is validated where it is read; absent means HAProxy's (or the template's)
+/// default. Durations are in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BackendOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<Balance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_connect_ms: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_server_ms: Option<u32>,
+    /// `option httpchk GET <path>` for servers that check themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_path: Option<HttpPath>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_interval_ms: Option<u32>,
+    /// Stickiness: HAProxy inserts this cookie naming the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky_cookie: Option<CookieName>,
+    /// Only these source networks are served; others get 403. Empty: everyone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_source: Vec<Cidr>,
+    /// Plain-HTTP requests are redirected to HTTPS (308).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ssl_redirect: bool,
+    /// Most concurrent connections per server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_conn: Option<u32>,
+}
+
+impl BackendOptions {
+    pub fn is_default(&self) -> bool {
+        *self == BackendOptions::default()
+    }
 }
 
 /// How a Service's NodePort forwards (`spec.externalTrafficPolicy`).
@@ -374,6 +444,7 @@ mod tests {
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
                 endpoint_nodes: None,
+                options: Default::default(),
             },
         }
     }

@@ -160,6 +160,60 @@ validated_string!(
 );
 
 validated_string!(
+    /// A cookie name HAProxy inserts for stickiness: 1 to 64 ASCII letters, digits, `-` or `_`
+    /// (a subset of RFC 6265's token).
+    CookieName,
+    "cookie name",
+    |what, value| {
+        check_len(what, value, 64)?;
+        if !value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(rule(what, value, "only letters, digits, '-' and '_'"));
+        }
+        Ok(())
+    }
+);
+
+validated_string!(
+    /// A source network: an IPv4 or IPv6 address, or one with a prefix length (`10.0.0.0/8`,
+    /// `2001:db8::/32`), written back in canonical form so equal networks compare equal.
+    Cidr,
+    "source network",
+    |what, value| match parse_cidr(value) {
+        Some(canonical) if canonical == value => Ok(()),
+        Some(_) => Err(rule(what, value, "must be written in canonical form (use Cidr::parse)")),
+        None => Err(rule(what, value, "must be an IP address or address/prefix-length")),
+    }
+);
+
+/// `value` as `address/prefix` with the address canonical, or `None` if it is not a network.
+fn parse_cidr(value: &str) -> Option<String> {
+    let (addr, len) = match value.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (value, None),
+    };
+    let addr: std::net::IpAddr = addr.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len: u8 = match len {
+        Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) && l.len() <= 3 => {
+            l.parse().ok()?
+        }
+        Some(_) => return None,
+        None => max,
+    };
+    (len <= max).then(|| format!("{addr}/{len}"))
+}
+
+impl Cidr {
+    /// Reads a network as users write it (`10.0.0.0/8`, `192.168.1.1`, `2001:DB8::/32`).
+    pub fn parse(value: &str) -> Result<Cidr, InvalidValue> {
+        let canonical = parse_cidr(value.trim()).ok_or_else(|| {
+            rule("source network", value, "must be an IP address or address/prefix-length")
+        })?;
+        Cidr::new(canonical)
+    }
+}
+
+validated_string!(
     /// An HTTP path an Ingress rule matches. Starts with `/`; characters limited to RFC 3986
     /// unreserved characters, `/`, a few inert sub-delimiters (`+ , ; = : @ !`) and `%` followed
     /// by two hex digits. Nothing HAProxy's config parser treats specially.
@@ -285,6 +339,23 @@ mod tests {
             "ex$ample",
         ] {
             assert!(HttpHost::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn networks_are_read_as_users_write_them_and_kept_canonical() {
+        assert_eq!(Cidr::parse("10.0.0.0/8").unwrap().as_str(), "10.0.0.0/8");
+        assert_eq!(Cidr::parse(" 192.168.1.7 ").unwrap().as_str(), "192.168.1.7/32");
+        assert_eq!(Cidr::parse("2001:DB8::/32").unwrap().as_str(), "2001:db8::/32");
+        for bad in
+            ["", "10.0.0.0/33", "10.0.0/8", "x", "10.0.0.0/", "10.0.0.0/+8", "::/129", "1.2.3.4 }"]
+        {
+            assert!(Cidr::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Cidr::new("10.0.0.0/08").is_err(), "only canonical forms deserialize");
+        assert!(CookieName::new("SERVERID").is_ok());
+        for bad in ["", "a b", "a;b", "a=b", "x\n"] {
+            assert!(CookieName::new(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -54,6 +54,22 @@ pub struct BackendModel {
     /// `namespace/service:port`.
     pub service: String,
     pub servers: Vec<ServerModel>,
+    /// The Ingress's `hafleet.io/` settings, as HAProxy writes them. `None`, empty or `false`:
+    /// not set (the template's and HAProxy's defaults).
+    pub balance: Option<&'static str>,
+    pub timeout_connect: Option<String>,
+    pub timeout_server: Option<String>,
+    /// `option httpchk GET <path>`.
+    pub check_path: Option<String>,
+    pub check_interval: Option<String>,
+    /// Stickiness: the cookie HAProxy inserts; each server's value is its name.
+    pub cookie: Option<String>,
+    /// Only these source networks are served (403 for others); empty: everyone.
+    pub allow_source: Vec<String>,
+    /// Redirect plain-HTTP requests to HTTPS (308).
+    pub ssl_redirect: bool,
+    /// Most connections per server.
+    pub max_conn: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -68,10 +84,30 @@ pub struct ServerModel {
 /// HAProxy proxy name of the backend that health-checks nodes.
 pub const NODES_BACKEND: &str = "hafleet_nodes";
 
-/// HAProxy proxy name of a Service port. Kubernetes names never contain `_`, so the parts cannot
-/// run into each other.
-fn backend_name(s: &ServiceRef) -> String {
-    format!("be_{}_{}_{}", s.namespace, s.name, s.port)
+/// HAProxy proxy name of a Service port, and of the settings Ingresses route to it with:
+/// `be_<namespace>_<service>_<port>`, then, for settings other than the defaults, `_` and the
+/// first 8 hex digits of the sha256 of their JSON (each set of settings is its own HAProxy
+/// backend). Kubernetes names never contain `_`, so the parts cannot run into each other.
+fn backend_name(b: &Backend) -> String {
+    let s = &b.service;
+    match b.options.is_default() {
+        true => format!("be_{}_{}_{}", s.namespace, s.name, s.port),
+        false => {
+            let json = serde_json::to_vec(&b.options).unwrap_or_default();
+            let digest = hafleet_proto::sha256_hex(&json);
+            format!("be_{}_{}_{}_{}", s.namespace, s.name, s.port, &digest[..8])
+        }
+    }
+}
+
+/// A duration in milliseconds as HAProxy reads it, in the largest unit that divides it.
+fn duration(ms: u32) -> String {
+    match ms {
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
 }
 
 /// The default of `--servers-per-backend`.
@@ -272,9 +308,19 @@ fn backend_model(
     track: bool,
 ) -> BackendModel {
     let s = &backend.service;
+    let o = &backend.options;
     BackendModel {
         name,
         service: format!("{}/{}:{}", s.namespace, s.name, s.port),
+        balance: o.balance.map(|b| b.as_str()),
+        timeout_connect: o.timeout_connect_ms.map(duration),
+        timeout_server: o.timeout_server_ms.map(duration),
+        check_path: o.health_check_path.as_ref().map(|p| p.to_string()),
+        check_interval: o.health_check_interval_ms.map(duration),
+        cookie: o.sticky_cookie.as_ref().map(|c| c.to_string()),
+        allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
+        ssl_redirect: o.ssl_redirect,
+        max_conn: o.max_conn,
         servers: servers
             .iter()
             .map(|c| ServerModel {
@@ -413,7 +459,7 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
                     PathKind::Exact => "exact",
                     PathKind::Prefix => "prefix",
                 },
-                backend: backend_name(&route.backend.service),
+                backend: backend_name(&route.backend),
                 ingress: ingress.clone(),
                 key: String::new(),
             };
@@ -559,6 +605,7 @@ mod tests {
                 servers: vec![],
                 traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
                 endpoint_nodes: None,
+                options: Default::default(),
             },
         }
     }
@@ -633,6 +680,7 @@ mod tests {
             servers: vec![],
             traffic_policy: policy,
             endpoint_nodes: None,
+            options: Default::default(),
         }
     }
 

@@ -148,6 +148,16 @@ impl Renderer {
                     addr: "127.0.0.1:30080".into(),
                     track: None,
                 }],
+                // Every setting on, so that a macro that breaks on one is refused now too.
+                balance: Some("leastconn"),
+                timeout_connect: Some("5s".into()),
+                timeout_server: Some("1m".into()),
+                check_path: Some("/healthz".into()),
+                check_interval: Some("2s".into()),
+                cookie: Some("SRV".into()),
+                allow_source: vec!["10.0.0.0/8".into()],
+                ssl_redirect: true,
+                max_conn: Some(100),
             })],
             ..empty
         })?;
@@ -260,12 +270,34 @@ impl Object for BackendModel {
             "name" => Some(Value::from(self.name.as_str())),
             "service" => Some(Value::from(self.service.as_str())),
             "servers" => Some(Value::from_object(ServersOf(Arc::clone(self)))),
+            "balance" => Some(Value::from(self.balance)),
+            "timeout_connect" => Some(Value::from(self.timeout_connect.as_deref())),
+            "timeout_server" => Some(Value::from(self.timeout_server.as_deref())),
+            "check_path" => Some(Value::from(self.check_path.as_deref())),
+            "check_interval" => Some(Value::from(self.check_interval.as_deref())),
+            "cookie" => Some(Value::from(self.cookie.as_deref())),
+            "allow_source" => Some(Value::from_serialize(&self.allow_source)),
+            "ssl_redirect" => Some(Value::from(self.ssl_redirect)),
+            "max_conn" => Some(Value::from(self.max_conn)),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["name", "service", "servers"])
+        Enumerator::Str(&[
+            "name",
+            "service",
+            "servers",
+            "balance",
+            "timeout_connect",
+            "timeout_server",
+            "check_path",
+            "check_interval",
+            "cookie",
+            "allow_source",
+            "ssl_redirect",
+            "max_conn",
+        ])
     }
 }
 
@@ -361,6 +393,7 @@ mod tests {
                     servers: vec![],
                     traffic_policy: TrafficPolicy::Cluster,
                     endpoint_nodes: None,
+                    options: Default::default(),
                 };
                 let route = Route {
                     host: Some(HttpHost::new(format!("app-{i}.example.com")).unwrap()),

@@ -122,6 +122,30 @@ fn shop_fleet_with_node_health_checks() {
     assert_haproxy_accepts(&bundle);
 }
 
+/// One Service routed by two Ingresses: one with the defaults, one with every `hafleet.io/`
+/// setting. Each is its own HAProxy backend, and HAProxy accepts every setting's line.
+#[test]
+fn a_service_routed_with_and_without_settings() {
+    let bundle = render_fixture("options.json");
+    let text = snapshot_text(&bundle);
+    assert!(text.contains("backend be_shop_web_80\n"), "{text}");
+    let tuned = text.split("\nbackend be_shop_web_80_").nth(1).expect("a backend with settings");
+    for line in [
+        "http-request deny deny_status 403 unless { src 10.0.0.0/8 2001:db8::/32 }",
+        "http-request redirect scheme https code 308 unless { ssl_fc }",
+        "balance leastconn",
+        "timeout connect 500ms",
+        "timeout server 2m",
+        "option httpchk GET /healthz",
+        "cookie SRV insert indirect nocache",
+        "server node-a 10.1.0.1:30080 inter 5s maxconn 100 cookie node-a",
+    ] {
+        assert!(tuned.contains(line), "{line:?} missing\n{text}");
+    }
+    insta::assert_snapshot!(text);
+    assert_haproxy_accepts(&bundle);
+}
+
 #[test]
 fn empty_fleet() {
     let bundle = render_fixture("empty.json");

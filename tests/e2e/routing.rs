@@ -379,3 +379,85 @@ async fn cluster_services_list_a_bounded_subset_of_nodes_and_local_ones_their_en
     expect_everywhere(stack, "blog.example.com", "/", 200, "api@node-2").await?;
     Ok(())
 }
+
+/// Every `hafleet.io/` setting takes effect in HAProxy; an unknown key or a bad value is
+/// refused with an Event naming it, and the Ingress keeps its last good routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotations_set_haproxy_behaviour_and_a_bad_one_keeps_the_last_good_routes() -> Result<()>
+{
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let host = "tuned.example.com";
+    let mut ing = ingress("tuned", Some("edge"), host, "/", "web");
+    let settings = [
+        ("hafleet.io/balance", "leastconn"),
+        ("hafleet.io/timeout-connect", "3s"),
+        ("hafleet.io/timeout-server", "1m"),
+        ("hafleet.io/health-check-path", "/healthz"),
+        ("hafleet.io/health-check-interval", "3s"),
+        ("hafleet.io/sticky-cookie", "SRV"),
+        ("hafleet.io/max-conn", "50"),
+    ];
+    let annotations = ing.metadata.annotations.get_or_insert_default();
+    for (k, v) in settings {
+        annotations.insert(k.into(), v.into());
+    }
+    world.ingresses.create(&PostParams::default(), &ing).await?;
+    expect_everywhere(stack, host, "/", 200, "web@node-").await?;
+    for h in &stack.hosts {
+        let live = h.live_config();
+        for line in [
+            "balance leastconn",
+            "timeout connect 3s",
+            "timeout server 1m",
+            "option httpchk GET /healthz",
+            "cookie SRV insert indirect nocache",
+            " inter 3s maxconn 50 cookie node-",
+        ] {
+            assert!(live.contains(line), "{line:?} missing on {}\n{live}", h.name());
+        }
+        // Stickiness: HAProxy names the server in the cookie it sets.
+        let r = hafleet_tests::http_get_full(h.http_addr(), host, "/").await?;
+        let cookie = r.header("set-cookie").unwrap_or_default();
+        assert!(cookie.starts_with("SRV=node-"), "{r:?}");
+    }
+
+    // Only 10.0.0.0/8 may come in: this test's 127.x address gets 403; then it may again.
+    let patch = |k: &str, v: &str| {
+        let mut a = serde_json::Map::new();
+        a.insert(k.to_owned(), v.into());
+        serde_json::json!({"metadata": {"annotations": a}})
+    };
+    let set = |k: &'static str, v: &'static str| {
+        let ingresses = &world.ingresses;
+        let body = patch(k, v);
+        async move { ingresses.patch("tuned", &PatchParams::default(), &Patch::Merge(&body)).await }
+    };
+    set("hafleet.io/allow-source", "10.0.0.0/8").await?;
+    expect_everywhere(stack, host, "/", 403, "").await?;
+    set("hafleet.io/allow-source", "10.0.0.0/8, 127.0.0.0/8").await?;
+    expect_everywhere(stack, host, "/", 200, "web@node-").await?;
+
+    // Plain HTTP goes to HTTPS.
+    set("hafleet.io/ssl-redirect", "true").await?;
+    expect_everywhere(stack, host, "/x", 308, "").await?;
+    let r = hafleet_tests::http_get_full(stack.hosts[0].http_addr(), host, "/x").await?;
+    assert_eq!(r.header("location"), Some("https://tuned.example.com/x"), "{r:?}");
+
+    // A mistyped key: refused with an Event naming it; the last good routes stay (308).
+    set("hafleet.io/ssl-redirekt", "false").await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(stack.kube.client().await?, "default");
+    let events = &events;
+    eventually(CONVERGE, "InvalidIngress event naming the key", || async move {
+        let found = events.list(&Default::default()).await?.items.into_iter().any(|e| {
+            e.reason.as_deref() == Some("InvalidIngress")
+                && e.note.as_deref().is_some_and(|n| n.contains("hafleet.io/ssl-redirekt"))
+        });
+        anyhow::ensure!(found, "not yet");
+        Ok(())
+    })
+    .await?;
+    expect_everywhere(stack, host, "/x", 308, "").await?;
+    Ok(())
+}

@@ -55,6 +55,7 @@ pub async fn service_with_backends(
         servers: vec![],
         traffic_policy: TrafficPolicy::Cluster,
         endpoint_nodes: None,
+        options: Default::default(),
     };
     let pool = NodePool::new(nodes);
     let mut started = Vec::new();

@@ -11,13 +11,36 @@ use tokio::net::TcpStream;
 /// `GET path` with a `Host` header and `Connection: close`; returns (status, body).
 /// The whole exchange is bounded by 5 s.
 pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String)> {
+    let r = http_get_full(addr, host, path).await?;
+    Ok((r.status, r.body))
+}
+
+/// An answer with its headers.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    /// (name in lowercase, value), in order.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// [`http_get`], with the answer's headers.
+pub async fn http_get_full(addr: SocketAddr, host: &str, path: &str) -> Result<Response> {
     tokio::time::timeout(Duration::from_secs(5), get(addr, host, path))
         .await
         .map_err(|_| anyhow!("GET http://{host}{path} via {addr}: timed out after 5s"))?
         .with_context(|| format!("GET http://{host}{path} via {addr}"))
 }
 
-async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String)> {
+async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-tests\r\nAccept: */*\r\n\
@@ -29,7 +52,7 @@ async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String)> 
     parse_response(&raw)
 }
 
-fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
+fn parse_response(raw: &[u8]) -> Result<Response> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -45,9 +68,11 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
         .ok_or_else(|| anyhow!("bad status line {status_line:?}"))?;
     let mut content_length = None;
     let mut chunked = false;
+    let mut headers = Vec::new();
     for line in lines {
         let Some((name, value)) = line.split_once(':') else { continue };
         let value = value.trim();
+        headers.push((name.trim().to_ascii_lowercase(), value.to_owned()));
         if name.eq_ignore_ascii_case("content-length") {
             content_length = value.parse::<usize>().ok();
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
@@ -61,7 +86,7 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String)> {
     } else {
         body.to_vec()
     };
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
@@ -115,12 +140,13 @@ mod tests {
 
     #[test]
     fn parses_plain_and_chunked() {
-        let (s, b) = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef").unwrap();
-        assert_eq!((s, b.as_str()), (200, "abc"));
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef").unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "abc"));
+        assert_eq!(r.header("CONTENT-length"), Some("3"));
         let raw = b"HTTP/1.1 404 Not Found\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        let (s, b) = parse_response(raw).unwrap();
-        assert_eq!((s, b.as_str()), (404, "abcde"));
-        let (s, b) = parse_response(b"HTTP/1.0 503 X\r\n\r\nall").unwrap();
-        assert_eq!((s, b.as_str()), (503, "all"));
+        let r = parse_response(raw).unwrap();
+        assert_eq!((r.status, r.body.as_str()), (404, "abcde"));
+        let r = parse_response(b"HTTP/1.0 503 X\r\n\r\nall").unwrap();
+        assert_eq!((r.status, r.body.as_str(), r.header("x")), (503, "all", None));
     }
 }

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use backend::HttpBackend;
 pub use haproxy_host::{HaproxyHost, ShowProc, SshClientKeys};
-pub use http::{eventually, http_get};
+pub use http::{Response, eventually, http_get, http_get_full};
 pub use kube_env::KubeEnv;
 pub use nats::NatsServer;
 pub use proc::{ChildGuard, TestDir, free_port, random_loopback_ip, wait_for};

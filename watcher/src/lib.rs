@@ -5,6 +5,7 @@
 //! namespace, conflicts told to the loser) and [`index`] (what to publish).
 //! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
+pub mod annotations;
 pub mod index;
 pub mod kube;
 pub mod resolve;

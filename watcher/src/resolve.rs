@@ -160,14 +160,10 @@ pub fn resolve(
         .map_err(|e| errors.push(e.to_string()))
         .ok();
 
-    let sharing = match annotations.and_then(|a| a.get(crate::tenancy::SHARE_ANNOTATION)) {
-        None => crate::tenancy::Sharing::Nobody,
-        Some(value) => crate::tenancy::Sharing::parse(value)
-            .map_err(|e| {
-                errors.push(format!("annotation {}: {e}", crate::tenancy::SHARE_ANNOTATION))
-            })
-            .unwrap_or_default(),
-    };
+    let settings = crate::annotations::read(annotations).unwrap_or_else(|why| {
+        errors.extend(why);
+        Default::default()
+    });
 
     let mut routes = Vec::new();
     let spec = ingress.spec.as_ref();
@@ -218,6 +214,9 @@ pub fn resolve(
         }
     }
 
+    for route in &mut routes {
+        route.backend.options = settings.options.clone();
+    }
     match (fleet, key) {
         (Some(fleet), Some(key)) if errors.is_empty() => Ok(Resolved {
             fleet,
@@ -226,7 +225,7 @@ pub fn resolve(
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             routes,
             warnings,
-            sharing,
+            sharing: settings.sharing,
         }),
         _ => Err(Refused::Invalid(errors)),
     }
@@ -301,6 +300,7 @@ fn backend(
         servers: vec![],
         traffic_policy: TrafficPolicy::Cluster,
         endpoint_nodes: None,
+        options: Default::default(),
     };
     let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
         warnings.push(Warning {
@@ -351,6 +351,7 @@ fn backend(
         servers: vec![],
         traffic_policy,
         endpoint_nodes,
+        options: Default::default(),
     })
 }
 
@@ -603,6 +604,7 @@ pub(crate) mod tests_support {
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
                 endpoint_nodes: None,
+                options: Default::default(),
             },
         }
     }

@@ -21,6 +21,7 @@ pub fn routes(i: usize) -> Vec<Route> {
         servers: vec![],
         traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
         endpoint_nodes: None,
+        options: Default::default(),
     };
     let host = HttpHost::new(format!("app-{i}.example.com")).unwrap();
     vec![

@@ -342,6 +342,7 @@ fn fleet(
                 servers: vec![],
                 traffic_policy: TrafficPolicy::Cluster,
                 endpoint_nodes: None,
+                options: Default::default(),
             };
             let route = Route {
                 host: Some(HttpHost::new(format!("app-{i}.example.com"))?),
@@ -800,6 +801,7 @@ mod history {
             servers: vec![],
             traffic_policy: TrafficPolicy::Cluster,
             endpoint_nodes: None,
+            options: Default::default(),
         };
         let msg = RouteMessage::Event(RouteEvent {
             schema: SCHEMA_VERSION,

@@ -1,0 +1,225 @@
+//! An Ingress's `hafleet.io/` annotations, read strictly. Pure.
+//!
+//! Every key under `hafleet.io/` must be one of [`KNOWN`]; each value has its own parser and
+//! range, and a value out of range is an error, never clamped. Any error refuses the Ingress
+//! (it keeps its last good routes, and the Event names the key and the reason); there is no
+//! free-text snippet anywhere.
+
+use crate::tenancy::{SHARE_ANNOTATION, Sharing};
+use hafleet_proto::{BackendOptions, Balance, Cidr, CookieName, HttpPath};
+use std::collections::BTreeMap;
+
+pub const PREFIX: &str = "hafleet.io/";
+
+/// Every annotation hafleet reads, with what it takes: the reference for users (README) and for
+/// the error that names an unknown key.
+pub const KNOWN: &[(&str, &str)] = &[
+    ("hafleet.io/fleet", "the fleet that serves the Ingress (an RFC 1123 label)"),
+    (SHARE_ANNOTATION, "namespaces that may route this namespace's hosts: a,b or *"),
+    ("hafleet.io/balance", "roundrobin, static-rr, leastconn, first, source or random"),
+    ("hafleet.io/timeout-connect", "a duration from 1ms to 1h, e.g. 500ms, 5s, 2m"),
+    ("hafleet.io/timeout-server", "a duration from 1ms to 1h"),
+    (
+        "hafleet.io/timeout-client",
+        "not supported: HAProxy 2.6 sets it per connection, before routing",
+    ),
+    ("hafleet.io/health-check-path", "an HTTP path servers are checked at (GET), e.g. /healthz"),
+    ("hafleet.io/health-check-interval", "a duration from 100ms to 1h"),
+    ("hafleet.io/sticky-cookie", "a cookie name (letters, digits, - and _; at most 64)"),
+    ("hafleet.io/allow-source", "comma-separated IP addresses or networks (CIDR)"),
+    ("hafleet.io/ssl-redirect", "true or false"),
+    ("hafleet.io/max-conn", "most connections per server, 1 to 1000000"),
+];
+
+/// What an Ingress's annotations set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub options: BackendOptions,
+    pub sharing: Sharing,
+}
+
+/// Reads every `hafleet.io/` annotation; errors name the key and the reason.
+pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, Vec<String>> {
+    let mut settings = Settings::default();
+    let mut errors = Vec::new();
+    let o = &mut settings.options;
+    for (key, value) in annotations.into_iter().flatten() {
+        let Some(name) = key.strip_prefix(PREFIX) else { continue };
+        let v = value.trim();
+        let result: Result<(), String> = match name {
+            "fleet" => Ok(()), // read (and checked) with the rest of the Ingress
+            "share-hosts-with" => Sharing::parse(v).map(|s| settings.sharing = s),
+            "balance" => balance(v).map(|b| o.balance = Some(b)),
+            "timeout-connect" => millis(v, 1, HOUR).map(|d| o.timeout_connect_ms = Some(d)),
+            "timeout-server" => millis(v, 1, HOUR).map(|d| o.timeout_server_ms = Some(d)),
+            "timeout-client" => Err("is not supported: the client timeout applies to the whole \
+                 connection, before any route is chosen, and HAProxy 2.6 cannot change it per \
+                 route; set it in the fleet's template"
+                .into()),
+            "health-check-path" => {
+                HttpPath::new(v).map(|p| o.health_check_path = Some(p)).map_err(|e| e.to_string())
+            }
+            "health-check-interval" => {
+                millis(v, 100, HOUR).map(|d| o.health_check_interval_ms = Some(d))
+            }
+            "sticky-cookie" => {
+                CookieName::new(v).map(|c| o.sticky_cookie = Some(c)).map_err(|e| e.to_string())
+            }
+            "allow-source" => networks(v).map(|n| o.allow_source = n),
+            "ssl-redirect" => match v {
+                "true" | "false" => {
+                    o.ssl_redirect = v == "true";
+                    Ok(())
+                }
+                _ => Err("must be true or false".into()),
+            },
+            "max-conn" => number(v, 1, 1_000_000).map(|n| o.max_conn = Some(n)),
+            _ => Err(format!(
+                "is not a hafleet annotation (known: {})",
+                KNOWN
+                    .iter()
+                    .map(|(k, _)| k.trim_start_matches(PREFIX))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        };
+        if let Err(why) = result {
+            errors.push(format!("annotation {key}={value:?} {why}"));
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(settings),
+        false => Err(errors),
+    }
+}
+
+const HOUR: u32 = 3_600_000;
+
+fn balance(v: &str) -> Result<Balance, String> {
+    Balance::ALL.iter().find(|(name, _)| *name == v).map(|(_, b)| *b).ok_or_else(|| {
+        let all: Vec<&str> = Balance::ALL.iter().map(|(n, _)| *n).collect();
+        format!("must be one of {}", all.join(", "))
+    })
+}
+
+/// A whole number in `min..=max`.
+fn number(v: &str, min: u32, max: u32) -> Result<u32, String> {
+    let n: u32 = match v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() && v.len() <= 10 {
+        true => v.parse().map_err(|_| format!("must be a whole number from {min} to {max}"))?,
+        false => return Err(format!("must be a whole number from {min} to {max}")),
+    };
+    match (min..=max).contains(&n) {
+        true => Ok(n),
+        false => Err(format!("must be from {min} to {max}")),
+    }
+}
+
+/// A duration (`<whole number><ms|s|m|h>`) in milliseconds, in `min..=max`.
+fn millis(v: &str, min: u32, max: u32) -> Result<u32, String> {
+    let shape = || format!("must be a whole number with a unit (ms, s, m, h), from {min}ms to 1h");
+    let split = v.find(|c: char| !c.is_ascii_digit()).ok_or_else(shape)?;
+    let (n, unit) = v.split_at(split);
+    if n.is_empty() || n.len() > 9 {
+        return Err(shape());
+    }
+    let n: u64 = n.parse().map_err(|_| shape())?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n * 1_000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(shape()),
+    };
+    match u32::try_from(ms) {
+        Ok(ms) if (min..=max).contains(&ms) => Ok(ms),
+        _ => Err(shape()),
+    }
+}
+
+fn networks(v: &str) -> Result<Vec<Cidr>, String> {
+    let mut out: Vec<Cidr> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|n| Cidr::parse(n).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    if out.is_empty() {
+        return Err("must list at least one network".into());
+    }
+    if out.len() > 256 {
+        return Err("lists more than 256 networks".into());
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_one(key: &str, value: &str) -> Result<Settings, Vec<String>> {
+        read(Some(&[(format!("hafleet.io/{key}"), value.to_owned())].into()))
+    }
+
+    #[test]
+    fn every_annotation_is_read_into_its_option() {
+        let all: BTreeMap<String, String> = [
+            ("hafleet.io/fleet", "edge"),
+            ("hafleet.io/balance", "leastconn"),
+            ("hafleet.io/timeout-connect", "500ms"),
+            ("hafleet.io/timeout-server", "2m"),
+            ("hafleet.io/health-check-path", "/healthz"),
+            ("hafleet.io/health-check-interval", "5s"),
+            ("hafleet.io/sticky-cookie", "SRV"),
+            ("hafleet.io/allow-source", "10.0.0.0/8, 192.168.1.7,10.0.0.0/8"),
+            ("hafleet.io/ssl-redirect", "true"),
+            ("hafleet.io/max-conn", "100"),
+            ("hafleet.io/share-hosts-with", "team-b"),
+            ("nginx.ingress.kubernetes.io/rewrite-target", "/"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let s = read(Some(&all)).unwrap();
+        let o = &s.options;
+        assert_eq!(o.balance, Some(Balance::Leastconn));
+        assert_eq!((o.timeout_connect_ms, o.timeout_server_ms), (Some(500), Some(120_000)));
+        assert_eq!(o.health_check_path.as_ref().map(|p| p.as_str()), Some("/healthz"));
+        assert_eq!(o.health_check_interval_ms, Some(5_000));
+        assert_eq!(o.sticky_cookie.as_ref().map(|c| c.as_str()), Some("SRV"));
+        let nets: Vec<&str> = o.allow_source.iter().map(|c| c.as_str()).collect();
+        assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32"], "sorted, each once");
+        assert!(o.ssl_redirect);
+        assert_eq!(o.max_conn, Some(100));
+        assert_ne!(s.sharing, Sharing::Nobody);
+        assert!(read(None).unwrap().options.is_default());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key_and_the_reason() {
+        for (key, value, says) in [
+            ("balanse", "leastconn", "is not a hafleet annotation (known: fleet"),
+            ("balance", "fastest", "must be one of roundrobin"),
+            ("timeout-connect", "5", "with a unit"),
+            ("timeout-connect", "2h", "from 1ms to 1h"),
+            ("timeout-server", "0s", "from 1ms"),
+            ("timeout-server", "-5s", "with a unit"),
+            ("timeout-client", "30s", "not supported"),
+            ("health-check-interval", "10ms", "from 100ms"),
+            ("health-check-path", "/a b", "path"),
+            ("sticky-cookie", "a;b", "cookie name"),
+            ("allow-source", "10.0.0.0/33", "source network"),
+            ("allow-source", " , ", "at least one network"),
+            ("ssl-redirect", "yes", "true or false"),
+            ("max-conn", "0", "from 1 to 1000000"),
+            ("max-conn", "1e3", "whole number"),
+            ("share-hosts-with", "Team", "namespace"),
+        ] {
+            let errors = read_one(key, value).unwrap_err();
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].starts_with(&format!("annotation hafleet.io/{key}=")), "{errors:?}");
+            assert!(errors[0].contains(says), "{key}={value}: {errors:?}");
+        }
+    }
+}
