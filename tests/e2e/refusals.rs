@@ -153,6 +153,38 @@ async fn hosts_belong_to_the_oldest_ingress_s_namespace_and_losers_are_told() ->
     Ok(())
 }
 
+/// An Ingress over the size budget is refused alone, with an Event; the rest go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_over_the_size_budget_is_refused_alone() -> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.restart_with(Component::Watcher, &[("HAFLEET_MAX_PATHS_PER_INGRESS", "3")])?;
+    let paths = |n: usize| -> Vec<serde_json::Value> {
+        (0..n)
+            .map(|i| {
+                serde_json::json!({"path": format!("/p{i}"), "pathType": "Prefix",
+                    "backend": {"service": {"name": "web", "port": {"number": 80}}}})
+            })
+            .collect()
+    };
+    let ingress = |name: &str, host: &str, n: usize| -> Result<Ingress> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"rules": [{"host": host, "http": {"paths": paths(n)}}]}
+        }))?)
+    };
+    let post = kube::api::PostParams::default();
+    world.ingresses.create(&post, &ingress("big", "big.example.com", 4)?).await?;
+    world.ingresses.create(&post, &ingress("fits", "fits.example.com", 3)?).await?;
+    let stack = &world.stack;
+    expect_everywhere(stack, "fits.example.com", "/p2", 200, "web@").await?;
+    let event = warning_event(stack, "big", "RoutesTooLarge").await?;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("4 paths, more than --max-paths-per-ingress (3)"), "{note}");
+    expect_everywhere(stack, "big.example.com", "/p0", 404, "").await?;
+    Ok(())
+}
+
 /// A Service that stops being reachable through its NodePort takes its routes off that port
 /// (Kubernetes may give it to another Service) with an Event, and they come back with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,6 +43,14 @@ pub struct RunArgs {
     /// change is resolved after this, not after --debounce-ms.
     #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
     pub quiet_ms: u64,
+    /// Most paths one Ingress may route (rules × paths, and its default backend). A larger
+    /// Ingress is refused alone with a Warning Event; the others go on.
+    #[arg(long, env = "HAFLEET_MAX_PATHS_PER_INGRESS", default_value_t = 1000)]
+    pub max_paths_per_ingress: usize,
+    /// Most bytes one Ingress's resolved routes may take in a route event (also capped by the
+    /// NATS server's max_payload). A larger Ingress is refused alone with a Warning Event.
+    #[arg(long, env = "HAFLEET_MAX_INGRESS_BYTES", default_value_t = 256 * 1024)]
+    pub max_ingress_bytes: usize,
     /// Let any namespace route any host. By default a host belongs, on each fleet, to the
     /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
     /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
@@ -201,14 +209,10 @@ async fn sync(
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)
-                    && too_large(&r, bus.payload_limit()) =>
+                    && let Some(why) = over_budget(&r, args, bus.payload_limit()) =>
             {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
-                let note = format!(
-                    "not routed by hafleet: its resolved routes are more than a NATS message may \
-                     carry ({} bytes); split the Ingress or raise max_payload",
-                    bus.payload_limit()
-                );
+                let note = format!("not routed by hafleet: {why}; split the Ingress");
                 if state.warned.insert((r.key.clone(), rv.clone(), note.clone())) {
                     warn!(ingress = %r.key, reason = %note, "ingress refused");
                     warnings.warn(&ing, "RoutesTooLarge", note).await;
@@ -310,11 +314,32 @@ async fn sync(
     Ok(())
 }
 
-/// Whether the Ingress's route event would not fit in a NATS message.
-fn too_large(r: &crate::resolve::Resolved, limit: usize) -> bool {
+/// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than
+/// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
+/// message may carry. `None` when it fits.
+fn over_budget(
+    r: &crate::resolve::Resolved,
+    args: &RunArgs,
+    payload_limit: usize,
+) -> Option<String> {
+    if r.routes.len() > args.max_paths_per_ingress {
+        return Some(format!(
+            "it has {} paths, more than --max-paths-per-ingress ({})",
+            r.routes.len(),
+            args.max_paths_per_ingress
+        ));
+    }
     let change = RouteChange::Upsert { routes: r.routes.clone() };
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, 0);
-    msg.encode().len() > limit
+    let size = msg.encode().len();
+    let limit = args.max_ingress_bytes.min(payload_limit);
+    (size > limit).then(|| {
+        format!(
+            "its resolved routes take {size} bytes, more than {limit} (--max-ingress-bytes {}, \
+             NATS max_payload {payload_limit})",
+            args.max_ingress_bytes
+        )
+    })
 }
 
 fn route_event(
