@@ -65,3 +65,47 @@ pub async fn service_with_backends(
     }
     Ok(started)
 }
+
+/// Creates NodePort Services `names` in `default`, 16 requests at a time (no backend
+/// processes: see [`service_with_backends`] for that).
+pub async fn create_services(stack: &Stack, names: impl Iterator<Item = String>) -> Result<()> {
+    use futures::StreamExt as _;
+    let created = futures::stream::iter(names)
+        .map(|name| async move {
+            stack.kube.create_nodeport_service("default", &name, 80).await.map(drop)
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    created.into_iter().collect()
+}
+
+/// Creates Ingresses on `fleet` in `default`, each (name, host, service) routing `host/` to the
+/// Service's port 80, 16 requests at a time.
+pub async fn create_ingresses(
+    stack: &Stack,
+    fleet: &str,
+    ingresses: impl Iterator<Item = (String, String, String)>,
+) -> Result<()> {
+    use futures::StreamExt as _;
+    let api: kube::Api<k8s_openapi::api::networking::v1::Ingress> =
+        kube::Api::namespaced(stack.kube.client().await?, "default");
+    let api = &api;
+    let created = futures::stream::iter(ingresses)
+        .map(|(name, host, service)| async move {
+            let ingress = serde_json::from_value(serde_json::json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": name, "annotations": {"hafleet.io/fleet": fleet}},
+                "spec": {"rules": [{"host": host, "http": {"paths": [{
+                    "path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": service, "port": {"number": 80}}}
+                }]}}]}
+            }))?;
+            api.create(&kube::api::PostParams::default(), &ingress).await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    created.into_iter().collect()
+}

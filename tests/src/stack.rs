@@ -222,6 +222,11 @@ impl Stack {
         self.start_component_with(c, env)
     }
 
+    /// The process id of a running component.
+    pub fn pid(&mut self, c: Component) -> Option<u32> {
+        self.slot(c).as_ref().map(|child| child.pid())
+    }
+
     /// Whether a component's process is still running.
     pub fn is_running(&mut self, c: Component) -> bool {
         self.slot(c).as_mut().is_some_and(|child| child.is_running())

@@ -35,16 +35,42 @@ pub fn watch(client: Client, endpoint_slices: Option<ApiResource>) -> (Caches, C
     let (services, svc_writer) = reflector::store::<Service>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let cfg = watcher::Config::default;
+    // The caches keep only what routing reads: no managedFields (often most of an object),
+    // and of a Node not its images or system info.
     let ing = watcher(Api::<Ingress>::all(client.clone()), cfg())
         .default_backoff()
+        .modify(|i| {
+            i.metadata.managed_fields = None;
+            // Only hafleet's own annotations and the legacy class are read (not, say,
+            // kubectl's last-applied-configuration, a copy of the whole object).
+            if let Some(a) = i.metadata.annotations.as_mut() {
+                a.retain(|k, _| {
+                    k.starts_with(crate::annotations::PREFIX)
+                        || k == crate::resolve::LEGACY_CLASS_ANNOTATION
+                });
+            }
+        })
         .reflect(ing_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("ingresses", e)));
     let svc = watcher(Api::<Service>::all(client.clone()), cfg())
         .default_backoff()
+        .modify(|s| {
+            s.metadata.managed_fields = None;
+            s.status = None;
+        })
         .reflect(svc_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("services", e)));
     let node = watcher(Api::<Node>::all(client.clone()), cfg())
         .default_backoff()
+        .modify(|n| {
+            n.metadata.managed_fields = None;
+            if let Some(status) = n.status.as_mut() {
+                status.images = None;
+                status.node_info = None;
+                status.volumes_attached = None;
+                status.volumes_in_use = None;
+            }
+        })
         .reflect(node_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("nodes", e)));
     let mut all = vec![ing.boxed(), svc.boxed(), node.boxed()];

@@ -21,7 +21,8 @@ use std::net::IpAddr;
 
 /// The annotation that puts an Ingress on a fleet.
 pub const FLEET_ANNOTATION: &str = "hafleet.io/fleet";
-const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// The ingress class annotation of Ingresses older than `spec.ingressClassName`.
+pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 /// Nodes with this label get no traffic from hafleet, as from any Kubernetes load balancer.
 pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
@@ -50,7 +51,8 @@ pub enum Refused {
 }
 
 /// Services by (namespace, name).
-pub type Services = BTreeMap<(String, String), Service>;
+/// Services by (namespace, name), shared with the watch cache (never copied).
+pub type Services = BTreeMap<(String, String), std::sync::Arc<Service>>;
 
 /// For each Service (namespace, name): the nodes that run a ready endpoint of it, by name.
 pub type Endpoints = HashMap<(String, String), BTreeSet<String>>;
@@ -412,7 +414,7 @@ mod tests {
             "spec": {"type": kind, "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}
         }))
         .unwrap();
-        [(("shop".to_owned(), "web".to_owned()), svc)].into()
+        [(("shop".to_owned(), "web".to_owned()), std::sync::Arc::new(svc))].into()
     }
 
     fn node(name: &str, ip: &str, ready: &str) -> Node {
@@ -498,7 +500,8 @@ mod tests {
     fn a_local_service_names_the_nodes_with_a_ready_endpoint_from_either_slice_version() {
         let mut s = services("NodePort");
         let svc = s.get_mut(&("shop".to_owned(), "web".to_owned())).unwrap();
-        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+        std::sync::Arc::make_mut(svc).spec.as_mut().unwrap().external_traffic_policy =
+            Some("Local".into());
         let meta = |name: &str| {
             json!({"name": name, "namespace": "shop",
                    "labels": {"kubernetes.io/service-name": "web"}})
@@ -559,7 +562,7 @@ mod tests {
                 json!({"metadata": {"name": "web", "namespace": "shop"}, "spec": spec}),
             )
             .unwrap();
-            [(("shop".to_owned(), "web".to_owned()), svc)].into()
+            [(("shop".to_owned(), "web".to_owned()), std::sync::Arc::new(svc))].into()
         };
         for (spec, why) in [
             (json!({"type": "ClusterIP", "ports": [{"port": 80}]}), "is of type ClusterIP"),

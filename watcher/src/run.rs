@@ -177,9 +177,7 @@ async fn sync(
         .services
         .state()
         .into_iter()
-        .filter_map(|s| {
-            Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), (*s).clone()))
-        })
+        .filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s)))
         .collect();
     let all_nodes = caches.nodes.state();
     let nodes = resolve::ready_nodes(all_nodes.iter().map(|n| n.as_ref()));

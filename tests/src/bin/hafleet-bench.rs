@@ -19,7 +19,9 @@ use anyhow::Result;
 use clap::Parser;
 use hafleet_proto::IngressKey;
 use hafleet_renderer::state::IngressEntry;
-use hafleet_tests::cluster::{NODE_HEALTH_PORT, ready_nodes, service_with_backends};
+use hafleet_tests::cluster::{
+    NODE_HEALTH_PORT, create_ingresses, create_services, ready_nodes, service_with_backends,
+};
 use hafleet_tests::http_get;
 use hafleet_tests::stack::Stack;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -46,6 +48,9 @@ enum Mode {
     /// `haproxy -c`, a reload, and changes through the runtime API, at 10,000 Ingresses on
     /// 200 nodes.
     Reload(reload::ReloadArgs),
+    /// The watcher's start: from the process starting to its first full snapshot published,
+    /// and its peak memory, with 10,000 Ingresses and 200 nodes in the API server.
+    Watcher(watcher::WatcherArgs),
 }
 
 /// The pipeline bench's settings (the default mode).
@@ -178,6 +183,7 @@ async fn main() -> Result<()> {
         Some(Mode::Routing(args)) => routing::run(args).await,
         Some(Mode::History(args)) => history::run(args).await,
         Some(Mode::Reload(args)) => reload::run(args).await,
+        Some(Mode::Watcher(args)) => watcher::run(args).await,
         None => pipeline(cli.pipeline).await,
     }
 }
@@ -199,28 +205,14 @@ async fn pipeline(args: Args) -> Result<()> {
     until_served(&stack, "warm.example.com").await?;
 
     if args.existing > 0 {
-        use futures::StreamExt as _;
         let started = Instant::now();
-        let (api, stack_ref) = (&api, &stack);
         let last = args.existing - 1;
         let service =
             |i: usize| if args.own_services { format!("existing-{i}") } else { "web".into() };
         if args.own_services {
             // Services first, as a team would: only the two whose routes are checked below
             // get backend processes (10,000 Services x 10 nodes would be 100,000 listeners).
-            let created: Vec<_> = futures::stream::iter(1..last)
-                .map(|i| async move {
-                    stack_ref
-                        .kube
-                        .create_nodeport_service("default", &format!("existing-{i}"), 80)
-                        .await
-                })
-                .buffer_unordered(16)
-                .collect()
-                .await;
-            for c in created {
-                c?;
-            }
+            create_services(&stack, (1..last).map(service)).await?;
             for i in [0, last] {
                 backends.extend(service_with_backends(&stack, &service(i), &nodes).await?);
             }
@@ -231,25 +223,9 @@ async fn pipeline(args: Args) -> Result<()> {
             );
         }
         let started = Instant::now();
-        let service = &service;
-        let created: Vec<_> = futures::stream::iter(0..args.existing)
-            .map(|i| async move {
-                api.create(
-                    &PostParams::default(),
-                    &ingress_to(
-                        &format!("existing-{i}"),
-                        &format!("existing-{i}.example.com"),
-                        &service(i),
-                    ),
-                )
-                .await
-            })
-            .buffer_unordered(16)
-            .collect()
-            .await;
-        for c in created {
-            c?;
-        }
+        let existing = (0..args.existing)
+            .map(|i| (format!("existing-{i}"), format!("existing-{i}.example.com"), service(i)));
+        create_ingresses(&stack, "edge", existing).await?;
         let sent = started.elapsed().as_secs_f64();
         until_served(&stack, &format!("existing-{last}.example.com")).await?;
         until_served(&stack, "existing-0.example.com").await?;
@@ -989,6 +965,90 @@ mod history {
             "< 10 s",
         );
         println!("\n{} events published in {publish_s:.1} s", a.events);
+        Ok(())
+    }
+}
+
+mod watcher {
+    //! The watcher's start on a big cluster: 200 Ready nodes, and 10,000 Ingresses each on a
+    //! NodePort Service of its own, in the real API server. Each run starts the watcher (release
+    //! build, default settings) and times it from the process starting to its first snapshot
+    //! published, which comes after every Ingress's routes and the nodes are published and
+    //! acked by JetStream; then reads its peak resident memory (VmHWM). The renderer and the
+    //! applier are stopped, so the two cores are the watcher's, the API server's and NATS's.
+
+    use anyhow::{Context, Result};
+    use hafleet_tests::cluster::{create_ingresses, create_services, ready_nodes};
+    use hafleet_tests::stack::{Component, Stack};
+    use std::time::{Duration, Instant};
+
+    #[derive(Debug, clap::Args)]
+    pub struct WatcherArgs {
+        #[arg(long, default_value_t = 10_000)]
+        ingresses: usize,
+        #[arg(long, default_value_t = 200)]
+        nodes: usize,
+        /// Starts timed.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    }
+
+    fn snapshots(stack: &Stack) -> usize {
+        std::fs::read_to_string(stack.log_path(Component::Watcher))
+            .unwrap_or_default()
+            .matches("snapshot published")
+            .count()
+    }
+
+    /// Peak resident memory of `pid`, in MB.
+    fn peak_rss_mb(pid: u32) -> Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("no VmHWM")?;
+        Ok(kb / 1024.0)
+    }
+
+    pub async fn run(a: WatcherArgs) -> Result<()> {
+        let mut stack = Stack::start("edge", 1).await?;
+        for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+            stack.kill(c);
+        }
+        let started = Instant::now();
+        let (_nodes, _processes) = ready_nodes(&stack, a.nodes, false).await?;
+        create_services(&stack, (0..a.ingresses).map(|i| format!("svc-{i}"))).await?;
+        let ingresses = (0..a.ingresses)
+            .map(|i| (format!("ing-{i}"), format!("ing-{i}.example.com"), format!("svc-{i}")));
+        create_ingresses(&stack, "edge", ingresses).await?;
+        println!(
+            "{} nodes, {} Services and {} Ingresses created in {:.1} s\n",
+            a.nodes,
+            a.ingresses,
+            a.ingresses,
+            started.elapsed().as_secs_f64()
+        );
+        println!("| run | start → first snapshot published s | peak RSS MB |");
+        println!("|---|---|---|");
+        for run in 1..=a.runs {
+            let before = snapshots(&stack);
+            let started = Instant::now();
+            stack.start_component(Component::Watcher)?;
+            let pid = stack.pid(Component::Watcher).context("the watcher runs")?;
+            while snapshots(&stack) == before {
+                anyhow::ensure!(
+                    started.elapsed() < Duration::from_secs(300),
+                    "no snapshot in 300 s"
+                );
+                anyhow::ensure!(stack.is_running(Component::Watcher), "the watcher exited");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let took = started.elapsed().as_secs_f64();
+            let rss = peak_rss_mb(pid)?;
+            println!("| {run} | {took:.2} | {rss:.0} |");
+            stack.kill(Component::Watcher);
+        }
         Ok(())
     }
 }

@@ -3,8 +3,9 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use futures::StreamExt as _;
-use hafleet_tests::cluster::{NODE_HEALTH_PORT, ready_nodes, service_with_backends};
+use hafleet_tests::cluster::{
+    NODE_HEALTH_PORT, create_ingresses, create_services, ready_nodes, service_with_backends,
+};
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::{eventually, http_get};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -82,31 +83,16 @@ async fn run(args: &Args) -> Result<()> {
         .create(&PostParams::default(), &ingress("hello", HOST, "hello"))
         .await
         .context("creating the sample Ingress")?;
-    // The rest of the fleet: Services first, then their Ingresses, 16 requests at a time.
+    // The rest of the fleet: Services first, then their Ingresses.
     let last_app = (args.ingresses > 1).then(|| args.ingresses - 1);
     if let Some(last) = last_app {
         eprintln!("creating {last} more Services and Ingresses on {} nodes…", args.nodes);
         let started = std::time::Instant::now();
-        let stack_ref = &stack;
-        let services = futures::stream::iter(1..last).map(|i| async move {
-            stack_ref
-                .kube
-                .create_nodeport_service("default", &format!("app-{i}"), 80)
-                .await
-                .map(drop)
-        });
-        for created in services.buffer_unordered(16).collect::<Vec<_>>().await {
-            created?;
-        }
+        create_services(&stack, (1..last).map(|i| format!("app-{i}"))).await?;
         backends.extend(service_with_backends(&stack, &format!("app-{last}"), &nodes).await?);
-        let ingresses = &ingresses;
-        let apps = futures::stream::iter(1..=last).map(|i| async move {
-            let (name, host) = (format!("app-{i}"), format!("app-{i}.local"));
-            ingresses.create(&PostParams::default(), &ingress(&name, &host, &name)).await.map(drop)
-        });
-        for created in apps.buffer_unordered(16).collect::<Vec<_>>().await {
-            created.context("creating an app Ingress")?;
-        }
+        let apps =
+            (1..=last).map(|i| (format!("app-{i}"), format!("app-{i}.local"), format!("app-{i}")));
+        create_ingresses(&stack, FLEET, apps).await.context("creating the app Ingresses")?;
         eprintln!("created in {:.1} s", started.elapsed().as_secs_f64());
     }
 
