@@ -461,3 +461,44 @@ async fn annotations_set_haproxy_behaviour_and_a_bad_one_keeps_the_last_good_rou
     expect_everywhere(stack, host, "/x", 308, "").await?;
     Ok(())
 }
+
+/// A routed Ingress shows where its fleet takes traffic, as `kubectl get ingress` reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_ingress_shows_its_fleet_s_addresses_in_its_status() -> Result<()> {
+    let mut world = World::start().await?;
+    let addresses: Vec<String> =
+        world.stack.hosts.iter().map(|h| h.http_addr().ip().to_string()).collect();
+    let setting = format!("edge={} core=lb.core.example", addresses.join(","));
+    world.stack.restart_with(
+        hafleet_tests::stack::Component::Watcher,
+        &[("HAFLEET_FLEET_ADDRESSES", &setting)],
+    )?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    world
+        .ingresses
+        .create(&PostParams::default(), &ingress("other", None, "o.example.com", "/", "web"))
+        .await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let ingresses = &world.ingresses;
+    let shown = |name: &'static str| async move {
+        let ing = ingresses.get(name).await?;
+        let shown: Vec<String> = ing
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|lb| lb.ingress)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| i.ip.or(i.hostname))
+            .collect();
+        anyhow::Ok(shown)
+    };
+    let addresses = &addresses;
+    eventually(CONVERGE, "shop's status shows edge's addresses", || async move {
+        let ips = shown("shop").await?;
+        anyhow::ensure!(ips == *addresses, "status shows {ips:?}");
+        Ok(())
+    })
+    .await?;
+    assert!(shown("other").await?.is_empty(), "an Ingress hafleet does not route is left alone");
+    Ok(())
+}

@@ -139,16 +139,40 @@ impl Caches {
     }
 }
 
-/// Posts Warning Events on Ingresses hafleet refuses or routes with caveats.
+/// Writes back to Ingresses: Warning Events on those hafleet refuses or routes with caveats,
+/// and the status of those it routes.
 #[derive(Clone)]
 pub struct Warnings {
     recorder: Recorder,
+    client: Client,
 }
 
 impl Warnings {
     pub fn new(client: Client) -> Self {
         let reporter = Reporter { controller: "hafleet-watcher".into(), instance: None };
-        Warnings { recorder: Recorder::new(client, reporter) }
+        Warnings { recorder: Recorder::new(client.clone(), reporter), client }
+    }
+
+    /// Sets `status.loadBalancer.ingress`; a failure is logged and retried on the next pass.
+    pub async fn set_status(
+        &self,
+        ingress: &Ingress,
+        entries: Vec<k8s_openapi::api::networking::v1::IngressLoadBalancerIngress>,
+    ) {
+        let (Some(ns), Some(name)) =
+            (ingress.metadata.namespace.as_deref(), ingress.metadata.name.as_deref())
+        else {
+            return;
+        };
+        let api: Api<Ingress> = Api::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": entries}}});
+        let params = kube::api::PatchParams::default();
+        match api.patch_status(name, &params, &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => {
+                info!(ingress = %format!("{ns}/{name}"), "status set to the fleet's addresses")
+            }
+            Err(e) => warn!(ingress = %format!("{ns}/{name}"), error = %e, "cannot set status"),
+        }
     }
 
     pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) {

@@ -10,6 +10,7 @@ pub mod index;
 pub mod kube;
 pub mod resolve;
 pub mod run;
+pub mod status;
 pub mod tenancy;
 
 use clap::Parser;

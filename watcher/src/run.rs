@@ -43,6 +43,12 @@ pub struct RunArgs {
     /// change is resolved after this, not after --debounce-ms.
     #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
     pub quiet_ms: u64,
+    /// Where each fleet takes traffic, shown in the `status.loadBalancer.ingress` of every
+    /// Ingress routed on it (so `kubectl get ingress` shows it): `edge=192.0.2.10,192.0.2.11
+    /// core=lb.example.com` (fleets separated by spaces, addresses by commas; IPs or
+    /// hostnames). Fleets not named leave their Ingresses' status alone.
+    #[arg(long, env = "HAFLEET_FLEET_ADDRESSES", default_value = "", value_parser = crate::status::parse)]
+    pub fleet_addresses: crate::status::FleetAddresses,
     /// Most paths one Ingress may route (rules × paths, and its default backend). A larger
     /// Ingress is refused alone with a Warning Event; the others go on.
     #[arg(long, env = "HAFLEET_MAX_PATHS_PER_INGRESS", default_value_t = 1000)]
@@ -153,7 +159,7 @@ struct State {
     kept: BTreeSet<IngressKey>,
     /// A snapshot must be published after the next successful sync.
     snapshot_due: bool,
-    /// (ingress, resourceVersion, reason) already reported, so each is said once.
+    /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
 }
 
@@ -199,7 +205,12 @@ async fn sync(
     for ing in caches.ingresses.state() {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
         let name = ing.metadata.name.as_deref().unwrap_or_default();
-        let rv = ing.metadata.resource_version.clone().unwrap_or_default();
+        // What a warning is said once per: the spec's generation (a status update, ours
+        // included, must not repeat every warning), else the resourceVersion.
+        let rv = match (ing.metadata.generation, &ing.metadata.resource_version) {
+            (Some(generation), _) => format!("g{generation}"),
+            (None, rv) => rv.clone().unwrap_or_default(),
+        };
         if let Ok(key) = IngressKey::new(ns, name) {
             current.insert((key, rv.clone()));
         }
@@ -308,6 +319,15 @@ async fn sync(
     }
     if state.snapshot_due {
         send_snapshot(bus, state).await?;
+    }
+    // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
+    for (key, (ing, _)) in &objects {
+        let Some(Desired::Routed(r)) = desired.get(key) else { continue };
+        let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
+        let want = crate::status::entries(addresses);
+        if !r.routes.is_empty() && !crate::status::shows(ing, &want) {
+            warnings.set_status(ing, want).await;
+        }
     }
     Ok(())
 }

@@ -76,6 +76,13 @@ async fn run(args: &Args) -> Result<()> {
         Component::Renderer,
         &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
     )?;
+    // `kubectl get ingress` shows where the fleet takes traffic: its HAProxy hosts.
+    let addresses: Vec<String> =
+        stack.hosts.iter().map(|h| h.http_addr().ip().to_string()).collect();
+    stack.restart_with(
+        Component::Watcher,
+        &[("HAFLEET_FLEET_ADDRESSES", &format!("{FLEET}={}", addresses.join(",")))],
+    )?;
     let (nodes, mut backends) = ready_nodes(&stack, args.nodes, true).await?;
     backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
     let ingresses = Api::<Ingress>::namespaced(stack.kube.client().await?, "default");
@@ -129,6 +136,23 @@ async fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    let ingresses = &ingresses;
+    let shown =
+        eventually(Duration::from_secs(60), "hello's status shows the hosts", || async move {
+            let status = ingresses.get("hello").await?.status;
+            let shown: Vec<String> = status
+                .and_then(|s| s.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|i| i.ip)
+                .collect();
+            anyhow::ensure!(!shown.is_empty(), "no address yet");
+            Ok(shown)
+        })
+        .await?;
+    anyhow::ensure!(shown == addresses, "hello's status shows {shown:?}, not {addresses:?}");
+    println!("ok: kubectl get ingress hello shows ADDRESS {}", shown.join(","));
     if let Some(version) = stack.latest_version().await? {
         println!(
             "version {} live: {} Ingresses on {} nodes, config + maps {:.1} MB",
