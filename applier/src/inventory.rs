@@ -11,10 +11,19 @@
 //! config_path = "/etc/haproxy/haproxy.cfg"     # the file HAProxy's master loads (-f)
 //! master_socket = "/run/haproxy-master.sock"   # HAProxy's master CLI (-S)
 //! haproxy_bin = "/usr/sbin/haproxy"            # the default; sshd's PATH lacks /usr/sbin
+//! probe_address = "10.0.0.10:80"               # where HAProxy serves HTTP, for the probes
+//!
+//! [[probes]]                                   # every host's, unless it lists its own
+//! path = "/healthz"                            #   (as [[hosts.probes]])
+//! host = "shop.example.com"                    # the Host header
+//! status = 200                                 # the status it must answer
 //! ```
 //! Order matters: the first host that can be reached is the canary, and each version goes there
-//! alone before it goes anywhere else.
+//! alone before it goes anywhere else. After a version goes live on a host, each probe must
+//! answer its status within the applier's `--probe-timeout-secs`, or the host goes back to
+//! last-known-good and the rollout halts.
 
+use crate::probe::Probe;
 use hafleet_proto::{HostName, HttpHost};
 use serde::Deserialize;
 use std::collections::BTreeSet;
@@ -44,12 +53,18 @@ pub struct Host {
     pub config_path: String,
     pub master_socket: String,
     pub haproxy_bin: String,
+    /// `host:port` HAProxy serves HTTP on, as the applier reaches it; set when `probes` are.
+    pub probe_address: Option<String>,
+    /// What must answer after each version goes live here.
+    pub probes: Vec<Probe>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawInventory {
     hosts: Vec<RawHost>,
+    #[serde(default)]
+    probes: Vec<Probe>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +82,10 @@ struct RawHost {
     master_socket: String,
     #[serde(default = "default_haproxy_bin")]
     haproxy_bin: String,
+    #[serde(default)]
+    probe_address: Option<String>,
+    #[serde(default)]
+    probes: Option<Vec<Probe>>,
 }
 
 fn default_port() -> u16 {
@@ -131,6 +150,20 @@ pub fn parse(text: &str) -> Result<Vec<Host>, InventoryError> {
         if h.port == 0 {
             return Err(invalid("port", "0", "must be 1-65535"));
         }
+        let probes = h.probes.unwrap_or_else(|| raw.probes.clone());
+        if let Some(a) = &h.probe_address {
+            let ok = a.rsplit_once(':').is_some_and(|(addr, port)| {
+                let addr = addr.trim_start_matches('[').trim_end_matches(']');
+                port.parse::<u16>().is_ok_and(|p| p != 0)
+                    && (addr.parse::<IpAddr>().is_ok() || HttpHost::new(addr).is_ok())
+            });
+            if !ok {
+                return Err(invalid("probe_address", a, "must be host:port (an IP or DNS name)"));
+            }
+        }
+        if !probes.is_empty() && h.probe_address.is_none() {
+            return Err(invalid("probe_address", "", "is needed to run the host's probes"));
+        }
         hosts.push(Host {
             name,
             address: h.address,
@@ -139,6 +172,8 @@ pub fn parse(text: &str) -> Result<Vec<Host>, InventoryError> {
             config_path: h.config_path,
             master_socket: h.master_socket,
             haproxy_bin: h.haproxy_bin,
+            probe_address: h.probe_address,
+            probes,
         });
     }
     Ok(hosts)
@@ -154,6 +189,46 @@ fn is_safe_path(p: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_are_the_fleet_s_unless_a_host_lists_its_own_and_need_an_address() {
+        let hosts = parse(
+            r#"
+            [[probes]]
+            path = "/healthz"
+            host = "shop.example.com"
+            status = 200
+            [[hosts]]
+            name = "lb-1"
+            address = "10.0.0.1"
+            probe_address = "10.0.0.1:80"
+            [[hosts]]
+            name = "lb-2"
+            address = "10.0.0.2"
+            probe_address = "lb-2.example.com:8080"
+            [[hosts.probes]]
+            path = "/"
+            host = "other.example.com"
+            status = 404
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            hosts[0].probes[0].to_string(),
+            "GET http://shop.example.com/healthz expecting 200"
+        );
+        assert_eq!(hosts[1].probes.len(), 1);
+        assert_eq!(hosts[1].probes[0].status, 404);
+        let no_address = "[[probes]]\npath=\"/\"\nhost=\"a.com\"\nstatus=200\n[[hosts]]\nname=\"a\"\naddress=\"1.1.1.1\"\n";
+        assert!(parse(no_address).unwrap_err().to_string().contains("probe_address"));
+        for bad in ["1.1.1.1", "1.1.1.1:0", "a b:80", "1.1.1.1:x"] {
+            let text =
+                format!("[[hosts]]\nname=\"a\"\naddress=\"1.1.1.1\"\nprobe_address=\"{bad}\"\n");
+            assert!(parse(&text).is_err(), "{bad}");
+        }
+        let bad_path = "[[probes]]\npath=\"x y\"\nhost=\"a.com\"\nstatus=200\n[[hosts]]\nname=\"a\"\naddress=\"1.1.1.1\"\n";
+        assert!(parse(bad_path).is_err());
+    }
 
     #[test]
     fn defaults_fill_in_and_order_is_kept() {

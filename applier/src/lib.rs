@@ -8,6 +8,7 @@
 pub mod bus;
 pub mod inventory;
 pub mod plan;
+pub mod probe;
 pub mod rollout;
 pub mod run;
 pub mod runtime;

@@ -17,8 +17,10 @@
 //!              │ no
 //!              ▼
 //!            reload on the master CLI; poll show proc until a new worker runs;
-//!            record the live sha256 in <config>.hafleet-loaded; sweep maps no config names
-//!              │ failed or timed out
+//!            the host's HTTP probes pass within the deadline (from the applier);
+//!            record the live sha256 in <config>.hafleet-loaded and the file as last-good;
+//!            sweep maps no config names
+//!              │ reload or probes failed or timed out
 //!              └─▶ restore last-good, reload again ─▶ Failed { restored }
 //! ```
 //! The live file is only ever replaced by rename, so it is always a complete file that passed
@@ -40,11 +42,11 @@ mod scripts {
     /// line each, empty if unknown; then the map names the host does not have yet, a line each.
     pub const LIVE_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
     /// $1 = live config path, $2 = expected sha256 or empty. Records the live file's sha256 as
-    /// what HAProxy has loaded (run only after a verified reload or runtime change); fails if
-    /// it is not $2. Then, best effort, deletes map files that neither the live config nor
+    /// what HAProxy has loaded, and the file as last-known-good (run only after a verified
+    /// reload or runtime change and passed probes); fails if it is not $2. Then, best effort, deletes map files that neither the live config nor
     /// last-known-good names, once they are an hour old (an upload of another attempt may not
     /// be swapped in yet).
-    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
+    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -61,9 +63,11 @@ mod scripts {
     /// -c` on the config on stdin, which loads only the maps (written next to the live file,
     /// so relative map paths resolve alike, and removed after).
     pub const VALIDATE_MAPS: &str = r#"f="$2.hafleet-mapcheck-$3"; cat > "$f"; out=$("$1" -c -f "$f" 2>&1); rc=$?; rm -f "$f"; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
-    /// $1 = live config path, $2 = token. Keeps the live file as last-known-good, then renames
-    /// this attempt's validated file over it.
-    pub const SWAP: &str = r#"set -e; if [ -f "$1" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
+    /// $1 = live config path, $2 = token. Renames this attempt's validated file over the live
+    /// one. Last-known-good is written only once a config loaded and passed its probes
+    /// (MARK_LOADED); on a host hafleet never verified a config on, the file HAProxy was
+    /// started with is kept as last-known-good first.
+    pub const SWAP: &str = r#"set -e; if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
     /// $1 = live config path, $2 = map name, $3 = token, $4 = the map's sha256; the map on
@@ -86,6 +90,8 @@ pub struct RolloutSettings {
     pub parallelism: usize,
     /// How long a reload may take before it counts as failed.
     pub reload_timeout: Duration,
+    /// How long a host's probes may take to pass after a version goes live there.
+    pub probe_timeout: Duration,
 }
 
 /// A failure on one host, before it becomes an [`ApplyOutcome`].
@@ -175,6 +181,7 @@ async fn apply_on(
                 failure.restored = restore(conn, host, settings.reload_timeout).await;
                 return Err(failure);
             }
+            probed(conn, host, settings, effort).await?;
             mark_loaded(conn, host, &version.sha256).await?;
             return Ok(ApplyOutcome::Applied);
         }
@@ -234,6 +241,7 @@ async fn apply_on(
         }
     };
     if live_without_reload {
+        probed(conn, host, settings, effort).await?;
         mark_loaded(conn, host, &version.sha256).await?;
         return Ok(ApplyOutcome::Applied);
     }
@@ -241,6 +249,7 @@ async fn apply_on(
     effort.reloads += 1;
     match reload(conn, host, &before, settings.reload_timeout).await {
         Ok(()) => {
+            probed(conn, host, settings, effort).await?;
             mark_loaded(conn, host, &version.sha256).await?;
             Ok(ApplyOutcome::Applied)
         }
@@ -251,6 +260,28 @@ async fn apply_on(
             Err(failure)
         }
     }
+}
+
+/// Runs the host's probes against what now runs; if they do not pass in time, puts
+/// last-known-good back (a config that loaded and passed them) and fails at `Probe`.
+async fn probed(
+    conn: &HostConn,
+    host: &Host,
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) -> Result<(), Failure> {
+    let (Some(address), false) = (&host.probe_address, host.probes.is_empty()) else {
+        return Ok(());
+    };
+    let Err(why) = crate::probe::until_pass(address, &host.probes, settings.probe_timeout).await
+    else {
+        return Ok(());
+    };
+    warn!(%why, "probes failed; rolling back to last-known-good");
+    let mut failure = fail(ApplyStage::Probe, why);
+    effort.reloads += 1;
+    failure.restored = restore(conn, host, settings.reload_timeout).await;
+    Err(failure)
 }
 
 /// Sends `steps` to the running worker through the master CLI. Returns how many commands
@@ -484,7 +515,7 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
 /// Whether a failure at `stage` may go away by itself (a dropped connection, a slow host), so
 /// that trying the same version again makes sense. A config HAProxy refused is refused again.
 pub fn retryable(stage: ApplyStage) -> bool {
-    !matches!(stage, ApplyStage::Validate | ApplyStage::Reload)
+    !matches!(stage, ApplyStage::Validate | ApplyStage::Reload | ApplyStage::Probe)
 }
 
 /// What one host did with the version.

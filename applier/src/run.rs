@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// Milliseconds a reload may take before it counts as failed and is rolled back.
     #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", default_value_t = 10_000)]
     pub reload_timeout_ms: u64,
+    /// Seconds a host's HTTP probes (inventory `probes`) may take to pass after a version goes
+    /// live there, before the host is rolled back to last-known-good.
+    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", default_value_t = 10)]
+    pub probe_timeout_secs: u64,
     /// Seconds before hosts that failed in a way that may pass (unreachable, dropped
     /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
@@ -73,6 +77,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
+        probe_timeout: Duration::from_secs(args.probe_timeout_secs),
     };
 
     let bus = args.nats.connect().await?;

@@ -371,6 +371,8 @@ pub enum ApplyStage {
     Swap,
     Reload,
     Verify,
+    /// The version loaded, but the host's HTTP probes did not pass: rolled back.
+    Probe,
 }
 
 /// What a host did with a version.
@@ -382,7 +384,7 @@ pub enum ApplyOutcome {
     /// The host already ran this exact config; nothing was touched.
     Unchanged,
     /// The version is not live. `restored` says whether the last-known-good config was put back
-    /// (only needed when the failure came after the swap).
+    /// (only needed when the failure came after the swap): the host was rolled back.
     Failed { stage: ApplyStage, message: String, restored: bool },
 }
 

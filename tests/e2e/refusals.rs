@@ -228,6 +228,54 @@ async fn a_route_whose_service_loses_its_node_port_is_withdrawn_with_an_event() 
     Ok(())
 }
 
+/// A version that loads but breaks what the probes check is rolled back on the canary to the
+/// last config that passed them, and the rollout halts: the other host never gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let probes = "[[probes]]\npath = \"/\"\nhost = \"shop.example.com\"\nstatus = 200\n";
+    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT_SECS", "2")])?;
+    // A good version goes live with its probes passing: it becomes last-known-good.
+    world.route("second", "second.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
+    let good = world.stack.latest_version().await?.expect("a version").version;
+    for h in &world.stack.hosts {
+        assert_eq!(world.report(h.name(), good).await?.outcome, ApplyOutcome::Applied);
+    }
+    let live = world.stack.hosts[0].live_config();
+
+    // A template that routes nothing: it passes `haproxy -c` and reloads, but shop answers 404.
+    let routing = "    use_backend %[var(txn.backend)] if { var(txn.backend) -m found }\n";
+    let bad = render_with(
+        &mut world,
+        "no-routing.j2",
+        |t| {
+            assert!(t.contains(routing));
+            t.replace(routing, "    # routing lost\n")
+        },
+        "# routing lost",
+    )
+    .await?;
+    let report = world.report("lb-1", bad).await?;
+    let ApplyOutcome::Failed { stage, message, restored } = &report.outcome else {
+        panic!("version {bad} should fail its probes: {report:?}\n{}", world.stack.logs());
+    };
+    assert_eq!(*stage, ApplyStage::Probe, "{message}");
+    assert!(
+        message.contains("GET http://shop.example.com/ expecting 200")
+            && message.contains("got 404"),
+        "{message}"
+    );
+    assert!(restored, "rolled back to last-known-good");
+    assert_eq!(world.stack.hosts[0].live_config(), live, "lb-1 runs last-known-good again");
+    assert_eq!(world.stack.hosts[1].live_config(), live, "the rollout halted at the canary");
+    assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(good));
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_haproxy_refuses_never_goes_live_and_the_rollout_halts_at_the_canary() -> Result<()>
 {

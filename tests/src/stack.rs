@@ -46,18 +46,27 @@ pub async fn kubectl_apply(kube: &KubeEnv, file: &std::path::Path) -> Result<()>
 
 /// Writes an applier inventory for `hosts`.
 fn write_inventory(path: &std::path::Path, hosts: &[HaproxyHost]) -> Result<()> {
-    let mut inventory = String::new();
+    write_inventory_with(path, hosts, "")
+}
+
+/// Writes an applier inventory for `hosts`, each with its HTTP address as `probe_address`,
+/// then `extra` (fleet-wide `[[probes]]`, say).
+fn write_inventory_with(path: &std::path::Path, hosts: &[HaproxyHost], extra: &str) -> Result<()> {
+    let mut inventory = String::from(extra);
+    inventory.push('\n');
     for h in hosts {
         write!(
             inventory,
             "[[hosts]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nuser = \"{}\"\n\
-             config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\n",
+             config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\
+             probe_address = \"{}\"\n\n",
             h.name(),
             h.ssh_host(),
             h.ssh_port(),
             h.ssh_user(),
             h.config_path().display(),
             h.master_socket().display(),
+            h.http_addr(),
         )?;
     }
     std::fs::write(path, inventory)?;
@@ -220,6 +229,21 @@ impl Stack {
     pub fn restart_with(&mut self, c: Component, env: &[(&str, &str)]) -> Result<()> {
         self.kill(c);
         self.start_component_with(c, env)
+    }
+
+    /// Restarts the applier with an inventory of this stack's hosts followed by `extra` TOML
+    /// (fleet-wide `[[probes]]`, say).
+    pub fn restart_applier_with_inventory(
+        &mut self,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Result<()> {
+        let path = self.dir.path().join("inventory-extra.toml");
+        write_inventory_with(&path, &self.hosts, extra)?;
+        let path = path.to_str().context("utf-8 temp path")?.to_owned();
+        let mut env = env.to_vec();
+        env.push(("HAFLEET_INVENTORY", &path));
+        self.restart_with(Component::Applier, &env)
     }
 
     /// The process id of a running component.
