@@ -18,9 +18,41 @@ pub enum CanaryVerdict {
 pub fn canary_verdict(outcome: &ApplyOutcome) -> CanaryVerdict {
     match outcome {
         ApplyOutcome::Applied | ApplyOutcome::Unchanged => CanaryVerdict::Passed,
-        ApplyOutcome::Failed { stage: ApplyStage::Connect, .. } => CanaryVerdict::Unreachable,
+        // A host that cannot be reached, or cannot be trusted, is passed over: its trouble is
+        // its own, not the version's, and the rest of the fleet must not freeze behind it.
+        ApplyOutcome::Failed { stage: ApplyStage::Connect | ApplyStage::HostKey, .. } => {
+            CanaryVerdict::Unreachable
+        }
         ApplyOutcome::Failed { .. } => CanaryVerdict::Failed,
     }
+}
+
+/// Whether what `ssh` said when it would not connect is about the host's key (unknown or
+/// changed against the pinned known_hosts) rather than about reaching the host.
+pub fn is_host_key_refusal(ssh_said: &str) -> bool {
+    [
+        "Host key verification failed",
+        "REMOTE HOST IDENTIFICATION HAS CHANGED",
+        "host key is known for",
+        "Host key for",
+    ]
+    .iter()
+    .any(|s| ssh_said.contains(s))
+}
+
+/// The fingerprints in `ssh-keygen -lf -` output (`256 SHA256:… host (ED25519)`), as
+/// `SHA256:… (ED25519)`.
+pub fn fingerprints(keygen_said: &str) -> Vec<String> {
+    keygen_said
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let _bits = parts.next()?;
+            let fp = parts.next().filter(|f| f.starts_with("SHA256:"))?;
+            let kind = l.rsplit_once(' ').map(|(_, k)| k).filter(|k| k.starts_with('('))?;
+            Some(format!("{fp} {kind}"))
+        })
+        .collect()
 }
 
 /// The hosts of `rest` after wave `wave` (0-based) when `rest` goes in waves of `parallelism`:
@@ -180,10 +212,25 @@ mod tests {
     }
 
     #[test]
+    fn host_key_refusals_are_told_from_unreachable_hosts_and_fingerprints_read() {
+        assert!(is_host_key_refusal(
+            "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict \
+             checking.\r\nHost key verification failed."
+        ));
+        assert!(is_host_key_refusal("@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @"));
+        assert!(!is_host_key_refusal("ssh: connect to host 10.0.0.1 port 22: Connection refused"));
+        assert!(!is_host_key_refusal("Permission denied (publickey)."));
+        let said =
+            "256 SHA256:AbC+/1 [127.0.0.1]:2222 (ED25519)\n3072 SHA256:xyz= lb-1 (RSA)\nnoise\n";
+        assert_eq!(fingerprints(said), ["SHA256:AbC+/1 (ED25519)", "SHA256:xyz= (RSA)"]);
+    }
+
+    #[test]
     fn an_unreachable_canary_passes_the_role_on_and_a_refusal_stops_the_rollout() {
         let failed =
             |stage| ApplyOutcome::Failed { stage, message: String::new(), restored: false };
         assert_eq!(canary_verdict(&failed(ApplyStage::Connect)), CanaryVerdict::Unreachable);
+        assert_eq!(canary_verdict(&failed(ApplyStage::HostKey)), CanaryVerdict::Unreachable);
         assert_eq!(canary_verdict(&failed(ApplyStage::Validate)), CanaryVerdict::Failed);
         assert_eq!(canary_verdict(&failed(ApplyStage::Verify)), CanaryVerdict::Failed);
         assert_eq!(canary_verdict(&ApplyOutcome::Applied), CanaryVerdict::Passed);

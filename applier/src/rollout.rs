@@ -135,9 +135,7 @@ pub async fn apply_host(
 ) -> (ApplyOutcome, Effort) {
     let (conn, generation) = match settings.ssh.take(host).await {
         Ok(c) => c,
-        Err(e) => {
-            return (failed(fail(ApplyStage::Connect, format!("{e}"))), Effort::default());
-        }
+        Err(e) => return (failed(connect_failure(host, &e).await), Effort::default()),
     };
     let mut effort = Effort::default();
     let result = apply_on(&conn, host, version, known, settings, &mut effort).await;
@@ -146,6 +144,35 @@ pub async fn apply_host(
         Ok(outcome) => (outcome, effort),
         Err(f) => (failed(f), effort),
     }
+}
+
+/// Why the connection failed: a host key that is not the pinned one (with the fingerprints the
+/// host offers, from `ssh-keyscan`), or the host not being reachable.
+async fn connect_failure(host: &Host, e: &openssh::Error) -> Failure {
+    let mut said = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        said.push_str(": ");
+        said.push_str(&s.to_string());
+        source = s.source();
+    }
+    if !plan::is_host_key_refusal(&said) {
+        return fail(ApplyStage::Connect, said);
+    }
+    let offered = crate::ssh::offered_fingerprints(host).await;
+    let offered = match offered.is_empty() {
+        true => "its key could not be read".to_owned(),
+        false => format!("it offers {}", offered.join(", ")),
+    };
+    warn!(host = %host.name, %offered, "host key is not the pinned one; refused");
+    fail(
+        ApplyStage::HostKey,
+        format!(
+            "host key of {}:{} is not the one pinned in --ssh-known-hosts (unknown or changed); \
+             {offered}. Refused: pin the right key to let it in. ssh said: {said}",
+            host.address, host.port
+        ),
+    )
 }
 
 fn failed(f: Failure) -> ApplyOutcome {
@@ -514,6 +541,7 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
 
 /// Whether a failure at `stage` may go away by itself (a dropped connection, a slow host), so
 /// that trying the same version again makes sense. A config HAProxy refused is refused again.
+/// (A host key refusal is retried too: the operator may pin the right key.)
 pub fn retryable(stage: ApplyStage) -> bool {
     !matches!(stage, ApplyStage::Validate | ApplyStage::Reload | ApplyStage::Probe)
 }
@@ -599,7 +627,8 @@ pub async fn roll_out(
     for (n, wave) in rest.chunks(settings.parallelism.max(1)).enumerate() {
         let outcomes = futures::future::join_all(wave.iter().map(|&i| attempt(i))).await;
         let halt = outcomes.iter().any(|r| {
-            matches!(r.outcome, ApplyOutcome::Failed { stage, .. } if stage != ApplyStage::Connect)
+            matches!(r.outcome, ApplyOutcome::Failed { stage, .. }
+                if !matches!(stage, ApplyStage::Connect | ApplyStage::HostKey))
         });
         result.outcomes.extend(outcomes);
         if halt {

@@ -48,6 +48,34 @@ impl SshSettings {
     }
 }
 
+/// The fingerprints of the keys `host` offers, read with `ssh-keyscan` and `ssh-keygen -lf -`
+/// (for a report of a key that is not the pinned one); empty if they cannot be read.
+pub async fn offered_fingerprints(host: &Host) -> Vec<String> {
+    let scan = tokio::process::Command::new("ssh-keyscan")
+        .args(["-T", "5", "-p", &host.port.to_string(), &host.address])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let Ok(Ok(scan)) = tokio::time::timeout(Duration::from_secs(10), scan).await else {
+        return vec![];
+    };
+    let Ok(mut keygen) = tokio::process::Command::new("ssh-keygen")
+        .args(["-l", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return vec![];
+    };
+    if let Some(mut stdin) = keygen.stdin.take() {
+        let _ = stdin.write_all(&scan.stdout).await;
+    }
+    match keygen.wait_with_output().await {
+        Ok(out) => crate::plan::fingerprints(&String::from_utf8_lossy(&out.stdout)),
+        Err(_) => vec![],
+    }
+}
+
 /// What a remote command did.
 #[derive(Debug, Clone)]
 pub struct RemoteOutput {

@@ -365,7 +365,11 @@ impl ConfigVersion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApplyStage {
+    /// The host could not be reached.
     Connect,
+    /// The host answered with a key that is not the one pinned for it (unknown or changed):
+    /// refused, whatever else it says.
+    HostKey,
     Upload,
     Validate,
     Swap,

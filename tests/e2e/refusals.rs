@@ -361,7 +361,22 @@ async fn a_canary_whose_ssh_key_is_not_pinned_is_refused_and_does_not_freeze_its
     let ApplyOutcome::Failed { stage, message, .. } = &report.outcome else {
         panic!("lb-1 must be refused: {report:?}");
     };
-    assert_eq!(*stage, ApplyStage::Connect, "{message}");
+    // Told apart from an unreachable host, with the fingerprint of the key it offers: the one
+    // that was pinned (ssh-keygen's reading of the forgotten known_hosts line).
+    assert_eq!(*stage, ApplyStage::HostKey, "{message}");
+    let forgotten = world.stack.dir().join("forgotten_known_hosts");
+    std::fs::write(
+        &forgotten,
+        pinned.lines().filter(|l| l.starts_with(&lb1)).collect::<Vec<_>>().join("\n"),
+    )?;
+    let keygen = std::process::Command::new("ssh-keygen").arg("-lf").arg(&forgotten).output()?;
+    let pinned_fp = String::from_utf8_lossy(&keygen.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("no fingerprint")
+        .to_owned();
+    assert!(pinned_fp.starts_with("SHA256:"), "{pinned_fp}");
+    assert!(message.contains(&format!("it offers {pinned_fp}")), "{message}");
     // An unreachable canary passes the role on: the rest of the fleet is not frozen.
     assert_eq!(world.report("lb-2", 2).await?.outcome, ApplyOutcome::Applied);
     expect_on(&world.stack.hosts[1..], &world.stack, "second.example.com", "/", 200, "api@")
