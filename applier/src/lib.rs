@@ -13,21 +13,53 @@ pub mod rollout;
 pub mod run;
 pub mod runtime;
 pub mod ssh;
+pub mod status;
 
 use clap::Parser;
 
-/// Applies a fleet's HAProxy config versions to its hosts over SSH.
+/// Applies a fleet's HAProxy config versions to its hosts over SSH. Without a subcommand it
+/// runs (every run flag below); `status` shows what each host runs.
 #[derive(Debug, Parser)]
-#[command(name = "hafleet-applier", version, about, long_about = None)]
+#[command(
+    name = "hafleet-applier",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     #[command(flatten)]
-    pub run: run::RunArgs,
+    pub run: Option<run::RunArgs>,
+}
+
+/// The run settings alone, for a command line that gives none of them.
+#[derive(Debug, Parser)]
+#[command(name = "hafleet-applier")]
+struct RunOnly {
+    #[command(flatten)]
+    run: run::RunArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// What each host of a fleet runs: live version and sha256, its last outcome and when,
+    /// drift. Read from the reports stream through NATS, from any machine.
+    Status(status::StatusArgs),
 }
 
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
         hafleet_runtime::init_tracing();
-        run::run(Cli::parse().run).await
+        match Cli::parse() {
+            Cli { command: Some(Command::Status(args)), .. } => status::status(args).await,
+            Cli { run: Some(args), .. } => run::run(args).await,
+            // Every run setting came from the environment (as under systemd): read them as
+            // the run command alone, with its required arguments required again.
+            Cli { command: None, run: None } => run::run(RunOnly::parse().run).await,
+        }
     }
 }

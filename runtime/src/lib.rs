@@ -16,6 +16,31 @@ pub fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Rows as aligned columns for a terminal, two spaces apart, the last column left as it is
+/// (so a long cause or message does not widen the others).
+pub fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_tracing() {
     tracing_subscriber::fmt()

@@ -273,6 +273,36 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     assert_eq!(world.stack.hosts[1].live_config(), live, "the rollout halted at the canary");
     assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(good));
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // What an operator sees from their machine: `hafleet-applier status`, as hafleet-operator.
+    let status = |args: &[&str]| {
+        std::process::Command::new(hafleet_tests::bin_path("hafleet-applier"))
+            .arg("status")
+            .args(args)
+            .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+            .output()
+    };
+    let out = status(&["--fleet", "edge", "--json"])?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hosts: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let by_name = |n: &str| hosts.iter().find(|h| h["host"] == n).cloned().unwrap_or_default();
+    let (lb1, lb2) = (by_name("lb-1"), by_name("lb-2"));
+    assert_eq!(lb1["version"], good, "{hosts:?}");
+    assert_eq!(lb1["last_version"], bad, "{hosts:?}");
+    assert_eq!(lb1["last_outcome"], "failed at probe, rolled back", "{hosts:?}");
+    assert_eq!(
+        (lb2["version"].clone(), lb2["last_outcome"].clone()),
+        (good.into(), "applied".into())
+    );
+    let good_sha = world.report("lb-2", good).await?.sha256;
+    assert_eq!(lb1["sha256"], good_sha.as_str());
+    assert_eq!(lb1["drift"], "unchecked");
+    let table = status(&["--fleet", "edge"])?;
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.starts_with("HOST") && table.contains("failed at probe"), "{table}");
+    let unknown = status(&["--fleet", "nosuch"])?;
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("fleet nosuch has no reports"));
     Ok(())
 }
 

@@ -211,7 +211,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                     v.cause.clone(),
                 ]);
             }
-            print!("{}", table(&rows));
+            print!("{}", hafleet_runtime::table(&rows));
             Ok(())
         }
         HistoryCommand::Show { common, version: n, json } => {
@@ -308,30 +308,6 @@ pub async fn rollback_or_resume(common: Common, to: Option<u64>) -> anyhow::Resu
     Ok(())
 }
 
-/// Aligned columns, the last one left as it is.
-fn table(rows: &[[String; 7]]) -> String {
-    let mut widths = [0usize; 7];
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 /// A bundle as `history show` and `replay` print it: the config, then each map file under a
 /// line naming it.
 pub(crate) fn print_bundle(bundle: &Bundle) {
@@ -424,7 +400,7 @@ mod tests {
         let row = |a: &str| {
             [a.to_owned(), "t".into(), "s".into(), "p".into(), "1".into(), "-".into(), "c".into()]
         };
-        let t = table(&[row("VERSION"), row("12")]);
+        let t = hafleet_runtime::table(&[row("VERSION"), row("12")]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0].find('t'), lines[1].find('t'));
         assert_eq!(colour("+a\n", false), "+a\n");

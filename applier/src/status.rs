@@ -1,0 +1,227 @@
+//! `hafleet-applier status --fleet F`: what each host of a fleet runs, from the reports
+//! stream, as an operator sees it from any machine with NATS access (the `hafleet-operator`
+//! user). It needs no running applier and never touches a host.
+//!
+//! A host's live version is the version of its newest `applied` or `unchanged` report: a
+//! failure before the swap leaves that version running, and a rollback puts back the last
+//! config that loaded and passed its probes, which is that same version. Only a failure after
+//! the swap that could not restore leaves it unknown.
+
+use futures::StreamExt as _;
+use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, FleetName};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One host's state, as `status` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostStatus {
+    pub host: String,
+    /// The version live on the host; `None` when its reports cannot tell.
+    pub version: Option<u64>,
+    pub sha256: Option<String>,
+    /// The newest report: its version, outcome (`applied`, `unchanged`, `failed at <stage>`)
+    /// and when it finished.
+    pub last_version: u64,
+    pub last_outcome: String,
+    pub last_message: Option<String>,
+    pub last_unix_ms: u64,
+    /// Whether the host runs what it should: not checked yet (drift detection is not built).
+    pub drift: &'static str,
+}
+
+fn stage_name(stage: ApplyStage) -> String {
+    serde_json::to_value(stage).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// A host's status from its reports, oldest first. Pure.
+pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
+    let last = reports.last()?;
+    let live = reports
+        .iter()
+        .rev()
+        .find(|r| matches!(r.outcome, ApplyOutcome::Applied | ApplyOutcome::Unchanged));
+    let unknown_after_swap = matches!(
+        &last.outcome,
+        ApplyOutcome::Failed { stage, restored: false, .. }
+            if matches!(stage, ApplyStage::Swap | ApplyStage::Reload | ApplyStage::Verify | ApplyStage::Probe)
+    );
+    let live = live.filter(|_| !unknown_after_swap);
+    let (last_outcome, last_message) = match &last.outcome {
+        ApplyOutcome::Applied => ("applied".to_owned(), None),
+        ApplyOutcome::Unchanged => ("unchanged".to_owned(), None),
+        ApplyOutcome::Failed { stage, message, restored } => (
+            format!(
+                "failed at {}{}",
+                stage_name(*stage),
+                if *restored { ", rolled back" } else { "" }
+            ),
+            Some(message.clone()),
+        ),
+    };
+    Some(HostStatus {
+        host: host.to_owned(),
+        version: live.map(|r| r.version),
+        sha256: live.map(|r| r.sha256.clone()),
+        last_version: last.version,
+        last_outcome,
+        last_message,
+        last_unix_ms: last.finished_unix_ms,
+        drift: "unchecked",
+    })
+}
+
+/// Every report of `fleet` the reports stream holds, per host, oldest first.
+async fn reports(
+    bus: &hafleet_runtime::nats::Bus,
+    fleet: &FleetName,
+) -> anyhow::Result<BTreeMap<String, Vec<ApplyReport>>> {
+    use anyhow::Context as _;
+    use async_nats::jetstream::consumer::push;
+    let mut out: BTreeMap<String, Vec<ApplyReport>> = BTreeMap::new();
+    let stream = match bus.js.get_stream(hafleet_proto::REPORTS_STREAM).await {
+        Ok(s) => s,
+        Err(_) => return Ok(out),
+    };
+    let consumer = stream
+        .create_consumer(push::OrderedConfig {
+            deliver_subject: bus.client.new_inbox(),
+            filter_subject: format!("hafleet.reports.{fleet}.*"),
+            ..Default::default()
+        })
+        .await
+        .context("cannot read the reports stream")?;
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await.context("cannot read the reports stream")?;
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .context("the reports stream stopped answering")?
+            .context("the reports stream ended")??;
+        let pending = m.info().map(|i| i.pending).unwrap_or(0);
+        if let Ok(r) = ApplyReport::decode(&m.payload) {
+            out.entry(r.host.to_string()).or_default().push(r);
+        }
+        if pending == 0 {
+            return Ok(out);
+        }
+    }
+}
+
+/// Settings of `hafleet-applier status`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
+    /// The fleet whose hosts to show.
+    #[arg(long, env = "HAFLEET_FLEET")]
+    pub fleet: FleetName,
+    /// An array of objects (`host`, `version`, `sha256`, `drift`, the last outcome) instead of
+    /// a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn time_of(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Runs `hafleet-applier status`.
+pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let bus = args.nats.connect().await?;
+    let all = reports(&bus, &args.fleet).await?;
+    anyhow::ensure!(
+        !all.is_empty(),
+        "fleet {} has no reports: no applier has reported on it (within the reports stream's \
+         7 days), or the fleet name is wrong",
+        args.fleet
+    );
+    let hosts: Vec<HostStatus> = all.iter().filter_map(|(h, r)| of_host(h, r)).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&hosts)?);
+        return Ok(());
+    }
+    let mut rows =
+        vec![["HOST", "VERSION", "SHA256", "LAST", "OUTCOME", "WHEN", "DRIFT"].map(String::from)];
+    for h in &hosts {
+        rows.push([
+            h.host.clone(),
+            h.version.map_or("?".into(), |v| v.to_string()),
+            h.sha256.as_deref().map_or("-".into(), |s| s.get(..12).unwrap_or(s).to_owned()),
+            h.last_version.to_string(),
+            h.last_outcome.clone(),
+            time_of(h.last_unix_ms),
+            h.drift.to_owned(),
+        ]);
+    }
+    print!("{}", hafleet_runtime::table(&rows));
+    for h in hosts.iter().filter(|h| h.last_message.is_some()) {
+        println!("{}: {}", h.host, h.last_message.as_deref().unwrap_or_default());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(version: u64, outcome: ApplyOutcome) -> ApplyReport {
+        ApplyReport {
+            schema: hafleet_proto::SCHEMA_VERSION,
+            fleet: FleetName::new("edge").unwrap(),
+            host: hafleet_proto::HostName::new("lb-1").unwrap(),
+            version,
+            sha256: format!("sha-{version}"),
+            outcome,
+            finished_unix_ms: 1_795_480_113_000,
+            duration_ms: 5,
+            reloads: 0,
+            runtime_commands: 0,
+        }
+    }
+
+    fn failed(stage: ApplyStage, restored: bool) -> ApplyOutcome {
+        ApplyOutcome::Failed { stage, message: "why".into(), restored }
+    }
+
+    #[test]
+    fn the_live_version_is_the_newest_that_went_live_unless_a_failure_left_it_unknown() {
+        let ok = |v| report(v, ApplyOutcome::Applied);
+        let s = of_host("lb-1", &[ok(1), ok(2)]).unwrap();
+        assert_eq!((s.version, s.last_outcome.as_str()), (Some(2), "applied"));
+        // Refused before the swap, or rolled back: version 2 still runs.
+        for outcome in [failed(ApplyStage::Validate, false), failed(ApplyStage::Probe, true)] {
+            let s = of_host("lb-1", &[ok(1), ok(2), report(3, outcome)]).unwrap();
+            assert_eq!((s.version, s.last_version), (Some(2), 3));
+            assert_eq!(s.sha256.as_deref(), Some("sha-2"));
+            assert!(s.last_outcome.starts_with("failed at "), "{}", s.last_outcome);
+        }
+        let s = of_host("lb-1", &[ok(1), report(2, failed(ApplyStage::Probe, true))]).unwrap();
+        assert_eq!(s.last_outcome, "failed at probe, rolled back");
+        // Failed after the swap without a restore: nobody knows.
+        let s = of_host("lb-1", &[ok(1), report(2, failed(ApplyStage::Reload, false))]).unwrap();
+        assert_eq!(s.version, None);
+        assert!(of_host("lb-1", &[]).is_none());
+        assert_eq!(time_of(1_795_480_113_000), "2026-11-24T00:28:33Z");
+        assert_eq!(time_of(0), "1970-01-01T00:00:00Z");
+    }
+}
