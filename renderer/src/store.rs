@@ -162,8 +162,22 @@ fn whole_json(value: &[u8]) -> std::io::Result<Vec<u8>> {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::open(path)
-            .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+        // sled releases its directory lock from a background thread after the last handle is
+        // dropped, so a store just closed in this process may still hold it for a moment:
+        // wait up to 5 s for that. (Another renderer on the same directory fails after that.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let db = loop {
+            match sled::open(path) {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        }
+        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
         Ok(Store {
             ingresses: db.open_tree("ingresses")?,
             versions: db.open_tree("versions")?,
