@@ -27,6 +27,64 @@ pub fn canary_verdict(outcome: &ApplyOutcome) -> CanaryVerdict {
     }
 }
 
+/// What a drift check reads on a host: the live config's sha256, the one HAProxy last loaded
+/// (the applier's marker), and each of the version's map files' sha256 (`None`: missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFiles {
+    pub live: Option<String>,
+    pub loaded: Option<String>,
+    pub maps: Vec<(String, Option<String>)>,
+}
+
+impl HostFiles {
+    /// Reads DRIFT_STATE's output: the two sha256 lines (empty if unknown), then
+    /// `<map name> <sha256 or ->` per map.
+    pub fn parse(out: &str) -> HostFiles {
+        let mut lines = out.lines().map(str::trim);
+        let mut sha = || lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
+        let (live, loaded) = (sha(), sha());
+        let maps = lines
+            .filter_map(|l| {
+                let (name, sha) = l.split_once(' ')?;
+                Some((name.to_owned(), (sha != "-").then(|| sha.to_owned())))
+            })
+            .collect();
+        HostFiles { live, loaded, maps }
+    }
+}
+
+/// How a host's files differ from the version `sha256` whose maps are `maps` (name, the
+/// sha256 its name promises); `None` when the host runs exactly that version.
+pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<String> {
+    let mut found = Vec::new();
+    match files.live.as_deref() {
+        None => found.push("the live config is missing".to_owned()),
+        Some(live) if live != sha256 => found.push(format!(
+            "the live config has sha256 {}, not the version's {}",
+            short(live),
+            short(sha256)
+        )),
+        Some(_) => {}
+    }
+    if files.loaded.is_some() && files.loaded != files.live {
+        found.push("HAProxy last loaded a config other than the live file".to_owned());
+    }
+    for (name, want) in maps {
+        match files.maps.iter().find(|(n, _)| n == name).and_then(|(_, sha)| sha.as_deref()) {
+            None => found.push(format!("map {name} is missing")),
+            Some(sha) if sha != *want => {
+                found.push(format!("map {name} was changed (sha256 {})", short(sha)))
+            }
+            Some(_) => {}
+        }
+    }
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
 /// Whether what `ssh` said when it would not connect is about the host's key (unknown or
 /// changed against the pinned known_hosts) rather than about reaching the host.
 pub fn is_host_key_refusal(ssh_said: &str) -> bool {
@@ -209,6 +267,26 @@ mod tests {
         assert_eq!(host_plan(Some("a"), None, "a"), HostPlan::ReloadOnly);
         assert_eq!(host_plan(Some("old"), Some("old"), "a"), HostPlan::Full);
         assert_eq!(host_plan(None, None, "a"), HostPlan::Full);
+    }
+
+    #[test]
+    fn drift_names_every_file_that_is_not_the_version_s() {
+        let maps = [("exact-aa.map", "aa"), ("prefix-bb.map", "bb")];
+        let files = |out: &str| HostFiles::parse(out);
+        let same = files("v1sha\nv1sha\nexact-aa.map aa\nprefix-bb.map bb\n");
+        assert_eq!(drift("v1sha", &maps, &same), None);
+        let edited = files("0123456789abcdef\nv1sha\nexact-aa.map aa\nprefix-bb.map -\n");
+        let found = drift("v1sha", &maps, &edited).unwrap();
+        assert!(
+            found.contains("live config has sha256 0123456789ab, not the version's v1sha"),
+            "{found}"
+        );
+        assert!(found.contains("HAProxy last loaded a config other than the live file"), "{found}");
+        assert!(found.contains("map prefix-bb.map is missing"), "{found}");
+        let changed = files("v1sha\nv1sha\nexact-aa.map ff\nprefix-bb.map bb\n");
+        assert!(drift("v1sha", &maps, &changed).unwrap().contains("map exact-aa.map was changed"));
+        let gone = files("\n\n");
+        assert!(drift("v1sha", &[], &gone).unwrap().contains("the live config is missing"));
     }
 
     #[test]

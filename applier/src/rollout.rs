@@ -47,6 +47,10 @@ mod scripts {
     /// last-known-good names, once they are an hour old (an upload of another attempt may not
     /// be swapped in yet).
     pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
+    /// $1 = live config path, then map names. Prints the live file's sha256 and the loaded
+    /// marker (a line each, empty if unknown), then `<name> <sha256>` for each map (`-` if
+    /// missing). Changes nothing.
+    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do if [ -f "$d/$m" ]; then printf '%s %s\n' "$m" "$(sha256sum "$d/$m" | cut -d' ' -f1)"; else printf '%s -\n' "$m"; fi; done"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -287,6 +291,31 @@ async fn apply_on(
             Err(failure)
         }
     }
+}
+
+/// How `host`'s files differ from `version` (`Ok(None)`: they do not); `Err` when the host
+/// cannot be read (a drift check skips it: the retry loop deals with unreachable hosts).
+pub async fn drift_of(
+    host: &Host,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> Result<Option<String>, String> {
+    let (conn, generation) = settings.ssh.take(host).await.map_err(|e| e.to_string())?;
+    let maps: Vec<(&str, &str)> = version
+        .bundle()
+        .iter()
+        .flat_map(|b| &b.maps)
+        .map(|m| (m.name.as_str(), m.name.digest()))
+        .collect();
+    let mut args = vec![host.config_path.as_str()];
+    args.extend(maps.iter().map(|(name, _)| *name));
+    let out = conn.run(scripts::DRIFT_STATE, &args, None).await;
+    settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
+    let out = out.map_err(|e| e.to_string())?;
+    if !out.success {
+        return Err(out.stderr);
+    }
+    Ok(plan::drift(&version.sha256, &maps, &plan::HostFiles::parse(&out.stdout)))
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts

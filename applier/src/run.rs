@@ -13,10 +13,13 @@ use crate::ssh::{ConnPool, SshSettings};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
-use hafleet_proto::{ApplyOutcome, ApplyReport, ConfigVersion, FleetName, SCHEMA_VERSION};
+use hafleet_proto::{
+    ApplyOutcome, ApplyReport, ApplyStage, ConfigVersion, FleetName, SCHEMA_VERSION,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Settings of `hafleet-applier`.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +53,15 @@ pub struct RunArgs {
     /// live there, before the host is rolled back to last-known-good.
     #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", default_value_t = 10)]
     pub probe_timeout_secs: u64,
+    /// Seconds between checks that each host still runs the version it was given: its live
+    /// config, the config HAProxy last loaded, and its map files. 0: never check.
+    #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", default_value_t = 30)]
+    pub drift_check_secs: u64,
+    /// What to do with a host that drifted: `repair` puts the version back (through the
+    /// runtime API, or a reload, as for any version) and reports what it found; `report` only
+    /// reports it (outcome failed at stage drift), once per finding.
+    #[arg(long, env = "HAFLEET_DRIFT_POLICY", value_enum, default_value_t = DriftPolicy::Repair)]
+    pub drift_policy: DriftPolicy,
     /// Seconds before hosts that failed in a way that may pass (unreachable, dropped
     /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
@@ -94,29 +106,47 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut known = Known::default();
     // The newest version rolled out; anything older that arrives later is superseded.
     let mut done: u64 = 0;
+    // Hosts whose last apply of the newest version succeeded: the ones a drift check compares
+    // with it (a host that refused or rolled back that version is not expected to run it).
+    let mut in_sync: BTreeSet<usize> = BTreeSet::new();
 
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
     if let Some(version) = bus::latest_version(&configs, &args.fleet).await? {
         let version = bus.fetch_bundle(version).await?;
         info!(version = version.version, "converging on the newest version at start-up");
-        let unreached = apply_and_report(&bus, &hosts, &version, &known, &settings).await;
+        let rolled = apply_and_report(&bus, &hosts, &version, &known, &settings, None).await;
         done = version.version;
         known.push(version.clone());
-        retry = (!unreached.is_empty()).then_some((version, unreached));
+        in_sync = rolled.live.into_iter().collect();
+        retry = (!rolled.retry.is_empty()).then_some((version, rolled.retry));
     }
 
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
+    let drift_every = Duration::from_secs(args.drift_check_secs.max(1));
+    let mut drift_timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + drift_every, drift_every);
+    drift_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut drift_reported = BTreeMap::new();
     loop {
         let next = tokio::select! {
             m = messages.next() => m,
+            _ = drift_timer.tick(), if args.drift_check_secs > 0 && !known.0.is_empty() => {
+                let current = known.0.last().cloned().expect("guarded by if");
+                let context = (args.drift_policy, &mut in_sync, &mut drift_reported);
+                check_drift(&bus, &hosts, &current, &known, &settings, context).await;
+                continue;
+            }
             _ = tokio::time::sleep(retry_every), if retry.is_some() => {
                 let (version, unreached) = retry.take().expect("guarded by if");
                 let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
                 info!(version = version.version, hosts = subset.len(), "retrying hosts");
-                let left = apply_and_report(&bus, &subset, &version, &known, &settings).await;
-                let left: Vec<usize> = left.into_iter().map(|i| unreached[i]).collect();
+                let rolled = apply_and_report(&bus, &subset, &version, &known, &settings, None).await;
+                if Some(version.version) == known.0.last().map(|v| v.version) {
+                    in_sync.extend(rolled.live.iter().map(|&i| unreached[i]));
+                }
+                let left: Vec<usize> = rolled.retry.into_iter().map(|i| unreached[i]).collect();
                 if !left.is_empty() {
                     retry = Some((version, left));
                 }
@@ -156,15 +186,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     }
                 };
                 if let Some(version) = version {
-                    let unreached = {
-                        let work = apply_and_report(&bus, &hosts, &version, &known, &settings);
+                    let rolled = {
+                        let work =
+                            apply_and_report(&bus, &hosts, &version, &known, &settings, None);
                         tokio::pin!(work);
                         // Keep the message ours while the rollout runs.
                         let mut progress = tokio::time::interval(bus::ACK_WAIT / 4);
                         progress.tick().await;
                         loop {
                             tokio::select! {
-                                unreached = &mut work => break unreached,
+                                rolled = &mut work => break rolled,
                                 _ = progress.tick() => {
                                     let _ = msg.ack_with(jetstream::AckKind::Progress).await;
                                 }
@@ -173,7 +204,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     };
                     done = version.version;
                     known.push(version.clone());
-                    retry = (!unreached.is_empty()).then_some((version, unreached));
+                    in_sync = rolled.live.into_iter().collect();
+                    retry = (!rolled.retry.is_empty()).then_some((version, rolled.retry));
                 }
             }
             Err(e) => error!(error = %e, "config message refused"),
@@ -186,6 +218,78 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     settings.ssh.close_all().await;
     bus.drain().await;
     Ok(())
+}
+
+/// What the applier does about a host that drifted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DriftPolicy {
+    Repair,
+    Report,
+}
+
+/// Checks every host in `in_sync` (those whose last apply of `version` succeeded) against
+/// it; repairs or reports what differs, as `policy` says. A repair that fails takes the host
+/// out of `in_sync`. `reported` keeps what was last reported per host, so a finding left as it
+/// is is reported once.
+async fn check_drift(
+    bus: &bus::Bus,
+    hosts: &[Host],
+    version: &ConfigVersion,
+    known: &Known,
+    settings: &RolloutSettings,
+    (policy, in_sync, reported): (DriftPolicy, &mut BTreeSet<usize>, &mut BTreeMap<usize, String>),
+) {
+    let checked: Vec<usize> = in_sync.iter().copied().collect();
+    for (i, host) in checked.into_iter().map(|i| (i, &hosts[i])) {
+        let found = match rollout::drift_of(host, version, settings).await {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                reported.remove(&i);
+                continue;
+            }
+            Err(e) => {
+                debug!(host = %host.name, error = %e, "drift check skipped: host not readable");
+                continue;
+            }
+        };
+        match policy {
+            DriftPolicy::Repair => {
+                warn!(host = %host.name, version = version.version, %found, "drift; repairing");
+                let one = std::slice::from_ref(host);
+                let rolled =
+                    apply_and_report(bus, one, version, known, settings, Some(&found)).await;
+                if rolled.live.is_empty() {
+                    in_sync.remove(&i);
+                }
+            }
+            DriftPolicy::Report if reported.get(&i) != Some(&found) => {
+                warn!(host = %host.name, version = version.version, %found, "drift; reporting only");
+                let report = ApplyReport {
+                    schema: SCHEMA_VERSION,
+                    fleet: version.fleet.clone(),
+                    host: host.name.clone(),
+                    version: version.version,
+                    sha256: version.sha256.clone(),
+                    outcome: ApplyOutcome::Failed {
+                        stage: ApplyStage::Drift,
+                        message: found.clone(),
+                        restored: false,
+                    },
+                    finished_unix_ms: hafleet_runtime::now_unix_ms(),
+                    duration_ms: 0,
+                    reloads: 0,
+                    runtime_commands: 0,
+                    drift: Some(found.clone()),
+                };
+                if let Err(e) = bus::publish_report(bus, &report).await {
+                    warn!(error = ?anyhow::Error::from(e), "drift report lost");
+                    continue;
+                }
+                reported.insert(i, found);
+            }
+            DriftPolicy::Report => {}
+        }
+    }
 }
 
 /// The two versions rolled out last, bundles included (a few MB each at 10,000 Ingresses).
@@ -202,15 +306,23 @@ impl Known {
     }
 }
 
-/// Rolls out and publishes one report per host attempted. Returns the indexes (into `hosts`)
-/// of hosts worth another try with the same version (see [`rollout::RolloutResult::to_retry`]).
+/// What a rollout left, as indexes into the hosts it was given.
+struct Rolled {
+    /// Worth another try with the same version (see [`rollout::RolloutResult::to_retry`]).
+    retry: Vec<usize>,
+    /// Run the version now (applied or unchanged).
+    live: Vec<usize>,
+}
+
+/// Rolls out and publishes one report per host attempted.
 async fn apply_and_report(
     bus: &bus::Bus,
     hosts: &[Host],
     version: &ConfigVersion,
     known: &Known,
     settings: &RolloutSettings,
-) -> Vec<usize> {
+    drift: Option<&str>,
+) -> Rolled {
     info!(fleet = %version.fleet, version = version.version, sha256 = %version.sha256, "rolling out");
     let known: Vec<&ConfigVersion> = known.0.iter().collect();
     let result = rollout::roll_out(hosts, version, &known, settings).await;
@@ -237,10 +349,17 @@ async fn apply_and_report(
             duration_ms: took.as_millis() as u64,
             reloads: effort.reloads,
             runtime_commands: effort.runtime_commands,
+            drift: drift.map(str::to_owned),
         };
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }
     }
-    result.to_retry()
+    let live = result
+        .outcomes
+        .iter()
+        .filter(|r| matches!(r.outcome, ApplyOutcome::Applied | ApplyOutcome::Unchanged))
+        .map(|r| r.host)
+        .collect();
+    Rolled { retry: result.to_retry(), live }
 }

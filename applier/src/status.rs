@@ -5,7 +5,7 @@
 //! A host's live version is the version of its newest `applied` or `unchanged` report: a
 //! failure before the swap leaves that version running, and a rollback puts back the last
 //! config that loaded and passed its probes, which is that same version. Only a failure after
-//! the swap that could not restore leaves it unknown.
+//! the swap that could not restore, or drift left as it is, leaves it unknown.
 
 use futures::StreamExt as _;
 use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, FleetName};
@@ -26,8 +26,9 @@ pub struct HostStatus {
     pub last_outcome: String,
     pub last_message: Option<String>,
     pub last_unix_ms: u64,
-    /// Whether the host runs what it should: not checked yet (drift detection is not built).
-    pub drift: &'static str,
+    /// What the applier's drift check last said about the host: `none reported`, `drifted:
+    /// …` (found and left as it is, `--drift-policy report`) or `repaired: …`.
+    pub drift: String,
 }
 
 fn stage_name(stage: ApplyStage) -> String {
@@ -44,7 +45,7 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
     let unknown_after_swap = matches!(
         &last.outcome,
         ApplyOutcome::Failed { stage, restored: false, .. }
-            if matches!(stage, ApplyStage::Swap | ApplyStage::Reload | ApplyStage::Verify | ApplyStage::Probe)
+            if matches!(stage, ApplyStage::Swap | ApplyStage::Reload | ApplyStage::Verify | ApplyStage::Probe | ApplyStage::Drift)
     );
     let live = live.filter(|_| !unknown_after_swap);
     let (last_outcome, last_message) = match &last.outcome {
@@ -67,7 +68,13 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
         last_outcome,
         last_message,
         last_unix_ms: last.finished_unix_ms,
-        drift: "unchecked",
+        drift: match (&last.outcome, &last.drift) {
+            (ApplyOutcome::Failed { stage: ApplyStage::Drift, .. }, Some(found)) => {
+                format!("drifted: {found}")
+            }
+            (_, Some(found)) => format!("repaired: {found}"),
+            (_, None) => "none reported".to_owned(),
+        },
     })
 }
 
@@ -170,7 +177,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             h.last_version.to_string(),
             h.last_outcome.clone(),
             time_of(h.last_unix_ms),
-            h.drift.to_owned(),
+            h.drift.clone(),
         ]);
     }
     print!("{}", hafleet_runtime::table(&rows));
@@ -196,6 +203,7 @@ mod tests {
             duration_ms: 5,
             reloads: 0,
             runtime_commands: 0,
+            drift: None,
         }
     }
 
@@ -221,6 +229,22 @@ mod tests {
         let s = of_host("lb-1", &[ok(1), report(2, failed(ApplyStage::Reload, false))]).unwrap();
         assert_eq!(s.version, None);
         assert!(of_host("lb-1", &[]).is_none());
+        // Drift: left as it is, the version is unknown; repaired, it runs again.
+        let mut left = report(3, failed(ApplyStage::Drift, false));
+        left.drift = Some("the live config has sha256 abc".into());
+        let s = of_host("lb-1", &[ok(3), left.clone()]).unwrap();
+        assert_eq!(
+            (s.version, s.drift.as_str()),
+            (None, "drifted: the live config has sha256 abc")
+        );
+        let mut repaired = ok(3);
+        repaired.drift = left.drift.clone();
+        let s = of_host("lb-1", &[ok(3), left, repaired]).unwrap();
+        assert_eq!(
+            (s.version, s.drift.as_str()),
+            (Some(3), "repaired: the live config has sha256 abc")
+        );
+        assert_eq!(of_host("lb-1", &[ok(3)]).unwrap().drift, "none reported");
         assert_eq!(time_of(1_795_480_113_000), "2026-11-24T00:28:33Z");
         assert_eq!(time_of(0), "1970-01-01T00:00:00Z");
     }

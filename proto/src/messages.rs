@@ -377,6 +377,9 @@ pub enum ApplyStage {
     Verify,
     /// The version loaded, but the host's HTTP probes did not pass: rolled back.
     Probe,
+    /// The host no longer runs the version it was given (a file edited or removed by hand, a
+    /// reload by someone else); found by the applier's periodic check.
+    Drift,
 }
 
 /// What a host did with a version.
@@ -411,6 +414,10 @@ pub struct ApplyReport {
     /// Runtime API commands this apply sent instead of a reload (0 when it reloaded).
     #[serde(default)]
     pub runtime_commands: u32,
+    /// What the applier's drift check found on the host before this apply (which repaired
+    /// it), or, with outcome `failed` at stage `drift`, found and left as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<String>,
 }
 
 impl ApplyReport {
@@ -652,6 +659,7 @@ mod tests {
                 duration_ms: 6,
                 reloads: 0,
                 runtime_commands: 7,
+                drift: None,
             };
             assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
         }

@@ -2,7 +2,7 @@
 //! Ingresses say (invariant 3).
 
 use crate::{CONVERGE, World, expect_everywhere, expect_on};
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::proc::tcp_accepts;
 use hafleet_tests::stack::Component;
@@ -307,5 +307,77 @@ async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> 
             assert!(body.starts_with(&format!("web@{other}")), "{}: {body}", h.name());
         }
     }
+    Ok(())
+}
+
+/// A host whose config is edited by hand is put back to its version (`--drift-policy repair`,
+/// the default), or only reported, once (`report`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says() -> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let version = world.stack.latest_version().await?.expect("a version").version;
+    for h in &world.stack.hosts {
+        world.report(h.name(), version).await?;
+    }
+    let lb2 = &world.stack.hosts[1];
+    let file = |h: &hafleet_tests::HaproxyHost| std::fs::read_to_string(h.config_path());
+    let good = file(lb2)?;
+    std::fs::write(lb2.config_path(), format!("{good}# edited by hand\n"))?;
+    let good = &good;
+    eventually(CONVERGE, "lb-2 put back to its version", || async move {
+        anyhow::ensure!(file(lb2)? == *good, "still edited");
+        Ok(())
+    })
+    .await?;
+    let stack = &world.stack;
+    let repaired = eventually(CONVERGE, "the repair's report", || async move {
+        let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.drift.is_some(), "{r:?}");
+        Ok(r)
+    })
+    .await?;
+    assert_eq!(repaired.outcome, ApplyOutcome::Applied, "{repaired:?}");
+    // The file differs from what HAProxy last loaded through us, and nothing proves HAProxy
+    // was not reloaded onto the edit by someone else: the repair reloads, to be sure.
+    assert_eq!(repaired.reloads, 1, "{repaired:?}");
+    let found = repaired.drift.unwrap_or_default();
+    assert!(found.contains("the live config has sha256"), "{found}");
+
+    // Report only: the edit stays, and is reported once, as drift.
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_DRIFT_CHECK_SECS", "1"), ("HAFLEET_DRIFT_POLICY", "report")],
+    )?;
+    let lb2 = &world.stack.hosts[1];
+    let stack = &world.stack;
+    // The restarted applier converges first (nothing to do); then lb-2 is edited again.
+    eventually(CONVERGE, "the restarted applier's start-up report", || async move {
+        let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.drift.is_none() && r.outcome == ApplyOutcome::Unchanged, "{r:?}");
+        Ok(())
+    })
+    .await?;
+    std::fs::write(lb2.config_path(), format!("{good}# edited again\n"))?;
+    let reported = eventually(CONVERGE, "the drift report", || async move {
+        let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.drift.is_some(), "{r:?}");
+        Ok(r)
+    })
+    .await?;
+    let ApplyOutcome::Failed { stage, .. } = &reported.outcome else {
+        panic!("drift left as it is is a failure at stage drift: {reported:?}");
+    };
+    assert_eq!(*stage, ApplyStage::Drift);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        file(lb2)?.ends_with("# edited again\n"),
+        "report only: left as it is\n{}",
+        std::fs::read_to_string(stack.log_path(Component::Applier)).unwrap_or_default()
+    );
+    let after = stack.last_report("lb-2").await?.context("no report")?;
+    assert_eq!(after.finished_unix_ms, reported.finished_unix_ms, "reported once");
     Ok(())
 }

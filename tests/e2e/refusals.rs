@@ -296,7 +296,7 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     );
     let good_sha = world.report("lb-2", good).await?.sha256;
     assert_eq!(lb1["sha256"], good_sha.as_str());
-    assert_eq!(lb1["drift"], "unchecked");
+    assert_eq!(lb1["drift"], "none reported");
     let table = status(&["--fleet", "edge"])?;
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.starts_with("HOST") && table.contains("failed at probe"), "{table}");
