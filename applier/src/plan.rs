@@ -34,22 +34,33 @@ pub struct HostFiles {
     pub live: Option<String>,
     pub loaded: Option<String>,
     pub maps: Vec<(String, Option<String>)>,
+    /// The master's reload count when the applier marked the config loaded, and now.
+    pub reloads_marked: Option<u64>,
+    pub reloads_now: Option<u64>,
 }
 
 impl HostFiles {
-    /// Reads DRIFT_STATE's output: the two sha256 lines (empty if unknown), then
-    /// `<map name> <sha256 or ->` per map.
+    /// Reads DRIFT_STATE's output: the two sha256 lines (empty if unknown), the reload count
+    /// the marker recorded (empty if none), then `<map name> <sha256 or ->` per map, then
+    /// `show proc` after a `--` line.
     pub fn parse(out: &str) -> HostFiles {
-        let mut lines = out.lines().map(str::trim);
-        let mut sha = || lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
-        let (live, loaded) = (sha(), sha());
+        let (files, proc) = out.split_once("\n--\n").unwrap_or((out, ""));
+        let mut lines = files.lines().map(str::trim);
+        let mut line = || lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
+        let (live, loaded, marked) = (line(), line(), line());
         let maps = lines
             .filter_map(|l| {
                 let (name, sha) = l.split_once(' ')?;
                 Some((name.to_owned(), (sha != "-").then(|| sha.to_owned())))
             })
             .collect();
-        HostFiles { live, loaded, maps }
+        HostFiles {
+            live,
+            loaded,
+            maps,
+            reloads_marked: marked.and_then(|m| m.strip_prefix("reloads ")?.parse().ok()),
+            reloads_now: parse_show_proc(proc).map(|p| p.reloads),
+        }
     }
 }
 
@@ -68,6 +79,13 @@ pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<S
     }
     if files.loaded.is_some() && files.loaded != files.live {
         found.push("HAProxy last loaded a config other than the live file".to_owned());
+    }
+    if let (Some(marked), Some(now)) = (files.reloads_marked, files.reloads_now)
+        && now != marked
+    {
+        found.push(format!(
+            "HAProxy was reloaded outside hafleet (reload {now}, hafleet's last was {marked})"
+        ));
     }
     for (name, want) in maps {
         match files.maps.iter().find(|(n, _)| n == name).and_then(|(_, sha)| sha.as_deref()) {
@@ -189,8 +207,11 @@ pub fn current_worker(state: &ProcState) -> Option<u32> {
 /// Where a reload stands, comparing `show proc` before and after asking for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadCheck {
-    /// A new worker runs the new config.
+    /// A new worker runs the new config, after exactly one reload: ours.
     Done,
+    /// More than one reload happened since ours was asked for: someone else reloaded too, so
+    /// the newest worker cannot be attributed to this apply. Reload again.
+    Raced,
     /// HAProxy refused the config on reload; the old workers still serve.
     Failed,
     /// The master has not finished reloading yet: ask again.
@@ -205,10 +226,10 @@ pub fn check_reload(before: &ProcState, after: &ProcState) -> ReloadCheck {
         .workers
         .iter()
         .any(|(pid, reloads)| *reloads == 0 && !before.workers.iter().any(|(p, _)| p == pid));
-    if after.reloads > before.reloads && new_worker {
-        ReloadCheck::Done
-    } else {
-        ReloadCheck::Pending
+    match (after.reloads.saturating_sub(before.reloads), new_worker) {
+        (1, true) => ReloadCheck::Done,
+        (n, _) if n > 1 => ReloadCheck::Raced,
+        _ => ReloadCheck::Pending,
     }
 }
 
@@ -236,6 +257,9 @@ mod tests {
         assert_eq!(check_reload(&start, &reloaded), ReloadCheck::Done);
         assert_eq!(check_reload(&reloaded, &broken), ReloadCheck::Failed);
         assert_eq!(check_reload(&start, &start), ReloadCheck::Pending);
+        // Two reloads since ours was asked for: the newest worker may be someone else's.
+        let twice = ProcState { reloads: start.reloads + 2, ..reloaded.clone() };
+        assert_eq!(check_reload(&start, &twice), ReloadCheck::Raced);
     }
 
     #[test]
@@ -273,9 +297,27 @@ mod tests {
     fn drift_names_every_file_that_is_not_the_version_s() {
         let maps = [("exact-aa.map", "aa"), ("prefix-bb.map", "bb")];
         let files = |out: &str| HostFiles::parse(out);
-        let same = files("v1sha\nv1sha\nexact-aa.map aa\nprefix-bb.map bb\n");
+        let proc = |reloads: u64| {
+            format!(
+                "\n--\n#<PID> <type> <reloads> <uptime>\n1 master {reloads} [failed: 0] 0d00h00m01s 2.6.12\n"
+            )
+        };
+        let same = files(&format!(
+            "v1sha\nv1sha\nreloads 3\nexact-aa.map aa\nprefix-bb.map bb{}",
+            proc(3)
+        ));
+        assert_eq!((same.reloads_marked, same.reloads_now), (Some(3), Some(3)));
         assert_eq!(drift("v1sha", &maps, &same), None);
-        let edited = files("0123456789abcdef\nv1sha\nexact-aa.map aa\nprefix-bb.map -\n");
+        let foreign = files(&format!(
+            "v1sha\nv1sha\nreloads 3\nexact-aa.map aa\nprefix-bb.map bb{}",
+            proc(4)
+        ));
+        let found = drift("v1sha", &maps, &foreign).unwrap();
+        assert!(
+            found.contains("reloaded outside hafleet (reload 4, hafleet's last was 3)"),
+            "{found}"
+        );
+        let edited = files("0123456789abcdef\nv1sha\n\nexact-aa.map aa\nprefix-bb.map -\n");
         let found = drift("v1sha", &maps, &edited).unwrap();
         assert!(
             found.contains("live config has sha256 0123456789ab, not the version's v1sha"),
@@ -283,9 +325,9 @@ mod tests {
         );
         assert!(found.contains("HAProxy last loaded a config other than the live file"), "{found}");
         assert!(found.contains("map prefix-bb.map is missing"), "{found}");
-        let changed = files("v1sha\nv1sha\nexact-aa.map ff\nprefix-bb.map bb\n");
+        let changed = files("v1sha\nv1sha\n\nexact-aa.map ff\nprefix-bb.map bb\n");
         assert!(drift("v1sha", &maps, &changed).unwrap().contains("map exact-aa.map was changed"));
-        let gone = files("\n\n");
+        let gone = files("\n\n\n");
         assert!(drift("v1sha", &[], &gone).unwrap().contains("the live config is missing"));
     }
 

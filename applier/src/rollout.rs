@@ -41,16 +41,18 @@ mod scripts {
     /// file's sha256 and the sha256 of the config HAProxy last loaded (from the marker), a
     /// line each, empty if unknown; then the map names the host does not have yet, a line each.
     pub const LIVE_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
-    /// $1 = live config path, $2 = expected sha256 or empty. Records the live file's sha256 as
-    /// what HAProxy has loaded, and the file as last-known-good (run only after a verified
+    /// $1 = live config path, $2 = expected sha256 or empty, $3 = the master's reload count
+    /// after our reload, or empty. Records the live file's sha256 (and $3) as what HAProxy has
+    /// loaded, and the file as last-known-good (run only after a verified
     /// reload or runtime change and passed probes); fails if it is not $2. Then, best effort, deletes map files that neither the live config nor
     /// last-known-good names, once they are an hour old (an upload of another attempt may not
     /// be swapped in yet).
-    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
-    /// $1 = live config path, then map names. Prints the live file's sha256 and the loaded
-    /// marker (a line each, empty if unknown), then `<name> <sha256>` for each map (`-` if
-    /// missing). Changes nothing.
-    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do if [ -f "$d/$m" ]; then printf '%s %s\n' "$m" "$(sha256sum "$d/$m" | cut -d' ' -f1)"; else printf '%s -\n' "$m"; fi; done"#;
+    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
+    /// $1 = live config path, $2 = master socket, then map names. Prints the live file's
+    /// sha256, the loaded marker's sha256 and reload count (a line each, empty if unknown),
+    /// then `<name> <sha256>` for each map (`-` if missing), then `--` and `show proc`.
+    /// Changes nothing.
+    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; shift 2; for m in "$@"; do if [ -f "$d/$m" ]; then printf '%s %s\n' "$m" "$(sha256sum "$d/$m" | cut -d' ' -f1)"; else printf '%s -\n' "$m"; fi; done; echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s" || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -205,15 +207,18 @@ async fn apply_on(
             info!("live file is this version but HAProxy never loaded it; reloading");
             let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))?;
             effort.reloads += 1;
-            if let Err(mut failure) = reload(conn, host, &before, settings.reload_timeout).await {
-                // The live file is one HAProxy will not load: put last-known-good back, so a
-                // host restart does not start HAProxy on it.
-                effort.reloads += 1;
-                failure.restored = restore(conn, host, settings.reload_timeout).await;
-                return Err(failure);
-            }
+            let after = match reload(conn, host, &before, settings.reload_timeout).await {
+                Ok(after) => after,
+                Err(mut failure) => {
+                    // The live file is one HAProxy will not load: put last-known-good back, so
+                    // a host restart does not start HAProxy on it.
+                    effort.reloads += 1;
+                    failure.restored = restore(conn, host, settings.reload_timeout).await;
+                    return Err(failure);
+                }
+            };
             probed(conn, host, settings, effort).await?;
-            mark_loaded(conn, host, &version.sha256).await?;
+            mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
             return Ok(ApplyOutcome::Applied);
         }
         HostPlan::Full => {}
@@ -273,15 +278,15 @@ async fn apply_on(
     };
     if live_without_reload {
         probed(conn, host, settings, effort).await?;
-        mark_loaded(conn, host, &version.sha256).await?;
+        mark_loaded(conn, host, &version.sha256, Some(before.reloads)).await?;
         return Ok(ApplyOutcome::Applied);
     }
 
     effort.reloads += 1;
     match reload(conn, host, &before, settings.reload_timeout).await {
-        Ok(()) => {
+        Ok(after) => {
             probed(conn, host, settings, effort).await?;
-            mark_loaded(conn, host, &version.sha256).await?;
+            mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
             Ok(ApplyOutcome::Applied)
         }
         Err(mut failure) => {
@@ -307,7 +312,7 @@ pub async fn drift_of(
         .flat_map(|b| &b.maps)
         .map(|m| (m.name.as_str(), m.name.digest()))
         .collect();
-    let mut args = vec![host.config_path.as_str()];
+    let mut args = vec![host.config_path.as_str(), host.master_socket.as_str()];
     args.extend(maps.iter().map(|(name, _)| *name));
     let out = conn.run(scripts::DRIFT_STATE, &args, None).await;
     settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
@@ -483,14 +488,21 @@ async fn remote(
 }
 
 /// Records the live file as what HAProxy loaded, if it is `expected_sha` (empty: whatever is
-/// live, after a restore). Another applier may have swapped in a different file meanwhile; then
-/// this is a failure, not a report of something HAProxy does not run.
-async fn mark_loaded(conn: &HostConn, host: &Host, expected_sha: &str) -> Result<(), Failure> {
+/// live, after a restore), with the master's reload count after our reload (`reloads`), so a
+/// later reload by anyone else shows. Another applier may have swapped in a different file
+/// meanwhile; then this is a failure, not a report of something HAProxy does not run.
+async fn mark_loaded(
+    conn: &HostConn,
+    host: &Host,
+    expected_sha: &str,
+    reloads: Option<u64>,
+) -> Result<(), Failure> {
+    let reloads = reloads.map(|r| r.to_string()).unwrap_or_default();
     remote(
         conn,
         ApplyStage::Verify,
         scripts::MARK_LOADED,
-        &[&host.config_path, expected_sha],
+        &[&host.config_path, expected_sha, &reloads],
         None,
     )
     .await?;
@@ -516,13 +528,37 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
     })
 }
 
-/// Asks the master to reload and waits until a new worker runs or the reload failed.
+/// Asks the master to reload and waits until a new worker runs, after exactly the one reload
+/// asked for (so it is ours), or the reload failed. Returns `show proc` after it. A reload by
+/// someone else in between makes the newest worker unattributable: it asks again (twice at
+/// most), since the file it loads is the one this apply put in place.
 async fn reload(
     conn: &HostConn,
     host: &Host,
     before: &plan::ProcState,
     timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<plan::ProcState, Failure> {
+    let mut before = before.clone();
+    for _ in 0..3 {
+        match reload_once(conn, host, &before, timeout).await? {
+            Ok(after) => return Ok(after),
+            Err(raced) => {
+                warn!(reloads = raced.reloads, "another reload came with ours; reloading again");
+                before = raced;
+            }
+        }
+    }
+    Err(fail(ApplyStage::Verify, "other reloads kept coming with ours: cannot tell ours apart"))
+}
+
+/// One reload: `Ok(Ok(after))` when it is provably ours, `Ok(Err(after))` when another reload
+/// raced it.
+async fn reload_once(
+    conn: &HostConn,
+    host: &Host,
+    before: &plan::ProcState,
+    timeout: Duration,
+) -> Result<Result<plan::ProcState, plan::ProcState>, Failure> {
     // Not being able to ask is a transient failure (Verify); only HAProxy refusing the config
     // (below) is a Reload failure, which the same config would meet again.
     remote(conn, ApplyStage::Verify, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
@@ -536,7 +572,8 @@ async fn reload(
         // While the master re-executes, its socket may refuse connections: that is "pending".
         if let Ok(after) = show_proc(conn, host).await {
             match plan::check_reload(before, &after) {
-                ReloadCheck::Done => return Ok(()),
+                ReloadCheck::Done => return Ok(Ok(after)),
+                ReloadCheck::Raced => return Ok(Err(after)),
                 ReloadCheck::Failed => {
                     return Err(fail(
                         ApplyStage::Reload,
@@ -562,8 +599,10 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
         return false;
     }
     let Ok(before) = show_proc(conn, host).await else { return false };
-    let restored = reload(conn, host, &before, timeout).await.is_ok()
-        && mark_loaded(conn, host, "").await.is_ok();
+    let restored = match reload(conn, host, &before, timeout).await {
+        Ok(after) => mark_loaded(conn, host, "", Some(after.reloads)).await.is_ok(),
+        Err(_) => false,
+    };
     info!(restored, "last-known-good restored");
     restored
 }

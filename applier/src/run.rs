@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// Seconds to wait for an SSH connection.
     #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value_t = 10)]
     pub ssh_connect_timeout: u64,
+    /// Seconds any one remote command (upload, `haproxy -c`, a master CLI session…) may take
+    /// before it counts as failed.
+    #[arg(long, env = "HAFLEET_REMOTE_TIMEOUT_SECS", default_value_t = 120)]
+    pub remote_timeout_secs: u64,
     /// Hosts updated at once after the canary (the first host in inventory order that can be
     /// reached) succeeded.
     #[arg(long, env = "HAFLEET_PARALLELISM", default_value_t = 2)]
@@ -85,7 +89,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Duration::from_secs(args.ssh_connect_timeout),
                 control_dir.path().to_owned(),
             )
-            .context("cannot write the applier's ssh_config")?,
+            .context("cannot write the applier's ssh_config")?
+            .with_command_timeout(Duration::from_secs(args.remote_timeout_secs.max(1))),
         ),
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),

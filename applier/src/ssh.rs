@@ -21,6 +21,8 @@ pub struct SshSettings {
     pub control_dir: PathBuf,
     /// The only ssh_config `ssh` reads (see [`SshSettings::new`]).
     pub config_file: PathBuf,
+    /// Longest any one remote command may take; a command still running then counts as failed.
+    pub command_timeout: Duration,
 }
 
 impl SshSettings {
@@ -44,7 +46,14 @@ impl SshSettings {
                 quoted(&known_hosts)
             ),
         )?;
-        Ok(SshSettings { identity, known_hosts, connect_timeout, control_dir, config_file })
+        Ok(SshSettings {
+            identity,
+            known_hosts,
+            connect_timeout,
+            control_dir,
+            config_file,
+            command_timeout: Duration::from_secs(120),
+        })
     }
 }
 
@@ -76,6 +85,14 @@ pub async fn offered_fingerprints(host: &Host) -> Vec<String> {
     }
 }
 
+impl SshSettings {
+    /// The same settings, remote commands bounded by `timeout`.
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+}
+
 /// What a remote command did.
 #[derive(Debug, Clone)]
 pub struct RemoteOutput {
@@ -88,6 +105,7 @@ pub struct RemoteOutput {
 #[derive(Debug)]
 pub struct HostConn {
     session: Session,
+    command_timeout: Duration,
 }
 
 impl HostConn {
@@ -109,12 +127,34 @@ impl HostConn {
             .control_persist(ControlPersist::IdleFor(NonZeroUsize::new(3600).expect("non-zero")))
             .control_directory(&settings.control_dir);
         let session = builder.connect_mux(&host.address).await?;
-        Ok(HostConn { session })
+        Ok(HostConn { session, command_timeout: settings.command_timeout })
     }
 
     /// Runs `script` with `sh -c` on the host, `args` as `$1`, `$2`, …; each argument is
-    /// quoted for the remote shell by `openssh`. `stdin` is written and closed if given.
+    /// quoted for the remote shell by `openssh`. `stdin` is written and closed if given. A
+    /// command that has not finished within the command timeout fails (its remote process is
+    /// left to the connection's end).
     pub async fn run(
+        &self,
+        script: &str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<RemoteOutput, openssh::Error> {
+        match tokio::time::timeout(self.command_timeout, self.run_unbounded(script, args, stdin))
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(openssh::Error::ChildIo(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "remote command did not finish within {} s",
+                    self.command_timeout.as_secs()
+                ),
+            ))),
+        }
+    }
+
+    async fn run_unbounded(
         &self,
         script: &str,
         args: &[&str],

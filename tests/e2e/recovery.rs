@@ -379,5 +379,18 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
     );
     let after = stack.last_report("lb-2").await?.context("no report")?;
     assert_eq!(after.finished_unix_ms, reported.finished_unix_ms, "reported once");
+
+    // Someone reloads lb-1 by hand: its files are the version's, but the reload is not the
+    // applier's, so HAProxy may run anything. Told apart by the master's reload count.
+    stack.hosts[0].reload()?;
+    let foreign = eventually(CONVERGE, "lb-1's foreign reload reported", || async move {
+        let r = stack.last_report("lb-1").await?.context("no report")?;
+        anyhow::ensure!(r.drift.is_some(), "{r:?}");
+        Ok(r)
+    })
+    .await?;
+    let found = foreign.drift.unwrap_or_default();
+    assert!(found.contains("HAProxy was reloaded outside hafleet"), "{found}");
+    assert!(!found.contains("live config"), "the files are the version's: {found}");
     Ok(())
 }

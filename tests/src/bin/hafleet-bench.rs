@@ -693,6 +693,7 @@ mod reload {
                     match plan::check_reload(&before, &after) {
                         plan::ReloadCheck::Done => break,
                         plan::ReloadCheck::Failed => anyhow::bail!("reload failed"),
+                        plan::ReloadCheck::Raced => anyhow::bail!("someone else reloaded too"),
                         plan::ReloadCheck::Pending => {}
                     }
                 }
