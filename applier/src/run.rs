@@ -269,23 +269,12 @@ async fn check_drift(
             }
             DriftPolicy::Report if reported.get(&i) != Some(&found) => {
                 warn!(host = %host.name, version = version.version, %found, "drift; reporting only");
-                let report = ApplyReport {
-                    schema: SCHEMA_VERSION,
-                    fleet: version.fleet.clone(),
-                    host: host.name.clone(),
-                    version: version.version,
-                    sha256: version.sha256.clone(),
-                    outcome: ApplyOutcome::Failed {
-                        stage: ApplyStage::Drift,
-                        message: found.clone(),
-                        restored: false,
-                    },
-                    finished_unix_ms: hafleet_runtime::now_unix_ms(),
-                    duration_ms: 0,
-                    reloads: 0,
-                    runtime_commands: 0,
-                    drift: Some(found.clone()),
+                let outcome = ApplyOutcome::Failed {
+                    stage: ApplyStage::Drift,
+                    message: found.clone(),
+                    restored: false,
                 };
+                let report = report_of(host, version, outcome, Default::default(), Some(&found));
                 if let Err(e) = bus::publish_report(bus, &report).await {
                     warn!(error = ?anyhow::Error::from(e), "drift report lost");
                     continue;
@@ -308,6 +297,30 @@ impl Known {
         if self.0.len() > 2 {
             self.0.remove(0);
         }
+    }
+}
+
+/// The report of `host` for `version`: `outcome` after `took` and `effort`, and what a drift
+/// check found before, if it ran.
+fn report_of(
+    host: &Host,
+    version: &ConfigVersion,
+    outcome: ApplyOutcome,
+    (took, effort): (Duration, rollout::Effort),
+    drift: Option<&str>,
+) -> ApplyReport {
+    ApplyReport {
+        schema: SCHEMA_VERSION,
+        fleet: version.fleet.clone(),
+        host: host.name.clone(),
+        version: version.version,
+        sha256: version.sha256.clone(),
+        outcome,
+        finished_unix_ms: hafleet_runtime::now_unix_ms(),
+        duration_ms: took.as_millis() as u64,
+        reloads: effort.reloads,
+        runtime_commands: effort.runtime_commands,
+        drift: drift.map(str::to_owned),
     }
 }
 
@@ -343,19 +356,7 @@ async fn apply_and_report(
                 warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
-        let report = ApplyReport {
-            schema: SCHEMA_VERSION,
-            fleet: version.fleet.clone(),
-            host: host.name.clone(),
-            version: version.version,
-            sha256: version.sha256.clone(),
-            outcome,
-            finished_unix_ms: hafleet_runtime::now_unix_ms(),
-            duration_ms: took.as_millis() as u64,
-            reloads: effort.reloads,
-            runtime_commands: effort.runtime_commands,
-            drift: drift.map(str::to_owned),
-        };
+        let report = report_of(host, version, outcome, (took, effort), drift);
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }
