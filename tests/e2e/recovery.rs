@@ -394,3 +394,47 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
     assert!(!found.contains("live config"), "the files are the version's: {found}");
     Ok(())
 }
+
+/// Two watchers with leader election: one publishes, the other stands by with warm caches;
+/// the leader SIGKILLed, the standby takes the lease within its duration and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> {
+    let mut world = World::start().await?;
+    let election = |me: &'static str| {
+        [
+            ("HAFLEET_LEADER_ELECTION", "true"),
+            ("HAFLEET_LEASE_DURATION_SECS", "3"),
+            ("HAFLEET_IDENTITY", me),
+        ]
+    };
+    world.stack.restart_with(Component::Watcher, &election("watcher-a"))?;
+    let log_of = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    let a_log = world.stack.log_path(Component::Watcher);
+    let a_log = &a_log;
+    eventually(CONVERGE, "watcher-a takes the lease", || async move {
+        anyhow::ensure!(log_of(a_log).contains("took the lease"), "not yet");
+        Ok(())
+    })
+    .await?;
+    let b_log = world.stack.dir().join("watcher-b.log");
+    let mut cmd = world.stack.command(Component::Watcher);
+    cmd.envs(election("watcher-b"));
+    let _b = hafleet_tests::ChildGuard::spawn("watcher-b", &mut cmd, &b_log)?;
+    let b_log = &b_log;
+    eventually(CONVERGE, "watcher-b stands by", || async move {
+        anyhow::ensure!(log_of(b_log).contains("standing by"), "not yet");
+        Ok(())
+    })
+    .await?;
+    world.route("before", "before.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "before.example.com", "/", 200, "web@").await?;
+    assert!(!log_of(b_log).contains("route event published"), "the standby published");
+
+    world.stack.kill(Component::Watcher);
+    world.route("after", "after.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "after.example.com", "/", 200, "api@").await?;
+    let b = log_of(b_log);
+    assert!(b.contains("took the lease"), "{b}");
+    expect_everywhere(&world.stack, "before.example.com", "/", 200, "web@").await?;
+    Ok(())
+}

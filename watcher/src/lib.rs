@@ -8,6 +8,7 @@
 pub mod annotations;
 pub mod index;
 pub mod kube;
+pub mod lease;
 pub mod resolve;
 pub mod run;
 pub mod status;

@@ -67,6 +67,8 @@ pub struct RunArgs {
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
     pub resync_secs: u64,
+    #[command(flatten)]
+    pub lease: crate::lease::LeaseArgs,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -78,17 +80,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
     let (caches, mut changes) = kube_adapter::watch(client.clone(), slices);
-    let warnings = Warnings::new(client);
-    let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let warnings = Warnings::new(client.clone());
     let mut state = State {
-        epoch,
+        epoch: SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
         seq: 0,
         published: Published::new(),
         nodes: None,
         kept: BTreeSet::new(),
         snapshot_due: false,
         warned: BTreeSet::new(),
+        leader: None,
     };
+    let shutdown = hafleet_runtime::shutdown_signal();
+    tokio::pin!(shutdown);
 
     // Drive the watches until every cache holds its initial list.
     let ready = caches.ready();
@@ -99,6 +103,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = changes.next() => {}
         }
     }
+    // With leader election, stand by (keeping the caches warm) until this replica holds the
+    // lease; its epoch is when it took it, so a later leader's messages are newer.
+    if args.lease.leader_election {
+        let elector = crate::lease::Elector::new(client, &args.lease);
+        let lead = elector.lead();
+        tokio::pin!(lead);
+        let leadership = loop {
+            tokio::select! {
+                l = &mut lead => break l,
+                _ = changes.next() => {}
+                _ = &mut shutdown => {
+                    info!("watcher stopping (standing by)");
+                    bus.drain().await;
+                    return Ok(());
+                }
+            }
+        };
+        state.epoch = leadership.since_unix_nanos;
+        state.leader = Some((leadership, elector.duration()));
+    }
+    let epoch = state.epoch;
     info!(epoch, "caches listed; publishing the initial state");
     loop {
         match sync(&args, &caches, &warnings, &bus, &mut state).await {
@@ -117,10 +142,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let debounce = Duration::from_millis(args.debounce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
     let resync = Duration::from_secs(args.resync_secs.max(1));
-    let shutdown = hafleet_runtime::shutdown_signal();
-    tokio::pin!(shutdown);
+    let mut leadership = state.leader.as_ref().map(|(l, _)| l.clone());
+    let lost = async move {
+        match leadership.as_mut() {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
     loop {
         tokio::select! {
+            _ = &mut lost => {
+                // Another replica may hold it now: stop publishing at once, and come back as
+                // a standby (the process manager restarts it).
+                bus.drain().await;
+                anyhow::bail!("lost the lease: exiting, to come back as a standby");
+            }
             tick = changes.next() => {
                 if tick.is_none() { break; }
                 // Let the burst settle, keeping the caches current meanwhile: until no change
@@ -159,6 +196,9 @@ struct State {
     kept: BTreeSet<IngressKey>,
     /// A snapshot must be published after the next successful sync.
     snapshot_due: bool,
+    /// With leader election: the lease this replica holds, and its duration. Nothing is
+    /// published unless it holds.
+    leader: Option<(crate::lease::Leadership, Duration)>,
     /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
 }
@@ -179,6 +219,9 @@ async fn sync(
     bus: &Bus,
     state: &mut State,
 ) -> anyhow::Result<()> {
+    if let Some((lease, duration)) = &state.leader {
+        anyhow::ensure!(lease.holds(*duration), "the lease may have run out: not publishing");
+    }
     let services: Services = caches
         .services
         .state()
