@@ -18,6 +18,11 @@ pub enum BusError {
     Connect { url: String, source: async_nats::ConnectError },
     #[error("cannot create or open stream {name}")]
     Stream { name: &'static str, source: BoxError },
+    #[error(
+        "stream {name} already exists with another configuration ({what}); refusing to reuse \
+         it: fix or delete it, and hafleet creates it as it needs it"
+    )]
+    StreamMismatch { name: &'static str, what: String },
     #[error("cannot create or open consumer {name}")]
     Consumer { name: String, source: BoxError },
     #[error("publishing to {subject} failed")]
@@ -30,6 +35,25 @@ pub enum BusError {
     ObjectStore { bucket: String, what: String, source: BoxError },
     #[error("bundle {name} of version {version} in {bucket} is unusable")]
     BadBundle { bucket: String, name: String, version: u64, source: BoxError },
+}
+
+/// How an existing stream's configuration differs from what hafleet relies on: its subjects
+/// (every message of a stream must be one of hafleet's, and all of hafleet's must land in it),
+/// file storage (survives a restart) and limits retention (messages stay until they age out,
+/// whoever has read them). Retention limits (age, bytes) may differ: operators and the
+/// renderer set those. `None`: it is hafleet's stream.
+pub fn stream_mismatch(spec: StreamSpec, config: &stream::Config) -> Option<String> {
+    let mut found = Vec::new();
+    if config.subjects != [spec.subjects] {
+        found.push(format!("subjects {:?}, not [{:?}]", config.subjects, spec.subjects));
+    }
+    if config.storage != stream::StorageType::File {
+        found.push(format!("{:?} storage, not file", config.storage));
+    }
+    if config.retention != stream::RetentionPolicy::Limits {
+        found.push(format!("{:?} retention, not limits", config.retention));
+    }
+    (!found.is_empty()).then(|| found.join(", "))
 }
 
 /// The URL without any `user:password@`, for messages and logs.
@@ -68,6 +92,27 @@ mod tests {
         assert_eq!(redact("nats://u:secret@nats:4222"), "nats://***@nats:4222");
         assert_eq!(redact("u:secret@nats:4222"), "***@nats:4222");
         assert_eq!(redact("nats://nats:4222"), "nats://nats:4222");
+    }
+
+    #[test]
+    fn a_stream_configured_otherwise_is_told_apart_but_not_for_its_limits() {
+        let spec = hafleet_proto::REPORTS;
+        let ours = stream::Config {
+            name: spec.name.into(),
+            subjects: vec![spec.subjects.into()],
+            storage: stream::StorageType::File,
+            max_age: Duration::from_secs(60),
+            max_bytes: 1 << 20,
+            ..Default::default()
+        };
+        assert_eq!(stream_mismatch(spec, &ours), None, "other limits are the operator's call");
+        let narrower =
+            stream::Config { subjects: vec!["hafleet.reports.edge.>".into()], ..ours.clone() };
+        assert!(stream_mismatch(spec, &narrower).unwrap().contains("subjects"));
+        let memory = stream::Config { storage: stream::StorageType::Memory, ..ours.clone() };
+        assert!(stream_mismatch(spec, &memory).unwrap().contains("Memory storage"));
+        let work = stream::Config { retention: stream::RetentionPolicy::WorkQueue, ..ours };
+        assert!(stream_mismatch(spec, &work).unwrap().contains("retention"));
     }
 
     #[test]
@@ -121,7 +166,8 @@ impl Bus {
     /// Creates the stream if it does not exist. Every component calls this for the streams it
     /// touches, so they can start in any order.
     pub async fn ensure_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
-        self.js
+        let mut stream = self
+            .js
             .get_or_create_stream(stream::Config {
                 name: spec.name.to_owned(),
                 subjects: vec![spec.subjects.to_owned()],
@@ -131,7 +177,15 @@ impl Bus {
                 ..Default::default()
             })
             .await
-            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })
+            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })?;
+        match stream_mismatch(spec, &info.config) {
+            Some(what) => Err(BusError::StreamMismatch { name: spec.name, what }),
+            None => Ok(stream),
+        }
     }
 
     /// The largest payload [`Bus::publish`] accepts: the server's `max_payload` less room for

@@ -483,3 +483,34 @@ async fn each_component_may_publish_only_its_own_messages_on_nats() -> Result<()
     );
     Ok(())
 }
+
+/// A stream that exists with another configuration (here: narrower subjects, as a hand-made
+/// stream might have) is refused with a clear error, never silently reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.kill(Component::Applier);
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    js.delete_stream(hafleet_proto::REPORTS_STREAM).await?;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: hafleet_proto::REPORTS_STREAM.into(),
+        subjects: vec!["hafleet.reports.edge.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    world.stack.start_component(Component::Applier)?;
+    let stack = &mut world.stack;
+    let exited = hafleet_tests::wait_for(CONVERGE, || {
+        let running = stack.is_running(Component::Applier);
+        async move { !running }
+    })
+    .await;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    assert!(exited, "the applier went on with a stream it does not own\n{log}");
+    assert!(
+        log.contains("stream HAFLEET_REPORTS already exists with another configuration")
+            && log.contains("subjects"),
+        "{log}"
+    );
+    Ok(())
+}
