@@ -621,6 +621,9 @@ pub struct HostResult {
     pub host: usize,
     pub outcome: ApplyOutcome,
     pub took: Duration,
+    /// When the host was done (milliseconds since the Unix epoch), for its report: hosts
+    /// finish at different times, and their reports go out after the whole rollout.
+    pub finished_unix_ms: u64,
     pub effort: Effort,
 }
 
@@ -668,7 +671,8 @@ pub async fn roll_out(
     let attempt = |i: usize| async move {
         let started = std::time::Instant::now();
         let (outcome, effort) = apply_host(&hosts[i], version, known, settings).await;
-        HostResult { host: i, outcome, took: started.elapsed(), effort }
+        let finished_unix_ms = hafleet_runtime::now_unix_ms();
+        HostResult { host: i, outcome, took: started.elapsed(), finished_unix_ms, effort }
     };
     let halted = |result: &mut RolloutResult, rest: &[usize]| {
         warn!(fleet = %version.fleet, version = version.version, "rollout halted");
@@ -716,7 +720,13 @@ mod tests {
     }
 
     fn host(host: usize, outcome: ApplyOutcome) -> HostResult {
-        HostResult { host, outcome, took: Duration::ZERO, effort: Effort::default() }
+        HostResult {
+            host,
+            outcome,
+            took: Duration::ZERO,
+            finished_unix_ms: 0,
+            effort: Effort::default(),
+        }
     }
 
     #[test]

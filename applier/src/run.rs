@@ -346,7 +346,9 @@ async fn apply_and_report(
     let result = rollout::roll_out(hosts, version, &known, settings).await;
     let reloads: u32 = result.outcomes.iter().map(|r| r.effort.reloads).sum();
     info!(version = version.version, hosts = result.outcomes.len(), reloads, "rollout done");
-    for rollout::HostResult { host: i, outcome, took, effort } in result.outcomes.iter().cloned() {
+    for rollout::HostResult { host: i, outcome, took, finished_unix_ms, effort } in
+        result.outcomes.iter().cloned()
+    {
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
@@ -356,7 +358,8 @@ async fn apply_and_report(
                 warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
-        let report = report_of(host, version, outcome, (took, effort), drift);
+        let mut report = report_of(host, version, outcome, (took, effort), drift);
+        report.finished_unix_ms = finished_unix_ms;
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }

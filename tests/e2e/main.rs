@@ -120,7 +120,12 @@ pub struct World {
 
 impl World {
     pub async fn start() -> Result<World> {
-        let stack = Stack::start("edge", 2).await?;
+        World::with_hosts(2).await
+    }
+
+    /// [`World::start`] with `hosts` HAProxy hosts.
+    pub async fn with_hosts(hosts: usize) -> Result<World> {
+        let stack = Stack::start("edge", hosts).await?;
         let nodes: Vec<(String, Ipv4Addr)> =
             (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
         for (name, ip) in &nodes {

@@ -325,3 +325,42 @@ async fn a_node_going_not_ready_among_a_thousand_ingresses_is_one_message_and_on
     }
     Ok(())
 }
+
+/// One version goes live on 20 hosts: the canary alone first, then the others in waves of at
+/// most `--parallelism` (2 by default) at once, as the hosts' reports show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_fans_out_to_twenty_hosts_canary_first_in_bounded_waves() -> Result<()> {
+    let world = World::with_hosts(20).await?;
+    // The first version meets hosts whose sshd may still be starting (an unreachable canary
+    // passes the role on); the one measured is the next.
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    world.route("second", "second.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
+    let version = world.stack.latest_version().await?.expect("a version").version;
+    // Each host's [start, end] of applying the version, from its report.
+    let mut spans = Vec::new();
+    for h in &world.stack.hosts {
+        let r = world.report(h.name(), version).await?;
+        assert_eq!(r.outcome, hafleet_proto::ApplyOutcome::Applied, "{r:?}");
+        spans.push((h.name().to_owned(), r.finished_unix_ms - r.duration_ms, r.finished_unix_ms));
+    }
+    let (canary, canary_start, canary_end) = spans[0].clone();
+    assert_eq!(canary, "lb-1");
+    // Reports carry whole milliseconds: a host that starts right as another ends may seem to
+    // start up to 2 ms before it.
+    const SLACK: u64 = 2;
+    for (host, start, _) in &spans[1..] {
+        assert!(
+            start + SLACK >= canary_end,
+            "{host} started at {start}, before the canary ended at {canary_end}"
+        );
+    }
+    // At no moment were more than two hosts being applied at once (the canary included).
+    for (_, start, _) in &spans {
+        let busy = spans.iter().filter(|(_, s, e)| *s <= *start && start + SLACK < *e).count();
+        assert!(busy <= 2, "{busy} hosts at once at {start}: {spans:?}");
+    }
+    assert!(canary_start <= spans.iter().map(|s| s.1).min().unwrap_or(0));
+    Ok(())
+}
