@@ -32,6 +32,8 @@ pub struct RunArgs {
     pub inventory: PathBuf,
     #[command(flatten)]
     pub nats: hafleet_runtime::NatsArgs,
+    #[command(flatten)]
+    pub health: hafleet_runtime::health::HealthArgs,
     /// Private key the applier logs in to hosts with.
     #[arg(long, env = "HAFLEET_SSH_IDENTITY")]
     pub ssh_identity: PathBuf,
@@ -73,6 +75,11 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let health =
+        hafleet_runtime::health::Health::new("starting: inventory, streams, start-up convergence");
+    hafleet_runtime::health::serve(&args.health, health.clone())
+        .await
+        .context("cannot serve the health endpoint")?;
     let text = std::fs::read_to_string(&args.inventory)
         .with_context(|| format!("cannot read inventory {}", args.inventory.display()))?;
     let hosts = inventory::parse(&text)
@@ -127,6 +134,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         retry = (!rolled.retry.is_empty()).then_some((version, rolled.retry));
     }
 
+    health.ready();
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     let drift_every = Duration::from_secs(args.drift_check_secs.max(1));

@@ -30,6 +30,8 @@ use tracing::{error, info, warn};
 pub struct RunArgs {
     #[command(flatten)]
     pub nats: hafleet_runtime::NatsArgs,
+    #[command(flatten)]
+    pub health: hafleet_runtime::health::HealthArgs,
     /// Directory of the renderer's state store (sled). Keep it on persistent storage: it holds
     /// every fleet's desired state and config history.
     #[arg(long, env = "HAFLEET_DATA_DIR", default_value = "/var/lib/hafleet/renderer")]
@@ -132,6 +134,10 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let health = hafleet_runtime::health::Health::new("starting: store, streams, start-up renders");
+    hafleet_runtime::health::serve(&args.health, health.clone())
+        .await
+        .context("cannot serve the health endpoint")?;
     let renderer = args.render.renderer()?;
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
@@ -161,6 +167,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     check_same_stream(&store, stream.cached_info())?;
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
+    health.ready();
 
     let coalesce = Duration::from_millis(args.coalesce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.coalesce_ms));

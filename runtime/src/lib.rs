@@ -4,6 +4,7 @@
 //! This is code sharing, not coupling: each binary still talks to the others only through
 //! NATS subjects and proto's message types.
 
+pub mod health;
 pub mod nats;
 
 pub use nats::NatsArgs;

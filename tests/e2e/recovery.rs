@@ -418,7 +418,7 @@ async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> 
     .await?;
     let b_log = world.stack.dir().join("watcher-b.log");
     let mut cmd = world.stack.command(Component::Watcher);
-    cmd.envs(election("watcher-b"));
+    cmd.envs(election("watcher-b")).env("HAFLEET_HEALTH_ADDR", "127.0.0.1:0");
     let _b = hafleet_tests::ChildGuard::spawn("watcher-b", &mut cmd, &b_log)?;
     let b_log = &b_log;
     eventually(CONVERGE, "watcher-b stands by", || async move {
@@ -436,5 +436,22 @@ async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> 
     let b = log_of(b_log);
     assert!(b.contains("took the lease"), "{b}");
     expect_everywhere(&world.stack, "before.example.com", "/", 200, "web@").await?;
+    Ok(())
+}
+
+/// Each component answers `/healthz`, and `/readyz` once it does its job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_component_answers_healthz_and_readyz() -> Result<()> {
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        let addr = world.stack.health_addr(c);
+        let (status, body) = http_get(addr, "health", "/healthz").await?;
+        assert_eq!((status, body.as_str()), (200, "ok\n"), "{c:?}");
+        let (status, body) = http_get(addr, "health", "/readyz").await?;
+        assert_eq!((status, body.as_str()), (200, "ready\n"), "{c:?}");
+        assert_eq!(http_get(addr, "health", "/other").await?.0, 404, "{c:?}");
+    }
     Ok(())
 }

@@ -119,11 +119,14 @@ pub struct Stack {
     watcher: Option<ChildGuard>,
     renderer: Option<ChildGuard>,
     applier: Option<ChildGuard>,
+    /// Where each component answers `/healthz` and `/readyz` (watcher, renderer, applier).
+    health: [std::net::SocketAddr; 3],
 }
 
 impl Stack {
     /// Starts every server and the three binaries; returns once they are all up.
     pub async fn start(fleet: &str, hosts: usize) -> Result<Stack> {
+        const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         let dir = TestDir::new("hafleet-stack")?;
         let (kube, nats) = tokio::try_join!(KubeEnv::start(), NatsServer::start())?;
         // The watcher runs with exactly the RBAC the project ships.
@@ -146,6 +149,11 @@ impl Stack {
             watcher: None,
             renderer: None,
             applier: None,
+            health: [
+                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
+                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
+                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
+            ],
         };
         stack.start_component(Component::Renderer)?;
         stack.start_component(Component::Applier)?;
@@ -166,7 +174,10 @@ impl Stack {
         let inventory = self.dir.path().join(format!("inventory-{fleet}.toml"));
         write_inventory(&inventory, &started)?;
         let mut cmd = self.command(Component::Applier);
-        cmd.env("HAFLEET_FLEET", fleet).env("HAFLEET_INVENTORY", &inventory);
+        // Its own health port: the stack's applier has the one `command` gives.
+        cmd.env("HAFLEET_FLEET", fleet)
+            .env("HAFLEET_INVENTORY", &inventory)
+            .env("HAFLEET_HEALTH_ADDR", "127.0.0.1:0");
         let log = self.dir.path().join(format!("hafleet-applier-{fleet}.log"));
         let applier = ChildGuard::spawn("hafleet-applier", &mut cmd, &log)?;
         Ok(ExtraFleet { name: fleet.to_owned(), hosts: started, applier })
@@ -181,6 +192,7 @@ impl Stack {
         let mut cmd = Command::new(bin_path(c.binary()));
         // Each component as its own NATS user, with the permissions hafleet ships.
         cmd.env("HAFLEET_NATS_URL", self.nats.url_for(c.binary()))
+            .env("HAFLEET_HEALTH_ADDR", self.health_addr(c).to_string())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1");
         match c {
@@ -244,6 +256,15 @@ impl Stack {
         let mut env = env.to_vec();
         env.push(("HAFLEET_INVENTORY", &path));
         self.restart_with(Component::Applier, &env)
+    }
+
+    /// Where a component answers `/healthz` and `/readyz`.
+    pub fn health_addr(&self, c: Component) -> std::net::SocketAddr {
+        self.health[match c {
+            Component::Watcher => 0,
+            Component::Renderer => 1,
+            Component::Applier => 2,
+        }]
     }
 
     /// The process id of a running component.

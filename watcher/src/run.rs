@@ -69,9 +69,15 @@ pub struct RunArgs {
     pub resync_secs: u64,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
+    #[command(flatten)]
+    pub health: hafleet_runtime::health::HealthArgs,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let health = hafleet_runtime::health::Health::new("the watches have not listed yet");
+    hafleet_runtime::health::serve(&args.health, health.clone())
+        .await
+        .context("cannot serve the health endpoint")?;
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
@@ -107,6 +113,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // lease; its epoch is when it took it, so a later leader's messages are newer.
     if args.lease.leader_election {
         let elector = crate::lease::Elector::new(client, &args.lease);
+        // A standby with warm caches is ready: ready to take over.
+        health.ready();
         let lead = elector.lead();
         tokio::pin!(lead);
         let leadership = loop {
@@ -138,6 +146,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         warn!(error = ?e, "snapshot publish failed; retrying");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    health.ready();
 
     let debounce = Duration::from_millis(args.debounce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
