@@ -514,3 +514,52 @@ async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
     );
     Ok(())
 }
+
+/// The Kubernetes manifests are what the API server accepts: `kubectl apply -k
+/// deploy/kubernetes`, as an operator installing hafleet would (no controllers run here, so
+/// nothing is scheduled), then the same again as a server-side dry run: nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
+    let kube = hafleet_tests::KubeEnv::start().await?;
+    let kubectl = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.arg("--kubeconfig").arg(kube.kubeconfig_path()).args(args);
+        cmd.arg(hafleet_tests::stack::workspace_file("deploy/kubernetes"));
+        cmd.output()
+    };
+    let applied = kubectl(&["apply", "-o", "name", "-k"]).await?;
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let out = kubectl(&["apply", "--dry-run=server", "-o", "name", "-k"]).await?;
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    for object in [
+        "namespace/hafleet",
+        "serviceaccount/hafleet-watcher",
+        "clusterrole.rbac.authorization.k8s.io/hafleet-watcher",
+        "role.rbac.authorization.k8s.io/hafleet-watcher-lease",
+        "deployment.apps/hafleet-watcher",
+        "statefulset.apps/hafleet-renderer",
+        "configmap/hafleet-applier-edge-inventory",
+        "deployment.apps/hafleet-applier-edge",
+    ] {
+        assert!(stdout.lines().any(|l| l == object), "{object} missing:\n{stdout}{stderr}");
+    }
+    // The inventory in the example ConfigMap is one the applier accepts.
+    let manifest = std::fs::read_to_string(hafleet_tests::stack::workspace_file(
+        "deploy/kubernetes/applier-edge.yaml",
+    ))?;
+    // The block scalar under `inventory.toml: |`, indented four spaces.
+    let inventory: String = manifest
+        .split_once("inventory.toml: |\n")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default()
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let hosts = hafleet_applier::inventory::parse(&inventory)?;
+    assert_eq!(hosts.len(), 2);
+    assert_eq!(hosts[0].probes.len(), 1);
+    Ok(())
+}
