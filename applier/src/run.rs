@@ -75,8 +75,8 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health =
-        hafleet_runtime::health::Health::new("starting: inventory, streams, start-up convergence");
+    let health = hafleet_runtime::health::Health::global();
+    health.not_ready("starting: inventory, streams, start-up convergence");
     hafleet_runtime::health::serve(&args.health, health.clone())
         .await
         .context("cannot serve the health endpoint")?;
@@ -283,6 +283,7 @@ async fn check_drift(
                     restored: false,
                 };
                 let report = report_of(host, version, outcome, Default::default(), Some(&found));
+                count_report(&report);
                 if let Err(e) = bus::publish_report(bus, &report).await {
                     warn!(error = ?anyhow::Error::from(e), "drift report lost");
                     continue;
@@ -305,6 +306,41 @@ impl Known {
         if self.0.len() > 2 {
             self.0.remove(0);
         }
+    }
+}
+
+/// Counts a report in the applier's metrics.
+fn count_report(r: &ApplyReport) {
+    let m = hafleet_runtime::health::Health::global();
+    let host = r.host.as_str();
+    let outcome = match &r.outcome {
+        ApplyOutcome::Applied => "applied".to_owned(),
+        ApplyOutcome::Unchanged => "unchanged".to_owned(),
+        ApplyOutcome::Failed { stage, .. } => format!(
+            "failed_{}",
+            serde_json::to_value(stage)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ),
+    };
+    m.count(
+        ("hafleet_applier_outcomes_total", "Applies by host and outcome (failed_<stage>)."),
+        &[("host", host), ("outcome", &outcome)],
+        1.0,
+    );
+    m.count(
+        ("hafleet_applier_reloads_total", "HAProxy reloads asked for, by host."),
+        &[("host", host)],
+        f64::from(r.reloads),
+    );
+    m.count(
+        ("hafleet_applier_runtime_commands_total", "Runtime API commands sent, by host."),
+        &[("host", host)],
+        f64::from(r.runtime_commands),
+    );
+    if r.drift.is_some() {
+        m.count(("hafleet_applier_drift_total", "Drift found, by host."), &[("host", host)], 1.0);
     }
 }
 
@@ -368,6 +404,7 @@ async fn apply_and_report(
         }
         let mut report = report_of(host, version, outcome, (took, effort), drift);
         report.finished_unix_ms = finished_unix_ms;
+        count_report(&report);
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
         }

@@ -134,7 +134,8 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health = hafleet_runtime::health::Health::new("starting: store, streams, start-up renders");
+    let health = hafleet_runtime::health::Health::global();
+    health.not_ready("starting: store, streams, start-up renders");
     hafleet_runtime::health::serve(&args.health, health.clone())
         .await
         .context("cannot serve the health endpoint")?;
@@ -324,7 +325,14 @@ async fn process(
     for (seq, payload) in entries {
         let seq = *seq;
         match RouteMessage::decode(payload) {
-            Ok(msg) => state::apply(desired, seq, &msg, &mut out),
+            Ok(msg) => {
+                hafleet_runtime::health::Health::global().count(
+                    ("hafleet_renderer_route_messages_total", "Route messages applied."),
+                    &[],
+                    1.0,
+                );
+                state::apply(desired, seq, &msg, &mut out)
+            }
             Err(e) => park(bus, seq, payload, &e).await?,
         }
         last_seq = last_seq.max(seq);
@@ -342,6 +350,14 @@ async fn park(
     payload: &bytes::Bytes,
     error: &DecodeError,
 ) -> anyhow::Result<()> {
+    hafleet_runtime::health::Health::global().count(
+        (
+            "hafleet_renderer_messages_parked_total",
+            "Route messages that could not be read, parked.",
+        ),
+        &[],
+        1.0,
+    );
     let reason: String = error.to_string().chars().filter(|c| !c.is_control()).take(500).collect();
     error!(seq, error = %reason, subject = hafleet_proto::ROUTES_DEADLETTER_SUBJECT,
            "route message cannot be read; parked on the dead-letter subject");
@@ -495,6 +511,14 @@ pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow
             Ok(_) => {
                 store.set_published(&v.fleet, v.version)?;
                 info!(fleet = %v.fleet, version = v.version, "version published");
+                hafleet_runtime::health::Health::global().count(
+                    (
+                        "hafleet_renderer_versions_published_total",
+                        "Config versions published, by fleet.",
+                    ),
+                    &[("fleet", v.fleet.as_str())],
+                    1.0,
+                );
             }
             Err(e) => {
                 error!(fleet = %v.fleet, version = v.version, error = ?anyhow::Error::from(e),

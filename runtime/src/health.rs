@@ -1,10 +1,11 @@
-//! `/healthz` and `/readyz` over HTTP, for whatever runs the process (Kubernetes probes,
-//! systemd, a load balancer's check). Off unless `--health-addr` is given.
+//! `/healthz`, `/readyz` and `/metrics` over HTTP, for whatever runs the process (Kubernetes
+//! probes, Prometheus, a load balancer's check). Off unless `--health-addr` is given.
 //!
 //! - `GET /healthz`: 200 while the process serves requests at all.
 //! - `GET /readyz`: 200 once the component does its job (the watcher has published what the
 //!   cluster holds, the renderer consumes its stream, the applier has converged on start-up),
 //!   503 with the reason before that or when it stops being able to.
+//! - `GET /metrics`: the component's counters and gauges in Prometheus' text format.
 //!
 //! A few lines of HTTP/1.1 by hand: two fixed answers do not need a web framework.
 
@@ -23,31 +24,109 @@ pub struct HealthArgs {
     pub health_addr: Option<SocketAddr>,
 }
 
-/// Whether the component is ready, and why not; shared with the health endpoint.
+/// Whether the component is ready, and why not, and its counters; shared with the endpoint.
 #[derive(Debug, Clone)]
-pub struct Health(Arc<Mutex<Result<(), String>>>);
+pub struct Health {
+    ready: Arc<Mutex<Result<(), String>>>,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+/// Counters and gauges, written out in Prometheus' text format at `/metrics`.
+#[derive(Debug, Default)]
+struct Metrics {
+    /// name → (help, kind `counter` or `gauge`, labels → value)
+    families: std::collections::BTreeMap<&'static str, Family>,
+}
+
+type Family =
+    (&'static str, &'static str, std::collections::BTreeMap<Vec<(&'static str, String)>, f64>);
 
 impl Health {
+    /// The process's own: one component per process, its readiness and metrics written from
+    /// wherever they happen. Starts not ready.
+    pub fn global() -> &'static Health {
+        static GLOBAL: std::sync::OnceLock<Health> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| Health::new("starting"))
+    }
+
     /// Not ready yet, for `why`.
     pub fn new(why: &str) -> Health {
-        Health(Arc::new(Mutex::new(Err(why.to_owned()))))
+        Health { ready: Arc::new(Mutex::new(Err(why.to_owned()))), metrics: Default::default() }
     }
 
     pub fn ready(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Ok(());
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Ok(());
     }
 
     pub fn not_ready(&self, why: &str) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Err(why.to_owned());
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Err(why.to_owned());
     }
 
     fn state(&self) -> Result<(), String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Adds `by` to counter `name` with `labels`.
+    pub fn count(
+        &self,
+        (name, help): (&'static str, &'static str),
+        labels: &[(&'static str, &str)],
+        by: f64,
+    ) {
+        self.write(name, help, "counter", labels, |v| *v += by);
+    }
+
+    /// Sets gauge `name` with `labels` to `value`.
+    pub fn gauge(
+        &self,
+        (name, help): (&'static str, &'static str),
+        labels: &[(&'static str, &str)],
+        value: f64,
+    ) {
+        self.write(name, help, "gauge", labels, |v| *v = value);
+    }
+
+    fn write(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        labels: &[(&'static str, &str)],
+        change: impl FnOnce(&mut f64),
+    ) {
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        let family = m.families.entry(name).or_insert((help, kind, Default::default()));
+        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        change(family.2.entry(key).or_insert(0.0));
+    }
+
+    /// Every metric in Prometheus' text exposition format.
+    pub fn exposition(&self) -> String {
+        let m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        for (name, (help, kind, series)) in &m.families {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (labels, value) in series {
+                let labels: Vec<String> = labels
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+                        format!("{k}=\"{v}\"")
+                    })
+                    .collect();
+                match labels.is_empty() {
+                    true => out.push_str(&format!("{name} {value}\n")),
+                    false => out.push_str(&format!("{name}{{{}}} {value}\n", labels.join(","))),
+                }
+            }
+        }
+        out
     }
 }
 
-/// The answer to a request's first line (`GET /readyz HTTP/1.1`). Pure.
-pub fn answer(request_line: &str, health: &Result<(), String>) -> (u16, String) {
+/// The answer to a request's first line (`GET /readyz HTTP/1.1`), given readiness and the
+/// metrics' text. Pure.
+pub fn answer(request_line: &str, health: &Result<(), String>, metrics: &str) -> (u16, String) {
     let mut parts = request_line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
@@ -57,7 +136,8 @@ pub fn answer(request_line: &str, health: &Result<(), String>) -> (u16, String) 
             Ok(()) => (200, "ready\n".into()),
             Err(why) => (503, format!("not ready: {why}\n")),
         },
-        ("GET" | "HEAD", _) => (404, "not found: /healthz or /readyz\n".into()),
+        ("GET" | "HEAD", "/metrics") => (200, metrics.to_owned()),
+        ("GET" | "HEAD", _) => (404, "not found: /healthz, /readyz or /metrics\n".into()),
         _ => (405, "only GET\n".into()),
     }
 }
@@ -89,7 +169,8 @@ pub async fn serve(args: &HealthArgs, health: Health) -> std::io::Result<Option<
                     return;
                 }
                 let text = String::from_utf8_lossy(&head);
-                let (status, body) = answer(text.lines().next().unwrap_or(""), &health.state());
+                let line = text.lines().next().unwrap_or("");
+                let (status, body) = answer(line, &health.state(), &health.exposition());
                 let reason = match status {
                     200 => "OK",
                     404 => "Not Found",
@@ -117,12 +198,30 @@ mod tests {
     fn liveness_readiness_and_everything_else() {
         let ready = Ok(());
         let waiting = Err("caches not listed yet".to_owned());
-        assert_eq!(answer("GET /healthz HTTP/1.1", &waiting).0, 200);
-        assert_eq!(answer("GET /readyz HTTP/1.1", &ready), (200, "ready\n".into()));
-        let (status, body) = answer("GET /readyz?verbose HTTP/1.1", &waiting);
+        assert_eq!(answer("GET /healthz HTTP/1.1", &waiting, "").0, 200);
+        assert_eq!(answer("GET /readyz HTTP/1.1", &ready, ""), (200, "ready\n".into()));
+        let (status, body) = answer("GET /readyz?verbose HTTP/1.1", &waiting, "");
         assert_eq!((status, body.as_str()), (503, "not ready: caches not listed yet\n"));
-        assert_eq!(answer("GET /metrics HTTP/1.1", &ready).0, 404);
-        assert_eq!(answer("POST /readyz HTTP/1.1", &ready).0, 405);
-        assert_eq!(answer("", &ready).0, 405);
+        assert_eq!(answer("GET /metrics HTTP/1.1", &ready, "m 1\n"), (200, "m 1\n".into()));
+        assert_eq!(answer("GET /other HTTP/1.1", &ready, "").0, 404);
+        assert_eq!(answer("POST /readyz HTTP/1.1", &ready, "").0, 405);
+        assert_eq!(answer("", &ready, "").0, 405);
+    }
+
+    #[test]
+    fn metrics_are_written_in_prometheus_text_format() {
+        let h = Health::new("x");
+        const APPLIES: (&str, &str) = ("hafleet_applies_total", "Applies by outcome.");
+        h.count(APPLIES, &[("host", "lb-1"), ("outcome", "applied")], 1.0);
+        h.count(APPLIES, &[("host", "lb-1"), ("outcome", "applied")], 2.0);
+        h.gauge(("hafleet_leader", "1 while leading."), &[], 1.0);
+        h.count(APPLIES, &[("host", "a\"b"), ("outcome", "failed")], 1.0);
+        assert_eq!(
+            h.exposition(),
+            "# HELP hafleet_applies_total Applies by outcome.\n# TYPE hafleet_applies_total counter\n\
+             hafleet_applies_total{host=\"a\\\"b\",outcome=\"failed\"} 1\n\
+             hafleet_applies_total{host=\"lb-1\",outcome=\"applied\"} 3\n\
+             # HELP hafleet_leader 1 while leading.\n# TYPE hafleet_leader gauge\nhafleet_leader 1\n"
+        );
     }
 }

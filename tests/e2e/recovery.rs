@@ -439,7 +439,7 @@ async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> 
     Ok(())
 }
 
-/// Each component answers `/healthz`, and `/readyz` once it does its job.
+/// Each component answers `/healthz`, `/readyz` once it does its job, and `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     let world = World::start().await?;
@@ -453,5 +453,27 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         assert_eq!((status, body.as_str()), (200, "ready\n"), "{c:?}");
         assert_eq!(http_get(addr, "health", "/other").await?.0, 404, "{c:?}");
     }
+    // Each one's metrics count what it did: the route event, the version, the applies.
+    let stack = &world.stack;
+    let metrics = |c| async move {
+        let (status, body) = http_get(stack.health_addr(c), "health", "/metrics").await?;
+        anyhow::ensure!(status == 200, "{status}");
+        anyhow::Ok(body)
+    };
+    let watcher = metrics(Component::Watcher).await?;
+    assert!(watcher.contains("hafleet_watcher_route_events_total{op=\"upsert\"} "), "{watcher}");
+    assert!(watcher.contains("hafleet_watcher_leader 1\n"), "{watcher}");
+    let renderer = metrics(Component::Renderer).await?;
+    assert!(
+        renderer.contains("hafleet_renderer_versions_published_total{fleet=\"edge\"} "),
+        "{renderer}"
+    );
+    let applier = metrics(Component::Applier).await?;
+    for host in ["lb-1", "lb-2"] {
+        let line =
+            format!("hafleet_applier_outcomes_total{{host=\"{host}\",outcome=\"applied\"}} ");
+        assert!(applier.contains(&line), "{applier}");
+    }
+    assert!(applier.contains("# TYPE hafleet_applier_reloads_total counter"), "{applier}");
     Ok(())
 }

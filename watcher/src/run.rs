@@ -74,10 +74,12 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health = hafleet_runtime::health::Health::new("the watches have not listed yet");
+    let health = hafleet_runtime::health::Health::global();
+    health.not_ready("the watches have not listed yet");
     hafleet_runtime::health::serve(&args.health, health.clone())
         .await
         .context("cannot serve the health endpoint")?;
+    health.gauge(LEADER, &[], f64::from(!args.lease.leader_election));
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
@@ -129,6 +131,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         };
         state.epoch = leadership.since_unix_nanos;
+        health.gauge(LEADER, &[], 1.0);
         state.leader = Some((leadership, elector.duration()));
     }
     let epoch = state.epoch;
@@ -193,6 +196,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     bus.drain().await;
     Ok(())
 }
+
+const ROUTE_EVENTS: (&str, &str) = (
+    "hafleet_watcher_route_events_total",
+    "Route events published (and acked), by upsert or delete.",
+);
+const WARNINGS: (&str, &str) =
+    ("hafleet_watcher_warnings_total", "Warning Events posted on Ingresses, by reason.");
+const LEADER: (&str, &str) = (
+    "hafleet_watcher_leader",
+    "1 while this replica publishes (holds the lease, or runs without leader election).",
+);
 
 struct State {
     epoch: u64,
@@ -277,6 +291,11 @@ async fn sync(
                 if state.warned.insert((r.key.clone(), rv.clone(), note.clone())) {
                     warn!(ingress = %r.key, reason = %note, "ingress refused");
                     warnings.warn(&ing, "RoutesTooLarge", note).await;
+                    hafleet_runtime::health::Health::global().count(
+                        WARNINGS,
+                        &[("reason", "RoutesTooLarge")],
+                        1.0,
+                    );
                 }
                 desired.insert(r.key.clone(), Desired::Keep);
             }
@@ -294,6 +313,11 @@ async fn sync(
                 if state.warned.insert((key.clone(), rv, note.clone())) {
                     warn!(ingress = %key, reason = %note, "ingress refused");
                     warnings.warn(&ing, "InvalidIngress", note).await;
+                    hafleet_runtime::health::Health::global().count(
+                        WARNINGS,
+                        &[("reason", "InvalidIngress")],
+                        1.0,
+                    );
                 }
                 desired.insert(key, Desired::Keep);
             }
@@ -316,6 +340,11 @@ async fn sync(
         for w in said {
             if state.warned.insert((key.clone(), rv.clone(), w.note.clone())) {
                 warn!(ingress = %key, reason = w.reason, warning = %w.note, "ingress routed with a caveat");
+                hafleet_runtime::health::Health::global().count(
+                    WARNINGS,
+                    &[("reason", w.reason)],
+                    1.0,
+                );
                 warnings.warn(ing, w.reason, w.note).await;
             }
         }
@@ -367,6 +396,7 @@ async fn sync(
         };
         let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
         info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
+        hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
         index::record(&mut state.published, &action);
     }
     if state.snapshot_due {
