@@ -460,20 +460,40 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         anyhow::ensure!(status == 200, "{status}");
         anyhow::Ok(body)
     };
-    let watcher = metrics(Component::Watcher).await?;
-    assert!(watcher.contains("hafleet_watcher_route_events_total{op=\"upsert\"} "), "{watcher}");
-    assert!(watcher.contains("hafleet_watcher_leader 1\n"), "{watcher}");
-    let renderer = metrics(Component::Renderer).await?;
-    assert!(
-        renderer.contains("hafleet_renderer_versions_published_total{fleet=\"edge\"} "),
-        "{renderer}"
-    );
-    let applier = metrics(Component::Applier).await?;
+    // Each counts right after its publish is acked, which may be a moment after the next
+    // component acted on it: read until counted.
+    let counted = |c, needles: &'static [&'static str]| async move {
+        eventually(CONVERGE, &format!("{c:?}'s counts"), || async move {
+            let text = metrics(c).await?;
+            for n in needles {
+                anyhow::ensure!(text.contains(n), "{n:?} not in\n{text}");
+            }
+            Ok(())
+        })
+        .await
+    };
+    counted(
+        Component::Watcher,
+        &["hafleet_watcher_route_events_total{op=\"upsert\"} ", "hafleet_watcher_leader 1\n"],
+    )
+    .await?;
+    counted(Component::Renderer, &["hafleet_renderer_versions_published_total{fleet=\"edge\"} "])
+        .await?;
+    // Hosts serve the version before the applier has counted (and reported) the rollout.
+    let version = world.stack.latest_version().await?.expect("a version").version;
     for host in ["lb-1", "lb-2"] {
-        let line =
-            format!("hafleet_applier_outcomes_total{{host=\"{host}\",outcome=\"applied\"}} ");
-        assert!(applier.contains(&line), "{applier}");
+        world.report(host, version).await?;
     }
+    let applier = eventually(CONVERGE, "the applier's counts", || async move {
+        let applier = metrics(Component::Applier).await?;
+        for host in ["lb-1", "lb-2"] {
+            let line =
+                format!("hafleet_applier_outcomes_total{{host=\"{host}\",outcome=\"applied\"}} ");
+            anyhow::ensure!(applier.contains(&line), "{applier}");
+        }
+        Ok(applier)
+    })
+    .await?;
     assert!(applier.contains("# TYPE hafleet_applier_reloads_total counter"), "{applier}");
     Ok(())
 }
