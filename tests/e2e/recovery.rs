@@ -497,3 +497,39 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     assert!(applier.contains("# TYPE hafleet_applier_reloads_total counter"), "{applier}");
     Ok(())
 }
+
+/// Every remote command is bounded: one that hangs on a real host fails at the applier's
+/// `--remote-timeout-secs`, naming the timeout, instead of stalling the rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
+    use hafleet_applier::ssh::{HostConn, SshSettings};
+    let world = World::start().await?;
+    let h = &world.stack.hosts[0];
+    let control = hafleet_tests::TestDir::new("hafleet-ssh-timeout")?;
+    let settings = SshSettings::new(
+        world.stack.keys.identity.clone(),
+        world.stack.keys.known_hosts.clone(),
+        Duration::from_secs(10),
+        control.path().to_owned(),
+    )?
+    .with_command_timeout(Duration::from_secs(1));
+    let host = hafleet_applier::inventory::Host {
+        name: hafleet_proto::HostName::new(h.name())?,
+        address: h.ssh_host().to_string(),
+        port: h.ssh_port(),
+        user: h.ssh_user().to_owned(),
+        config_path: h.config_path().display().to_string(),
+        master_socket: h.master_socket().display().to_string(),
+        haproxy_bin: "/usr/sbin/haproxy".into(),
+        probe_address: None,
+        probes: vec![],
+    };
+    let conn = HostConn::connect(&host, &settings).await?;
+    assert!(conn.run("true", &[], None).await?.success, "the host answers");
+    let started = std::time::Instant::now();
+    let err = conn.run("sleep 30", &[], None).await.expect_err("a hung command must fail");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    let said = format!("{err:?}");
+    assert!(said.contains("remote command did not finish within 1 s"), "{said}");
+    Ok(())
+}

@@ -364,3 +364,26 @@ async fn a_version_fans_out_to_twenty_hosts_canary_first_in_bounded_waves() -> R
     assert!(canary_start <= spans.iter().map(|s| s.1).min().unwrap_or(0));
     Ok(())
 }
+
+/// The demo's scale path (Ingresses on Services of their own, more nodes than a backend's
+/// subset, node health, the fleet's addresses in status), small: what
+/// `./deploy/local/demo.sh --ingresses 10000 --nodes 200` runs, as a process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_with_many_ingresses_and_more_nodes_than_a_subset() -> Result<()> {
+    let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-demo"))
+        .args(["--smoke", "--ingresses", "30", "--nodes", "12"])
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "Host: app-29.local through HAProxy lb-1 -> 200 app-29@node-",
+        "Host: app-29.local through HAProxy lb-2 -> 200 app-29@node-",
+        "Host: app-1.local through HAProxy lb-1 -> 503",
+        "30 Ingresses on 12 nodes",
+        "smoke test passed",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing:\n{stdout}");
+    }
+    Ok(())
+}
