@@ -56,10 +56,10 @@ impl Cli {
         hafleet_runtime::init_tracing();
         match Cli::parse() {
             Cli { command: Some(Command::Status(args)), .. } => status::status(args).await,
-            Cli { run: Some(args), .. } => run::run(args).await,
-            // Every run setting came from the environment (as under systemd): read them as
-            // the run command alone, with its required arguments required again.
-            Cli { command: None, run: None } => run::run(RunOnly::parse().run).await,
+            // Read the run settings as the run command alone, with its required arguments
+            // required again: `run` is `None` when they all come from the environment (as
+            // under systemd).
+            Cli { command: None, .. } => run::run(RunOnly::parse().run).await,
         }
     }
 }

@@ -75,11 +75,11 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health = hafleet_runtime::health::Health::global();
-    health.not_ready("starting: inventory, streams, start-up convergence");
-    hafleet_runtime::health::serve(&args.health, health.clone())
-        .await
-        .context("cannot serve the health endpoint")?;
+    let health = hafleet_runtime::health::start(
+        &args.health,
+        "starting: inventory, streams, start-up convergence",
+    )
+    .await?;
     let text = std::fs::read_to_string(&args.inventory)
         .with_context(|| format!("cannot read inventory {}", args.inventory.display()))?;
     let hosts = inventory::parse(&text)
@@ -146,9 +146,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let next = tokio::select! {
             m = messages.next() => m,
             _ = drift_timer.tick(), if args.drift_check_secs > 0 && !known.0.is_empty() => {
-                let current = known.0.last().cloned().expect("guarded by if");
+                let current = known.0.last().expect("guarded by if");
                 let context = (args.drift_policy, &mut in_sync, &mut drift_reported);
-                check_drift(&bus, &hosts, &current, &known, &settings, context).await;
+                check_drift(&bus, &hosts, current, &known, &settings, context).await;
                 continue;
             }
             _ = tokio::time::sleep(retry_every), if retry.is_some() => {
@@ -282,7 +282,8 @@ async fn check_drift(
                     message: found.clone(),
                     restored: false,
                 };
-                let report = report_of(host, version, outcome, Default::default(), Some(&found));
+                let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
+                let report = report_of(host, version, outcome, now, Some(&found));
                 count_report(&report);
                 if let Err(e) = bus::publish_report(bus, &report).await {
                     warn!(error = ?anyhow::Error::from(e), "drift report lost");
@@ -316,13 +317,7 @@ fn count_report(r: &ApplyReport) {
     let outcome = match &r.outcome {
         ApplyOutcome::Applied => "applied".to_owned(),
         ApplyOutcome::Unchanged => "unchanged".to_owned(),
-        ApplyOutcome::Failed { stage, .. } => format!(
-            "failed_{}",
-            serde_json::to_value(stage)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        ),
+        ApplyOutcome::Failed { stage, .. } => format!("failed_{}", stage.as_str()),
     };
     m.count(
         ("hafleet_applier_outcomes_total", "Applies by host and outcome (failed_<stage>)."),
@@ -344,13 +339,13 @@ fn count_report(r: &ApplyReport) {
     }
 }
 
-/// The report of `host` for `version`: `outcome` after `took` and `effort`, and what a drift
-/// check found before, if it ran.
+/// The report of `host` for `version`: `outcome`, finished at that time after `took` and
+/// `effort`, and what a drift check found before, if it ran.
 fn report_of(
     host: &Host,
     version: &ConfigVersion,
     outcome: ApplyOutcome,
-    (took, effort): (Duration, rollout::Effort),
+    (finished_unix_ms, took, effort): (u64, Duration, rollout::Effort),
     drift: Option<&str>,
 ) -> ApplyReport {
     ApplyReport {
@@ -360,7 +355,7 @@ fn report_of(
         version: version.version,
         sha256: version.sha256.clone(),
         outcome,
-        finished_unix_ms: hafleet_runtime::now_unix_ms(),
+        finished_unix_ms,
         duration_ms: took.as_millis() as u64,
         reloads: effort.reloads,
         runtime_commands: effort.runtime_commands,
@@ -402,8 +397,7 @@ async fn apply_and_report(
                 warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
-        let mut report = report_of(host, version, outcome, (took, effort), drift);
-        report.finished_unix_ms = finished_unix_ms;
+        let report = report_of(host, version, outcome, (finished_unix_ms, took, effort), drift);
         count_report(&report);
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");

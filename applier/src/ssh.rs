@@ -55,6 +55,12 @@ impl SshSettings {
             command_timeout: Duration::from_secs(120),
         })
     }
+
+    /// The same settings, remote commands bounded by `timeout` (120 s unless set).
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
 }
 
 /// The fingerprints of the keys `host` offers, read with `ssh-keyscan` and `ssh-keygen -lf -`
@@ -82,14 +88,6 @@ pub async fn offered_fingerprints(host: &Host) -> Vec<String> {
     match keygen.wait_with_output().await {
         Ok(out) => crate::plan::fingerprints(&String::from_utf8_lossy(&out.stdout)),
         Err(_) => vec![],
-    }
-}
-
-impl SshSettings {
-    /// The same settings, remote commands bounded by `timeout`.
-    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
-        self
     }
 }
 

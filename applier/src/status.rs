@@ -31,10 +31,6 @@ pub struct HostStatus {
     pub drift: String,
 }
 
-fn stage_name(stage: ApplyStage) -> String {
-    serde_json::to_value(stage).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
 /// A host's status from its reports, oldest first. Pure.
 pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
     let last = reports.last()?;
@@ -52,11 +48,7 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
         ApplyOutcome::Applied => ("applied".to_owned(), None),
         ApplyOutcome::Unchanged => ("unchanged".to_owned(), None),
         ApplyOutcome::Failed { stage, message, restored } => (
-            format!(
-                "failed at {}{}",
-                stage_name(*stage),
-                if *restored { ", rolled back" } else { "" }
-            ),
+            format!("failed at {}{}", stage.as_str(), if *restored { ", rolled back" } else { "" }),
             Some(message.clone()),
         ),
     };
@@ -131,25 +123,9 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// When, to the second, for the table.
 fn time_of(unix_ms: u64) -> String {
-    let secs = (unix_ms / 1000) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    hafleet_runtime::rfc3339_of_unix_ms(unix_ms / 1000 * 1000)
 }
 
 /// Runs `hafleet-applier status`.

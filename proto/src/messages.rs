@@ -127,7 +127,14 @@ impl Balance {
     ];
 
     pub fn as_str(&self) -> &'static str {
-        Balance::ALL.iter().find(|(_, b)| b == self).map(|(s, _)| *s).unwrap_or("roundrobin")
+        match self {
+            Balance::Roundrobin => "roundrobin",
+            Balance::StaticRr => "static-rr",
+            Balance::Leastconn => "leastconn",
+            Balance::First => "first",
+            Balance::Source => "source",
+            Balance::Random => "random",
+        }
     }
 }
 
@@ -380,6 +387,23 @@ pub enum ApplyStage {
     /// The host no longer runs the version it was given (a file edited or removed by hand, a
     /// reload by someone else); found by the applier's periodic check.
     Drift,
+}
+
+impl ApplyStage {
+    /// The stage as reports spell it (`host_key`, `probe`, …).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ApplyStage::Connect => "connect",
+            ApplyStage::HostKey => "host_key",
+            ApplyStage::Upload => "upload",
+            ApplyStage::Validate => "validate",
+            ApplyStage::Swap => "swap",
+            ApplyStage::Reload => "reload",
+            ApplyStage::Verify => "verify",
+            ApplyStage::Probe => "probe",
+            ApplyStage::Drift => "drift",
+        }
+    }
 }
 
 /// What a host did with a version.
@@ -635,6 +659,14 @@ mod tests {
         let old = br#"{"schema":3,"fleet":"edge","host":"lb-1","version":3,"sha256":"ab","outcome":{"result":"applied"},"finished_unix_ms":5,"duration_ms":6}"#;
         let r = ApplyReport::decode(old).unwrap();
         assert_eq!((r.outcome, r.reloads, r.runtime_commands), (ApplyOutcome::Applied, 0, 0));
+    }
+
+    #[test]
+    fn stages_are_named_as_reports_spell_them() {
+        use ApplyStage::*;
+        for stage in [Connect, HostKey, Upload, Validate, Swap, Reload, Verify, Probe, Drift] {
+            assert_eq!(serde_json::to_value(stage).unwrap(), stage.as_str());
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 
 use crate::state::IngressEntry;
 use hafleet_proto::{
-    Backend, FleetName, IngressKey, NodeAddr, ObjectName, PathKind, ServiceRef, TrafficPolicy,
+    Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, btree_map::Entry};
@@ -249,15 +249,10 @@ fn pick_from_pool<'a>(
         // Only nodes with an endpoint of their own forward: those, all of them (a subset
         // could leave out the only one). Both lists are in node-name order.
         return match &backend.endpoint_nodes {
-            Some(on) => {
-                // Watchers send them sorted; a message that does not is still read right.
-                let sorted = on.is_sorted();
-                let has = |name: &ObjectName| match sorted {
-                    true => on.binary_search(name).is_ok(),
-                    false => on.contains(name),
-                };
-                (0..n).filter(|i| has(&pool.nodes[*i].name)).map(|i| pool.at(i, port)).collect()
-            }
+            Some(on) => (0..n)
+                .filter(|i| on.contains(&pool.nodes[*i].name))
+                .map(|i| pool.at(i, port))
+                .collect(),
             None => (0..n).map(|i| pool.at(i, port)).collect(),
         };
     }

@@ -8,20 +8,10 @@ const MIN_ITEMS: usize = 512;
 /// At most this many threads, whatever the machine has.
 const MAX_THREADS: usize = 8;
 
-/// `f` of each item, in the items' order, on up to as many threads as the machine has cores
-/// when there are enough items to be worth it.
-pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let all =
-        map_chunks(items, |part| Ok::<_, std::convert::Infallible>(part.iter().map(&f).collect()));
-    match all {
-        Ok(all) => all,
-        Err(never) => match never {},
-    }
-}
-
 /// For each item, in the items' order: the key and value `reuse` finds kept from an earlier
 /// run, or, for the items it has none for, what `build` makes of them ([`map_chunks`] over
-/// those items alone: on every core when many miss, as after a start).
+/// those items alone: on every core when many miss, as after a start; not at all when none
+/// does).
 pub fn reuse_or_build<T: Sync, K: Send, V: Send, E: Send>(
     items: &[T],
     reuse: impl FnMut(&T) -> Option<(K, V)>,
@@ -30,7 +20,12 @@ pub fn reuse_or_build<T: Sync, K: Send, V: Send, E: Send>(
     let found: Vec<Option<(K, V)>> = items.iter().map(reuse).collect();
     let missing: Vec<&T> =
         items.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(item, _)| item).collect();
-    let mut built = map_chunks(&missing, |part| build(part))?.into_iter();
+    // Nothing missing, nothing built: `build` may have a fixed cost (a template render).
+    let built = match missing.is_empty() {
+        true => Vec::new(),
+        false => map_chunks(&missing, |part| build(part))?,
+    };
+    let mut built = built.into_iter();
     Ok(found
         .into_iter()
         .map(|hit| hit.unwrap_or_else(|| built.next().expect("one built per item missing")))
@@ -40,7 +35,7 @@ pub fn reuse_or_build<T: Sync, K: Send, V: Send, E: Send>(
 /// `f` of consecutive chunks of the items (one per thread, or all of them on the caller's
 /// thread when there are few), concatenated in the items' order; the first error in that
 /// order, if any.
-pub fn map_chunks<T: Sync, R: Send, E: Send>(
+fn map_chunks<T: Sync, R: Send, E: Send>(
     items: &[T],
     f: impl Fn(&[T]) -> Result<Vec<R>, E> + Sync,
 ) -> Result<Vec<R>, E> {
@@ -72,10 +67,10 @@ mod tests {
     fn keeps_the_order_of_the_items_small_or_large() {
         for n in [0, 3, super::MIN_ITEMS, 10_007] {
             let items: Vec<usize> = (0..n).collect();
-            assert_eq!(
-                super::map(&items, |i| i * 2),
-                items.iter().map(|i| i * 2).collect::<Vec<_>>()
-            );
+            let doubled = super::map_chunks(&items, |part| {
+                Ok::<_, std::convert::Infallible>(part.iter().map(|i| i * 2).collect())
+            });
+            assert_eq!(doubled, Ok(items.iter().map(|i| i * 2).collect::<Vec<_>>()));
         }
     }
 

@@ -134,11 +134,9 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health = hafleet_runtime::health::Health::global();
-    health.not_ready("starting: store, streams, start-up renders");
-    hafleet_runtime::health::serve(&args.health, health.clone())
-        .await
-        .context("cannot serve the health endpoint")?;
+    let health =
+        hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
+            .await?;
     let renderer = args.render.renderer()?;
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
@@ -322,21 +320,23 @@ async fn process(
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
     let mut out = Applied::default();
+    let mut applied = 0u32;
     for (seq, payload) in entries {
         let seq = *seq;
         match RouteMessage::decode(payload) {
             Ok(msg) => {
-                hafleet_runtime::health::Health::global().count(
-                    ("hafleet_renderer_route_messages_total", "Route messages applied."),
-                    &[],
-                    1.0,
-                );
+                applied += 1;
                 state::apply(desired, seq, &msg, &mut out)
             }
             Err(e) => park(bus, seq, payload, &e).await?,
         }
         last_seq = last_seq.max(seq);
     }
+    hafleet_runtime::health::Health::global().count(
+        ("hafleet_renderer_route_messages_total", "Route messages applied."),
+        &[],
+        f64::from(applied),
+    );
     let floors = floors(bus, store, out.causes.keys()).await?;
     let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
     store.commit(&out.writes, &versions, last_seq)?;

@@ -162,22 +162,8 @@ fn whole_json(value: &[u8]) -> std::io::Result<Vec<u8>> {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        // sled releases its directory lock from a background thread after the last handle is
-        // dropped, so a store just closed in this process may still hold it for a moment:
-        // wait up to 5 s for that. (Another renderer on the same directory fails after that.)
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let db = loop {
-            match sled::open(path) {
-                Err(sled::Error::Io(e))
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => break other,
-            }
-        }
-        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+        let db = sled::open(path)
+            .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
         Ok(Store {
             ingresses: db.open_tree("ingresses")?,
             versions: db.open_tree("versions")?,
@@ -576,6 +562,23 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Opens a store that this process has just closed: sled releases its directory lock from
+    /// a background thread after the last handle drops, so this waits (up to 5 s) for that.
+    fn reopen(path: &Path) -> Store {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match Store::open(path) {
+                Err(StoreError::Open { source: sled::Error::Io(e), .. })
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                other => return other.unwrap(),
+            }
+        }
+    }
     use hafleet_proto::SCHEMA_VERSION;
 
     fn version(fleet: &FleetName, n: u64) -> ConfigVersion {
@@ -624,7 +627,7 @@ mod tests {
                 .unwrap();
             store.set_published(&fleet, 1).unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = reopen(dir.path());
         assert_eq!(store.applied_seq().unwrap(), 17);
         let desired = store.desired().unwrap();
         assert!(desired.ingresses(&fleet).contains_key(&key));
@@ -690,7 +693,7 @@ mod tests {
             }
         }
         // A new process finds the keyframe its next version refers to from the store.
-        let store = Store::open(dir.path()).unwrap();
+        let store = reopen(dir.path());
         store.commit(&[], &[big(&fleet, 101)], 101).unwrap();
         assert_eq!(be_u64(&raw(&store, 101)[4..12]), 65);
         let all = store.versions(&fleet).unwrap();

@@ -4,7 +4,7 @@
 //! - `GET /healthz`: 200 while the process serves requests at all.
 //! - `GET /readyz`: 200 once the component does its job (the watcher has published what the
 //!   cluster holds, the renderer consumes its stream, the applier has converged on start-up),
-//!   503 with the reason before that or when it stops being able to.
+//!   503 with the reason before that.
 //! - `GET /metrics`: the component's counters and gauges in Prometheus' text format.
 //!
 //! A few lines of HTTP/1.1 by hand: two fixed answers do not need a web framework.
@@ -140,6 +140,17 @@ pub fn answer(request_line: &str, health: &Result<(), String>, metrics: &str) ->
         ("GET" | "HEAD", _) => (404, "not found: /healthz, /readyz or /metrics\n".into()),
         _ => (405, "only GET\n".into()),
     }
+}
+
+/// The process's [`Health`], not ready for `why` until its component says it is, served on
+/// `args.health_addr` if that is set: what each binary calls first.
+pub async fn start(args: &HealthArgs, why: &str) -> anyhow::Result<&'static Health> {
+    let health = Health::global();
+    health.not_ready(why);
+    serve(args, health.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot serve the health endpoint: {e}"))?;
+    Ok(health)
 }
 
 /// Serves the endpoints on `args.health_addr`, if set, in the background; returns the address

@@ -17,6 +17,15 @@ pub fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A time given in milliseconds since the Unix epoch, as RFC 3339 in UTC
+/// (`2026-11-24T00:28:33.250Z`); the number itself if it is out of range.
+pub fn rfc3339_of_unix_ms(unix_ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(unix_ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| unix_ms.to_string())
+}
+
 /// Rows as aligned columns for a terminal, two spaces apart, the last column left as it is
 /// (so a long cause or message does not widen the others).
 pub fn table<const N: usize>(rows: &[[String; N]]) -> String {

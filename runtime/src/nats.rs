@@ -166,7 +166,7 @@ impl Bus {
     /// Creates the stream if it does not exist. Every component calls this for the streams it
     /// touches, so they can start in any order.
     pub async fn ensure_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
-        let mut stream = self
+        let stream = self
             .js
             .get_or_create_stream(stream::Config {
                 name: spec.name.to_owned(),
@@ -178,11 +178,8 @@ impl Bus {
             })
             .await
             .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })?;
-        match stream_mismatch(spec, &info.config) {
+        // What `get_or_create_stream` read or created: no second request.
+        match stream_mismatch(spec, &stream.cached_info().config) {
             Some(what) => Err(BusError::StreamMismatch { name: spec.name, what }),
             None => Ok(stream),
         }

@@ -70,6 +70,8 @@ pub fn next(
 #[derive(Debug, Clone)]
 pub struct Leadership {
     valid_until: watch::Receiver<tokio::time::Instant>,
+    /// How long before the lease runs out this replica stops publishing.
+    margin: Duration,
     /// When this replica took the lease (nanoseconds since the epoch): its publishing epoch.
     pub since_unix_nanos: u64,
 }
@@ -77,8 +79,8 @@ pub struct Leadership {
 impl Leadership {
     /// Whether publishing now is safe: the lease holds for at least a fifth of its duration
     /// more, by this replica's own clock.
-    pub fn holds(&self, duration: Duration) -> bool {
-        tokio::time::Instant::now() + duration / 5 < *self.valid_until.borrow()
+    pub fn holds(&self) -> bool {
+        tokio::time::Instant::now() + self.margin < *self.valid_until.borrow()
     }
 
     /// Resolves once the lease has run out without renewal.
@@ -102,6 +104,7 @@ impl Leadership {
 }
 
 /// Takes and renews the lease.
+#[derive(Clone)]
 pub struct Elector {
     api: Api<Lease>,
     name: String,
@@ -123,10 +126,6 @@ impl Elector {
             me,
             duration: Duration::from_secs(args.lease_duration_secs.max(3)),
         }
-    }
-
-    pub fn duration(&self) -> Duration {
-        self.duration
     }
 
     /// One attempt: `Ok(true)` if this replica holds the lease afterwards.
@@ -178,10 +177,7 @@ impl Elector {
 
     /// Waits (standing by) until this replica holds the lease, then keeps renewing it in the
     /// background for as long as it can.
-    pub async fn lead(&self) -> Leadership
-    where
-        Self: Sync,
-    {
+    pub async fn lead(&self) -> Leadership {
         let mut announced = false;
         loop {
             match self.try_once().await {
@@ -203,12 +199,7 @@ impl Elector {
         let since_unix_nanos = Timestamp::now().as_nanosecond().max(0) as u64;
         info!(me = %self.me, lease = %self.name, "took the lease: publishing");
         let (tx, rx) = watch::channel(tokio::time::Instant::now() + self.duration);
-        let renewer = Elector {
-            api: self.api.clone(),
-            name: self.name.clone(),
-            me: self.me.clone(),
-            duration: self.duration,
-        };
+        let renewer = self.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(renewer.duration / 3).await;
@@ -226,7 +217,7 @@ impl Elector {
                 }
             }
         });
-        Leadership { valid_until: rx, since_unix_nanos }
+        Leadership { valid_until: rx, margin: self.duration / 5, since_unix_nanos }
     }
 }
 

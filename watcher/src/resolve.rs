@@ -81,6 +81,20 @@ struct SliceConditions {
     ready: Option<bool>,
 }
 
+/// The Service (namespace, name) an EndpointSlice belongs to, by its
+/// `kubernetes.io/service-name` label.
+pub fn slice_service(slice: &DynamicObject) -> Option<(&String, &String)> {
+    Some((
+        slice.metadata.namespace.as_ref()?,
+        slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?,
+    ))
+}
+
+/// Whether a Service forwards only on nodes with an endpoint (`externalTrafficPolicy: Local`).
+pub fn is_local(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local")
+}
+
 /// The nodes with a ready endpoint of each Service, from its EndpointSlices (of either API
 /// version). An endpoint whose `ready` condition is absent counts as ready, as Kubernetes
 /// defines it. Its node is its `nodeName`, else the node whose `kubernetes.io/hostname`
@@ -100,12 +114,7 @@ pub fn endpoints<'a>(
         .collect();
     let mut out = Endpoints::new();
     for slice in slices {
-        let (Some(ns), Some(service)) = (
-            slice.metadata.namespace.as_ref(),
-            slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)),
-        ) else {
-            continue;
-        };
+        let Some((ns, service)) = slice_service(slice) else { continue };
         let listed = match slice.data.get("endpoints") {
             None | Some(serde_json::Value::Null) => vec![],
             Some(list) => match Vec::<SliceEndpoint>::deserialize(list) {
@@ -381,9 +390,9 @@ fn node_port_of(
         .and_then(|p| u16::try_from(p).ok())
         .ok_or_else(|| format!("port {} has no nodePort", found.port))?;
     let service_port = u16::try_from(found.port).map_err(|_| "port is out of range")?;
-    let traffic_policy = match spec.external_traffic_policy.as_deref() {
-        Some("Local") => TrafficPolicy::Local,
-        _ => TrafficPolicy::Cluster,
+    let traffic_policy = match is_local(service) {
+        true => TrafficPolicy::Local,
+        false => TrafficPolicy::Cluster,
     };
     Ok((service_port, node_port, traffic_policy))
 }

@@ -74,11 +74,8 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let health = hafleet_runtime::health::Health::global();
-    health.not_ready("the watches have not listed yet");
-    hafleet_runtime::health::serve(&args.health, health.clone())
-        .await
-        .context("cannot serve the health endpoint")?;
+    let health =
+        hafleet_runtime::health::start(&args.health, "the watches have not listed yet").await?;
     health.gauge(LEADER, &[], f64::from(!args.lease.leader_election));
     let client = kube::Client::try_default()
         .await
@@ -132,7 +129,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         state.epoch = leadership.since_unix_nanos;
         health.gauge(LEADER, &[], 1.0);
-        state.leader = Some((leadership, elector.duration()));
+        state.leader = Some(leadership);
     }
     let epoch = state.epoch;
     info!(epoch, "caches listed; publishing the initial state");
@@ -154,7 +151,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let debounce = Duration::from_millis(args.debounce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
     let resync = Duration::from_secs(args.resync_secs.max(1));
-    let mut leadership = state.leader.as_ref().map(|(l, _)| l.clone());
+    let mut leadership = state.leader.clone();
     let lost = async move {
         match leadership.as_mut() {
             Some(l) => l.lost().await,
@@ -219,9 +216,9 @@ struct State {
     kept: BTreeSet<IngressKey>,
     /// A snapshot must be published after the next successful sync.
     snapshot_due: bool,
-    /// With leader election: the lease this replica holds, and its duration. Nothing is
-    /// published unless it holds.
-    leader: Option<(crate::lease::Leadership, Duration)>,
+    /// With leader election: the lease this replica holds. Nothing is published unless it
+    /// holds.
+    leader: Option<crate::lease::Leadership>,
     /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
 }
@@ -242,8 +239,8 @@ async fn sync(
     bus: &Bus,
     state: &mut State,
 ) -> anyhow::Result<()> {
-    if let Some((lease, duration)) = &state.leader {
-        anyhow::ensure!(lease.holds(*duration), "the lease may have run out: not publishing");
+    if let Some(lease) = &state.leader {
+        anyhow::ensure!(lease.holds(), "the lease may have run out: not publishing");
     }
     let services: Services = caches
         .services
@@ -253,11 +250,16 @@ async fn sync(
         .collect();
     let all_nodes = caches.nodes.state();
     let nodes = resolve::ready_nodes(all_nodes.iter().map(|n| n.as_ref()));
+    // Only Local Services look their endpoints up: the others' slices (most of a cluster's,
+    // and its busiest objects) are not read.
     let endpoints = caches.endpoint_slices.as_ref().map(|slices| {
-        resolve::endpoints(
-            slices.state().iter().map(|s| s.as_ref()),
-            all_nodes.iter().map(|n| n.as_ref()),
-        )
+        let slices = slices.state();
+        let local = slices.iter().map(|s| s.as_ref()).filter(|s| {
+            resolve::slice_service(s).is_some_and(|(ns, name)| {
+                services.get(&(ns.clone(), name.clone())).is_some_and(|svc| resolve::is_local(svc))
+            })
+        });
+        resolve::endpoints(local, all_nodes.iter().map(|n| n.as_ref()))
     });
     if state.nodes.as_ref() != Some(&nodes) {
         send_nodes(bus, state, nodes).await?;
@@ -288,15 +290,8 @@ async fn sync(
             {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!("not routed by hafleet: {why}; split the Ingress");
-                if state.warned.insert((r.key.clone(), rv.clone(), note.clone())) {
-                    warn!(ingress = %r.key, reason = %note, "ingress refused");
-                    warnings.warn(&ing, "RoutesTooLarge", note).await;
-                    hafleet_runtime::health::Health::global().count(
-                        WARNINGS,
-                        &[("reason", "RoutesTooLarge")],
-                        1.0,
-                    );
-                }
+                let said = (&r.key, rv.as_str(), "RoutesTooLarge", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
                 desired.insert(r.key.clone(), Desired::Keep);
             }
             Ok(r) => {
@@ -310,15 +305,8 @@ async fn sync(
                     continue;
                 };
                 let note = format!("not routed by hafleet: {}", why.join("; "));
-                if state.warned.insert((key.clone(), rv, note.clone())) {
-                    warn!(ingress = %key, reason = %note, "ingress refused");
-                    warnings.warn(&ing, "InvalidIngress", note).await;
-                    hafleet_runtime::health::Health::global().count(
-                        WARNINGS,
-                        &[("reason", "InvalidIngress")],
-                        1.0,
-                    );
-                }
+                let said = (&key, rv.as_str(), "InvalidIngress", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
                 desired.insert(key, Desired::Keep);
             }
         }
@@ -333,20 +321,14 @@ async fn sync(
         .collect();
     let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
     for r in routed {
-        told.entry(r.key.clone()).or_default().splice(0..0, r.warnings.iter().cloned());
+        // Nothing reads a Resolved's warnings after this (publishing compares routes).
+        told.entry(r.key.clone()).or_default().splice(0..0, std::mem::take(&mut r.warnings));
     }
     for (key, said) in told {
         let Some((ing, rv)) = objects.get(&key) else { continue };
         for w in said {
-            if state.warned.insert((key.clone(), rv.clone(), w.note.clone())) {
-                warn!(ingress = %key, reason = w.reason, warning = %w.note, "ingress routed with a caveat");
-                hafleet_runtime::health::Health::global().count(
-                    WARNINGS,
-                    &[("reason", w.reason)],
-                    1.0,
-                );
-                warnings.warn(ing, w.reason, w.note).await;
-            }
+            let said = (&key, rv.as_str(), w.reason, w.note);
+            tell(warnings, &mut state.warned, ing, said, "ingress routed with a caveat").await;
         }
     }
     let kept: BTreeSet<IngressKey> = desired
@@ -406,12 +388,28 @@ async fn sync(
     for (key, (ing, _)) in &objects {
         let Some(Desired::Routed(r)) = desired.get(key) else { continue };
         let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
-        let want = crate::status::entries(addresses);
-        if !r.routes.is_empty() && !crate::status::shows(ing, &want) {
-            warnings.set_status(ing, want).await;
+        if !r.routes.is_empty() && !crate::status::shows(ing, addresses) {
+            warnings.set_status(ing, addresses.clone()).await;
         }
     }
     Ok(())
+}
+
+/// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
+/// logging it as `what` and counting it.
+async fn tell(
+    warnings: &Warnings,
+    warned: &mut BTreeSet<(IngressKey, String, String)>,
+    ing: &k8s_openapi::api::networking::v1::Ingress,
+    (key, rv, reason, note): (&IngressKey, &str, &'static str, String),
+    what: &'static str,
+) {
+    if !warned.insert((key.clone(), rv.to_owned(), note.clone())) {
+        return;
+    }
+    warn!(ingress = %key, reason, note = %note, "{what}");
+    hafleet_runtime::health::Health::global().count(WARNINGS, &[("reason", reason)], 1.0);
+    warnings.warn(ing, reason, note).await;
 }
 
 /// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than

@@ -10,18 +10,12 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-/// An address a fleet takes traffic at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
-    Ip(IpAddr),
-    Hostname(HttpHost),
-}
-
-/// Each fleet's published addresses.
-pub type FleetAddresses = BTreeMap<FleetName, Vec<Address>>;
+/// Each fleet's published addresses, as status entries (an `ip` or a `hostname` each).
+pub type FleetAddresses = BTreeMap<FleetName, Vec<IngressLoadBalancerIngress>>;
 
 /// Reads `edge=192.0.2.10,192.0.2.11 core=lb.example.com`: fleets separated by spaces (or
-/// `;`), each `fleet=` and its addresses (IPs or hostnames) separated by commas.
+/// `;`), each `fleet=` and its addresses (IPs or hostnames) separated by commas, kept in the
+/// order given.
 pub fn parse(value: &str) -> Result<FleetAddresses, String> {
     let mut out = FleetAddresses::new();
     for entry in value.split([' ', ';', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
@@ -31,8 +25,16 @@ pub fn parse(value: &str) -> Result<FleetAddresses, String> {
         let mut list = Vec::new();
         for a in addresses.split(',').map(str::trim).filter(|a| !a.is_empty()) {
             list.push(match a.parse::<IpAddr>() {
-                Ok(ip) => Address::Ip(ip),
-                Err(_) => Address::Hostname(HttpHost::new(a).map_err(|e| e.to_string())?),
+                Ok(ip) => {
+                    IngressLoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() }
+                }
+                Err(_) => {
+                    let host = HttpHost::new(a).map_err(|e| e.to_string())?;
+                    IngressLoadBalancerIngress {
+                        hostname: Some(host.to_string()),
+                        ..Default::default()
+                    }
+                }
             });
         }
         if list.is_empty() {
@@ -43,21 +45,6 @@ pub fn parse(value: &str) -> Result<FleetAddresses, String> {
         }
     }
     Ok(out)
-}
-
-/// The status entries for `addresses`, in the order given.
-pub fn entries(addresses: &[Address]) -> Vec<IngressLoadBalancerIngress> {
-    addresses
-        .iter()
-        .map(|a| match a {
-            Address::Ip(ip) => {
-                IngressLoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() }
-            }
-            Address::Hostname(h) => {
-                IngressLoadBalancerIngress { hostname: Some(h.to_string()), ..Default::default() }
-            }
-        })
-        .collect()
 }
 
 /// Whether `ingress`'s status already says `want`.
@@ -78,10 +65,10 @@ mod tests {
     #[test]
     fn fleets_addresses_are_read_and_written_as_kubernetes_shows_them() {
         let all = parse("edge=192.0.2.10,192.0.2.11 core=lb.example.com;x=2001:db8::1").unwrap();
-        let edge = entries(&all[&FleetName::new("edge").unwrap()]);
+        let edge = all[&FleetName::new("edge").unwrap()].clone();
         assert_eq!(edge.len(), 2);
         assert_eq!(edge[0].ip.as_deref(), Some("192.0.2.10"));
-        let core = entries(&all[&FleetName::new("core").unwrap()]);
+        let core = &all[&FleetName::new("core").unwrap()];
         assert_eq!(core[0].hostname.as_deref(), Some("lb.example.com"));
         assert!(parse("").unwrap().is_empty());
         for bad in ["edge", "edge=", "Edge=1.2.3.4", "edge=1.2.3.4 edge=1.2.3.5", "edge=a b}"] {

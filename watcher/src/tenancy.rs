@@ -47,6 +47,16 @@ impl Sharing {
         Ok(Sharing::Namespaces(namespaces))
     }
 
+    /// Also lets in whom `other` lets in.
+    fn widen(&mut self, other: &Sharing) {
+        match (&mut *self, other) {
+            (Sharing::Everyone, _) | (_, Sharing::Nobody) => {}
+            (_, Sharing::Everyone) => *self = Sharing::Everyone,
+            (Sharing::Nobody, Sharing::Namespaces(ns)) => *self = Sharing::Namespaces(ns.clone()),
+            (Sharing::Namespaces(mine), Sharing::Namespaces(ns)) => mine.extend(ns.iter().cloned()),
+        }
+    }
+
     fn allows(&self, namespace: &str) -> bool {
         match self {
             Sharing::Nobody => false,
@@ -72,20 +82,23 @@ pub fn keep_apart(
     // Oldest first: the first to claim a host owns it, the first to claim a path wins it.
     routed.sort_by(|a, b| (a.created_unix, &a.key).cmp(&(b.created_unix, &b.key)));
 
-    // (fleet, host) → owning Ingress (the oldest that routes it).
+    // (fleet, host) → owning Ingress (the oldest that routes it); none when any namespace
+    // may route any host.
     let mut owners: BTreeMap<(FleetName, String), IngressKey> = BTreeMap::new();
-    for r in routed.iter() {
-        for route in &r.routes {
-            owners.entry((r.fleet.clone(), host_of(route).to_owned())).or_insert(r.key.clone());
-        }
-    }
     // (fleet, host) → whom the owning namespace's Ingresses that route it share it with.
-    let mut shared: BTreeMap<(FleetName, String), Vec<Sharing>> = BTreeMap::new();
-    for r in routed.iter() {
-        for route in &r.routes {
-            let at = (r.fleet.clone(), host_of(route).to_owned());
-            if owners.get(&at).is_some_and(|o| o.namespace == r.key.namespace) {
-                shared.entry(at).or_default().push(r.sharing.clone());
+    let mut shared: BTreeMap<(FleetName, String), Sharing> = BTreeMap::new();
+    if namespaces_own_hosts {
+        for r in routed.iter() {
+            for route in &r.routes {
+                owners.entry((r.fleet.clone(), host_of(route).to_owned())).or_insert(r.key.clone());
+            }
+        }
+        for r in routed.iter() {
+            for route in &r.routes {
+                let at = (r.fleet.clone(), host_of(route).to_owned());
+                if owners.get(&at).is_some_and(|o| o.namespace == r.key.namespace) {
+                    shared.entry(at).or_default().widen(&r.sharing);
+                }
             }
         }
     }
@@ -98,11 +111,8 @@ pub fn keep_apart(
         r.routes.retain(|route| {
             let at = (fleet.clone(), host_of(route).to_owned());
             let Some(owner) = owners.get(&at) else { return true };
-            let allowed = !namespaces_own_hosts
-                || owner.namespace == key.namespace
-                || shared
-                    .get(&at)
-                    .is_some_and(|s| s.iter().any(|s| s.allows(key.namespace.as_str())));
+            let allowed = owner.namespace == key.namespace
+                || shared.get(&at).is_some_and(|s| s.allows(key.namespace.as_str()));
             if !allowed {
                 taken.insert(at.1, owner.clone());
             }

@@ -147,13 +147,6 @@ fn live_on(reports: &[ApplyReport], number: u64) -> usize {
         .count()
 }
 
-fn time_of(unix_ms: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(unix_ms as i128 * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| unix_ms.to_string())
-}
-
 /// Runs `hafleet-renderer history …`.
 pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
     match command {
@@ -172,7 +165,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                     .map(|v| {
                         let live = live_on(&reports, v.number);
                         serde_json::json!({
-                            "number": v.number, "time": time_of(v.created_unix_ms),
+                            "number": v.number, "time": hafleet_runtime::rfc3339_of_unix_ms(v.created_unix_ms),
                             "sha256": v.sha256, "parent": v.parent, "size": v.size,
                             "cause": v.cause, "held": v.held, "restores": v.restores,
                             "live": live > 0, "live_hosts": live, "hosts": hosts,
@@ -203,7 +196,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                 }
                 rows.push([
                     v.number.to_string(),
-                    time_of(v.created_unix_ms),
+                    hafleet_runtime::rfc3339_of_unix_ms(v.created_unix_ms),
                     v.sha256.chars().take(12).collect(),
                     v.parent.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                     v.size.to_string(),
