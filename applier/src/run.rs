@@ -41,6 +41,17 @@ pub struct RunArgs {
     /// or different is refused, never added.
     #[arg(long, env = "HAFLEET_SSH_KNOWN_HOSTS")]
     pub ssh_known_hosts: PathBuf,
+    /// The renderer's ed25519 public key (PEM, `openssl pkey -in signing.pem -pubout`); may be
+    /// given more than once (comma-separated in the environment) while the renderer's key is
+    /// being replaced. A version not signed by one of these keys is refused before any host is
+    /// touched, and reported at stage `signature`.
+    #[arg(
+        long = "verify-key",
+        env = "HAFLEET_VERIFY_KEYS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub verify_keys: Vec<PathBuf>,
     /// Seconds to wait for an SSH connection.
     #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value_t = 10)]
     pub ssh_connect_timeout: u64,
@@ -87,6 +98,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     for path in [&args.ssh_identity, &args.ssh_known_hosts] {
         anyhow::ensure!(path.is_file(), "{} does not exist or is not a file", path.display());
     }
+    let verifier = load_verifier(&args.verify_keys)?;
+    info!(keys = ?verifier.key_ids(), "applying only versions signed by these keys");
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
     let settings = RolloutSettings {
         ssh: ConnPool::new(
@@ -124,7 +137,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
-    if let Some(version) = bus::latest_version(&configs, &args.fleet).await? {
+    let newest = bus::latest_version(&configs, &args.fleet).await?;
+    if let Some((version, Err(e))) = newest.as_ref().map(|v| (v, verifier.verify(v))) {
+        refuse(&bus, &hosts, version, &e).await;
+    } else if let Some(version) = newest {
         let version = bus.fetch_bundle(version).await?;
         info!(version = version.version, "converging on the newest version at start-up");
         let rolled = apply_and_report(&bus, &hosts, &version, &known, &settings, None).await;
@@ -175,15 +191,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             None => break,
         };
-        match ConfigVersion::decode(&msg.payload) {
-            Ok(version) if version.fleet != args.fleet => {
+        let decoded = ConfigVersion::decode(&msg.payload).map(|v| {
+            let signed = verifier.verify(&v);
+            (v, signed)
+        });
+        match decoded {
+            Ok((version, _)) if version.fleet != args.fleet => {
                 warn!(got = %version.fleet, "config of another fleet on this fleet's subject; skipped");
             }
-            Ok(version) if version.version <= done => {
+            Ok((version, _)) if version.version <= done => {
                 info!(version = version.version, done, "already rolled out or superseded; skipped");
             }
-            Ok(version) => {
-                let newest = bus::latest_version(&configs, &args.fleet).await?;
+            Ok((version, Err(e))) => refuse(&bus, &hosts, &version, &e).await,
+            Ok((version, Ok(()))) => {
+                // Only a version the renderer signed can supersede another: a forged newer
+                // one must not hold the fleet back.
+                let newest = bus::latest_version(&configs, &args.fleet)
+                    .await?
+                    .filter(|n| verifier.verify(n).is_ok());
                 let version = if newest.as_ref().is_some_and(|n| n.version > version.version) {
                     info!(version = version.version, "superseded by a newer version; skipped");
                     None
@@ -231,6 +256,44 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     settings.ssh.close_all().await;
     bus.drain().await;
     Ok(())
+}
+
+/// The trusted public keys from their files.
+fn load_verifier(paths: &[PathBuf]) -> anyhow::Result<hafleet_proto::Verifier> {
+    let texts = paths
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read the verify key {}", p.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    hafleet_proto::Verifier::from_pems(texts.iter().map(String::as_str)).with_context(|| {
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        format!("cannot use the verify keys {}", names.join(", "))
+    })
+}
+
+/// Reports `version` refused on every host, which none of them was touched for.
+async fn refuse(
+    bus: &bus::Bus,
+    hosts: &[Host],
+    version: &ConfigVersion,
+    why: &hafleet_proto::SignatureError,
+) {
+    error!(fleet = %version.fleet, version = version.version, error = %why, "version refused");
+    let outcome = ApplyOutcome::Failed {
+        stage: ApplyStage::Signature,
+        message: why.to_string(),
+        restored: false,
+    };
+    for host in hosts {
+        let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
+        let report = report_of(host, version, outcome.clone(), now, None);
+        count_report(&report);
+        if let Err(e) = bus::publish_report(bus, &report).await {
+            warn!(error = ?anyhow::Error::from(e), "report lost");
+        }
+    }
 }
 
 /// What the applier does about a host that drifted.

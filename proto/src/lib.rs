@@ -14,12 +14,14 @@
 pub mod bundle;
 pub mod history;
 pub mod messages;
+pub mod signature;
 pub mod subjects;
 pub mod values;
 
 pub use bundle::*;
 pub use history::*;
 pub use messages::*;
+pub use signature::{SignatureError, Signer, Verifier, VersionSignature};
 pub use subjects::*;
 pub use values::*;
 

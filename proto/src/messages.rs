@@ -330,6 +330,10 @@ pub struct ConfigVersion {
     /// Bytes of the bundle's files together.
     pub size: u64,
     pub body: Body,
+    /// The renderer's signature over fleet, number and sha256 (see [`crate::signature`]);
+    /// set when the version is published, checked by appliers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<crate::VersionSignature>,
 }
 
 impl ConfigVersion {
@@ -372,6 +376,9 @@ impl ConfigVersion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApplyStage {
+    /// The version is not signed by a key the applier trusts: refused before any host was
+    /// touched.
+    Signature,
     /// The host could not be reached.
     Connect,
     /// The host answered with a key that is not the one pinned for it (unknown or changed):
@@ -393,6 +400,7 @@ impl ApplyStage {
     /// The stage as reports spell it (`host_key`, `probe`, …).
     pub fn as_str(&self) -> &'static str {
         match self {
+            ApplyStage::Signature => "signature",
             ApplyStage::Connect => "connect",
             ApplyStage::HostKey => "host_key",
             ApplyStage::Upload => "upload",
@@ -579,6 +587,7 @@ mod tests {
             restores: None,
             size: bundle.size() as u64,
             body: Body::Inline { bundle },
+            signature: None,
         }
     }
 

@@ -54,6 +54,12 @@ pub struct RunArgs {
     pub publish_retry_secs: u64,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    /// The renderer's ed25519 private key (PKCS#8 PEM, `openssl genpkey -algorithm ed25519`).
+    /// Every version is signed with it when published; appliers apply only versions signed by
+    /// a key they trust (their --verify-key), so NATS access alone cannot push a config. Keep
+    /// it readable by the renderer only.
+    #[arg(long, env = "HAFLEET_SIGNING_KEY")]
+    pub signing_key: PathBuf,
 }
 
 /// Everything that decides what a config looks like. `replay` takes the same flags (and reads
@@ -138,6 +144,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
             .await?;
     let renderer = args.render.renderer()?;
+    let signer = load_signer(&args.signing_key)?;
+    info!(key = signer.key_id(), "versions are signed");
     let store = Store::open(&args.data_dir)?;
     let bus = args.nats.connect().await?;
     let r = &args.retention;
@@ -154,7 +162,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut desired = store.desired()?;
     let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
-    let mut unpublished = publish_unpublished(&bus, &store).await?;
+    let mut unpublished = publish_unpublished(&bus, &store, &signer).await?;
     let mut history = bus
         .client
         .subscribe(hafleet_proto::HISTORY_SUBJECTS)
@@ -180,7 +188,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let first = tokio::select! {
             m = messages.next() => m,
             Some(request) = history.next() => {
-                answer_history(&bus, &store, &renderer, &desired, request).await;
+                let ctx = crate::history::service::Ctx {
+                    bus: &bus, store: &store, renderer: &renderer, desired: &desired, signer: &signer,
+                };
+                answer_history(ctx, request).await;
                 // A rollback or resume may have left a version unpublished: the retry sees it.
                 unpublished = true;
                 continue;
@@ -190,7 +201,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             _ = retry.tick(), if unpublished => {
-                unpublished = publish_unpublished(&bus, &store).await?;
+                unpublished = publish_unpublished(&bus, &store, &signer).await?;
                 continue;
             }
             _ = &mut shutdown => break,
@@ -220,7 +231,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         process(&bus, &store, &renderer, &mut desired, &entries).await?;
         // Committed versions are safe in the store: the batch is acked even if a fleet's
         // version could not be published yet; it is retried on its own.
-        unpublished = publish_unpublished(&bus, &store).await?;
+        unpublished = publish_unpublished(&bus, &store, &signer).await?;
         for m in &batch {
             if let Err(e) = m.ack().await {
                 // Not fatal: the message comes back and is skipped by its sequence.
@@ -468,22 +479,13 @@ async fn floors<'a>(
 }
 
 /// Answers one history request and replies; a request without a reply subject is dropped.
-async fn answer_history(
-    bus: &bus::Bus,
-    store: &Store,
-    renderer: &Renderer,
-    desired: &state::Desired,
-    request: async_nats::Message,
-) {
+async fn answer_history(ctx: crate::history::service::Ctx<'_>, request: async_nats::Message) {
     use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
     let Some(reply_to) = request.reply.clone() else { return };
     let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
     let reply =
         match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
-            (Ok(fleet), Ok(req)) => {
-                let ctx = crate::history::service::Ctx { bus, store, renderer, desired };
-                crate::history::service::handle(&ctx, &fleet, req).await
-            }
+            (Ok(fleet), Ok(req)) => crate::history::service::handle(&ctx, &fleet, req).await,
             (Err(e), _) => {
                 HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }
             }
@@ -492,21 +494,41 @@ async fn answer_history(
                 message: format!("not a history request: {e}"),
             },
         };
-    if let Err(e) = bus.client.publish(reply_to, reply.encode().into()).await {
+    if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
         warn!(error = %e, "history reply lost");
     }
+}
+
+/// The signing key at `path`. A key others may read is used, with a warning: in Kubernetes it
+/// comes from a Secret mounted with `defaultMode: 0400`.
+fn load_signer(path: &std::path::Path) -> anyhow::Result<hafleet_proto::Signer> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the signing key {}", path.display()))?;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777),
+              "the signing key is readable by others; make it 0400 or 0600");
+    }
+    hafleet_proto::Signer::from_pem(&text)
+        .with_context(|| format!("cannot use the signing key {}", path.display()))
 }
 
 /// Publishes every version stored but not yet published, oldest first within each fleet.
 /// A fleet whose version cannot be published (the object store full, a permission taken away)
 /// is reported and left for the next try; its later versions wait behind it so its order holds,
 /// and other fleets go on. Returns whether anything is left to publish.
-pub(crate) async fn publish_unpublished(bus: &bus::Bus, store: &Store) -> anyhow::Result<bool> {
+pub(crate) async fn publish_unpublished(
+    bus: &bus::Bus,
+    store: &Store,
+    signer: &hafleet_proto::Signer,
+) -> anyhow::Result<bool> {
     let mut stuck: Vec<FleetName> = Vec::new();
     for v in store.unpublished()? {
         if stuck.contains(&v.fleet) {
             continue;
         }
+        let v = signer.sign(v);
         match bus.publish_version(&v).await {
             Ok(_) => {
                 store.set_published(&v.fleet, v.version)?;

@@ -595,6 +595,7 @@ mod tests {
             restores: None,
             size: 1,
             body: hafleet_proto::Body::Inline { bundle },
+            signature: None,
         }
     }
 
@@ -664,6 +665,7 @@ mod tests {
         ConfigVersion {
             sha256: bundle.sha256(),
             body: hafleet_proto::Body::Inline { bundle },
+            signature: None,
             ..version(fleet, n)
         }
     }

@@ -43,6 +43,7 @@ pub fn next_version(
         restores: None,
         size: bundle.size() as u64,
         body: Body::Inline { bundle },
+        signature: None,
     }))
 }
 

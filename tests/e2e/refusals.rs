@@ -3,7 +3,7 @@
 //! whose SSH key is not the pinned one.
 
 use crate::{CONVERGE, World, expect_everywhere, expect_on, render_with};
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::eventually;
 use hafleet_tests::stack::Component;
@@ -561,5 +561,80 @@ async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
     let hosts = hafleet_applier::inventory::parse(&inventory)?;
     assert_eq!(hosts.len(), 2);
     assert_eq!(hosts[0].probes.len(), 1);
+    Ok(())
+}
+
+/// NATS access alone cannot push a config: a version nobody signed, one signed by a key the
+/// applier does not trust, and a signed one whose config was changed are each refused before
+/// any host is touched, reported at stage `signature`; and none of them, though newer, holds
+/// back the renderer's next version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touched() -> Result<()>
+{
+    use hafleet_proto::{Body, Bundle, ConfigVersion, Signer};
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let stack = &world.stack;
+    let live = stack.latest_version().await?.context("no version")?;
+    assert!(live.signature.is_some(), "the renderer signs what it publishes");
+    let files = || -> Result<Vec<String>> {
+        stack.hosts.iter().map(|h| Ok(std::fs::read_to_string(h.config_path())?)).collect()
+    };
+    let before = files()?;
+
+    let forge = |n: u64| -> ConfigVersion {
+        let Some(Bundle { config, maps }) = live.bundle().cloned() else {
+            panic!("a small version travels inline")
+        };
+        let bundle = Bundle { config: format!("{config}# forged\n"), maps };
+        ConfigVersion {
+            version: live.version + n,
+            parent: Some(live.version),
+            sha256: bundle.sha256(),
+            size: bundle.size() as u64,
+            body: Body::Inline { bundle },
+            signature: None,
+            ..live.clone()
+        }
+    };
+    let rogue = hafleet_tests::SigningKeys::generate_named(stack.dir(), "rogue")?;
+    let rogue = Signer::from_pem(&std::fs::read_to_string(&rogue.private)?)?;
+    let unsigned = forge(100);
+    let by_rogue = rogue.sign(forge(101));
+    let tampered = ConfigVersion { signature: live.signature.clone(), ..forge(102) };
+    // Published with the admin's NATS rights: more than any component has.
+    let js = async_nats::jetstream::new(stack.nats.client().await?);
+    let subject = hafleet_proto::configs_subject(&live.fleet);
+    for (forged, why) in [
+        (&unsigned, "is not signed"),
+        (&by_rogue, "which this applier does not trust"),
+        (&tampered, "does not verify"),
+    ] {
+        js.publish(subject.clone(), forged.encode().into()).await?.await?;
+        for host in ["lb-1", "lb-2"] {
+            let number = forged.version;
+            eventually(CONVERGE, "the refusal's report", || async move {
+                let r = stack.last_report(host).await?.context("no report")?;
+                anyhow::ensure!(r.version == number, "{r:?}");
+                let ApplyOutcome::Failed { stage, message, restored } = &r.outcome else {
+                    anyhow::bail!("a forged version was not refused: {r:?}");
+                };
+                anyhow::ensure!(
+                    *stage == ApplyStage::Signature && message.contains(why) && !restored,
+                    "{r:?}"
+                );
+                Ok(())
+            })
+            .await?;
+        }
+    }
+    assert_eq!(files()?, before, "no host was touched");
+    expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // The renderer's next version goes live, though forged ones with higher numbers came first.
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
+    assert!(files()?.iter().all(|f| !f.contains("# forged")));
     Ok(())
 }

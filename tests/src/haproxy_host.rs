@@ -633,3 +633,51 @@ mod tests {
         );
     }
 }
+
+/// The renderer's version-signing key pair, made by `openssl` as an operator would:
+/// `dir/signing.pem` (private, PKCS#8, 0600) and `dir/signing.pub.pem` (public).
+#[derive(Debug, Clone)]
+pub struct SigningKeys {
+    pub private: PathBuf,
+    pub public: PathBuf,
+}
+
+impl SigningKeys {
+    pub fn generate(dir: &Path) -> Result<SigningKeys> {
+        Self::generate_named(dir, "signing")
+    }
+
+    /// Like [`SigningKeys::generate`], as `dir/<name>.pem` and `dir/<name>.pub.pem`.
+    pub fn generate_named(dir: &Path, name: &str) -> Result<SigningKeys> {
+        let private = dir.join(format!("{name}.pem"));
+        let public = dir.join(format!("{name}.pub.pem"));
+        let run = |args: &[&std::ffi::OsStr]| -> Result<()> {
+            let out = Command::new("openssl")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .context("run openssl (install it with tests/setup.sh)")?;
+            if !out.status.success() {
+                bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(())
+        };
+        run(&[
+            "genpkey".as_ref(),
+            "-algorithm".as_ref(),
+            "ed25519".as_ref(),
+            "-out".as_ref(),
+            private.as_os_str(),
+        ])?;
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600))?;
+        run(&[
+            "pkey".as_ref(),
+            "-in".as_ref(),
+            private.as_os_str(),
+            "-pubout".as_ref(),
+            "-out".as_ref(),
+            public.as_os_str(),
+        ])?;
+        Ok(SigningKeys { private, public })
+    }
+}

@@ -19,7 +19,7 @@ mod selftest;
 use std::path::PathBuf;
 
 pub use backend::HttpBackend;
-pub use haproxy_host::{HaproxyHost, ShowProc, SshClientKeys};
+pub use haproxy_host::{HaproxyHost, ShowProc, SigningKeys, SshClientKeys};
 pub use http::{Response, eventually, http_get, http_get_full};
 pub use kube_env::KubeEnv;
 pub use nats::NatsServer;

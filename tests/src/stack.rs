@@ -8,7 +8,7 @@
 //! ```
 
 use crate::bin_path;
-use crate::haproxy_host::{HaproxyHost, SshClientKeys};
+use crate::haproxy_host::{HaproxyHost, SigningKeys, SshClientKeys};
 use crate::kube_env::KubeEnv;
 use crate::nats::NatsServer;
 use crate::proc::{ChildGuard, TestDir};
@@ -113,6 +113,8 @@ pub struct Stack {
     pub kube: KubeEnv,
     pub nats: NatsServer,
     pub keys: SshClientKeys,
+    /// The renderer's version-signing key pair; appliers trust its public half.
+    pub signing: SigningKeys,
     pub hosts: Vec<HaproxyHost>,
     dir: TestDir,
     inventory: PathBuf,
@@ -132,6 +134,7 @@ impl Stack {
         // The watcher runs with exactly the RBAC the project ships.
         kubectl_apply(&kube, &workspace_file("deploy/kubernetes/watcher-rbac.yaml")).await?;
         let keys = SshClientKeys::generate(dir.path())?;
+        let signing = SigningKeys::generate(dir.path())?;
         let mut started = Vec::new();
         for i in 1..=hosts {
             started.push(HaproxyHost::start(&format!("lb-{i}"), &keys).await?);
@@ -143,6 +146,7 @@ impl Stack {
             kube,
             nats,
             keys,
+            signing,
             hosts: started,
             dir,
             inventory: inventory_path,
@@ -200,13 +204,16 @@ impl Stack {
                 cmd.env("KUBECONFIG", self.kube.watcher_kubeconfig_path());
             }
             Component::Renderer => {
-                cmd.arg("run").env("HAFLEET_DATA_DIR", self.dir.path().join("renderer-data"));
+                cmd.arg("run")
+                    .env("HAFLEET_DATA_DIR", self.dir.path().join("renderer-data"))
+                    .env("HAFLEET_SIGNING_KEY", &self.signing.private);
             }
             Component::Applier => {
                 cmd.env("HAFLEET_FLEET", &self.fleet)
                     .env("HAFLEET_INVENTORY", &self.inventory)
                     .env("HAFLEET_SSH_IDENTITY", &self.keys.identity)
                     .env("HAFLEET_SSH_KNOWN_HOSTS", &self.keys.known_hosts)
+                    .env("HAFLEET_VERIFY_KEYS", &self.signing.public)
                     .env("HAFLEET_RETRY_SECS", "2");
             }
         }

@@ -9,11 +9,13 @@ use hafleet_proto::{Cause, FleetName, HistoryErrorKind, HistoryReply, HistoryReq
 use hafleet_runtime::nats::Bus;
 
 /// Everything a request may read or change.
+#[derive(Clone, Copy)]
 pub struct Ctx<'a> {
     pub bus: &'a Bus,
     pub store: &'a Store,
     pub renderer: &'a Renderer,
     pub desired: &'a Desired,
+    pub signer: &'a hafleet_proto::Signer,
 }
 
 fn error(kind: HistoryErrorKind, message: impl Into<String>) -> HistoryReply {
@@ -83,7 +85,7 @@ async fn answer(
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
             store.set_pinned(fleet, Some(number))?;
-            crate::run::publish_unpublished(ctx.bus, store).await?;
+            crate::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
             tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
             Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
         }
@@ -114,7 +116,7 @@ async fn answer(
             let number = made.as_ref().map(|v| v.version);
             if let Some(v) = made {
                 store.commit(&[], &[v], store.applied_seq()?)?;
-                crate::run::publish_unpublished(ctx.bus, store).await?;
+                crate::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
             }
             tracing::info!(fleet = %fleet, version = ?number, "resumed");
             Ok(HistoryReply::Done { version: number, pinned: None })

@@ -869,9 +869,11 @@ mod history {
     pub async fn run(a: HistoryArgs) -> Result<()> {
         let nats = NatsServer::start().await?;
         let dir = TestDir::new("hafleet-bench-history")?;
+        let signing = hafleet_tests::SigningKeys::generate(dir.path())?;
         let mut cmd = std::process::Command::new(bin_path("hafleet-renderer"));
         cmd.arg("run")
             .env("HAFLEET_NATS_URL", nats.url_for("hafleet-renderer"))
+            .env("HAFLEET_SIGNING_KEY", &signing.private)
             .env("HAFLEET_DATA_DIR", dir.path().join("renderer-data"))
             .env("HAFLEET_COALESCE_MS", "5")
             // No checkpoint inside the run: replay reads every event from the stream.
