@@ -33,13 +33,14 @@ pub async fn configs_consumer(
         .map_err(|e| BusError::Consumer { name, source: Box::new(e) })
 }
 
-/// The newest version published for `fleet`, read straight from the stream.
+/// The newest version published for `fleet`, read straight from the stream by its subject (a
+/// direct get, which the fleet's NATS user may do for its own subject only).
 pub async fn latest_version(
     stream: &stream::Stream,
     fleet: &FleetName,
 ) -> Result<Option<ConfigVersion>, BusError> {
     let subject = hafleet_proto::configs_subject(fleet);
-    match stream.get_last_raw_message_by_subject(&subject).await {
+    match stream.direct_get_last_for_subject(&subject).await {
         Ok(m) => match ConfigVersion::decode(&m.payload) {
             Ok(v) => Ok(Some(v)),
             Err(e) => {
@@ -47,7 +48,7 @@ pub async fn latest_version(
                 Ok(None)
             }
         },
-        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
         Err(e) => {
             Err(BusError::Stream { name: hafleet_proto::CONFIGS_STREAM, source: Box::new(e) })
         }

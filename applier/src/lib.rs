@@ -7,6 +7,7 @@
 
 pub mod bus;
 pub mod inventory;
+pub mod permissions;
 pub mod plan;
 pub mod probe;
 pub mod rollout;
@@ -48,6 +49,14 @@ pub enum Command {
     /// What each host of a fleet runs: live version and sha256, its last outcome and when,
     /// drift. Read from the reports stream through NATS, from any machine.
     Status(status::StatusArgs),
+    /// Print the NATS permissions of one fleet's applier, for the server's config (see
+    /// deploy/nats/hafleet-permissions.conf): it may consume, read and report for that fleet
+    /// only.
+    NatsPermissions {
+        /// The fleet.
+        #[arg(long)]
+        fleet: hafleet_proto::FleetName,
+    },
 }
 
 impl Cli {
@@ -56,6 +65,10 @@ impl Cli {
         hafleet_runtime::init_tracing();
         match Cli::parse() {
             Cli { command: Some(Command::Status(args)), .. } => status::status(args).await,
+            Cli { command: Some(Command::NatsPermissions { fleet }), .. } => {
+                print!("{}", permissions::nats_permissions(&fleet));
+                Ok(())
+            }
             // Read the run settings as the run command alone, with its required arguments
             // required again: `run` is `None` when they all come from the environment (as
             // under systemd).

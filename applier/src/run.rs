@@ -117,7 +117,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         probe_timeout: Duration::from_secs(args.probe_timeout_secs),
     };
 
-    let bus = args.nats.connect().await?;
+    let bus = args.nats.connect_as_applier(&args.fleet).await?;
     bus.ensure_stream(hafleet_proto::REPORTS).await?;
     let configs = bus.ensure_stream(hafleet_proto::CONFIGS).await?;
     let consumer = bus::configs_consumer(&configs, &args.fleet).await?;

@@ -304,9 +304,11 @@ pub struct Cause {
 pub enum Body {
     /// In the message itself.
     Inline { bundle: Bundle },
-    /// Too large for a NATS message: in the object store bucket [`crate::BUNDLES_BUCKET`]
-    /// under `name` ([`crate::bundle_object`]), as the bundle's JSON.
-    Object { name: String },
+    /// Too large for a NATS message: in the stream [`crate::BUNDLES_STREAM`], the bundle's
+    /// JSON cut into `chunks` messages on [`crate::bundle_chunk_subject`] `0..chunks`. The
+    /// subjects name the fleet, so NATS permissions give each fleet's applier its own bundles
+    /// only.
+    Stream { chunks: u32 },
 }
 
 /// A numbered, explained HAProxy config for one fleet, published on `hafleet.configs.<fleet>`.
@@ -342,7 +344,7 @@ impl ConfigVersion {
     }
 
     /// Decodes and, for an inline bundle, checks that it is the one the sha256 names (a
-    /// bundle from the object store is checked by [`ConfigVersion::with_bundle`]).
+    /// bundle from the bundles stream is checked by [`ConfigVersion::with_bundle`]).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_schema_first(bytes, 2)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
@@ -358,7 +360,7 @@ impl ConfigVersion {
     pub fn bundle(&self) -> Option<&Bundle> {
         match &self.body {
             Body::Inline { bundle } => Some(bundle),
-            Body::Object { .. } => None,
+            Body::Stream { .. } => None,
         }
     }
 
@@ -603,11 +605,11 @@ mod tests {
     }
 
     #[test]
-    fn a_bundle_from_the_object_store_is_checked_before_it_is_taken() {
+    fn a_bundle_from_the_bundles_stream_is_checked_before_it_is_taken() {
         let v = version("global\n");
         let bundle = v.bundle().unwrap().clone();
         let mut by_ref = v.clone();
-        by_ref.body = Body::Object { name: v.sha256.clone() };
+        by_ref.body = Body::Stream { chunks: 3 };
         let by_ref = ConfigVersion::decode(&by_ref.encode()).unwrap();
         assert!(by_ref.bundle().is_none());
         assert_eq!(by_ref.clone().with_bundle(bundle).unwrap(), v);

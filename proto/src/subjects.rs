@@ -44,20 +44,30 @@ pub fn applier_consumer(fleet: &FleetName) -> String {
     format!("hafleet-applier-{fleet}")
 }
 
-/// Object store bucket holding the bundles that are too large for a message (stream
-/// `OBJ_hafleet-bundles`). One bucket for every fleet: NATS permissions match whole subject
-/// tokens, so a bucket per fleet could not be granted to the renderer without granting it
-/// every stream.
-pub const BUNDLES_BUCKET: &str = "hafleet-bundles";
+/// Stream holding the bundles too large for a message (`hafleet.bundles.>`), each cut into
+/// chunks on [`bundle_chunk_subject`]. One subject per chunk, keeping only its last message:
+/// storing a bundle again changes nothing. Its subjects name the fleet, so an applier can be
+/// allowed to read its own fleet's bundles and no other's (an object store's subjects could
+/// not say whose an object is).
+pub const BUNDLES_STREAM: &str = "HAFLEET_BUNDLES";
+pub const BUNDLES_SUBJECTS: &str = "hafleet.bundles.>";
+/// Header of a bundle's chunk 0: how many chunks the bundle has.
+pub const CHUNKS_HEADER: &str = "Hafleet-Chunks";
 
 /// Object store bucket holding checkpoints of the renderer's desired state (stream
 /// `OBJ_hafleet-checkpoints`), named `routes-<sequence, 20 digits>`: where replay and a renderer
 /// on an empty store start once the routes stream has dropped its oldest messages.
 pub const CHECKPOINTS_BUCKET: &str = "hafleet-checkpoints";
 
-/// Name of a bundle in [`BUNDLES_BUCKET`]: `<fleet>-<sha256>`.
-pub fn bundle_object(fleet: &FleetName, sha256: &str) -> String {
-    format!("{fleet}-{sha256}")
+/// Subject of chunk `index` of `fleet`'s bundle `sha256`: `hafleet.bundles.<fleet>.<sha256>.<index>`.
+pub fn bundle_chunk_subject(fleet: &FleetName, sha256: &str, index: u32) -> String {
+    format!("hafleet.bundles.{fleet}.{sha256}.{index}")
+}
+
+/// The inbox prefix of `fleet`'s applier: replies to it (JetStream API answers, pulled
+/// configs) go where no other fleet's applier may subscribe.
+pub fn applier_inbox_prefix(fleet: &FleetName) -> String {
+    format!("_INBOX_{fleet}")
 }
 
 /// Subject of one fleet's route events.
@@ -83,21 +93,34 @@ pub struct StreamSpec {
     pub subjects: &'static str,
     /// How long messages are kept; `None` keeps them until limits say otherwise.
     pub max_age_secs: Option<u64>,
+    /// Reads by subject go through `$JS.API.DIRECT.GET.<stream>.<subject>`, whose API subject
+    /// names what is read, so NATS permissions can allow one fleet's subjects only.
+    pub direct: bool,
+    /// Only the last message of each subject is kept.
+    pub last_per_subject: bool,
 }
 
-pub const ROUTES: StreamSpec =
-    StreamSpec { name: ROUTES_STREAM, subjects: ROUTES_SUBJECTS, max_age_secs: None };
+impl StreamSpec {
+    const fn new(name: &'static str, subjects: &'static str) -> StreamSpec {
+        StreamSpec { name, subjects, max_age_secs: None, direct: false, last_per_subject: false }
+    }
+}
+
+pub const ROUTES: StreamSpec = StreamSpec::new(ROUTES_STREAM, ROUTES_SUBJECTS);
 pub const CONFIGS: StreamSpec =
-    StreamSpec { name: CONFIGS_STREAM, subjects: CONFIGS_SUBJECTS, max_age_secs: None };
+    StreamSpec { direct: true, ..StreamSpec::new(CONFIGS_STREAM, CONFIGS_SUBJECTS) };
+pub const BUNDLES: StreamSpec = StreamSpec {
+    direct: true,
+    last_per_subject: true,
+    ..StreamSpec::new(BUNDLES_STREAM, BUNDLES_SUBJECTS)
+};
 pub const DEADLETTER: StreamSpec = StreamSpec {
-    name: DEADLETTER_STREAM,
-    subjects: DEADLETTER_SUBJECTS,
     max_age_secs: Some(30 * 24 * 3600),
+    ..StreamSpec::new(DEADLETTER_STREAM, DEADLETTER_SUBJECTS)
 };
 pub const REPORTS: StreamSpec = StreamSpec {
-    name: REPORTS_STREAM,
-    subjects: REPORTS_SUBJECTS,
     max_age_secs: Some(7 * 24 * 3600),
+    ..StreamSpec::new(REPORTS_STREAM, REPORTS_SUBJECTS)
 };
 
 #[cfg(test)]

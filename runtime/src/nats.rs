@@ -1,11 +1,12 @@
 //! NATS JetStream plumbing shared by the binaries.
 
-use async_nats::jetstream::{self, object_store, stream};
+use async_nats::jetstream::{self, stream};
+use futures::StreamExt as _;
 use hafleet_proto::{
-    Body, Bundle, ConfigVersion, MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION, StreamSpec,
+    Body, Bundle, CHUNKS_HEADER, ConfigVersion, FleetName, MSG_ID_HEADER, SCHEMA_HEADER,
+    SCHEMA_VERSION, StreamSpec,
 };
 use std::time::Duration;
-use tokio::io::AsyncReadExt as _;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -31,19 +32,26 @@ pub enum BusError {
         "a {size}-byte message on {subject} is more than NATS accepts ({max}); raise max_payload"
     )]
     TooLarge { subject: String, size: usize, max: usize },
-    #[error("object store {bucket}: {what} failed")]
-    ObjectStore { bucket: String, what: String, source: BoxError },
-    #[error("bundle {name} of version {version} in {bucket} is unusable")]
-    BadBundle { bucket: String, name: String, version: u64, source: BoxError },
+    #[error("reading chunk {index} of version {version}'s bundle ({subject}) failed")]
+    BundleRead { subject: String, index: u32, version: u64, source: BoxError },
+    #[error("the bundle of version {version} of fleet {fleet} is unusable")]
+    BadBundle { fleet: String, version: u64, source: BoxError },
 }
 
 /// How an existing stream's configuration differs from what hafleet relies on: its subjects
 /// (every message of a stream must be one of hafleet's, and all of hafleet's must land in it),
 /// file storage (survives a restart) and limits retention (messages stay until they age out,
-/// whoever has read them). Retention limits (age, bytes) may differ: operators and the
-/// renderer set those. `None`: it is hafleet's stream.
+/// whoever has read them), reads by subject (direct get) where the spec needs them, and one
+/// message per subject where it says so. Retention limits (age, bytes) may differ: operators
+/// and the renderer set those. `None`: it is hafleet's stream.
 pub fn stream_mismatch(spec: StreamSpec, config: &stream::Config) -> Option<String> {
     let mut found = Vec::new();
+    if spec.direct && !config.allow_direct {
+        found.push("allow_direct off".to_owned());
+    }
+    if spec.last_per_subject && config.max_messages_per_subject != 1 {
+        found.push(format!("max_msgs_per_subject {}, not 1", config.max_messages_per_subject));
+    }
     if config.subjects != [spec.subjects] {
         found.push(format!("subjects {:?}, not [{:?}]", config.subjects, spec.subjects));
     }
@@ -54,6 +62,11 @@ pub fn stream_mismatch(spec: StreamSpec, config: &stream::Config) -> Option<Stri
         found.push(format!("{:?} retention, not limits", config.retention));
     }
     (!found.is_empty()).then(|| found.join(", "))
+}
+
+/// The chunk count a bundle's chunk 0 carries.
+fn chunk_count(m: &jetstream::message::StreamMessage) -> Option<u32> {
+    m.headers.get(CHUNKS_HEADER)?.as_str().parse().ok()
 }
 
 /// The URL without any `user:password@`, for messages and logs.
@@ -139,6 +152,14 @@ impl NatsArgs {
     pub async fn connect(&self) -> Result<Bus, BusError> {
         Bus::connect(&self.nats_url).await
     }
+
+    /// Connects as `fleet`'s applier: replies come to the fleet's own inbox prefix
+    /// ([`hafleet_proto::applier_inbox_prefix`]), which its NATS user may subscribe to.
+    pub async fn connect_as_applier(&self, fleet: &FleetName) -> Result<Bus, BusError> {
+        let options = async_nats::ConnectOptions::new()
+            .custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(fleet));
+        Bus::connect_with(&self.nats_url, options).await
+    }
 }
 
 /// A connection to NATS and its JetStream context.
@@ -151,8 +172,15 @@ pub struct Bus {
 impl Bus {
     /// Connects, naming the URL in the error.
     pub async fn connect(url: &str) -> Result<Bus, BusError> {
+        Bus::connect_with(url, async_nats::ConnectOptions::new()).await
+    }
+
+    /// [`Bus::connect`] with other options (an inbox prefix, say).
+    pub async fn connect_with(
+        url: &str,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<Bus, BusError> {
         let (address, credentials) = split_credentials(url);
-        let mut options = async_nats::ConnectOptions::new();
         if let Some((user, password)) = credentials {
             options = options.user_and_password(user, password);
         }
@@ -166,6 +194,7 @@ impl Bus {
     /// Creates the stream if it does not exist. Every component calls this for the streams it
     /// touches, so they can start in any order.
     pub async fn ensure_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
+        let failed = |e: BoxError| BusError::Stream { name: spec.name, source: e };
         let stream = self
             .js
             .get_or_create_stream(stream::Config {
@@ -174,15 +203,31 @@ impl Bus {
                 max_age: spec.max_age_secs.map(Duration::from_secs).unwrap_or_default(),
                 storage: stream::StorageType::File,
                 duplicate_window: Duration::from_secs(120),
+                allow_direct: spec.direct,
+                max_messages_per_subject: if spec.last_per_subject { 1 } else { -1 },
                 ..Default::default()
             })
             .await
-            .map_err(|e| BusError::Stream { name: spec.name, source: Box::new(e) })?;
+            .map_err(|e| failed(Box::new(e)))?;
         // What `get_or_create_stream` read or created: no second request.
-        match stream_mismatch(spec, &stream.cached_info().config) {
-            Some(what) => Err(BusError::StreamMismatch { name: spec.name, what }),
-            None => Ok(stream),
+        let config = &stream.cached_info().config;
+        let Some(what) = stream_mismatch(spec, config) else { return Ok(stream) };
+        // A stream made before hafleet read by subject only lacks direct gets: turned on
+        // where this component may update the stream (the renderer), refused elsewhere.
+        let only_direct = spec.direct
+            && stream_mismatch(spec, &stream::Config { allow_direct: true, ..config.clone() })
+                .is_none();
+        if only_direct
+            && self
+                .js
+                .update_stream(stream::Config { allow_direct: true, ..config.clone() })
+                .await
+                .is_ok()
+        {
+            tracing::info!(stream = spec.name, "turned on direct gets");
+            return self.js.get_stream(spec.name).await.map_err(|e| failed(Box::new(e)));
         }
+        Err(BusError::StreamMismatch { name: spec.name, what })
     }
 
     /// The largest payload [`Bus::publish`] accepts: the server's `max_payload` less room for
@@ -232,31 +277,10 @@ impl Bus {
         Ok(ack.sequence)
     }
 
-    /// The object store of large bundles, created if it does not exist yet.
-    pub async fn bundle_store(&self) -> Result<object_store::ObjectStore, BusError> {
-        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
-        if let Ok(store) = self.js.get_object_store(&bucket).await {
-            return Ok(store);
-        }
-        self.js
-            .create_object_store(object_store::Config {
-                bucket: bucket.clone(),
-                description: Some("hafleet bundles too large for a message".into()),
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| BusError::ObjectStore {
-                bucket,
-                what: "create".into(),
-                source: Box::new(e),
-            })
-    }
-
     /// Publishes a config version on its fleet's subject. Its id (`<fleet>-v<version>`) makes
     /// publishing it again after a crash a no-op within the duplicate window. A version whose
-    /// message would be larger than NATS accepts goes with its bundle in the fleet's object store
-    /// (by sha256, so storing it again changes nothing) and the message names it.
+    /// message would be larger than NATS accepts goes with its bundle in the bundles stream
+    /// (by fleet and sha256, so storing it again changes nothing) and the message says so.
     pub async fn publish_version(&self, v: &ConfigVersion) -> Result<u64, BusError> {
         let id = format!("{}-v{}", v.fleet, v.version);
         let subject = hafleet_proto::configs_subject(&v.fleet);
@@ -268,50 +292,75 @@ impl Bus {
         self.publish(subject, &id, by_ref.encode()).await
     }
 
-    /// Puts `v`'s bundle into the object store (by fleet and sha256, so storing it again
-    /// changes nothing) and returns `v` naming it instead of carrying it.
+    /// Puts `v`'s bundle into the bundles stream, cut into chunks no larger than a message,
+    /// and returns `v` naming them instead of carrying it. Chunk 0 goes last and says how
+    /// many there are, so a bundle whose chunk 0 is there with that count is stored whole.
     pub async fn stash_bundle(&self, v: &ConfigVersion) -> Result<ConfigVersion, BusError> {
         let Body::Inline { bundle } = &v.body else { return Ok(v.clone()) };
-        let store = self.bundle_store().await?;
-        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
-        let name = hafleet_proto::bundle_object(&v.fleet, &v.sha256);
-        let stored = match store.info(&name).await {
-            Ok(info) => !info.deleted && info.size > 0,
+        let json = serde_json::to_vec(bundle).expect("bundles serialize");
+        let pieces: Vec<&[u8]> = json.chunks(self.payload_limit().max(1)).collect();
+        let chunks = u32::try_from(pieces.len()).expect("fewer than 2^32 chunks");
+        let stream = self.ensure_stream(hafleet_proto::BUNDLES).await?;
+        let first = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, 0);
+        let stored = match stream.direct_get_last_for_subject(first).await {
+            Ok(m) => chunk_count(&m) == Some(chunks),
             Err(_) => false,
         };
         if !stored {
-            let json = serde_json::to_vec(bundle).expect("bundles serialize");
-            store.put(name.as_str(), &mut json.as_slice()).await.map_err(|e| {
-                BusError::ObjectStore {
-                    bucket: bucket.clone(),
-                    what: format!("put {name}"),
-                    source: Box::new(e),
-                }
-            })?;
+            let count = chunks.to_string();
+            for (i, piece) in pieces.iter().enumerate().rev() {
+                let index = i as u32;
+                let subject = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, index);
+                let id = format!("bundle-{}-{}-{index}", v.fleet, v.sha256);
+                let extra: &[(&str, &str)] =
+                    if index == 0 { &[(CHUNKS_HEADER, count.as_str())] } else { &[] };
+                self.publish_with_headers(subject, &id, piece.to_vec(), extra).await?;
+            }
         }
         let mut by_ref = v.clone();
-        by_ref.body = Body::Object { name };
+        by_ref.body = Body::Stream { chunks };
         Ok(by_ref)
     }
 
-    /// `v` with its bundle inline: as it came, or read from the fleet's object store and
-    /// checked against the sha256 the version names.
+    /// `v` with its bundle inline: as it came, or read from the bundles stream (by subject, so
+    /// an applier needs no right to any other fleet's) and checked against the sha256 the
+    /// version names.
     pub async fn fetch_bundle(&self, v: ConfigVersion) -> Result<ConfigVersion, BusError> {
-        let Body::Object { name } = &v.body else { return Ok(v) };
-        let name = name.clone();
-        let bucket = hafleet_proto::BUNDLES_BUCKET.to_owned();
-        let failed = |what: &str, e: BoxError| BusError::ObjectStore {
-            bucket: bucket.clone(),
-            what: format!("{what} {name}"),
-            source: e,
-        };
-        let store =
-            self.js.get_object_store(&bucket).await.map_err(|e| failed("open for", Box::new(e)))?;
-        let mut object = store.get(&name).await.map_err(|e| failed("get", Box::new(e)))?;
-        let mut json = Vec::new();
-        object.read_to_end(&mut json).await.map_err(|e| failed("read", Box::new(e)))?;
+        let Body::Stream { chunks } = v.body else { return Ok(v) };
         let version = v.version;
-        let bad = |e: BoxError| BusError::BadBundle { bucket, name, version, source: e };
+        let stream =
+            self.js.get_stream_no_info(hafleet_proto::BUNDLES_STREAM).await.map_err(|e| {
+                BusError::Stream { name: hafleet_proto::BUNDLES_STREAM, source: e.into() }
+            })?;
+        let reads = (0..chunks).map(|index| {
+            let subject = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, index);
+            let stream = &stream;
+            async move {
+                let failed = |e: BoxError| BusError::BundleRead {
+                    subject: subject.clone(),
+                    index,
+                    version,
+                    source: e,
+                };
+                let m = stream
+                    .direct_get_last_for_subject(subject.clone())
+                    .await
+                    .map_err(|e| failed(Box::new(e)))?;
+                if index == 0 && chunk_count(&m) != Some(chunks) {
+                    return Err(failed(format!("chunk 0 does not say {chunks} chunks").into()));
+                }
+                Ok(m.payload)
+            }
+        });
+        let pieces: Vec<bytes::Bytes> = futures::stream::iter(reads)
+            .buffered(4)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+        let json = pieces.concat();
+        let fleet = v.fleet.to_string();
+        let bad = |e: BoxError| BusError::BadBundle { fleet, version, source: e };
         match serde_json::from_slice::<Bundle>(&json) {
             Ok(bundle) => v.with_bundle(bundle).map_err(|e| bad(Box::new(e))),
             Err(e) => Err(bad(Box::new(e))),

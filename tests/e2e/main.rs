@@ -6,7 +6,7 @@
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
-//! - `scale`: configs larger than a NATS message go live through the object store.
+//! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream.
 
 mod history;
 mod recovery;

@@ -461,15 +461,17 @@ async fn each_component_may_publish_only_its_own_messages_on_nats() -> Result<()
     };
     for (user, subject, allowed) in [
         ("hafleet-watcher", "hafleet.configs.edge", false),
-        ("hafleet-applier", "hafleet.configs.edge", false),
+        ("hafleet-applier-edge", "hafleet.configs.edge", false),
         ("hafleet-renderer", "hafleet.routes.edge", false),
-        ("hafleet-applier", "hafleet.routes.edge", false),
+        ("hafleet-applier-edge", "hafleet.routes.edge", false),
         ("hafleet-watcher", "hafleet.reports.edge.lb-1", false),
         // Controls: the same publish succeeds for the component that owns the subject (on a
         // fleet nobody serves, so nothing real is disturbed).
         ("hafleet-renderer", "hafleet.configs.nobody", true),
         ("hafleet-watcher", "hafleet.routes.nobody", true),
-        ("hafleet-applier", "hafleet.reports.nobody.lb-1", true),
+        ("hafleet-applier-edge", "hafleet.reports.edge.nobody", true),
+        // Nor may an applier speak for another fleet.
+        ("hafleet-applier-edge", "hafleet.reports.core.lb-1", false),
     ] {
         assert_eq!(publish(user, subject).await?, allowed, "{user} publishing on {subject}");
     }
@@ -636,5 +638,86 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
     world.route("blog", "blog.example.com", "/", "api").await?;
     expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
     assert!(files()?.iter().all(|f| !f.contains("# forged")));
+    Ok(())
+}
+
+/// Each fleet's applier has NATS credentials of its own (`hafleet-applier nats-permissions`):
+/// with fleet edge's, nothing of fleet core's can be read, neither through the JetStream API
+/// (newest config, whole-stream reads, a consumer of its own or of core's, core's large
+/// bundles) nor by subscribing to core's subject; the same reads of edge's own succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fleets_applier_credentials_cannot_read_another_fleets_configs() -> Result<()> {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt as _;
+    let world = World::start().await?;
+    let core = world.stack.start_extra_fleet("core", 1).await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    world.route_on("core", "intranet", "intra.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    expect_on(&core.hosts, &world.stack, "intra.example.com", "/", 200, "api@").await?;
+
+    let nats = &world.stack.nats;
+    let admin = nats.client().await?;
+    let admin_bus = hafleet_runtime::nats::Bus {
+        js: async_nats::jetstream::new(admin.clone()),
+        client: admin.clone(),
+    };
+    let edge = nats.client_as("hafleet-applier-edge").await?;
+    let mut js = async_nats::jetstream::new(edge.clone());
+    js.set_timeout(std::time::Duration::from_secs(2));
+    let configs = js.get_stream_no_info(hafleet_proto::CONFIGS_STREAM).await?;
+
+    // The newest config, by subject: edge's own, not core's.
+    let own = configs.direct_get_last_for_subject("hafleet.configs.edge").await;
+    assert!(own.is_ok(), "control: edge reads its own newest config: {own:?}");
+    assert!(configs.direct_get_last_for_subject("hafleet.configs.core").await.is_err());
+    // Reads of any message of the stream.
+    assert!(configs.get_raw_message(1).await.is_err(), "MSG.GET reads every fleet's");
+    assert!(configs.direct_get(1).await.is_err(), "DIRECT.GET by sequence reads every fleet's");
+    // Consumers: core's filter under edge's name, core's own consumer, an unnamed one.
+    for (name, filter) in [
+        (Some("hafleet-applier-edge"), "hafleet.configs.core"),
+        (Some("hafleet-applier-core"), "hafleet.configs.core"),
+        (None, "hafleet.configs.core"),
+        (None, "hafleet.configs.>"),
+    ] {
+        let config = pull::Config {
+            durable_name: name.map(str::to_owned),
+            filter_subject: filter.into(),
+            ..Default::default()
+        };
+        let created = configs.create_consumer(config).await;
+        assert!(created.is_err(), "edge made a consumer {name:?} of {filter}");
+    }
+
+    // Large bundles: both fleets' newest, put in the bundles stream as the renderer does.
+    let mut shas = Vec::new();
+    for fleet in ["edge", "core"] {
+        let subject = format!("hafleet.configs.{fleet}");
+        let raw = admin_bus
+            .js
+            .get_stream(hafleet_proto::CONFIGS_STREAM)
+            .await?
+            .get_last_raw_message_by_subject(&subject)
+            .await?;
+        let v = hafleet_proto::ConfigVersion::decode(&raw.payload)?;
+        admin_bus.stash_bundle(&v).await?;
+        shas.push((v.fleet.clone(), v.sha256.clone()));
+    }
+    let bundles = js.get_stream_no_info(hafleet_proto::BUNDLES_STREAM).await?;
+    let chunk = |i: usize| hafleet_proto::bundle_chunk_subject(&shas[i].0, &shas[i].1, 0);
+    assert!(bundles.direct_get_last_for_subject(chunk(0)).await.is_ok(), "control: edge's own");
+    assert!(bundles.direct_get_last_for_subject(chunk(1)).await.is_err(), "core's bundle");
+
+    // Core messages: edge's subscription gets none; the admin's, made the same way, does.
+    let mut theirs = edge.subscribe("hafleet.configs.core").await?;
+    let mut admins = admin.subscribe("hafleet.configs.core").await?;
+    edge.flush().await?;
+    admin.flush().await?;
+    world.route_on("core", "wiki", "wiki.example.com", "/", "api").await?;
+    let seen = tokio::time::timeout(CONVERGE, admins.next()).await?;
+    assert!(seen.is_some(), "control: core's next version was published");
+    let leaked = tokio::time::timeout(std::time::Duration::from_secs(2), theirs.next()).await;
+    assert!(!matches!(leaked, Ok(Some(_))), "edge's credentials received core's config");
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! Configs of any size: a bundle larger than a NATS message travels through the fleet's object
-//! store, is checked against its sha256 on arrival, and goes live on every host. A fleet whose
+//! Configs of any size: a bundle larger than a NATS message travels in chunks through the
+//! bundles stream, is checked against its sha256 on arrival, and goes live on every host. A fleet whose
 //! version cannot be published holds up no other. 1,000 Ingress changes in a few seconds end
 //! with the right config everywhere, in a bounded number of versions and reloads. A node going
 //! NotReady among 1,000 Ingresses is one message and one version, and is drained through the
@@ -14,7 +14,7 @@ use hafleet_tests::{eventually, http_get, stack::Component};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_8_mb_config_goes_live_on_both_hosts_through_the_object_store() -> Result<()> {
+async fn an_8_mb_config_goes_live_on_both_hosts_through_the_bundles_stream() -> Result<()> {
     let mut world = World::start().await?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
@@ -39,7 +39,11 @@ async fn an_8_mb_config_goes_live_on_both_hosts_through_the_object_store() -> Re
     assert!(raw.payload.len() < 64 * 1024, "message of {} bytes", raw.payload.len());
     let published = ConfigVersion::decode(&raw.payload)?;
     assert_eq!(published.version, version);
-    assert!(matches!(published.body, Body::Object { .. }), "{:?}", published.body);
+    assert!(
+        matches!(published.body, Body::Stream { chunks } if chunks >= 8),
+        "{:?}",
+        published.body
+    );
     assert!(published.size > 8_000_000, "bundle of {} bytes", published.size);
 
     // Every host runs it, byte for byte, and still routes.
@@ -58,7 +62,7 @@ async fn an_8_mb_config_goes_live_on_both_hosts_through_the_object_store() -> Re
     Ok(())
 }
 
-/// A fleet whose version cannot be published (here: the object store its large bundle needs
+/// A fleet whose version cannot be published (here: the bundles stream its large bundle needs
 /// is full) is reported and retried, and every other fleet keeps getting its versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> Result<()> {
@@ -68,11 +72,16 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     let before = world.stack.latest_version().await?.expect("a version").version;
 
-    // The bundle bucket holds at most 1 MiB, and fleet edge's next config is 2.5 MB.
+    // The bundles stream holds at most 1 MiB, and fleet edge's next config is 2.5 MB.
     let js = async_nats::jetstream::new(world.stack.nats.client().await?);
-    js.create_object_store(async_nats::jetstream::object_store::Config {
-        bucket: hafleet_proto::BUNDLES_BUCKET.into(),
+    let spec = hafleet_proto::BUNDLES;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: spec.name.into(),
+        subjects: vec![spec.subjects.into()],
+        allow_direct: true,
+        max_messages_per_subject: 1,
         max_bytes: 1 << 20,
+        discard: async_nats::jetstream::stream::DiscardPolicy::New,
         ..Default::default()
     })
     .await?;
@@ -108,8 +117,8 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
     .await?;
     assert_eq!(stack.latest_version().await?.expect("a version").version, before);
 
-    // Room in the bucket again: the retry publishes edge's version and it goes live.
-    let mut bucket = js.get_stream("OBJ_hafleet-bundles").await?;
+    // Room in the stream again: the retry publishes edge's version and it goes live.
+    let mut bucket = js.get_stream(spec.name).await?;
     let mut config = bucket.info().await?.config.clone();
     config.max_bytes = -1;
     js.update_stream(config).await?;

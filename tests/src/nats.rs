@@ -15,21 +15,24 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// `nats-server -js` with its store in a temp dir; killed on drop.
 ///
 /// It runs with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
-/// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer` and
-/// `hafleet-applier` only what that file grants them (see [`NatsServer::url_for`]).
+/// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer`,
+/// `hafleet-operator` and each fleet's `hafleet-applier-<fleet>` ([`NatsServer::add_applier`])
+/// only what that file, or `hafleet-applier nats-permissions`, grants them (see
+/// [`NatsServer::url_for`]).
 pub struct NatsServer {
     child: Option<ChildGuard>,
     port: u16,
     monitor_port: u16,
     password: String,
     dir: TestDir,
+    /// Fleets with an applier user, as an operator adds them.
+    fleets: std::sync::Mutex<Vec<hafleet_proto::FleetName>>,
 }
 
 /// The component users of deploy/nats/hafleet-permissions.conf and their permission variables.
-pub const COMPONENT_USERS: [(&str, &str); 4] = [
+pub const COMPONENT_USERS: [(&str, &str); 3] = [
     ("hafleet-watcher", "HAFLEET_WATCHER"),
     ("hafleet-renderer", "HAFLEET_RENDERER"),
-    ("hafleet-applier", "HAFLEET_APPLIER"),
     ("hafleet-operator", "HAFLEET_OPERATOR"),
 ];
 
@@ -53,6 +56,7 @@ impl NatsServer {
                 monitor_port: free_port(lo),
                 password: crate::proc::random_token(),
                 dir,
+                fleets: Default::default(),
             };
             match server.spawn().await {
                 Ok(()) => return Ok(server),
@@ -74,7 +78,9 @@ impl NatsServer {
         let config = self.write_config()?;
         let mut cmd = Command::new("nats-server");
         cmd.arg("-c").arg(&config);
-        cmd.args(["-js", "-a", "127.0.0.1"]).arg("-sd").arg(&store).args([
+        // JetStream is on in the config file, not by flag: a config reload (a fleet added)
+        // would otherwise turn it off.
+        cmd.args(["-a", "127.0.0.1"]).args([
             "-p",
             &self.port.to_string(),
             "-m",
@@ -105,15 +111,28 @@ impl NatsServer {
         Ok(())
     }
 
-    /// The server config: hafleet's permissions file, included as it ships, and one user per
-    /// component plus `admin`, all with this server's password.
+    /// The server config: hafleet's permissions file, included as it ships (less its example
+    /// fleet), each added fleet's applier permissions as `hafleet-applier nats-permissions`
+    /// prints them, and one user per component and fleet plus `admin`, all with this server's
+    /// password.
     fn write_config(&self) -> Result<PathBuf> {
+        use hafleet_applier::permissions;
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/hafleet-permissions.conf");
-        std::fs::copy(&shipped, self.dir.path().join("hafleet-permissions.conf"))
-            .with_context(|| format!("copy {}", shipped.display()))?;
+        let example = permissions::nats_permissions(&hafleet_proto::FleetName::new("edge")?);
+        let text = std::fs::read_to_string(&shipped)
+            .with_context(|| format!("read {}", shipped.display()))?
+            .replace(&example, "");
+        std::fs::write(self.dir.path().join("hafleet-permissions.conf"), text)?;
         let mut users = format!("    {{ user: admin, password: \"{}\" }}\n", self.password);
-        for (user, permissions) in COMPONENT_USERS {
+        let mut all: Vec<(String, String)> =
+            COMPONENT_USERS.iter().map(|(u, p)| (u.to_string(), p.to_string())).collect();
+        let mut fleets = String::new();
+        for fleet in self.fleets.lock().expect("not poisoned").iter() {
+            fleets.push_str(&permissions::nats_permissions(fleet));
+            all.push((permissions::user(fleet), permissions::variable(fleet)));
+        }
+        for (user, permissions) in all {
             users.push_str(&format!(
                 "    {{ user: {user}, password: \"{}\", permissions: ${permissions} }}\n",
                 self.password
@@ -123,10 +142,43 @@ impl NatsServer {
         std::fs::write(
             &config,
             format!(
-                "include hafleet-permissions.conf\nauthorization {{\n  users = [\n{users}  ]\n}}\n"
+                "jetstream {{ store_dir: {store:?} }}\ninclude hafleet-permissions.conf\n{fleets}\
+                 authorization {{\n  users = [\n{users}  ]\n}}\n",
+                store = self.store_dir().display().to_string()
             ),
         )?;
         Ok(config)
+    }
+
+    /// Adds `fleet`'s applier user (`hafleet-applier-<fleet>`) with the permissions
+    /// `hafleet-applier nats-permissions` prints, and reloads the server's config, as an
+    /// operator adding a fleet would. Returns once the user can connect.
+    pub async fn add_applier(&self, fleet: &str) -> Result<()> {
+        let fleet = hafleet_proto::FleetName::new(fleet)?;
+        let user = hafleet_applier::permissions::user(&fleet);
+        {
+            let mut fleets = self.fleets.lock().expect("not poisoned");
+            if fleets.contains(&fleet) {
+                return Ok(());
+            }
+            fleets.push(fleet);
+        }
+        self.write_config()?;
+        let pid = self.pid().context("nats-server is not running")?;
+        let status = Command::new("nats-server")
+            .arg("--signal")
+            .arg(format!("reload={pid}"))
+            .status()
+            .context("nats-server --signal reload")?;
+        anyhow::ensure!(status.success(), "nats-server --signal reload={pid}: {status}");
+        let deadline = std::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.client_as(&user).await {
+                Ok(_) => return Ok(()),
+                Err(e) if std::time::Instant::now() > deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// `nats://admin:…@127.0.0.1:<port>`: the tests' own, unrestricted user.
@@ -152,7 +204,7 @@ impl NatsServer {
         (Ipv4Addr::LOCALHOST, self.monitor_port).into()
     }
 
-    /// JetStream's store directory (`-sd`); it survives [`NatsServer::restart`].
+    /// JetStream's store directory (`store_dir`); it survives [`NatsServer::restart`].
     pub fn store_dir(&self) -> PathBuf {
         self.dir.path().join("jetstream")
     }
@@ -170,9 +222,18 @@ impl NatsServer {
         self.client_as("admin").await
     }
 
-    /// A new client connection as `user` (one of [`COMPONENT_USERS`], or `admin`).
+    /// A new client connection as `user` (one of [`COMPONENT_USERS`], `admin`, or a fleet's
+    /// `hafleet-applier-<fleet>`, which gets its fleet's inbox prefix, as the applier does).
     pub async fn client_as(&self, user: &str) -> Result<async_nats::Client> {
-        async_nats::ConnectOptions::with_user_and_password(user.to_owned(), self.password.clone())
+        let mut options = async_nats::ConnectOptions::with_user_and_password(
+            user.to_owned(),
+            self.password.clone(),
+        );
+        if let Some(fleet) = user.strip_prefix("hafleet-applier-") {
+            let fleet = hafleet_proto::FleetName::new(fleet)?;
+            options = options.custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(&fleet));
+        }
+        options
             .connect(self.addr().to_string())
             .await
             .with_context(|| format!("connect to NATS at {} as {user}", self.addr()))

@@ -44,8 +44,8 @@ pub async fn kubectl_apply(kube: &KubeEnv, file: &std::path::Path) -> Result<()>
     Ok(())
 }
 
-/// Writes an applier inventory for `hosts`.
-fn write_inventory(path: &std::path::Path, hosts: &[HaproxyHost]) -> Result<()> {
+/// Writes an applier inventory of `hosts` (in this order) to `path`.
+pub fn write_inventory(path: &std::path::Path, hosts: &[HaproxyHost]) -> Result<()> {
     write_inventory_with(path, hosts, "")
 }
 
@@ -131,6 +131,7 @@ impl Stack {
         const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         let dir = TestDir::new("hafleet-stack")?;
         let (kube, nats) = tokio::try_join!(KubeEnv::start(), NatsServer::start())?;
+        nats.add_applier(fleet).await?;
         // The watcher runs with exactly the RBAC the project ships.
         kubectl_apply(&kube, &workspace_file("deploy/kubernetes/watcher-rbac.yaml")).await?;
         let keys = SshClientKeys::generate(dir.path())?;
@@ -177,9 +178,11 @@ impl Stack {
         }
         let inventory = self.dir.path().join(format!("inventory-{fleet}.toml"));
         write_inventory(&inventory, &started)?;
+        self.nats.add_applier(fleet).await?;
         let mut cmd = self.command(Component::Applier);
-        // Its own health port: the stack's applier has the one `command` gives.
-        cmd.env("HAFLEET_FLEET", fleet)
+        // Its own NATS user and health port: the stack's applier has the ones `command` gives.
+        cmd.env("HAFLEET_NATS_URL", self.nats.url_for(&format!("hafleet-applier-{fleet}")))
+            .env("HAFLEET_FLEET", fleet)
             .env("HAFLEET_INVENTORY", &inventory)
             .env("HAFLEET_HEALTH_ADDR", "127.0.0.1:0");
         let log = self.dir.path().join(format!("hafleet-applier-{fleet}.log"));
@@ -209,7 +212,9 @@ impl Stack {
                     .env("HAFLEET_SIGNING_KEY", &self.signing.private);
             }
             Component::Applier => {
-                cmd.env("HAFLEET_FLEET", &self.fleet)
+                let user = format!("hafleet-applier-{}", self.fleet);
+                cmd.env("HAFLEET_NATS_URL", self.nats.url_for(&user))
+                    .env("HAFLEET_FLEET", &self.fleet)
                     .env("HAFLEET_INVENTORY", &self.inventory)
                     .env("HAFLEET_SSH_IDENTITY", &self.keys.identity)
                     .env("HAFLEET_SSH_KNOWN_HOSTS", &self.keys.known_hosts)
@@ -311,7 +316,7 @@ impl Stack {
     }
 
     /// The newest config version published for the stack's fleet, read from the configs stream,
-    /// with its bundle (fetched from the object store if it went there).
+    /// with its bundle (fetched from the bundles stream if it went there).
     pub async fn latest_version(&self) -> Result<Option<ConfigVersion>> {
         let client = self.nats.client().await?;
         let js = async_nats::jetstream::new(client.clone());
