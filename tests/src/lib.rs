@@ -4,6 +4,7 @@
 //! Install the binaries with `bash tests/setup.sh` (see `/work/shared/TESTING.md`).
 //! Set `HAFLEET_KEEP_TMP=1` to keep the temp dirs (configs, logs) of a failed test.
 
+pub mod ansible;
 pub mod backend;
 pub mod cluster;
 pub mod haproxy_host;
