@@ -400,6 +400,33 @@ fn count_report(r: &ApplyReport) {
     if r.drift.is_some() {
         m.count(("hafleet_applier_drift_total", "Drift found, by host."), &[("host", host)], 1.0);
     }
+    match &r.outcome {
+        ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
+            m.gauge(
+                ("hafleet_applier_live_version", "The version each host runs, as last applied."),
+                &[("host", host)],
+                r.version as f64,
+            );
+            m.observe(
+                ("hafleet_applier_apply_seconds", "Time to put a version live, by host."),
+                &[("host", host)],
+                Duration::from_millis(r.duration_ms),
+            );
+        }
+        ApplyOutcome::Failed { restored: true, .. } => m.count(
+            ("hafleet_applier_rollbacks_total", "Hosts put back to last-known-good, by host."),
+            &[("host", host)],
+            1.0,
+        ),
+        ApplyOutcome::Failed {
+            stage: stage @ (ApplyStage::Connect | ApplyStage::HostKey), ..
+        } => m.count(
+            ("hafleet_applier_ssh_errors_total", "SSH connections failed, by host and stage."),
+            &[("host", host), ("stage", stage.as_str())],
+            1.0,
+        ),
+        ApplyOutcome::Failed { .. } => {}
+    }
 }
 
 /// The report of `host` for `version`: `outcome`, finished at that time after `took` and

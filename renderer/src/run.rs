@@ -431,7 +431,8 @@ pub(crate) fn make_versions(
         let latest = store.latest_summary(&fleet)?;
         let latest = latest.as_ref().map(|l| Latest { version: l.number, sha256: &l.sha256 });
         let floor = floors.get(&fleet).copied().unwrap_or(0);
-        match next_version(
+        let started = std::time::Instant::now();
+        let next = next_version(
             renderer,
             &fleet,
             desired,
@@ -439,7 +440,13 @@ pub(crate) fn make_versions(
             floor,
             causes,
             hafleet_runtime::now_unix_ms(),
-        ) {
+        );
+        hafleet_runtime::health::Health::global().observe(
+            ("hafleet_renderer_render_seconds", "Time to render a fleet's next version, by fleet."),
+            &[("fleet", fleet.as_str())],
+            started.elapsed(),
+        );
+        match next {
             Ok(Some(v)) => {
                 info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256, bytes = v.size,
                       causes = v.causes.len(), notes = v.notes.len(), "new config version");

@@ -18,9 +18,9 @@ use tokio::net::TcpListener;
 /// Where to answer health checks.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HealthArgs {
-    /// Address to serve `/healthz` and `/readyz` on (e.g. `0.0.0.0:8080` in a pod). Unset: no
-    /// health endpoint.
-    #[arg(long, env = "HAFLEET_HEALTH_ADDR")]
+    /// Address to serve `/healthz`, `/readyz` and `/metrics` on (e.g. `0.0.0.0:8080` in a
+    /// pod; `--metrics-addr` is the same flag). Unset: no endpoint.
+    #[arg(long, env = "HAFLEET_HEALTH_ADDR", visible_alias = "metrics-addr")]
     pub health_addr: Option<SocketAddr>,
 }
 
@@ -28,18 +28,38 @@ pub struct HealthArgs {
 #[derive(Debug, Clone)]
 pub struct Health {
     ready: Arc<Mutex<Result<(), String>>>,
+    /// What keeps a component that did its start-up from being ready now (NATS lost, the API
+    /// server unreachable), by source.
+    blockers: Arc<Mutex<std::collections::BTreeMap<&'static str, String>>>,
     metrics: Arc<Mutex<Metrics>>,
 }
 
-/// Counters and gauges, written out in Prometheus' text format at `/metrics`.
+/// Counters, gauges and histograms, written out in Prometheus' text format at `/metrics`.
 #[derive(Debug, Default)]
 struct Metrics {
-    /// name → (help, kind `counter` or `gauge`, labels → value)
+    /// name → (help, kind `counter`, `gauge` or `histogram`, labels → value)
     families: std::collections::BTreeMap<&'static str, Family>,
 }
 
 type Family =
-    (&'static str, &'static str, std::collections::BTreeMap<Vec<(&'static str, String)>, f64>);
+    (&'static str, &'static str, std::collections::BTreeMap<Vec<(&'static str, String)>, Value>);
+
+/// Upper bounds (seconds) of the duration histograms' buckets: from a map-only change on one
+/// host to a reload of a 10,000-Ingress fleet.
+pub const DURATION_BUCKETS: [f64; 12] =
+    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// One series' value.
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Scalar(f64),
+    /// Observations per bucket of [`DURATION_BUCKETS`] (not cumulative), their sum and count.
+    Histogram {
+        buckets: [u64; DURATION_BUCKETS.len()],
+        sum: f64,
+        count: u64,
+    },
+}
 
 impl Health {
     /// The process's own: one component per process, its readiness and metrics written from
@@ -51,7 +71,11 @@ impl Health {
 
     /// Not ready yet, for `why`.
     pub fn new(why: &str) -> Health {
-        Health { ready: Arc::new(Mutex::new(Err(why.to_owned()))), metrics: Default::default() }
+        Health {
+            ready: Arc::new(Mutex::new(Err(why.to_owned()))),
+            blockers: Default::default(),
+            metrics: Default::default(),
+        }
     }
 
     pub fn ready(&self) {
@@ -62,8 +86,23 @@ impl Health {
         *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Err(why.to_owned());
     }
 
+    /// Not ready while `source` says `why`, whatever the start-up did.
+    pub fn block(&self, source: &'static str, why: &str) {
+        self.blockers.lock().unwrap_or_else(|p| p.into_inner()).insert(source, why.to_owned());
+    }
+
+    /// `source` no longer keeps the component from being ready.
+    pub fn clear_blocker(&self, source: &'static str) {
+        self.blockers.lock().unwrap_or_else(|p| p.into_inner()).remove(source);
+    }
+
     fn state(&self) -> Result<(), String> {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        let blockers = self.blockers.lock().unwrap_or_else(|p| p.into_inner());
+        match blockers.values().next() {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
     }
 
     /// Adds `by` to counter `name` with `labels`.
@@ -86,6 +125,27 @@ impl Health {
         self.write(name, help, "gauge", labels, |v| *v = value);
     }
 
+    /// Records a duration in histogram `name` (seconds, buckets [`DURATION_BUCKETS`]).
+    pub fn observe(
+        &self,
+        (name, help): (&'static str, &'static str),
+        labels: &[(&'static str, &str)],
+        took: Duration,
+    ) {
+        let seconds = took.as_secs_f64();
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        let family = m.families.entry(name).or_insert((help, "histogram", Default::default()));
+        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let empty = Value::Histogram { buckets: [0; DURATION_BUCKETS.len()], sum: 0.0, count: 0 };
+        if let Value::Histogram { buckets, sum, count } = family.2.entry(key).or_insert(empty) {
+            if let Some(i) = DURATION_BUCKETS.iter().position(|le| seconds <= *le) {
+                buckets[i] += 1;
+            }
+            *sum += seconds;
+            *count += 1;
+        }
+    }
+
     fn write(
         &self,
         name: &'static str,
@@ -97,7 +157,9 @@ impl Health {
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         let family = m.families.entry(name).or_insert((help, kind, Default::default()));
         let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-        change(family.2.entry(key).or_insert(0.0));
+        if let Value::Scalar(v) = family.2.entry(key).or_insert(Value::Scalar(0.0)) {
+            change(v);
+        }
     }
 
     /// Every metric in Prometheus' text exposition format.
@@ -114,9 +176,29 @@ impl Health {
                         format!("{k}=\"{v}\"")
                     })
                     .collect();
-                match labels.is_empty() {
-                    true => out.push_str(&format!("{name} {value}\n")),
-                    false => out.push_str(&format!("{name}{{{}}} {value}\n", labels.join(","))),
+                let line = |out: &mut String, suffix: &str, extra: Option<String>, value: f64| {
+                    let all: Vec<&str> =
+                        labels.iter().map(String::as_str).chain(extra.as_deref()).collect();
+                    match all.is_empty() {
+                        true => out.push_str(&format!("{name}{suffix} {value}\n")),
+                        false => {
+                            out.push_str(&format!("{name}{suffix}{{{}}} {value}\n", all.join(",")))
+                        }
+                    }
+                };
+                match value {
+                    Value::Scalar(v) => line(&mut out, "", None, *v),
+                    Value::Histogram { buckets, sum, count } => {
+                        let mut cumulative = 0;
+                        for (le, n) in DURATION_BUCKETS.iter().zip(buckets) {
+                            cumulative += n;
+                            let le = Some(format!("le=\"{le}\""));
+                            line(&mut out, "_bucket", le, cumulative as f64);
+                        }
+                        line(&mut out, "_bucket", Some("le=\"+Inf\"".into()), *count as f64);
+                        line(&mut out, "_sum", None, *sum);
+                        line(&mut out, "_count", None, *count as f64);
+                    }
                 }
             }
         }
@@ -234,5 +316,38 @@ mod tests {
              hafleet_applies_total{host=\"lb-1\",outcome=\"applied\"} 3\n\
              # HELP hafleet_leader 1 while leading.\n# TYPE hafleet_leader gauge\nhafleet_leader 1\n"
         );
+    }
+
+    #[test]
+    fn a_blocker_makes_a_ready_component_not_ready_until_it_clears() {
+        let h = Health::new("starting");
+        h.block("nats", "NATS is unreachable");
+        assert_eq!(h.state(), Err("starting".into()), "start-up first");
+        h.ready();
+        assert_eq!(h.state(), Err("NATS is unreachable".into()));
+        h.clear_blocker("nats");
+        assert_eq!(h.state(), Ok(()));
+    }
+
+    #[test]
+    fn durations_are_histograms_with_cumulative_buckets() {
+        let h = Health::new("x");
+        const TOOK: (&str, &str) = ("hafleet_apply_seconds", "Apply time.");
+        h.observe(TOOK, &[("host", "lb-1")], Duration::from_millis(30));
+        h.observe(TOOK, &[("host", "lb-1")], Duration::from_millis(700));
+        h.observe(TOOK, &[("host", "lb-1")], Duration::from_secs(60));
+        let text = h.exposition();
+        for line in [
+            "# TYPE hafleet_apply_seconds histogram",
+            "hafleet_apply_seconds_bucket{host=\"lb-1\",le=\"0.025\"} 0",
+            "hafleet_apply_seconds_bucket{host=\"lb-1\",le=\"0.05\"} 1",
+            "hafleet_apply_seconds_bucket{host=\"lb-1\",le=\"1\"} 2",
+            "hafleet_apply_seconds_bucket{host=\"lb-1\",le=\"30\"} 2",
+            "hafleet_apply_seconds_bucket{host=\"lb-1\",le=\"+Inf\"} 3",
+            "hafleet_apply_seconds_sum{host=\"lb-1\"} 60.73",
+            "hafleet_apply_seconds_count{host=\"lb-1\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// NATS errors by kind (`disconnected`, `publish`), in every binary's metrics.
+const NATS_ERRORS: (&str, &str) =
+    ("hafleet_nats_errors_total", "NATS errors: connections lost, publishes failed.");
+
 /// Bytes kept free of payload for the headers hafleet sets (message id, schema).
 const HEADER_ROOM: usize = 1024;
 
@@ -181,6 +185,18 @@ impl Bus {
         mut options: async_nats::ConnectOptions,
     ) -> Result<Bus, BusError> {
         let (address, credentials) = split_credentials(url);
+        // Readiness follows the connection: a component cut off from NATS is not ready.
+        options = options.event_callback(|event| async move {
+            let health = crate::health::Health::global();
+            match event {
+                async_nats::Event::Connected => health.clear_blocker("nats"),
+                async_nats::Event::Disconnected => {
+                    health.block("nats", "NATS is unreachable; reconnecting");
+                    health.count(NATS_ERRORS, &[("what", "disconnected")], 1.0);
+                }
+                other => tracing::info!(event = %other, "NATS"),
+            }
+        });
         if let Some((user, password)) = credentials {
             options = options.user_and_password(user, password);
         }
@@ -266,7 +282,10 @@ impl Bus {
         for (name, value) in extra {
             headers.insert(*name, *value);
         }
-        let failed = |e: BoxError| BusError::PublishFailed { subject: subject.clone(), source: e };
+        let failed = |e: BoxError| {
+            crate::health::Health::global().count(NATS_ERRORS, &[("what", "publish")], 1.0);
+            BusError::PublishFailed { subject: subject.clone(), source: e }
+        };
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, bytes::Bytes::from(payload))

@@ -442,7 +442,7 @@ async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> 
 /// Each component answers `/healthz`, `/readyz` once it does its job, and `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_component_answers_healthz_and_readyz() -> Result<()> {
-    let world = World::start().await?;
+    let mut world = World::start().await?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {
@@ -495,6 +495,80 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     })
     .await?;
     assert!(applier.contains("# TYPE hafleet_applier_reloads_total counter"), "{applier}");
+    for host in ["lb-1", "lb-2"] {
+        let live = format!("hafleet_applier_live_version{{host=\"{host}\"}} {version}\n");
+        assert!(applier.contains(&live), "{live:?} not in\n{applier}");
+        let took = format!("hafleet_applier_apply_seconds_count{{host=\"{host}\"}} ");
+        assert!(applier.contains(&took), "{took:?} not in\n{applier}");
+    }
+    counted(Component::Renderer, &["hafleet_renderer_render_seconds_count{fleet=\"edge\"} "])
+        .await?;
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        parses_as_prometheus_text(&metrics(c).await?).with_context(|| format!("{c:?}"))?;
+    }
+
+    // Cut off from NATS, each component says it is not ready, and why; back, it is again.
+    world.stack.nats.kill();
+    let stack = &world.stack;
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        eventually(CONVERGE, &format!("{c:?} not ready without NATS"), || async move {
+            let (status, body) = http_get(stack.health_addr(c), "health", "/readyz").await?;
+            anyhow::ensure!(status == 503 && body.contains("NATS"), "{status} {body}");
+            Ok(())
+        })
+        .await?;
+    }
+    world.stack.nats.start_again().await?;
+    let stack = &world.stack;
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        eventually(CONVERGE, &format!("{c:?} ready again"), || async move {
+            let (status, body) = http_get(stack.health_addr(c), "health", "/readyz").await?;
+            anyhow::ensure!(status == 200, "{status} {body}");
+            Ok(())
+        })
+        .await?;
+    }
+    let addr = world.stack.health_addr(Component::Renderer);
+    let (_, renderer) = http_get(addr, "health", "/metrics").await?;
+    assert!(renderer.contains("hafleet_nats_errors_total{what=\"disconnected\"} "), "{renderer}");
+    Ok(())
+}
+
+/// Checks Prometheus' text format line by line: `# HELP`/`# TYPE` comments, and samples
+/// `name{label="value",…} number` with a valid metric name, quoted label values and a float.
+fn parses_as_prometheus_text(text: &str) -> Result<()> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut words = rest.splitn(3, ' ');
+            let (kind, name) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            anyhow::ensure!(
+                matches!(kind, "HELP" | "TYPE") && name_ok(name),
+                "bad comment {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').context(format!("no value: {line:?}"))?;
+        anyhow::ensure!(
+            value.parse::<f64>().is_ok() || matches!(value, "+Inf" | "-Inf" | "NaN"),
+            "bad value {line:?}"
+        );
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => {
+                (name, Some(labels.strip_suffix('}').context(format!("unclosed {line:?}"))?))
+            }
+            None => (series, None),
+        };
+        anyhow::ensure!(name_ok(name), "bad name {line:?}");
+        for pair in labels.into_iter().flat_map(|l| l.split("\",")) {
+            let (key, value) = pair.split_once("=\"").context(format!("bad label {line:?}"))?;
+            anyhow::ensure!(name_ok(key) && !value.contains('\n'), "bad label {line:?}");
+        }
+    }
     Ok(())
 }
 
