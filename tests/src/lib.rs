@@ -15,6 +15,8 @@ pub mod proc;
 pub mod stack;
 
 #[cfg(test)]
+mod deploy_checks;
+#[cfg(test)]
 mod selftest;
 
 use std::path::PathBuf;

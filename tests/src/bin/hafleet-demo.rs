@@ -174,6 +174,14 @@ async fn run(args: &Args) -> Result<()> {
     writeln!(env, "export HAFLEET_NATS_URL={}", stack.nats.url())?;
     writeln!(env, "export HAFLEET_FLEET={FLEET}")?;
     writeln!(env, "export HAFLEET_DEMO_DIR={}", stack.dir().display())?;
+    for (name, c) in [
+        ("WATCHER", Component::Watcher),
+        ("RENDERER", Component::Renderer),
+        ("APPLIER", Component::Applier),
+    ] {
+        // host:port of /metrics, /healthz and /readyz.
+        writeln!(env, "export HAFLEET_{name}_METRICS={}", stack.health_addr(c))?;
+    }
     for (i, h) in stack.hosts.iter().enumerate() {
         writeln!(env, "export HAFLEET_HOST_{}={}", i + 1, h.http_addr())?;
         writeln!(env, "export HAFLEET_HOST_{}_CONFIG={}", i + 1, h.config_path().display())?;
@@ -191,6 +199,7 @@ async fn run(args: &Args) -> Result<()> {
          \n  kubectl get ingress,svc,nodes\
          \n  kubectl apply -f your-ingress.yaml    # annotate it hafleet.io/fleet: {FLEET}\
          \n  cat $HAFLEET_HOST_1_CONFIG             # the live HAProxy config\
+         \n  curl http://$HAFLEET_APPLIER_METRICS/metrics   # each binary's metrics\
          \n\nLogs of the three binaries: {dir}/*.log\nCtrl-C stops everything.",
         env = args.env_file.display(),
         dir = stack.dir().display(),
