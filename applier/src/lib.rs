@@ -34,6 +34,8 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub run: Option<run::RunArgs>,
+    #[command(flatten)]
+    pub log: hafleet_runtime::LogArgs,
 }
 
 /// The run settings alone, for a command line that gives none of them.
@@ -42,6 +44,8 @@ pub struct Cli {
 struct RunOnly {
     #[command(flatten)]
     run: run::RunArgs,
+    #[command(flatten)]
+    log: hafleet_runtime::LogArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -62,8 +66,9 @@ pub enum Command {
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        hafleet_runtime::init_tracing();
-        match Cli::parse() {
+        let cli = Cli::parse();
+        hafleet_runtime::init_tracing(&cli.log);
+        match cli {
             Cli { command: Some(Command::Status(args)), .. } => status::status(args).await,
             Cli { command: Some(Command::NatsPermissions { fleet }), .. } => {
                 print!("{}", permissions::nats_permissions(&fleet));

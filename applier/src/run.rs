@@ -481,10 +481,10 @@ async fn apply_and_report(
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
-                info!(host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done")
+                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done")
             }
             ApplyOutcome::Failed { stage, message, restored } => {
-                warn!(host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
+                warn!(fleet = %version.fleet, host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
         let report = report_of(host, version, outcome, (finished_unix_ms, took, effort), drift);

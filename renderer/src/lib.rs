@@ -25,6 +25,8 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub log: hafleet_runtime::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,8 +59,9 @@ pub enum Command {
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        hafleet_runtime::init_tracing();
-        match Cli::parse().command {
+        let cli = Cli::parse();
+        hafleet_runtime::init_tracing(&cli.log);
+        match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Template => {
                 print!("{}", render::BUILTIN_TEMPLATE);

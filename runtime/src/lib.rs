@@ -51,14 +51,37 @@ pub fn table<const N: usize>(rows: &[[String; N]]) -> String {
     out
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event, for a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message`, and every field
+    /// (`fleet`, `version`, `host`, `ingress`, …) at the top level, for a log pipeline.
+    Json,
+}
+
+/// The logging flags every binary takes (`#[command(flatten)]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log format on stderr: `text` or `json`. The level comes from `RUST_LOG` (default
+    /// `info`, e.g. `RUST_LOG=hafleet_applier=debug`).
+    #[arg(long, global = true, env = "HAFLEET_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: LogFormat,
+}
+
+/// Logs to stderr in `args`' format, filtered by `RUST_LOG` (default `info`). Fields never hold
+/// secrets: NATS URLs are logged without their credentials, and key material never reaches a
+/// log line.
+pub fn init_tracing(args: &LogArgs) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).init(),
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C: the one shutdown path of every binary.

@@ -607,3 +607,51 @@ async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
     assert!(said.contains("remote command did not finish within 1 s"), "{said}");
     Ok(())
 }
+
+/// With `HAFLEET_LOG_FORMAT=json` every line each binary logs is one JSON object, with the
+/// fleet, version, host and Ingress as fields of their own; and no line holds a NATS password
+/// or key material.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_fleet_version_host_and_ingress_as_fields_and_no_secrets() -> Result<()> {
+    let mut world = World::start().await?;
+    let components = [Component::Watcher, Component::Renderer, Component::Applier];
+    let mut offsets = Vec::new();
+    for c in components {
+        offsets.push(std::fs::metadata(world.stack.log_path(c))?.len() as usize);
+        world.stack.restart_with(c, &[("HAFLEET_LOG_FORMAT", "json")])?;
+    }
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let version = world.stack.latest_version().await?.context("a version")?.version;
+    world.report("lb-2", version).await?;
+
+    let url = world.stack.nats.url();
+    let password = url.split(':').nth(2).and_then(|s| s.split('@').next()).context("password")?;
+    let signing_key = std::fs::read_to_string(&world.stack.signing.private)?;
+    let key_body = signing_key.lines().nth(1).context("key body")?;
+    let mut events = Vec::new();
+    for (c, offset) in components.into_iter().zip(offsets) {
+        let text = std::fs::read_to_string(world.stack.log_path(c))?;
+        for line in text[offset..].lines().filter(|l| !l.trim().is_empty()) {
+            let event: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{c:?} logged a line that is not JSON: {line}"))?;
+            anyhow::ensure!(event["level"].is_string() && event["message"].is_string(), "{line}");
+            anyhow::ensure!(!line.contains(password), "{c:?} logged the NATS password: {line}");
+            anyhow::ensure!(!line.contains(key_body), "{c:?} logged the signing key: {line}");
+            events.push(event);
+        }
+    }
+    let has = |message: &str, fields: &[(&str, serde_json::Value)]| {
+        events.iter().any(|e| e["message"] == message && fields.iter().all(|(k, v)| e[*k] == *v))
+    };
+    assert!(has(
+        "route event published",
+        &[("fleet", "edge".into()), ("ingress", "default/shop".into())]
+    ));
+    assert!(has("new config version", &[("fleet", "edge".into()), ("version", version.into())]));
+    assert!(has(
+        "host done",
+        &[("fleet", "edge".into()), ("host", "lb-2".into()), ("version", version.into())]
+    ));
+    Ok(())
+}

@@ -24,12 +24,15 @@ use clap::Parser;
 pub struct Cli {
     #[command(flatten)]
     pub run: run::RunArgs,
+    #[command(flatten)]
+    pub log: hafleet_runtime::LogArgs,
 }
 
 impl Cli {
     /// Parses the command line and runs it; `main` is nothing more.
     pub async fn parse_and_run() -> anyhow::Result<()> {
-        hafleet_runtime::init_tracing();
-        run::run(Cli::parse().run).await
+        let cli = Cli::parse();
+        hafleet_runtime::init_tracing(&cli.log);
+        run::run(cli.run).await
     }
 }
