@@ -86,6 +86,7 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    hafleet_runtime::install_shutdown_handler();
     let health = hafleet_runtime::health::start(
         &args.health,
         "starting: inventory, streams, start-up convergence",

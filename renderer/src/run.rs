@@ -140,6 +140,7 @@ pub struct RetentionArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    hafleet_runtime::install_shutdown_handler();
     let health =
         hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
             .await?;
@@ -147,7 +148,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let signer = load_signer(&args.signing_key)?;
     info!(key = signer.key_id(), "versions are signed");
     let store = Store::open(&args.data_dir)?;
-    let bus = args.nats.connect().await?;
+    let bus = args.nats.connect_waiting().await?;
     let r = &args.retention;
     let routes = bus::Retention { max_age: r.routes_max_age, max_bytes: r.routes_max_bytes };
     let configs = bus::Retention { max_age: r.configs_max_age, max_bytes: r.configs_max_bytes };

@@ -96,13 +96,13 @@ impl Health {
         self.blockers.lock().unwrap_or_else(|p| p.into_inner()).remove(source);
     }
 
+    /// Ready, or the reason not: a blocker's (the more specific: what it waits for) first.
     fn state(&self) -> Result<(), String> {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
         let blockers = self.blockers.lock().unwrap_or_else(|p| p.into_inner());
-        match blockers.values().next() {
-            Some(why) => Err(why.clone()),
-            None => Ok(()),
+        if let Some(why) = blockers.values().next() {
+            return Err(why.clone());
         }
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Adds `by` to counter `name` with `labels`.
@@ -322,9 +322,12 @@ mod tests {
     fn a_blocker_makes_a_ready_component_not_ready_until_it_clears() {
         let h = Health::new("starting");
         h.block("nats", "NATS is unreachable");
-        assert_eq!(h.state(), Err("starting".into()), "start-up first");
-        h.ready();
         assert_eq!(h.state(), Err("NATS is unreachable".into()));
+        h.clear_blocker("nats");
+        assert_eq!(h.state(), Err("starting".into()));
+        h.block("nats", "NATS is unreachable");
+        h.ready();
+        assert_eq!(h.state(), Err("NATS is unreachable".into()), "ready, but cut off");
         h.clear_blocker("nats");
         assert_eq!(h.state(), Ok(()));
     }

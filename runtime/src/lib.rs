@@ -84,13 +84,65 @@ pub fn init_tracing(args: &LogArgs) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C: the one shutdown path of every binary.
+/// Installs the SIGTERM and SIGINT handlers, once per process. Each binary's run calls it
+/// first, so a signal during start-up (a start-up rollout, say) is noted and honoured once
+/// that work is done, instead of killing the process half way.
+pub fn install_shutdown_handler() -> tokio::sync::watch::Receiver<bool> {
+    static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> =
+        std::sync::OnceLock::new();
+    SHUTDOWN
+        .get_or_init(|| {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                tracing::info!("stop asked for (SIGTERM or Ctrl-C); finishing work in flight");
+                let _ = tx.send(true);
+            });
+            rx
+        })
+        .clone()
+}
+
+/// Resolves once SIGTERM or Ctrl-C came: the one shutdown path of every binary.
 pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut rx = install_shutdown_handler();
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Tries `attempt` until it succeeds, waiting 0.5 s after the first failure and twice as long
+/// after each next one (at most 30 s). Each failure is logged as what the component waits for
+/// and why, and keeps it not ready with that reason. A stop asked for meanwhile ends the wait
+/// with an error.
+pub async fn wait_for<T, E, F>(what: &str, mut attempt: impl FnMut() -> F) -> anyhow::Result<T>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delay = std::time::Duration::from_millis(500);
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        let error = match attempt().await {
+            Ok(value) => {
+                health::Health::global().clear_blocker("start-up");
+                return Ok(value);
+            }
+            Err(e) => e.to_string(),
+        };
+        let why = format!("waiting for {what}");
+        tracing::warn!(error = %error, retry_in = ?delay, "{why}");
+        health::Health::global().block("start-up", &format!("{why}: {error}"));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = &mut stop => anyhow::bail!("stopped while {why}"),
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

@@ -20,7 +20,7 @@ const HEADER_ROOM: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
     #[error("cannot connect to NATS at {url}")]
-    Connect { url: String, source: async_nats::ConnectError },
+    Connect { url: String, source: BoxError },
     #[error("cannot create or open stream {name}")]
     Stream { name: &'static str, source: BoxError },
     #[error(
@@ -153,16 +153,23 @@ pub struct NatsArgs {
 }
 
 impl NatsArgs {
+    /// Connects once: for a command that answers and exits (`history`, `status`).
     pub async fn connect(&self) -> Result<Bus, BusError> {
         Bus::connect(&self.nats_url).await
     }
 
-    /// Connects as `fleet`'s applier: replies come to the fleet's own inbox prefix
+    /// Connects, waiting for NATS with backoff and saying so: for a component's start-up.
+    pub async fn connect_waiting(&self) -> Result<Bus, BusError> {
+        Bus::connect_with(&self.nats_url, async_nats::ConnectOptions::new(), true).await
+    }
+
+    /// Connects as `fleet`'s applier, waiting for NATS like [`NatsArgs::connect_waiting`]:
+    /// replies come to the fleet's own inbox prefix
     /// ([`hafleet_proto::applier_inbox_prefix`]), which its NATS user may subscribe to.
     pub async fn connect_as_applier(&self, fleet: &FleetName) -> Result<Bus, BusError> {
         let options = async_nats::ConnectOptions::new()
             .custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(fleet));
-        Bus::connect_with(&self.nats_url, options).await
+        Bus::connect_with(&self.nats_url, options, true).await
     }
 }
 
@@ -174,15 +181,17 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// Connects, naming the URL in the error.
+    /// Connects once, naming the URL in the error.
     pub async fn connect(url: &str) -> Result<Bus, BusError> {
-        Bus::connect_with(url, async_nats::ConnectOptions::new()).await
+        Bus::connect_with(url, async_nats::ConnectOptions::new(), false).await
     }
 
-    /// [`Bus::connect`] with other options (an inbox prefix, say).
+    /// [`Bus::connect`] with other options (an inbox prefix, say); with `wait`, tries until
+    /// NATS answers ([`crate::wait_for`]).
     pub async fn connect_with(
         url: &str,
         mut options: async_nats::ConnectOptions,
+        wait: bool,
     ) -> Result<Bus, BusError> {
         let (address, credentials) = split_credentials(url);
         // Readiness follows the connection: a component cut off from NATS is not ready.
@@ -200,10 +209,15 @@ impl Bus {
         if let Some((user, password)) = credentials {
             options = options.user_and_password(user, password);
         }
-        let client = options
-            .connect(address)
-            .await
-            .map_err(|source| BusError::Connect { url: redact(url), source })?;
+        let failed = |source: BoxError| BusError::Connect { url: redact(url), source };
+        let client = if wait {
+            let what = format!("NATS at {}", redact(url));
+            crate::wait_for(&what, || options.clone().connect(address.as_str()))
+                .await
+                .map_err(|e| failed(e.into()))?
+        } else {
+            options.connect(address).await.map_err(|e| failed(Box::new(e)))?
+        };
         Ok(Bus { js: jetstream::new(client.clone()), client })
     }
 

@@ -518,6 +518,21 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         })
         .await?;
     }
+    // A component started while NATS is down waits for it, says so, and is not ready.
+    world.stack.restart_with(Component::Applier, &[])?;
+    let stack = &world.stack;
+    eventually(CONVERGE, "the restarted applier waiting for NATS", || async move {
+        let (status, body) =
+            http_get(stack.health_addr(Component::Applier), "health", "/readyz").await?;
+        anyhow::ensure!(status == 503 && body.contains("waiting for NATS at nats://"), "{body}");
+        anyhow::ensure!(!body.contains(&stack.nats.url()), "credentials shown: {body}");
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(world.stack.is_running(Component::Applier), "it waits, it does not exit");
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    assert!(log.contains("waiting for NATS at nats://***@127.0.0.1:"), "{log}");
     world.stack.nats.start_again().await?;
     let stack = &world.stack;
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {
@@ -653,5 +668,122 @@ async fn json_logs_carry_fleet_version_host_and_ingress_as_fields_and_no_secrets
         "host done",
         &[("fleet", "edge".into()), ("host", "lb-2".into()), ("version", version.into())]
     ));
+    Ok(())
+}
+
+/// SIGTERM during a rollout lets it finish: every host ends on the version, none half-applied,
+/// and then the applier exits by itself. (Each host's `haproxy` is made slow, 2 s a call, so
+/// the signal lands mid-rollout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_rollout_finishes_it_on_every_host_then_exits() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+
+    let slow = world.stack.dir().join("slow-haproxy");
+    std::fs::write(&slow, "#!/bin/sh\nsleep 2\nexec /usr/sbin/haproxy \"$@\"\n")?;
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755))?;
+    let inventory = world.stack.dir().join("inventory-slow.toml");
+    hafleet_tests::stack::write_inventory(&inventory, &world.stack.hosts)?;
+    let text = std::fs::read_to_string(&inventory)?
+        .replace("haproxy_bin = \"/usr/sbin/haproxy\"", &format!("haproxy_bin = {:?}", slow));
+    std::fs::write(&inventory, text)?;
+    let inventory = inventory.to_str().context("utf-8 path")?.to_owned();
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_INVENTORY", &inventory), ("HAFLEET_PARALLELISM", "1")],
+    )?;
+    let stack = &world.stack;
+    eventually(CONVERGE, "the slow applier ready", || async move {
+        let (status, _) =
+            http_get(stack.health_addr(Component::Applier), "health", "/readyz").await?;
+        anyhow::ensure!(status == 200, "{status}");
+        Ok(())
+    })
+    .await?;
+
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    let version = eventually(CONVERGE, "the next version", || async move {
+        let v = stack.latest_version().await?.context("none")?;
+        anyhow::ensure!(
+            v.bundle().is_some_and(|b| b.config.contains("blog.example.com"))
+                || v.bundle()
+                    .is_some_and(|b| b.maps.iter().any(|m| m.content.contains("blog.example.com"))),
+            "not yet"
+        );
+        Ok(v)
+    })
+    .await?;
+    let log_path = world.stack.log_path(Component::Applier);
+    let started = format!("rolling out fleet=edge version={}", version.version);
+    eventually(CONVERGE, "the rollout started", || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let found = log.contains(&started);
+        async move {
+            anyhow::ensure!(found, "not yet");
+            Ok(())
+        }
+    })
+    .await?;
+    let pid = world.stack.pid(Component::Applier).context("applier pid")?;
+    let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
+    assert!(status.success());
+    let mid_rollout = std::time::Instant::now();
+
+    let stack = &mut world.stack;
+    let exited = wait_for(CONVERGE, || {
+        let running = stack.is_running(Component::Applier);
+        async move { !running }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path)?;
+    assert!(exited, "the applier did not stop after SIGTERM\n{log}");
+    assert!(
+        mid_rollout.elapsed() > Duration::from_secs(2),
+        "it stopped before the rollout could have finished (a slow haproxy -c is 2 s)\n{log}"
+    );
+    let config = &version.bundle().context("inline")?.config;
+    for h in &world.stack.hosts {
+        let r = world.report(h.name(), version.version).await?;
+        assert_eq!(r.outcome, ApplyOutcome::Applied, "{r:?}");
+        assert_eq!(&std::fs::read_to_string(h.config_path())?, config, "{} half-applied", h.name());
+    }
+    let tail = &log[log.find(&started).unwrap_or(0)..];
+    let done = tail.find("rollout done").context("no rollout done")?;
+    let stopping = tail.find("applier stopping").context("no applier stopping")?;
+    assert!(done < stopping, "{tail}");
+    Ok(())
+}
+
+/// A watcher whose API server does not answer yet waits for it with backoff, says so in its
+/// log and its readiness, and does not exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_started_before_its_api_server_waits_for_it() -> Result<()> {
+    let mut world = World::start().await?;
+    let real = std::fs::read_to_string(world.stack.kube.watcher_kubeconfig_path())?;
+    let line = real.lines().find(|l| l.trim_start().starts_with("server:")).context("server")?;
+    let closed = hafleet_tests::free_port(std::net::Ipv4Addr::LOCALHOST.into());
+    let away = real.replace(line, &format!("    server: https://127.0.0.1:{closed}"));
+    let path = world.stack.dir().join("kubeconfig-away");
+    std::fs::write(&path, away)?;
+    world
+        .stack
+        .restart_with(Component::Watcher, &[("KUBECONFIG", path.to_str().context("utf-8")?)])?;
+    let stack = &world.stack;
+    eventually(CONVERGE, "the watcher waiting", || async move {
+        let (status, body) =
+            http_get(stack.health_addr(Component::Watcher), "health", "/readyz").await?;
+        anyhow::ensure!(
+            status == 503 && body.contains("waiting for the Kubernetes API server"),
+            "{status} {body}"
+        );
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(world.stack.is_running(Component::Watcher), "it waits, it does not exit");
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Watcher))?;
+    assert!(log.matches("waiting for the Kubernetes API server").count() >= 2, "{log}");
     Ok(())
 }

@@ -74,13 +74,19 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    hafleet_runtime::install_shutdown_handler();
     let health =
         hafleet_runtime::health::start(&args.health, "the watches have not listed yet").await?;
     health.gauge(LEADER, &[], f64::from(!args.lease.leader_election));
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
-    let bus = args.nats.connect().await?;
+    // Discovery (which EndpointSlice version) must see the real server, not guess without it.
+    let version =
+        hafleet_runtime::wait_for("the Kubernetes API server", || client.apiserver_version())
+            .await?;
+    info!(version = %version.git_version, "Kubernetes API server answers");
+    let bus = args.nats.connect_waiting().await?;
     bus.ensure_stream(hafleet_proto::ROUTES).await?;
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
