@@ -15,8 +15,8 @@ pub async fn configs_consumer(
     fleet: &FleetName,
 ) -> Result<jetstream::consumer::Consumer<pull::Config>, BusError> {
     let name = hafleet_proto::applier_consumer(fleet);
-    stream
-        .get_or_create_consumer(
+    let create = || {
+        stream.get_or_create_consumer(
             &name,
             pull::Config {
                 durable_name: Some(name.clone()),
@@ -29,8 +29,10 @@ pub async fn configs_consumer(
                 ..Default::default()
             },
         )
+    };
+    hafleet_runtime::nats::retrying("JetStream to create the fleet's consumer", create)
         .await
-        .map_err(|e| BusError::Consumer { name, source: Box::new(e) })
+        .map_err(|e| BusError::Consumer { name: name.clone(), source: Box::new(e) })
 }
 
 /// The newest version published for `fleet`, read straight from the stream by its subject (a

@@ -24,8 +24,8 @@ pub async fn routes_consumer(
     if stream.consumer_info(name).await.is_ok() {
         stream.delete_consumer(name).await.map_err(|e| failed(Box::new(e)))?;
     }
-    let consumer = stream
-        .create_consumer(pull::Config {
+    let create = || {
+        stream.create_consumer(pull::Config {
             durable_name: Some(name.to_owned()),
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: applied_seq + 1,
@@ -35,8 +35,11 @@ pub async fn routes_consumer(
             max_ack_pending: 10_000,
             ..Default::default()
         })
-        .await
-        .map_err(|e| failed(Box::new(e)))?;
+    };
+    let consumer =
+        hafleet_runtime::nats::retrying("JetStream to create the renderer's consumer", create)
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
     Ok((stream, consumer))
 }
 
@@ -95,18 +98,23 @@ pub async fn ensure_retention(
     spec: hafleet_proto::StreamSpec,
     retention: Retention,
 ) -> Result<stream::Stream, BusError> {
-    let mut stream = bus.ensure_stream(spec).await?;
+    let stream = bus.ensure_stream(spec).await?;
     let failed = |e: Box<dyn std::error::Error + Send + Sync>| BusError::Stream {
         name: spec.name,
         source: e,
     };
-    let info = stream.info().await.map_err(|e| failed(Box::new(e)))?;
+    // As `ensure_stream` just read it: no second request.
+    let info = stream.cached_info().clone();
     let max_bytes = if retention.max_bytes == 0 { -1 } else { retention.max_bytes as i64 };
     if info.config.max_age != retention.max_age || info.config.max_bytes != max_bytes {
         let mut config = info.config.clone();
         config.max_age = retention.max_age;
         config.max_bytes = max_bytes;
-        bus.js.update_stream(config).await.map_err(|e| failed(Box::new(e)))?;
+        hafleet_runtime::nats::retrying("JetStream to set the stream's retention", || {
+            bus.js.update_stream(config.clone())
+        })
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
         tracing::info!(stream = spec.name, max_age = ?retention.max_age, max_bytes = retention.max_bytes,
                        "stream retention set");
     }
@@ -166,6 +174,7 @@ pub async fn checkpoint_store(
             bucket: bucket.to_owned(),
             description: Some("hafleet desired-state checkpoints of the routes stream".into()),
             storage: stream::StorageType::File,
+            num_replicas: bus.replicas,
             ..Default::default()
         })
         .await

@@ -68,6 +68,43 @@ pub fn stream_mismatch(spec: StreamSpec, config: &stream::Config) -> Option<Stri
     (!found.is_empty()).then(|| found.join(", "))
 }
 
+/// Runs a JetStream request until it succeeds, for at most a minute: a cluster answers only
+/// once it has a leader for the stream or consumer (a few seconds after it starts, or after a
+/// node is lost), and a request made meanwhile times out or fails. Each failure is logged as
+/// what the component waits for; the last one is returned.
+pub async fn retrying<T, E, F>(what: &str, mut request: impl FnMut() -> F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match request().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!(error = %e, retry_in = ?delay, "waiting for {what}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Splits a comma-separated list of server URLs into the URLs without credentials and the
+/// credentials, which the first URL that has any gives for all (a cluster has one user list).
+pub fn split_url_list(urls: &str) -> (Vec<String>, Option<(String, String)>) {
+    let mut credentials = None;
+    let mut addresses = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let (address, found) = split_credentials(url);
+        credentials = credentials.or(found);
+        addresses.push(address);
+    }
+    (addresses, credentials)
+}
+
 /// The chunk count a bundle's chunk 0 carries.
 fn chunk_count(m: &jetstream::message::StreamMessage) -> Option<u32> {
     m.headers.get(CHUNKS_HEADER)?.as_str().parse().ok()
@@ -133,6 +170,18 @@ mod tests {
     }
 
     #[test]
+    fn a_list_of_servers_shares_the_first_credentials_given() {
+        let (urls, creds) =
+            split_url_list("nats://u:p@nats-1:4222, nats://nats-2:4222,nats-3:4222");
+        assert_eq!(urls, ["nats://nats-1:4222", "nats://nats-2:4222", "nats-3:4222"]);
+        assert_eq!(creds, Some(("u".into(), "p".into())));
+        assert_eq!(
+            redact("nats://u:p@nats-1:4222,nats-2:4222"),
+            "nats://***@nats-1:4222,nats-2:4222"
+        );
+    }
+
+    #[test]
     fn credentials_come_out_of_the_url_decoded() {
         let (url, creds) =
             split_credentials("nats://hafleet-watcher:p%40ss%3Aw@nats.internal:4222");
@@ -148,19 +197,29 @@ pub struct NatsArgs {
     /// NATS server URL. A user and password may be given in it
     /// (nats://user:password@host:4222, percent-encoded); they are passed as connect options
     /// and never shown in messages.
+    /// Several servers of one cluster are given comma-separated
+    /// (nats://user:password@nats-1:4222,nats-2:4222,nats-3:4222): the first that answers is
+    /// used, and the client fails over to the others.
     #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    /// Copies JetStream keeps of each stream hafleet creates: 1 on a single server, 3 on a
+    /// 3-node cluster, so that losing a node loses no acknowledged message. Streams that
+    /// already exist keep theirs.
+    #[arg(long, env = "HAFLEET_NATS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub nats_replicas: u8,
 }
 
 impl NatsArgs {
     /// Connects once: for a command that answers and exits (`history`, `status`).
     pub async fn connect(&self) -> Result<Bus, BusError> {
-        Bus::connect(&self.nats_url).await
+        Ok(Bus::connect(&self.nats_url).await?.with_replicas(self.nats_replicas))
     }
 
     /// Connects, waiting for NATS with backoff and saying so: for a component's start-up.
     pub async fn connect_waiting(&self) -> Result<Bus, BusError> {
-        Bus::connect_with(&self.nats_url, async_nats::ConnectOptions::new(), true).await
+        let bus = Bus::connect_with(&self.nats_url, async_nats::ConnectOptions::new(), true);
+        Ok(bus.await?.with_replicas(self.nats_replicas))
     }
 
     /// Connects as `fleet`'s applier, waiting for NATS like [`NatsArgs::connect_waiting`]:
@@ -169,7 +228,9 @@ impl NatsArgs {
     pub async fn connect_as_applier(&self, fleet: &FleetName) -> Result<Bus, BusError> {
         let options = async_nats::ConnectOptions::new()
             .custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(fleet));
-        Bus::connect_with(&self.nats_url, options, true).await
+        Ok(Bus::connect_with(&self.nats_url, options, true)
+            .await?
+            .with_replicas(self.nats_replicas))
     }
 }
 
@@ -178,9 +239,22 @@ impl NatsArgs {
 pub struct Bus {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
+    /// Replicas of the streams this connection creates.
+    pub replicas: usize,
 }
 
 impl Bus {
+    /// A bus over a connection made elsewhere (tests, benches), creating single-copy streams.
+    pub fn from_client(client: async_nats::Client) -> Bus {
+        Bus { js: jetstream::new(client.clone()), client, replicas: 1 }
+    }
+
+    /// This bus, creating streams with `replicas` copies.
+    pub fn with_replicas(mut self, replicas: u8) -> Bus {
+        self.replicas = usize::from(replicas.max(1));
+        self
+    }
+
     /// Connects once, naming the URL in the error.
     pub async fn connect(url: &str) -> Result<Bus, BusError> {
         Bus::connect_with(url, async_nats::ConnectOptions::new(), false).await
@@ -193,7 +267,7 @@ impl Bus {
         mut options: async_nats::ConnectOptions,
         wait: bool,
     ) -> Result<Bus, BusError> {
-        let (address, credentials) = split_credentials(url);
+        let (addresses, credentials) = split_url_list(url);
         // Readiness follows the connection: a component cut off from NATS is not ready.
         options = options.event_callback(|event| async move {
             let health = crate::health::Health::global();
@@ -212,31 +286,32 @@ impl Bus {
         let failed = |source: BoxError| BusError::Connect { url: redact(url), source };
         let client = if wait {
             let what = format!("NATS at {}", redact(url));
-            crate::wait_for(&what, || options.clone().connect(address.as_str()))
+            crate::wait_for(&what, || options.clone().connect(addresses.clone()))
                 .await
                 .map_err(|e| failed(e.into()))?
         } else {
-            options.connect(address).await.map_err(|e| failed(Box::new(e)))?
+            options.connect(addresses).await.map_err(|e| failed(Box::new(e)))?
         };
-        Ok(Bus { js: jetstream::new(client.clone()), client })
+        Ok(Bus::from_client(client))
     }
 
     /// Creates the stream if it does not exist. Every component calls this for the streams it
     /// touches, so they can start in any order.
     pub async fn ensure_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
         let failed = |e: BoxError| BusError::Stream { name: spec.name, source: e };
-        let stream = self
-            .js
-            .get_or_create_stream(stream::Config {
-                name: spec.name.to_owned(),
-                subjects: vec![spec.subjects.to_owned()],
-                max_age: spec.max_age_secs.map(Duration::from_secs).unwrap_or_default(),
-                storage: stream::StorageType::File,
-                duplicate_window: Duration::from_secs(120),
-                allow_direct: spec.direct,
-                max_messages_per_subject: if spec.last_per_subject { 1 } else { -1 },
-                ..Default::default()
-            })
+        let config = stream::Config {
+            name: spec.name.to_owned(),
+            subjects: vec![spec.subjects.to_owned()],
+            max_age: spec.max_age_secs.map(Duration::from_secs).unwrap_or_default(),
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            allow_direct: spec.direct,
+            num_replicas: self.replicas,
+            max_messages_per_subject: if spec.last_per_subject { 1 } else { -1 },
+            ..Default::default()
+        };
+        let what = format!("JetStream to create or open stream {}", spec.name);
+        let stream = retrying(&what, || self.js.get_or_create_stream(config.clone()))
             .await
             .map_err(|e| failed(Box::new(e)))?;
         // What `get_or_create_stream` read or created: no second request.

@@ -125,7 +125,15 @@ impl World {
 
     /// [`World::start`] with `hosts` HAProxy hosts.
     pub async fn with_hosts(hosts: usize) -> Result<World> {
-        let stack = Stack::start("edge", hosts).await?;
+        World::on(Stack::start("edge", hosts).await?).await
+    }
+
+    /// [`World::start`] on a NATS cluster of `nodes` servers.
+    pub async fn on_nats_cluster(nodes: usize) -> Result<World> {
+        World::on(Stack::start_on("edge", 2, nodes).await?).await
+    }
+
+    async fn on(stack: Stack) -> Result<World> {
         let nodes: Vec<(String, Ipv4Addr)> =
             (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
         for (name, ip) in &nodes {

@@ -787,3 +787,71 @@ async fn a_watcher_started_before_its_api_server_waits_for_it() -> Result<()> {
     assert!(log.matches("waiting for the Kubernetes API server").count() >= 2, "{log}");
     Ok(())
 }
+
+/// On a 3-node NATS cluster, with every stream replicated 3 times, SIGKILL of the node that
+/// leads the routes stream in the middle of a burst of Ingress changes loses no event the
+/// watcher had acknowledged: the routes stream holds at least every one it counted, every
+/// Ingress goes live on every host, and the killed node catches up when it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_node_killed_during_a_burst_loses_no_acknowledged_event() -> Result<()> {
+    let mut world = World::on_nats_cluster(3).await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    for name in
+        [hafleet_proto::ROUTES_STREAM, hafleet_proto::CONFIGS_STREAM, hafleet_proto::REPORTS_STREAM]
+    {
+        let info = js.get_stream(name).await?.info().await?.clone();
+        assert_eq!(info.config.num_replicas, 3, "{name}");
+    }
+    let leader = js.get_stream(hafleet_proto::ROUTES_STREAM).await?.info().await?.clone();
+    let leader = leader.cluster.and_then(|c| c.leader).context("no leader")?;
+    let node: usize = leader.trim_start_matches('n').parse()?;
+
+    const BURST: usize = 30;
+    for i in 0..BURST {
+        world.route(&format!("b{i}"), &format!("b{i}.example.com"), "/", "web").await?;
+        if i == BURST / 3 {
+            world.stack.nats.kill_node(node);
+        }
+    }
+    for i in 0..BURST {
+        expect_everywhere(&world.stack, &format!("b{i}.example.com"), "/", 200, "web@").await?;
+    }
+
+    // Every route event the watcher counted (it counts once JetStream acknowledged it) is in
+    // the stream, read through the surviving nodes.
+    let (_, metrics) =
+        http_get(world.stack.health_addr(Component::Watcher), "health", "/metrics").await?;
+    let acked: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("hafleet_watcher_route_events_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert!(acked >= (BURST + 1) as f64, "{metrics}");
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let routes = js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let mut subjects = routes.info_with_subjects("hafleet.routes.edge").await?;
+    let mut stored = 0;
+    while let Some(item) = futures::StreamExt::next(&mut subjects).await {
+        stored += item?.1;
+    }
+    assert!(stored as f64 >= acked, "stream holds {stored} route events, {acked} were acked");
+
+    // The killed node comes back and is current again.
+    world.stack.nats.start_node_again(node).await?;
+    let js = &js;
+    eventually(CONVERGE, "every replica current", || async move {
+        let info = js.get_stream(hafleet_proto::ROUTES_STREAM).await?.info().await?.clone();
+        let cluster = info.cluster.context("no cluster info")?;
+        anyhow::ensure!(
+            cluster.leader.is_some()
+                && cluster.replicas.len() == 2
+                && cluster.replicas.iter().all(|r| r.current && !r.offline),
+            "{cluster:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}

@@ -658,10 +658,7 @@ async fn one_fleets_applier_credentials_cannot_read_another_fleets_configs() -> 
 
     let nats = &world.stack.nats;
     let admin = nats.client().await?;
-    let admin_bus = hafleet_runtime::nats::Bus {
-        js: async_nats::jetstream::new(admin.clone()),
-        client: admin.clone(),
-    };
+    let admin_bus = hafleet_runtime::nats::Bus::from_client(admin.clone());
     let edge = nats.client_as("hafleet-applier-edge").await?;
     let mut js = async_nats::jetstream::new(edge.clone());
     js.set_timeout(std::time::Duration::from_secs(2));

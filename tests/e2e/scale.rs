@@ -396,3 +396,17 @@ async fn the_demo_runs_with_many_ingresses_and_more_nodes_than_a_subset() -> Res
     }
     Ok(())
 }
+
+/// The demo on a 3-node NATS cluster (`--nats-cluster`), as a process: traffic through every
+/// HAProxy host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_on_a_nats_cluster() -> Result<()> {
+    let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-demo"))
+        .args(["--smoke", "--nats-cluster"])
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("smoke test passed"), "{stdout}");
+    Ok(())
+}

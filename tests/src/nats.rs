@@ -12,7 +12,8 @@ use crate::proc::{ChildGuard, TestDir, free_port, is_addr_in_use, tcp_accepts};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `nats-server -js` with its store in a temp dir; killed on drop.
+/// `nats-server` with JetStream, its store in a temp dir; killed on drop. One server, or a
+/// cluster of several ([`NatsServer::start_cluster`]) whose every URL lists all nodes.
 ///
 /// It runs with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
 /// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer`,
@@ -20,13 +21,20 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// only what that file, or `hafleet-applier nats-permissions`, grants them (see
 /// [`NatsServer::url_for`]).
 pub struct NatsServer {
-    child: Option<ChildGuard>,
-    port: u16,
-    monitor_port: u16,
+    nodes: Vec<Node>,
     password: String,
     dir: TestDir,
     /// Fleets with an applier user, as an operator adds them.
     fleets: std::sync::Mutex<Vec<hafleet_proto::FleetName>>,
+}
+
+/// One server of the cluster.
+struct Node {
+    child: Option<ChildGuard>,
+    port: u16,
+    monitor_port: u16,
+    /// Where cluster routes connect (clusters only).
+    cluster_port: u16,
 }
 
 /// The component users of deploy/nats/hafleet-permissions.conf and their permission variables.
@@ -43,22 +51,14 @@ impl std::fmt::Debug for NatsServer {
 }
 
 impl NatsServer {
-    /// Starts the server and waits until JetStream is healthy and a client can connect.
+    /// Starts one server and waits until JetStream is healthy and a client can connect.
     pub async fn start() -> Result<NatsServer> {
         let mut dir = TestDir::new("hafleet-nats-")?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let lo = Ipv4Addr::LOCALHOST.into();
-            let mut server = NatsServer {
-                child: None,
-                port: free_port(lo),
-                monitor_port: free_port(lo),
-                password: crate::proc::random_token(),
-                dir,
-                fleets: Default::default(),
-            };
-            match server.spawn().await {
+            let mut server = NatsServer::new(dir, 1);
+            match server.spawn_all().await {
                 Ok(()) => return Ok(server),
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => dir = server.take_dir(),
                 Err(e) => return Err(e),
@@ -66,30 +66,93 @@ impl NatsServer {
         }
     }
 
+    /// Starts a cluster of `nodes` servers (routes between them, JetStream clustered), and
+    /// waits until every one is healthy and a client can connect.
+    pub async fn start_cluster(nodes: usize) -> Result<NatsServer> {
+        let mut dir = TestDir::new("hafleet-nats-cluster-")?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut server = NatsServer::new(dir, nodes.max(1));
+            match server.spawn_all().await {
+                Ok(()) => return Ok(server),
+                Err(e) if attempt < 3 && is_addr_in_use(&e) => dir = server.take_dir(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn new(dir: TestDir, nodes: usize) -> NatsServer {
+        let lo = Ipv4Addr::LOCALHOST.into();
+        NatsServer {
+            nodes: (0..nodes)
+                .map(|_| Node {
+                    child: None,
+                    port: free_port(lo),
+                    monitor_port: free_port(lo),
+                    cluster_port: free_port(lo),
+                })
+                .collect(),
+            password: crate::proc::random_token(),
+            dir,
+            fleets: Default::default(),
+        }
+    }
+
     fn take_dir(self) -> TestDir {
-        let NatsServer { mut child, dir, .. } = self;
-        drop(child.take());
+        let NatsServer { nodes, dir, .. } = self;
+        drop(nodes);
         dir
     }
 
-    async fn spawn(&mut self) -> Result<()> {
-        let store = self.store_dir();
-        std::fs::create_dir_all(&store)?;
-        let config = self.write_config()?;
+    /// Node `i`'s folder: the server's own for one server, `node-<i>` in a cluster.
+    fn node_dir(&self, i: usize) -> PathBuf {
+        match self.nodes.len() {
+            1 => self.dir.path().to_owned(),
+            _ => self.dir.path().join(format!("node-{i}")),
+        }
+    }
+
+    /// Starts every node that is not running, then waits for all of them: a clustered
+    /// JetStream is healthy only once a quorum of nodes runs.
+    async fn spawn_all(&mut self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].child.is_none() {
+                self.spawn_node(i)?;
+            }
+        }
+        for i in 0..self.nodes.len() {
+            self.wait_node(i).await?;
+        }
+        Ok(())
+    }
+
+    fn spawn_node(&mut self, i: usize) -> Result<()> {
+        let dir = self.node_dir(i);
+        std::fs::create_dir_all(dir.join("jetstream"))?;
+        self.write_config(i)?;
         let mut cmd = Command::new("nats-server");
-        cmd.arg("-c").arg(&config);
+        cmd.arg("-c").arg(dir.join("nats.conf"));
         // JetStream is on in the config file, not by flag: a config reload (a fleet added)
         // would otherwise turn it off.
         cmd.args(["-a", "127.0.0.1"]).args([
             "-p",
-            &self.port.to_string(),
+            &self.nodes[i].port.to_string(),
             "-m",
-            &self.monitor_port.to_string(),
+            &self.nodes[i].monitor_port.to_string(),
         ]);
-        let mut child =
-            ChildGuard::spawn("nats-server", &mut cmd, &self.dir.path().join("nats.log"))
-                .context("start nats-server (install it with tests/setup.sh)")?;
-        let (addr, monitor, password) = (self.addr(), self.monitor_addr(), self.password.clone());
+        let child = ChildGuard::spawn("nats-server", &mut cmd, &dir.join("nats.log"))
+            .context("start nats-server (install it with tests/setup.sh)")?;
+        self.nodes[i].child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_node(&mut self, i: usize) -> Result<()> {
+        let lo = Ipv4Addr::LOCALHOST;
+        let addr: SocketAddr = (lo, self.nodes[i].port).into();
+        let monitor: SocketAddr = (lo, self.nodes[i].monitor_port).into();
+        let password = self.password.clone();
+        let child = self.nodes[i].child.as_mut().context("node not started")?;
         child
             .wait_ready(READY_TIMEOUT, || {
                 let password = password.clone();
@@ -106,8 +169,14 @@ impl NatsServer {
                         .is_ok()
                 }
             })
-            .await?;
-        self.child = Some(child);
+            .await
+    }
+
+    /// Every node's config ([`NatsServer::write_config`]) in its folder.
+    fn write_configs(&self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            self.write_config(i)?;
+        }
         Ok(())
     }
 
@@ -115,7 +184,9 @@ impl NatsServer {
     /// fleet), each added fleet's applier permissions as `hafleet-applier nats-permissions`
     /// prints them, and one user per component and fleet plus `admin`, all with this server's
     /// password.
-    fn write_config(&self) -> Result<PathBuf> {
+    fn write_config(&self, node: usize) -> Result<PathBuf> {
+        let dir = self.node_dir(node);
+        std::fs::create_dir_all(&dir)?;
         use hafleet_applier::permissions;
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/hafleet-permissions.conf");
@@ -123,7 +194,9 @@ impl NatsServer {
         let text = std::fs::read_to_string(&shipped)
             .with_context(|| format!("read {}", shipped.display()))?
             .replace(&example, "");
-        std::fs::write(self.dir.path().join("hafleet-permissions.conf"), text)?;
+        let permissions = dir.join("hafleet-permissions.conf");
+        std::fs::write(dir.join("hafleet-permissions.conf.partial"), text)?;
+        std::fs::rename(dir.join("hafleet-permissions.conf.partial"), permissions)?;
         let mut users = format!("    {{ user: admin, password: \"{}\" }}\n", self.password);
         let mut all: Vec<(String, String)> =
             COMPONENT_USERS.iter().map(|(u, p)| (u.to_string(), p.to_string())).collect();
@@ -138,15 +211,35 @@ impl NatsServer {
                 self.password
             ));
         }
-        let config = self.dir.path().join("nats.conf");
+        let cluster = match self.nodes.len() {
+            1 => String::new(),
+            _ => {
+                let routes: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| format!("\"nats-route://127.0.0.1:{}\"", n.cluster_port))
+                    .collect();
+                format!(
+                    "server_name: n{node}\ncluster {{\n  name: hafleet\n  listen: \"127.0.0.1:{}\"\n  \
+                     routes: [{}]\n}}\n",
+                    self.nodes[node].cluster_port,
+                    routes.join(", ")
+                )
+            }
+        };
+        // Written aside and renamed into place: a running node reading its config (at start
+        // or on a reload) never sees a half-written file.
+        let config = dir.join("nats.conf");
+        let partial = dir.join("nats.conf.partial");
         std::fs::write(
-            &config,
+            &partial,
             format!(
-                "jetstream {{ store_dir: {store:?} }}\ninclude hafleet-permissions.conf\n{fleets}\
-                 authorization {{\n  users = [\n{users}  ]\n}}\n",
-                store = self.store_dir().display().to_string()
+                "{cluster}jetstream {{ store_dir: {store:?} }}\ninclude hafleet-permissions.conf\n\
+                 {fleets}authorization {{\n  users = [\n{users}  ]\n}}\n",
+                store = dir.join("jetstream").display().to_string()
             ),
         )?;
+        std::fs::rename(&partial, &config)?;
         Ok(config)
     }
 
@@ -163,14 +256,16 @@ impl NatsServer {
             }
             fleets.push(fleet);
         }
-        self.write_config()?;
-        let pid = self.pid().context("nats-server is not running")?;
-        let status = Command::new("nats-server")
-            .arg("--signal")
-            .arg(format!("reload={pid}"))
-            .status()
-            .context("nats-server --signal reload")?;
-        anyhow::ensure!(status.success(), "nats-server --signal reload={pid}: {status}");
+        self.write_configs()?;
+        for node in &self.nodes {
+            let pid = node.child.as_ref().map(|c| c.pid()).context("nats-server is not running")?;
+            let status = Command::new("nats-server")
+                .arg("--signal")
+                .arg(format!("reload={pid}"))
+                .status()
+                .context("nats-server --signal reload")?;
+            anyhow::ensure!(status.success(), "nats-server --signal reload={pid}: {status}");
+        }
         let deadline = std::time::Instant::now() + READY_TIMEOUT;
         loop {
             match self.client_as(&user).await {
@@ -181,36 +276,48 @@ impl NatsServer {
         }
     }
 
-    /// `nats://admin:…@127.0.0.1:<port>`: the tests' own, unrestricted user.
+    /// `nats://admin:…@127.0.0.1:<port>` (a comma-separated list of every node's, for a
+    /// cluster): the tests' own, unrestricted user.
     pub fn url(&self) -> String {
         self.url_for("admin")
     }
 
-    /// The URL a component connects with as `user` (one of [`COMPONENT_USERS`], or `admin`).
+    /// The URL a component connects with as `user` (one of [`COMPONENT_USERS`], or `admin`):
+    /// every node's, the first with the credentials.
     pub fn url_for(&self, user: &str) -> String {
-        format!("nats://{user}:{}@127.0.0.1:{}", self.password, self.port)
+        let mut urls: Vec<String> =
+            self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.port)).collect();
+        urls[0] = format!("nats://{user}:{}@127.0.0.1:{}", self.password, self.nodes[0].port);
+        urls.join(",")
     }
 
+    /// The first node's client port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.nodes[0].port
     }
 
+    /// The first node's client address.
     pub fn addr(&self) -> SocketAddr {
-        (Ipv4Addr::LOCALHOST, self.port).into()
+        (Ipv4Addr::LOCALHOST, self.nodes[0].port).into()
     }
 
-    /// The HTTP monitoring endpoint (`/healthz`, `/jsz`, `/connz`, ...).
+    /// Every node's client address.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The first node's HTTP monitoring endpoint (`/healthz`, `/jsz`, `/connz`, ...).
     pub fn monitor_addr(&self) -> SocketAddr {
-        (Ipv4Addr::LOCALHOST, self.monitor_port).into()
+        (Ipv4Addr::LOCALHOST, self.nodes[0].monitor_port).into()
     }
 
-    /// JetStream's store directory (`store_dir`); it survives [`NatsServer::restart`].
+    /// The first node's JetStream store directory; it survives [`NatsServer::restart`].
     pub fn store_dir(&self) -> PathBuf {
-        self.dir.path().join("jetstream")
+        self.node_dir(0).join("jetstream")
     }
 
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("nats.log")
+        self.node_dir(0).join("nats.log")
     }
 
     pub fn dir(&self) -> &Path {
@@ -234,32 +341,50 @@ impl NatsServer {
             options = options.custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(&fleet));
         }
         options
-            .connect(self.addr().to_string())
+            .connect(self.addrs())
             .await
-            .with_context(|| format!("connect to NATS at {} as {user}", self.addr()))
+            .with_context(|| format!("connect to NATS at {:?} as {user}", self.addrs()))
     }
 
-    /// Kills the server with SIGKILL (a crash); [`NatsServer::start_again`] brings it back.
+    /// Kills every node with SIGKILL (a crash); [`NatsServer::start_again`] brings them back.
     pub fn kill(&mut self) {
-        drop(self.child.take());
+        for node in &mut self.nodes {
+            drop(node.child.take());
+        }
     }
 
-    /// The server's pid, while it runs.
+    /// Kills node `i` alone with SIGKILL; [`NatsServer::start_node_again`] brings it back.
+    pub fn kill_node(&mut self, i: usize) {
+        drop(self.nodes[i].child.take());
+    }
+
+    /// Starts node `i` again on its ports and store, and waits until it is healthy.
+    pub async fn start_node_again(&mut self, i: usize) -> Result<()> {
+        self.kill_node(i);
+        self.spawn_node(i)?;
+        self.wait_node(i).await
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The first node's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.pid())
+        self.nodes[0].child.as_ref().map(|c| c.pid())
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.is_running())
+        self.nodes.iter_mut().all(|n| n.child.as_mut().is_some_and(|c| c.is_running()))
     }
 
-    /// Starts the server again (after [`NatsServer::kill`]) on the same port and store dir.
+    /// Starts every node again (after [`NatsServer::kill`]) on the same ports and stores.
     pub async fn start_again(&mut self) -> Result<()> {
         self.kill();
-        self.spawn().await
+        self.spawn_all().await
     }
 
-    /// Crash and restart: SIGKILL, then start on the same port and store dir, and wait.
+    /// Crash and restart: SIGKILL, then start on the same ports and stores, and wait.
     pub async fn restart(&mut self) -> Result<()> {
         self.start_again().await
     }

@@ -128,9 +128,21 @@ pub struct Stack {
 impl Stack {
     /// Starts every server and the three binaries; returns once they are all up.
     pub async fn start(fleet: &str, hosts: usize) -> Result<Stack> {
+        Stack::start_on(fleet, hosts, 1).await
+    }
+
+    /// [`Stack::start`] on a NATS cluster of `nats_nodes` servers (1: a single server); the
+    /// components create their streams with as many replicas (at most 3).
+    pub async fn start_on(fleet: &str, hosts: usize, nats_nodes: usize) -> Result<Stack> {
         const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         let dir = TestDir::new("hafleet-stack")?;
-        let (kube, nats) = tokio::try_join!(KubeEnv::start(), NatsServer::start())?;
+        let nats = async {
+            match nats_nodes {
+                0 | 1 => NatsServer::start().await,
+                n => NatsServer::start_cluster(n).await,
+            }
+        };
+        let (kube, nats) = tokio::try_join!(KubeEnv::start(), nats)?;
         nats.add_applier(fleet).await?;
         // The watcher runs with exactly the RBAC the project ships.
         kubectl_apply(&kube, &workspace_file("deploy/kubernetes/watcher-rbac.yaml")).await?;
@@ -198,7 +210,9 @@ impl Stack {
     pub fn command(&self, c: Component) -> Command {
         let mut cmd = Command::new(bin_path(c.binary()));
         // Each component as its own NATS user, with the permissions hafleet ships.
+        let replicas = self.nats.node_count().min(3).to_string();
         cmd.env("HAFLEET_NATS_URL", self.nats.url_for(c.binary()))
+            .env("HAFLEET_NATS_REPLICAS", replicas)
             .env("HAFLEET_HEALTH_ADDR", self.health_addr(c).to_string())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1");
@@ -328,7 +342,7 @@ impl Stack {
             Ok(msg) => ConfigVersion::decode(&msg.payload)?,
             Err(_) => return Ok(None),
         };
-        let bus = hafleet_runtime::nats::Bus { client, js };
+        let bus = hafleet_runtime::nats::Bus::from_client(client);
         Ok(Some(bus.fetch_bundle(v).await?))
     }
 

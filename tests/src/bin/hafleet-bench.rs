@@ -1136,8 +1136,7 @@ mod applier {
         v: &ConfigVersion,
     ) -> Result<Duration> {
         let client = nats.client().await?;
-        let bus =
-            hafleet_runtime::nats::Bus { js: async_nats::jetstream::new(client.clone()), client };
+        let bus = hafleet_runtime::nats::Bus::from_client(client);
         let start = hafleet_runtime::now_unix_ms();
         bus.publish_version(v).await?;
         let reports = bus.js.get_stream(hafleet_proto::REPORTS_STREAM).await?;

@@ -37,6 +37,10 @@ struct Args {
     /// hello and the last app run backend processes; the others answer 503.
     #[arg(long, default_value_t = 1)]
     ingresses: usize,
+    /// Run NATS as a 3-node cluster with every stream replicated 3 times (the production
+    /// set-up), instead of one server.
+    #[arg(long)]
+    nats_cluster: bool,
 }
 
 const FLEET: &str = "edge";
@@ -71,7 +75,8 @@ async fn main() {
 async fn run(args: &Args) -> Result<()> {
     eprintln!("starting kube-apiserver, NATS, {} HAProxy hosts and hafleet…", args.hosts);
     anyhow::ensure!(args.nodes >= 1 && args.ingresses >= 1, "--nodes and --ingresses start at 1");
-    let mut stack = Stack::start(FLEET, args.hosts).await?;
+    let nats_nodes = if args.nats_cluster { 3 } else { 1 };
+    let mut stack = Stack::start_on(FLEET, args.hosts, nats_nodes).await?;
     stack.restart_with(
         Component::Renderer,
         &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
