@@ -138,7 +138,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Converge at once on start-up, whatever a previous run left in flight: hosts already on
     // the newest version just report Unchanged.
-    let newest = bus::latest_version(&configs, &args.fleet).await?;
+    let newest =
+        hafleet_runtime::nats::retrying("JetStream to read the fleet's newest version", || {
+            bus::latest_version(&configs, &args.fleet)
+        })
+        .await?;
     if let Some((version, Err(e))) = newest.as_ref().map(|v| (v, verifier.verify(v))) {
         refuse(&bus, &hosts, version, &e).await;
     } else if let Some(version) = newest {
@@ -207,9 +211,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             Ok((version, Ok(()))) => {
                 // Only a version the renderer signed can supersede another: a forged newer
                 // one must not hold the fleet back.
-                let newest = bus::latest_version(&configs, &args.fleet)
-                    .await?
-                    .filter(|n| verifier.verify(n).is_ok());
+                // Unreadable for now (a stream between leaders): this one is not known to be
+                // superseded, so it goes out.
+                let newest = match bus::latest_version(&configs, &args.fleet).await {
+                    Ok(newest) => newest.filter(|n| verifier.verify(n).is_ok()),
+                    Err(e) => {
+                        warn!(error = ?anyhow::Error::from(e), "cannot read the newest version; going on");
+                        None
+                    }
+                };
                 let version = if newest.as_ref().is_some_and(|n| n.version > version.version) {
                     info!(version = version.version, "superseded by a newer version; skipped");
                     None

@@ -8,6 +8,7 @@
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream.
 
+mod docs;
 mod history;
 mod recovery;
 mod refusals;
