@@ -441,6 +441,37 @@ async fn the_watcher_role_reads_what_it_routes_and_nothing_more() -> Result<()> 
     forbidden(ingresses.create(&Default::default(), &ing).await.map(|_| ()))?;
     let services: Api<Service> = Api::namespaced(client, "default");
     forbidden(services.delete("web", &Default::default()).await.map(|_| ()))?;
+
+    // It runs under a real ServiceAccount token (a JWT the API server signed), and
+    // `kubectl auth can-i` with that token says what it may do.
+    let text = std::fs::read_to_string(world.stack.kube.watcher_kubeconfig_path())?;
+    let token = text.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap_or_default();
+    assert_eq!(token.trim_matches('"').split('.').count(), 3, "not a ServiceAccount JWT");
+    let can_i = |verb: &'static str, resource: &'static str| {
+        let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+        let kubeconfig = world.stack.kube.watcher_kubeconfig_path().to_owned();
+        async move {
+            let out = tokio::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["auth", "can-i", verb, resource, "--all-namespaces"])
+                .args((!subresource.is_empty()).then(|| format!("--subresource={subresource}")))
+                .output()
+                .await?;
+            anyhow::Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        }
+    };
+    for (verb, resource, answer) in [
+        ("list", "ingresses.networking.k8s.io", "yes"),
+        ("patch", "ingresses.networking.k8s.io/status", "yes"),
+        ("get", "secrets", "no"),
+        ("list", "secrets", "no"),
+        ("watch", "secrets", "no"),
+        ("create", "ingresses.networking.k8s.io", "no"),
+        ("delete", "services", "no"),
+    ] {
+        assert_eq!(can_i(verb, resource).await?, answer, "can-i {verb} {resource}");
+    }
     Ok(())
 }
 

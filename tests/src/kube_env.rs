@@ -179,6 +179,32 @@ impl KubeEnv {
         &self.kubeconfig
     }
 
+    /// Gives the watcher's kubeconfig a real token of ServiceAccount `hafleet/hafleet-watcher`
+    /// (a TokenRequest, signed by the API server's service-account key, as a pod's projected
+    /// token is), once deploy/kubernetes/watcher-rbac.yaml has created that ServiceAccount.
+    /// Until then the kubeconfig holds a static token for the same user name.
+    pub async fn use_watcher_service_account_token(&self) -> Result<()> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let accounts: kube::Api<ServiceAccount> =
+            kube::Api::namespaced(self.client().await?, "hafleet");
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request("hafleet-watcher", &Default::default(), &request)
+            .await
+            .context("TokenRequest for ServiceAccount hafleet/hafleet-watcher")?
+            .status
+            .and_then(|s| s.token)
+            .context("TokenRequest without a token")?;
+        self.write_kubeconfig(&self.watcher_kubeconfig, WATCHER_USER, &token)
+    }
+
     /// A kubeconfig for the watcher's ServiceAccount (user [`WATCHER_USER`]): it may do only
     /// what deploy/kubernetes/watcher-rbac.yaml grants, once that is applied.
     pub fn watcher_kubeconfig_path(&self) -> &Path {

@@ -146,6 +146,8 @@ impl Stack {
         nats.add_applier(fleet).await?;
         // The watcher runs with exactly the RBAC the project ships.
         kubectl_apply(&kube, &workspace_file("deploy/kubernetes/watcher-rbac.yaml")).await?;
+        // ...under a token of its own ServiceAccount, as in a pod.
+        kube.use_watcher_service_account_token().await?;
         let keys = SshClientKeys::generate(dir.path())?;
         let signing = SigningKeys::generate(dir.path())?;
         let mut started = Vec::new();
