@@ -98,6 +98,9 @@ pub struct RolloutSettings {
     pub reload_timeout: Duration,
     /// How long a host's probes may take to pass after a version goes live there.
     pub probe_timeout: Duration,
+    /// Hosts in the fleet's inventory, which each report names (a retry or a repair touches
+    /// only some).
+    pub fleet_hosts: usize,
 }
 
 /// A failure on one host, before it becomes an [`ApplyOutcome`].

@@ -116,6 +116,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
         probe_timeout: Duration::from_secs(args.probe_timeout_secs),
+        fleet_hosts: hosts.len(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;
@@ -299,7 +300,7 @@ async fn refuse(
     };
     for host in hosts {
         let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
-        let report = report_of(host, version, outcome.clone(), now, None);
+        let report = report_of(host, version, outcome.clone(), now, None, hosts.len());
         count_report(&report);
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");
@@ -357,7 +358,8 @@ async fn check_drift(
                     restored: false,
                 };
                 let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
-                let report = report_of(host, version, outcome, now, Some(&found));
+                let report =
+                    report_of(host, version, outcome, now, Some(&found), settings.fleet_hosts);
                 count_report(&report);
                 if let Err(e) = bus::publish_report(bus, &report).await {
                     warn!(error = ?anyhow::Error::from(e), "drift report lost");
@@ -448,6 +450,7 @@ fn report_of(
     outcome: ApplyOutcome,
     (finished_unix_ms, took, effort): (u64, Duration, rollout::Effort),
     drift: Option<&str>,
+    fleet_hosts: usize,
 ) -> ApplyReport {
     ApplyReport {
         schema: SCHEMA_VERSION,
@@ -461,6 +464,7 @@ fn report_of(
         reloads: effort.reloads,
         runtime_commands: effort.runtime_commands,
         drift: drift.map(str::to_owned),
+        fleet_hosts: u32::try_from(fleet_hosts).unwrap_or(u32::MAX),
     }
 }
 
@@ -498,7 +502,8 @@ async fn apply_and_report(
                 warn!(fleet = %version.fleet, host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")
             }
         }
-        let report = report_of(host, version, outcome, (finished_unix_ms, took, effort), drift);
+        let when = (finished_unix_ms, took, effort);
+        let report = report_of(host, version, outcome, when, drift, settings.fleet_hosts);
         count_report(&report);
         if let Err(e) = bus::publish_report(bus, &report).await {
             warn!(error = ?anyhow::Error::from(e), "report lost");

@@ -180,6 +180,7 @@ mod tests {
             reloads: 0,
             runtime_commands: 0,
             drift: None,
+            fleet_hosts: 2,
         }
     }
 

@@ -452,6 +452,10 @@ pub struct ApplyReport {
     /// it), or, with outcome `failed` at stage `drift`, found and left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<String>,
+    /// Hosts in the fleet's inventory when this was reported (0 from appliers before it):
+    /// how many reports make a version live everywhere.
+    #[serde(default)]
+    pub fleet_hosts: u32,
 }
 
 impl ApplyReport {
@@ -703,6 +707,7 @@ mod tests {
                 reloads: 0,
                 runtime_commands: 7,
                 drift: None,
+                fleet_hosts: 2,
             };
             assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
         }

@@ -749,3 +749,43 @@ async fn one_fleets_applier_credentials_cannot_read_another_fleets_configs() -> 
     assert!(!matches!(leaked, Ok(Some(_))), "edge's credentials received core's config");
     Ok(())
 }
+
+/// The appliers' reports come back on the Ingress whose change made each version, as Events:
+/// Normal `Live` "version N live on 2/2 hosts of fleet edge" once both hosts took it, and
+/// Warning `RolledBack` naming the host, the stage and why when the canary put it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingress_tells_where_its_change_went_live_and_where_it_was_rolled_back() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let version = world.stack.latest_version().await?.context("a version")?.version;
+    let events: Api<Event> = Api::namespaced(world.stack.kube.client().await?, "default");
+    let events = &events;
+    let told = |name: &'static str, reason: &'static str, note: String| async move {
+        eventually(CONVERGE, &format!("{reason} event on {name}"), || {
+            let note = note.clone();
+            async move {
+                let all = events.list(&ListParams::default()).await?.items;
+                let found = all.iter().find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        && e.note.as_deref().is_some_and(|n| n.contains(&note))
+                });
+                let found = found.ok_or_else(|| anyhow::anyhow!("not yet"))?;
+                Ok(found.type_.clone().unwrap_or_default())
+            }
+        })
+        .await
+    };
+    let kind =
+        told("shop", "Live", format!("version {version} live on 2/2 hosts of fleet edge")).await?;
+    assert_eq!(kind, "Normal");
+
+    // Probes no version can pass: the next one is rolled back on the canary.
+    let probes = "[[probes]]\npath = \"/\"\nhost = \"nowhere.example.com\"\nstatus = 200\n";
+    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT_SECS", "2")])?;
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    let kind = told("blog", "RolledBack", "rolled back on lb-1 at probe: ".into()).await?;
+    assert_eq!(kind, "Warning");
+    Ok(())
+}

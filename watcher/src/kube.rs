@@ -176,6 +176,11 @@ impl Warnings {
     }
 
     pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) {
+        self.post(ingress, true, reason, note).await
+    }
+
+    /// Posts an Event (Warning or Normal) on `ingress`; repeats are counted by the recorder.
+    pub async fn post(&self, ingress: &Ingress, warning: bool, reason: &str, note: String) {
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -185,7 +190,7 @@ impl Warnings {
             note.truncate(cut);
         }
         let event = Event {
-            type_: EventType::Warning,
+            type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.to_owned(),
             note: Some(note),
             action: "Route".into(),

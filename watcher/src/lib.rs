@@ -6,6 +6,7 @@
 //! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
 pub mod annotations;
+pub mod feedback;
 pub mod index;
 pub mod kube;
 pub mod lease;

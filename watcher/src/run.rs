@@ -24,7 +24,7 @@ use hafleet_proto::{
 use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Settings of `hafleet-watcher`.
 #[derive(Debug, Clone, clap::Args)]
@@ -153,6 +153,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     health.ready();
+    // Events from the fleets' reports on the Ingresses that caused each version: the leader's
+    // job, started again if NATS stops delivering (the streams may not exist yet).
+    {
+        let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
+        tokio::spawn(async move {
+            loop {
+                let run =
+                    crate::feedback::adapter::run(bus.clone(), store.clone(), warnings.clone());
+                if let Err(e) = run.await {
+                    debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+    }
 
     let debounce = Duration::from_millis(args.debounce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));

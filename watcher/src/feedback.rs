@@ -1,0 +1,356 @@
+//! Feedback from the fleets on the Ingresses: which version of their change went live where,
+//! and what failed. Pure: [`Feedback`] turns config versions (which Ingresses caused each)
+//! and apply reports into [`Notice`]s, which the watcher posts as Events on those Ingresses.
+//!
+//! - A failure on a host (refused, rolled back, unreachable…) is told once per host and
+//!   version, as a Warning: "version 43 rolled back on lb-2 at probe: …".
+//! - Once every host of the fleet (as many as the report says the inventory has, or the
+//!   watcher has seen report) has reported a version, it is told once, as
+//!   Normal "version 42 live on 2/2 hosts of fleet edge" (Warning `PartlyLive` if not all).
+//! - Reports older than the watcher's start (read to learn each fleet's hosts) tell nothing,
+//!   so a new leader does not repeat what the last one said.
+//! - A version caused by many Ingresses is told on the first [`MAX_INGRESSES`] of them.
+
+use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, ConfigVersion, FleetName, IngressKey};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Most Ingresses one version's notice is posted on.
+pub const MAX_INGRESSES: usize = 100;
+/// Versions remembered per fleet (their causes and outcomes).
+const KEEP_VERSIONS: usize = 64;
+
+/// An Event to post on some Ingresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub ingresses: Vec<IngressKey>,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+#[derive(Debug, Default)]
+struct VersionState {
+    ingresses: Vec<IngressKey>,
+    outcomes: BTreeMap<String, bool>,
+    told_live: bool,
+}
+
+/// What the watcher knows of each fleet's versions and hosts.
+#[derive(Debug, Default)]
+pub struct Feedback {
+    hosts: BTreeMap<FleetName, BTreeSet<String>>,
+    versions: BTreeMap<FleetName, BTreeMap<u64, VersionState>>,
+    /// Fresh reports of versions not seen yet (they come on another subject, and may overtake
+    /// their version), taken again when it comes.
+    early: Vec<ApplyReport>,
+}
+
+/// Most early reports kept.
+const KEEP_EARLY: usize = 1000;
+
+impl Feedback {
+    /// Remembers which Ingresses caused `v`; returns what reports that came before it tell.
+    pub fn on_version(&mut self, v: &ConfigVersion) -> Vec<Notice> {
+        self.remember(v);
+        let (now, later): (Vec<ApplyReport>, Vec<ApplyReport>) = std::mem::take(&mut self.early)
+            .into_iter()
+            .partition(|r| r.fleet == v.fleet && r.version == v.version);
+        self.early = later;
+        now.iter().flat_map(|r| self.on_report(r, true)).collect()
+    }
+
+    fn remember(&mut self, v: &ConfigVersion) {
+        let mut ingresses: Vec<IngressKey> = Vec::new();
+        for key in v.causes.iter().filter_map(|c| c.ingress.clone()) {
+            if !ingresses.contains(&key) {
+                ingresses.push(key);
+            }
+        }
+        let versions = self.versions.entry(v.fleet.clone()).or_default();
+        versions.entry(v.version).or_default().ingresses = ingresses;
+        while versions.len() > KEEP_VERSIONS {
+            versions.pop_first();
+        }
+    }
+
+    /// Takes a report; `fresh` when it is newer than the watcher's start. Returns what to tell.
+    pub fn on_report(&mut self, r: &ApplyReport, fresh: bool) -> Vec<Notice> {
+        let host = r.host.to_string();
+        self.hosts.entry(r.fleet.clone()).or_default().insert(host.clone());
+        // A drift report is about the host, not about a change someone made.
+        let drift = matches!(r.outcome, ApplyOutcome::Failed { stage: ApplyStage::Drift, .. });
+        if !fresh || drift {
+            return vec![];
+        }
+        let Some(state) = self.versions.get_mut(&r.fleet).and_then(|v| v.get_mut(&r.version))
+        else {
+            if self.early.len() < KEEP_EARLY {
+                self.early.push(r.clone());
+            }
+            return vec![];
+        };
+        if state.ingresses.is_empty() {
+            return vec![];
+        }
+        let ingresses: Vec<IngressKey> =
+            state.ingresses.iter().take(MAX_INGRESSES).cloned().collect();
+        let mut out = Vec::new();
+        let ok = matches!(r.outcome, ApplyOutcome::Applied | ApplyOutcome::Unchanged);
+        let first = state.outcomes.insert(host.clone(), ok) != Some(ok);
+        if let (ApplyOutcome::Failed { stage, message, restored }, true) = (&r.outcome, first) {
+            let (reason, what) = match (stage, restored) {
+                (ApplyStage::Signature, _) => ("VersionRefused", "refused"),
+                (_, true) => ("RolledBack", "rolled back"),
+                (ApplyStage::Validate, _) => ("ConfigRefused", "refused by HAProxy"),
+                _ => ("ApplyFailed", "failed"),
+            };
+            out.push(Notice {
+                ingresses: ingresses.clone(),
+                warning: true,
+                reason,
+                note: format!(
+                    "version {} {what} on {host} at {}: {message}",
+                    r.version,
+                    stage.as_str()
+                ),
+            });
+        }
+        let seen = self.hosts.get(&r.fleet).map(BTreeSet::len).unwrap_or(0);
+        let known = seen.max(r.fleet_hosts as usize);
+        if !state.told_live && state.outcomes.len() >= known {
+            state.told_live = true;
+            let live = state.outcomes.values().filter(|ok| **ok).count();
+            out.push(Notice {
+                ingresses,
+                warning: live < known,
+                reason: if live < known { "PartlyLive" } else { "Live" },
+                note: format!(
+                    "version {} live on {live}/{known} hosts of fleet {}",
+                    r.version, r.fleet
+                ),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hafleet_proto::{Body, Bundle, Cause, HostName, SCHEMA_VERSION};
+
+    fn version(n: u64, ingresses: &[&str]) -> ConfigVersion {
+        ConfigVersion {
+            schema: SCHEMA_VERSION,
+            fleet: FleetName::new("edge").unwrap(),
+            version: n,
+            parent: None,
+            sha256: String::new(),
+            created_unix_ms: 0,
+            causes: ingresses
+                .iter()
+                .map(|name| Cause {
+                    stream_seq: 1,
+                    ingress: Some(IngressKey::new("shop", name).unwrap()),
+                    what: "upsert".into(),
+                    resource_version: None,
+                    added: vec![],
+                    removed: vec![],
+                })
+                .collect(),
+            notes: vec![],
+            restores: None,
+            size: 0,
+            body: Body::Inline { bundle: Bundle::default() },
+            signature: None,
+        }
+    }
+
+    fn report(host: &str, n: u64, outcome: ApplyOutcome) -> ApplyReport {
+        ApplyReport {
+            schema: SCHEMA_VERSION,
+            fleet: FleetName::new("edge").unwrap(),
+            host: HostName::new(host).unwrap(),
+            version: n,
+            sha256: String::new(),
+            outcome,
+            finished_unix_ms: 0,
+            duration_ms: 0,
+            reloads: 0,
+            runtime_commands: 0,
+            drift: None,
+            fleet_hosts: 2,
+        }
+    }
+
+    fn learn_hosts(f: &mut Feedback) {
+        for host in ["lb-1", "lb-2"] {
+            assert!(f.on_report(&report(host, 1, ApplyOutcome::Applied), false).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_version_is_told_live_once_every_known_host_reported_it() {
+        let mut f = Feedback::default();
+        learn_hosts(&mut f);
+        assert!(f.on_version(&version(2, &["web", "web", "api"])).is_empty());
+        assert!(f.on_report(&report("lb-1", 2, ApplyOutcome::Applied), true).is_empty());
+        let told = f.on_report(&report("lb-2", 2, ApplyOutcome::Unchanged), true);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].note, "version 2 live on 2/2 hosts of fleet edge");
+        assert_eq!((told[0].reason, told[0].warning), ("Live", false));
+        assert_eq!(told[0].ingresses.len(), 2, "each Ingress once");
+        // A retry's report does not say it again.
+        assert!(f.on_report(&report("lb-2", 2, ApplyOutcome::Applied), true).is_empty());
+    }
+
+    #[test]
+    fn a_failure_is_told_once_per_host_and_the_version_as_partly_live() {
+        let mut f = Feedback::default();
+        learn_hosts(&mut f);
+        assert!(f.on_version(&version(3, &["web"])).is_empty());
+        let rolled = ApplyOutcome::Failed {
+            stage: ApplyStage::Probe,
+            message: "GET /healthz got 503".into(),
+            restored: true,
+        };
+        let told = f.on_report(&report("lb-1", 3, rolled.clone()), true);
+        assert_eq!(told.len(), 1);
+        assert_eq!(told[0].reason, "RolledBack");
+        assert_eq!(told[0].note, "version 3 rolled back on lb-1 at probe: GET /healthz got 503");
+        assert!(f.on_report(&report("lb-1", 3, rolled), true).is_empty(), "once per host");
+        let told = f.on_report(&report("lb-2", 3, ApplyOutcome::Applied), true);
+        assert_eq!(told.len(), 1);
+        assert_eq!((told[0].reason, told[0].warning), ("PartlyLive", true));
+        assert_eq!(told[0].note, "version 3 live on 1/2 hosts of fleet edge");
+    }
+
+    #[test]
+    fn old_reports_drift_and_versions_no_ingress_caused_tell_nothing() {
+        let mut f = Feedback::default();
+        learn_hosts(&mut f);
+        assert!(f.on_version(&version(4, &["web"])).is_empty());
+        assert!(f.on_report(&report("lb-1", 4, ApplyOutcome::Applied), false).is_empty());
+        let drift = ApplyOutcome::Failed {
+            stage: ApplyStage::Drift,
+            message: "edited".into(),
+            restored: false,
+        };
+        assert!(f.on_report(&report("lb-2", 4, drift), true).is_empty());
+        assert!(f.on_version(&version(5, &[])).is_empty());
+        assert!(f.on_report(&report("lb-1", 5, ApplyOutcome::Applied), true).is_empty());
+    }
+
+    #[test]
+    fn reports_that_overtake_their_version_are_told_when_it_comes() {
+        let mut f = Feedback::default();
+        learn_hosts(&mut f);
+        assert!(f.on_report(&report("lb-1", 6, ApplyOutcome::Applied), true).is_empty());
+        assert!(f.on_report(&report("lb-2", 6, ApplyOutcome::Applied), true).is_empty());
+        let told = f.on_version(&version(6, &["web"]));
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].note, "version 6 live on 2/2 hosts of fleet edge");
+    }
+}
+
+/// The adapter: reads the fleets' config versions and apply reports from NATS and posts the
+/// notices on the Ingresses in the watcher's cache. Runs on the leader only; ends with an
+/// error if NATS stops delivering (the caller starts it again).
+pub mod adapter {
+    use super::Feedback;
+    use crate::kube::Warnings;
+    use anyhow::Context as _;
+    use async_nats::jetstream::consumer::{DeliverPolicy, push};
+    use futures::StreamExt as _;
+    use hafleet_proto::{ApplyReport, ConfigVersion, IngressKey};
+    use k8s_openapi::api::networking::v1::Ingress;
+    use kube::runtime::reflector::{ObjectRef, Store};
+
+    async fn ordered(
+        bus: &hafleet_runtime::nats::Bus,
+        stream: &str,
+        filter: &str,
+        deliver_policy: DeliverPolicy,
+    ) -> anyhow::Result<push::Ordered> {
+        let stream = bus
+            .js
+            .get_stream(stream)
+            .await
+            .with_context(|| format!("cannot open stream {stream}"))?;
+        let consumer = stream
+            .create_consumer(push::OrderedConfig {
+                deliver_subject: bus.client.new_inbox(),
+                filter_subject: filter.to_owned(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .context("cannot create an ordered consumer")?;
+        consumer.messages().await.context("cannot read")
+    }
+
+    /// When this process started telling: reports and versions since are fresh, across restarts
+    /// of [`run`].
+    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+    /// Posts what the fleets' reports tell, until NATS stops delivering.
+    pub async fn run(
+        bus: hafleet_runtime::nats::Bus,
+        ingresses: Store<Ingress>,
+        warnings: Warnings,
+    ) -> anyhow::Result<()> {
+        let started = *STARTED.get_or_init(hafleet_runtime::now_unix_ms);
+        // Versions published since this leader started (not only from now: the stream may not
+        // have existed at the first try).
+        let since =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(started) * 1_000_000)
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+        let mut versions = ordered(
+            &bus,
+            hafleet_proto::CONFIGS_STREAM,
+            hafleet_proto::CONFIGS_SUBJECTS,
+            DeliverPolicy::ByStartTime { start_time: since },
+        )
+        .await?;
+        // Each host's last report first: which hosts each fleet has.
+        let mut reports = ordered(
+            &bus,
+            hafleet_proto::REPORTS_STREAM,
+            hafleet_proto::REPORTS_SUBJECTS,
+            DeliverPolicy::LastPerSubject,
+        )
+        .await?;
+        let mut feedback = Feedback::default();
+        loop {
+            let notices = tokio::select! {
+                m = versions.next() => {
+                    let m = m.context("configs stream ended")?.context("configs stream")?;
+                    match ConfigVersion::decode(&m.payload) {
+                        Ok(v) => feedback.on_version(&v),
+                        Err(_) => continue,
+                    }
+                }
+                m = reports.next() => {
+                    let m = m.context("reports stream ended")?.context("reports stream")?;
+                    match ApplyReport::decode(&m.payload) {
+                        Ok(r) => feedback.on_report(&r, r.finished_unix_ms >= started),
+                        Err(_) => continue,
+                    }
+                }
+            };
+            for notice in notices {
+                for key in &notice.ingresses {
+                    if let Some(ingress) = ingresses.get(&object_ref(key)) {
+                        warnings
+                            .post(&ingress, notice.warning, notice.reason, notice.note.clone())
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn object_ref(key: &IngressKey) -> ObjectRef<Ingress> {
+        ObjectRef::new(key.name.as_str()).within(key.namespace.as_str())
+    }
+}
