@@ -33,6 +33,9 @@ pub struct Checkpoint {
     /// servers themselves).
     #[serde(default)]
     pub nodes: Vec<NodeAddr>,
+    /// The newest watcher epoch seen (0 in checkpoints of builds that did not fence).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +71,7 @@ impl Checkpoint {
             latest,
             fleets,
             nodes: desired.nodes.clone(),
+            epoch: desired.epoch,
         }
     }
 
@@ -79,6 +83,7 @@ impl Checkpoint {
                 .map(|(f, ingresses)| (f.clone(), ingresses.iter().cloned().collect()))
                 .collect(),
             nodes: self.nodes.clone(),
+            epoch: self.epoch,
         }
     }
 

@@ -349,6 +349,14 @@ async fn process(
         &[],
         f64::from(applied),
     );
+    for (epoch, newest) in &out.fenced {
+        warn!(epoch, newest, "route message of an older watcher ignored (a deposed leader?)");
+    }
+    hafleet_runtime::health::Health::global().count(
+        ("hafleet_renderer_messages_fenced_total", "Route messages of an older watcher ignored."),
+        &[],
+        out.fenced.len() as f64,
+    );
     let floors = floors(bus, store, out.causes.keys()).await?;
     let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
     store.commit(&out.writes, &versions, last_seq)?;

@@ -31,6 +31,9 @@ pub struct Desired {
     pub fleets: BTreeMap<FleetName, Ingresses>,
     /// The nodes of the newest nodes message, sorted by name, each once.
     pub nodes: Vec<NodeAddr>,
+    /// The newest watcher epoch seen: messages of an older one (a deposed leader that resumed
+    /// after a pause) are fenced off.
+    pub epoch: u64,
 }
 
 impl Desired {
@@ -51,6 +54,8 @@ pub enum StateWrite {
     Remove(FleetName, IngressKey),
     /// The node set, replaced whole.
     Nodes(Vec<NodeAddr>),
+    /// The newest watcher epoch.
+    Epoch(u64),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -58,6 +63,17 @@ pub enum StateWrite {
 pub struct Applied {
     pub writes: Vec<StateWrite>,
     pub causes: BTreeMap<FleetName, Vec<Cause>>,
+    /// Messages fenced off: (their epoch, the newest seen).
+    pub fenced: Vec<(u64, u64)>,
+}
+
+/// A message's watcher epoch.
+fn epoch_of(msg: &RouteMessage) -> u64 {
+    match msg {
+        RouteMessage::Nodes(n) => n.epoch,
+        RouteMessage::Event(e) => e.epoch,
+        RouteMessage::Snapshot(s) => s.epoch,
+    }
 }
 
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
@@ -91,7 +107,20 @@ fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>
 
 /// Applies one message at stream sequence `seq` to `desired` (which must hold every fleet the
 /// store knows for snapshot sweeps and node changes to see them) and records what changed.
+///
+/// A message from a watcher epoch older than the newest seen changes nothing: only the newest
+/// watcher (the Lease's holder) is listened to. Epochs only grow: a new leader takes one above
+/// the last one written in the Lease.
 pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
+    let epoch = epoch_of(msg);
+    if epoch < desired.epoch {
+        out.fenced.push((epoch, desired.epoch));
+        return;
+    }
+    if epoch > desired.epoch {
+        desired.epoch = epoch;
+        out.writes.push(StateWrite::Epoch(epoch));
+    }
     match msg {
         RouteMessage::Nodes(update) => {
             let mut nodes = update.nodes.clone();
@@ -199,6 +228,40 @@ mod tests {
     use super::*;
     use hafleet_proto::{NodesUpdate, ObjectName, RouteEvent, RoutesSnapshot, SCHEMA_VERSION};
 
+    #[test]
+    fn messages_of_an_older_watcher_epoch_are_fenced_off() {
+        let mut desired = Desired::new();
+        let mut out = Applied::default();
+        let nodes = |epoch| {
+            RouteMessage::Nodes(NodesUpdate {
+                schema: SCHEMA_VERSION,
+                epoch,
+                nodes: vec![NodeAddr {
+                    name: ObjectName::new("n1").unwrap(),
+                    addr: "127.0.0.2".parse().unwrap(),
+                }],
+            })
+        };
+        apply(&mut desired, 1, &nodes(10), &mut out);
+        assert_eq!(desired.epoch, 10);
+        assert!(out.writes.contains(&StateWrite::Epoch(10)));
+        let before = desired.clone();
+        let mut out = Applied::default();
+        let stale = RouteMessage::Snapshot(RoutesSnapshot {
+            schema: SCHEMA_VERSION,
+            epoch: 9,
+            live: vec![],
+            keep: vec![],
+        });
+        apply(&mut desired, 2, &stale, &mut out);
+        assert_eq!(desired, before, "an older watcher's sweep changes nothing");
+        assert_eq!(out.fenced, vec![(9, 10)]);
+        assert!(out.writes.is_empty() && out.causes.is_empty());
+        let mut out = Applied::default();
+        apply(&mut desired, 3, &nodes(11), &mut out);
+        assert_eq!((desired.epoch, out.writes.as_slice()), (11, &[StateWrite::Epoch(11)][..]));
+    }
+
     fn fleet() -> FleetName {
         FleetName::new("edge").unwrap()
     }
@@ -223,7 +286,7 @@ mod tests {
         assert_eq!(d.ingresses(&fleet()).len(), 1);
         apply(&mut d, 2, &event("a", RouteChange::Delete), &mut out);
         assert!(d.ingresses(&fleet()).is_empty());
-        assert_eq!(out.writes.len(), 2);
+        assert_eq!(route_writes(&out).len(), 2);
         assert_eq!(out.causes[&fleet()].len(), 2);
     }
 
@@ -234,7 +297,12 @@ mod tests {
         let msg = event("a", RouteChange::Upsert { routes: vec![] });
         apply(&mut d, 1, &msg, &mut out);
         apply(&mut d, 2, &msg, &mut out);
-        assert_eq!(out.writes.len(), 1);
+        assert_eq!(route_writes(&out).len(), 1);
+    }
+
+    /// The writes of routes and nodes, less the epoch's (the first message of an epoch).
+    fn route_writes(out: &Applied) -> Vec<&StateWrite> {
+        out.writes.iter().filter(|w| !matches!(w, StateWrite::Epoch(_))).collect()
     }
 
     #[test]
@@ -255,8 +323,8 @@ mod tests {
         let left: Vec<_> = d.ingresses(&fleet()).keys().map(|k| k.to_string()).collect();
         assert_eq!(left, ["default/b", "default/kept"], "refused Ingresses are kept");
         assert_eq!(
-            out.writes,
-            [StateWrite::Remove(fleet(), IngressKey::new("default", "a").unwrap())]
+            route_writes(&out),
+            [&StateWrite::Remove(fleet(), IngressKey::new("default", "a").unwrap())]
         );
         assert_eq!(out.causes[&fleet()][0].what, "sweep");
     }

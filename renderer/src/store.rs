@@ -106,6 +106,8 @@ const APPLIED_SEQ: &[u8] = b"applied_seq";
 const ROUTES_CREATED: &[u8] = b"routes_stream_created";
 /// The node set, as JSON.
 const NODES: &[u8] = b"nodes";
+/// The newest watcher epoch seen (big-endian u64).
+const EPOCH: &[u8] = b"epoch";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -297,6 +299,7 @@ impl Store {
         for fleet in self.fleets_with_versions()?.into_iter().chain(self.floored_fleets()?) {
             desired.fleets.entry(fleet).or_default();
         }
+        desired.epoch = self.meta.get(EPOCH)?.map(|v| be_u64(&v)).unwrap_or(0);
         if let Some(nodes) = self.meta.get(NODES)? {
             desired.nodes = decode(NODES, &nodes)?;
         }
@@ -410,6 +413,9 @@ impl Store {
                             let v = serde_json::to_vec(nodes).expect("nodes serialize");
                             meta.insert(NODES, v)?;
                         }
+                        StateWrite::Epoch(epoch) => {
+                            meta.insert(EPOCH, &epoch.to_be_bytes())?;
+                        }
                     }
                 }
                 for (k, v, summary) in &encoded {
@@ -522,7 +528,7 @@ impl Store {
                     .iter()
                     .map(|(key, entry)| StateWrite::Put(fleet.clone(), key.clone(), entry.clone()))
             })
-            .chain([StateWrite::Nodes(desired.nodes.clone())])
+            .chain([StateWrite::Nodes(desired.nodes.clone()), StateWrite::Epoch(desired.epoch)])
             .collect();
         self.commit(&writes, &[], applied_seq)
     }

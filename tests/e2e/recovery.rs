@@ -855,3 +855,45 @@ async fn a_nats_node_killed_during_a_burst_loses_no_acknowledged_event() -> Resu
     .await?;
     Ok(())
 }
+
+/// Only the newest watcher is listened to: a route message carrying an older epoch (a deposed
+/// leader that resumed after a pause, publishing with the watcher's own NATS user) changes
+/// nothing, and the renderer says so; the current watcher's next change goes live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_messages_of_an_older_watcher_epoch_are_fenced_off() -> Result<()> {
+    use hafleet_proto::{HttpHost, IngressKey, RouteMessage};
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let admin = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let routes = admin.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let raw = routes.get_last_raw_message_by_subject("hafleet.routes.edge").await?;
+    let RouteMessage::Event(mut ghost) = RouteMessage::decode(&raw.payload)? else {
+        anyhow::bail!("the last message on hafleet.routes.edge is not a route event");
+    };
+    let current = ghost.epoch;
+    ghost.epoch = current - 1;
+    ghost.ingress = IngressKey::new("default", "ghost")?;
+    let hafleet_proto::RouteChange::Upsert { routes } = &mut ghost.change else {
+        anyhow::bail!("shop's last event is not an upsert");
+    };
+    for route in routes {
+        route.host = Some(HttpHost::new("ghost.example.com")?);
+    }
+    let watcher = async_nats::jetstream::new(world.stack.nats.client_as("hafleet-watcher").await?);
+    watcher
+        .publish("hafleet.routes.edge", RouteMessage::Event(ghost).encode().into())
+        .await?
+        .await?;
+
+    world.route("real", "real.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "real.example.com", "/", 200, "api@").await?;
+    expect_everywhere(&world.stack, "ghost.example.com", "/", 404, "").await?;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    assert!(
+        log.contains("route message of an older watcher ignored")
+            && log.contains(&format!("newest={current}")),
+        "{log}"
+    );
+    Ok(())
+}

@@ -128,8 +128,9 @@ impl Elector {
         }
     }
 
-    /// One attempt: `Ok(true)` if this replica holds the lease afterwards.
-    async fn try_once(&self) -> Result<(bool, Duration), kube::Error> {
+    /// One attempt: `Ok(true)` if this replica holds the lease afterwards, with the lease's
+    /// epoch.
+    async fn try_once(&self) -> Result<(bool, Duration, u64), kube::Error> {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.name).await?;
         let spec = current.as_ref().and_then(|l| l.spec.clone()).unwrap_or_default();
@@ -143,7 +144,7 @@ impl Elector {
             now,
         );
         let taking = match decision {
-            Next::Wait(left) => return Ok((false, left)),
+            Next::Wait(left) => return Ok((false, left, 0)),
             Next::Take => true,
             Next::Renew => false,
         };
@@ -151,6 +152,15 @@ impl Elector {
             metadata: kube::api::ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
             spec: None,
         });
+        // The epoch every message of this leadership carries: above the last holder's, whatever
+        // the clocks say, so the renderer can fence a deposed leader off.
+        let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+        let last = annotations.get(EPOCH_ANNOTATION).and_then(|e| e.parse::<u64>().ok());
+        let epoch = match (taking, last) {
+            (false, Some(epoch)) => epoch,
+            (_, last) => next_epoch(last, now.as_nanosecond().max(0) as u64),
+        };
+        annotations.insert(EPOCH_ANNOTATION.to_owned(), epoch.to_string());
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(self.me.clone()),
             lease_duration_seconds: Some(self.duration.as_secs() as i32),
@@ -169,8 +179,8 @@ impl Elector {
             None => self.api.create(&PostParams::default(), &lease).await,
         };
         match written {
-            Ok(_) => Ok((true, self.duration)),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok((false, self.duration / 3)),
+            Ok(_) => Ok((true, self.duration, epoch)),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok((false, self.duration / 3, 0)),
             Err(e) => Err(e),
         }
     }
@@ -179,10 +189,10 @@ impl Elector {
     /// background for as long as it can.
     pub async fn lead(&self) -> Leadership {
         let mut announced = false;
-        loop {
+        let since_unix_nanos = loop {
             match self.try_once().await {
-                Ok((true, _)) => break,
-                Ok((false, left)) => {
+                Ok((true, _, epoch)) => break epoch,
+                Ok((false, left, _)) => {
                     if !announced {
                         info!(me = %self.me, lease = %self.name, "standing by: another watcher holds the lease");
                         announced = true;
@@ -195,9 +205,8 @@ impl Elector {
                     tokio::time::sleep(self.duration / 3).await;
                 }
             }
-        }
-        let since_unix_nanos = Timestamp::now().as_nanosecond().max(0) as u64;
-        info!(me = %self.me, lease = %self.name, "took the lease: publishing");
+        };
+        info!(me = %self.me, lease = %self.name, epoch = since_unix_nanos, "took the lease: publishing");
         let (tx, rx) = watch::channel(tokio::time::Instant::now() + self.duration);
         let renewer = self.clone();
         tokio::spawn(async move {
@@ -205,10 +214,10 @@ impl Elector {
                 tokio::time::sleep(renewer.duration / 3).await;
                 let asked = tokio::time::Instant::now();
                 match renewer.try_once().await {
-                    Ok((true, _)) => {
+                    Ok((true, _, _)) => {
                         let _ = tx.send(asked + renewer.duration);
                     }
-                    Ok((false, _)) => {
+                    Ok((false, _, _)) => {
                         warn!("the lease was taken by another watcher");
                         let _ = tx.send(tokio::time::Instant::now());
                         return;
@@ -221,8 +230,28 @@ impl Elector {
     }
 }
 
+/// Annotation on the Lease holding the epoch of its current leadership.
+pub const EPOCH_ANNOTATION: &str = "hafleet.io/epoch";
+
+/// A new leadership's epoch: the time in nanoseconds, but always above the last one. Pure.
+pub fn next_epoch(last: Option<u64>, now_nanos: u64) -> u64 {
+    match last {
+        Some(last) => now_nanos.max(last.saturating_add(1)),
+        None => now_nanos,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn epochs_only_grow_whatever_the_new_leaders_clock_says() {
+        use super::next_epoch;
+        assert_eq!(next_epoch(None, 500), 500);
+        assert_eq!(next_epoch(Some(400), 500), 500);
+        assert_eq!(next_epoch(Some(900), 500), 901, "a clock behind the last leader's");
+        assert_eq!(next_epoch(Some(u64::MAX), 5), u64::MAX);
+    }
+
     use super::*;
 
     #[test]
