@@ -339,6 +339,25 @@ pub struct ConfigVersion {
 }
 
 impl ConfigVersion {
+    /// Version `version` of `fleet` carrying `bundle`, with no parent, causes, notes or
+    /// signature yet, created at time 0: set the rest with struct update syntax.
+    pub fn inline(fleet: FleetName, version: u64, bundle: Bundle) -> ConfigVersion {
+        ConfigVersion {
+            schema: crate::SCHEMA_VERSION,
+            fleet,
+            version,
+            parent: None,
+            sha256: bundle.sha256(),
+            created_unix_ms: 0,
+            causes: vec![],
+            notes: vec![],
+            restores: None,
+            size: bundle.size() as u64,
+            body: Body::Inline { bundle },
+            signature: None,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("config versions always serialize")
     }

@@ -155,7 +155,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Body, Bundle, FleetName, SCHEMA_VERSION};
+    use crate::{Bundle, FleetName};
 
     // Made with `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout`: the formats
     // operators hand to hafleet.
@@ -176,20 +176,7 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
 
     fn version(fleet: &str, n: u64, config: &str) -> ConfigVersion {
         let bundle = Bundle { config: config.into(), maps: vec![] };
-        ConfigVersion {
-            schema: SCHEMA_VERSION,
-            fleet: FleetName::new(fleet).unwrap(),
-            version: n,
-            parent: None,
-            sha256: bundle.sha256(),
-            created_unix_ms: 0,
-            causes: vec![],
-            notes: vec![],
-            restores: None,
-            size: bundle.size() as u64,
-            body: Body::Inline { bundle },
-            signature: None,
-        }
+        ConfigVersion::inline(FleetName::new(fleet).unwrap(), n, bundle)
     }
 
     #[test]

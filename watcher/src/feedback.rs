@@ -137,16 +137,10 @@ impl Feedback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hafleet_proto::{Body, Bundle, Cause, HostName, SCHEMA_VERSION};
+    use hafleet_proto::{Bundle, Cause, HostName, SCHEMA_VERSION};
 
     fn version(n: u64, ingresses: &[&str]) -> ConfigVersion {
         ConfigVersion {
-            schema: SCHEMA_VERSION,
-            fleet: FleetName::new("edge").unwrap(),
-            version: n,
-            parent: None,
-            sha256: String::new(),
-            created_unix_ms: 0,
             causes: ingresses
                 .iter()
                 .map(|name| Cause {
@@ -158,11 +152,7 @@ mod tests {
                     removed: vec![],
                 })
                 .collect(),
-            notes: vec![],
-            restores: None,
-            size: 0,
-            body: Body::Inline { bundle: Bundle::default() },
-            signature: None,
+            ..ConfigVersion::inline(FleetName::new("edge").unwrap(), n, Bundle::default())
         }
     }
 

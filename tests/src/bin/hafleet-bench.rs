@@ -1063,7 +1063,7 @@ mod watcher {
 
 mod applier {
     use super::*;
-    use hafleet_proto::{Body, Bundle, ConfigVersion, FleetName, SCHEMA_VERSION, Signer};
+    use hafleet_proto::{Bundle, ConfigVersion, FleetName, Signer};
     use hafleet_tests::{
         ChildGuard, HaproxyHost, NatsServer, SigningKeys, SshClientKeys, TestDir, bin_path,
     };
@@ -1113,18 +1113,9 @@ mod applier {
     fn version(fleet: &FleetName, n: u64, config: String, signer: &Signer) -> ConfigVersion {
         let bundle = Bundle { config, maps: vec![] };
         signer.sign(ConfigVersion {
-            schema: SCHEMA_VERSION,
-            fleet: fleet.clone(),
-            version: n,
             parent: n.checked_sub(1).filter(|p| *p > 0),
-            sha256: bundle.sha256(),
             created_unix_ms: hafleet_runtime::now_unix_ms(),
-            causes: vec![],
-            notes: vec![],
-            restores: None,
-            size: bundle.size() as u64,
-            body: Body::Inline { bundle },
-            signature: None,
+            ..ConfigVersion::inline(fleet.clone(), n, bundle)
         })
     }
 
