@@ -32,7 +32,6 @@ pub fn nats_permissions(fleet: &FleetName) -> String {
         format!("hafleet.reports.{fleet}.*"),
         "$JS.API.INFO".to_owned(),
         format!("$JS.API.STREAM.INFO.{CONFIGS_STREAM}"),
-        format!("$JS.API.STREAM.CREATE.{CONFIGS_STREAM}"),
         format!("$JS.API.STREAM.INFO.{REPORTS_STREAM}"),
         format!("$JS.API.STREAM.CREATE.{REPORTS_STREAM}"),
         format!("$JS.API.DIRECT.GET.{CONFIGS_STREAM}.{configs}"),

@@ -121,7 +121,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;
     bus.ensure_stream(hafleet_proto::REPORTS).await?;
-    let configs = bus.ensure_stream(hafleet_proto::CONFIGS).await?;
+    // Only the renderer may create the configs stream: an applier that could would choose how
+    // it is configured (one that republishes every fleet's configs, say).
+    let configs = bus.open_stream(hafleet_proto::CONFIGS).await?;
     let consumer = bus::configs_consumer(&configs, &args.fleet).await?;
     let mut messages = consumer.messages().await.context("cannot pull from the configs stream")?;
     info!(fleet = %args.fleet, hosts = hosts.len(), "applier running");
@@ -144,16 +146,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             bus::latest_version(&configs, &args.fleet)
         })
         .await?;
-    if let Some((version, Err(e))) = newest.as_ref().map(|v| (v, verifier.verify(v))) {
+    if let Some((version, Err(e))) = newest.as_ref().map(|v| (v, verifier.verify(&args.fleet, v))) {
         refuse(&bus, &hosts, version, &e).await;
     } else if let Some(version) = newest {
-        let version = bus.fetch_bundle(version).await?;
-        info!(version = version.version, "converging on the newest version at start-up");
-        let rolled = apply_and_report(&bus, &hosts, &version, &known, &settings, None).await;
-        done = version.version;
-        known.push(version.clone());
-        in_sync = rolled.live.into_iter().collect();
-        retry = (!rolled.retry.is_empty()).then_some((version, rolled.retry));
+        // A bundle that cannot be read (a body that does not match, chunks gone) must not stop
+        // the applier: the consumer brings the versions that can.
+        match bus.fetch_bundle(version).await {
+            Ok(version) => {
+                info!(version = version.version, "converging on the newest version at start-up");
+                let rolled =
+                    apply_and_report(&bus, &hosts, &version, &known, &settings, None).await;
+                done = version.version;
+                known.push(version.clone());
+                in_sync = rolled.live.into_iter().collect();
+                retry = (!rolled.retry.is_empty()).then_some((version, rolled.retry));
+            }
+            Err(e) => error!(error = ?anyhow::Error::from(e),
+                             "cannot read the newest version's bundle; waiting for the next"),
+        }
     }
 
     health.ready();
@@ -198,7 +208,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             None => break,
         };
         let decoded = ConfigVersion::decode(&msg.payload).map(|v| {
-            let signed = verifier.verify(&v);
+            let signed = verifier.verify(&args.fleet, &v);
             (v, signed)
         });
         match decoded {
@@ -215,7 +225,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 // Unreadable for now (a stream between leaders): this one is not known to be
                 // superseded, so it goes out.
                 let newest = match bus::latest_version(&configs, &args.fleet).await {
-                    Ok(newest) => newest.filter(|n| verifier.verify(n).is_ok()),
+                    Ok(newest) => newest.filter(|n| verifier.verify(&args.fleet, n).is_ok()),
                     Err(e) => {
                         warn!(error = ?anyhow::Error::from(e), "cannot read the newest version; going on");
                         None
@@ -293,6 +303,10 @@ async fn refuse(
     why: &hafleet_proto::SignatureError,
 ) {
     error!(fleet = %version.fleet, version = version.version, error = %why, "version refused");
+    if let hafleet_proto::SignatureError::OtherFleet { .. } = why {
+        // Reports name the version's fleet, whose subjects are not this applier's.
+        return;
+    }
     let outcome = ApplyOutcome::Failed {
         stage: ApplyStage::Signature,
         message: why.to_string(),

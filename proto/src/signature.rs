@@ -7,8 +7,12 @@
 //!
 //! What is signed ([`statement`]) is the fleet, the version number and the sha256 of the
 //! version's config. The config names every map file (and any other file of the bundle) by its
-//! own sha256, so the signature covers every byte that reaches a host, and a version signed for
-//! one fleet is refused by every other fleet's applier.
+//! own sha256, so the signature covers every byte that reaches a host. An applier also checks
+//! that a version is its own fleet's, so one signed for a fleet is refused by every other
+//! fleet's applier. Not covered: how the message carries the bundle (inline, or in how many
+//! chunks; a wrong body fails the sha256 check) and freshness: an older signed version of the
+//! fleet, republished, still verifies (the applier's done-mark skips it while it runs; see the
+//! README for the start-up case).
 //!
 //! Keys are the usual PEM files, so platform teams make and keep them with the tools they use
 //! for any other key:
@@ -46,6 +50,8 @@ pub enum SignatureError {
         "version {version} has a signature by key {key} that does not verify: forged or altered"
     )]
     Invalid { version: u64, key: String },
+    #[error("version {version} is fleet {got}'s, not this applier's fleet {want}")]
+    OtherFleet { version: u64, got: String, want: String },
 }
 
 /// Why a key file cannot be used.
@@ -133,9 +139,22 @@ impl Verifier {
         self.keys.iter().map(|(id, _)| id.as_str()).collect()
     }
 
-    /// Accepts `v` only if a trusted key signed exactly its fleet, number and sha256.
-    pub fn verify(&self, v: &ConfigVersion) -> Result<(), SignatureError> {
+    /// Accepts `v` only if it is `fleet`'s and a trusted key signed exactly its fleet, number
+    /// and sha256: a version signed for one fleet, republished on another's subject, is
+    /// refused there.
+    pub fn verify(
+        &self,
+        fleet: &crate::FleetName,
+        v: &ConfigVersion,
+    ) -> Result<(), SignatureError> {
         let version = v.version;
+        if v.fleet != *fleet {
+            return Err(SignatureError::OtherFleet {
+                version,
+                got: v.fleet.to_string(),
+                want: fleet.to_string(),
+            });
+        }
         let Some(sig) = &v.signature else { return Err(SignatureError::Unsigned { version }) };
         let Some((_, key)) = self.keys.iter().find(|(id, _)| *id == sig.key) else {
             return Err(SignatureError::UnknownKey {
@@ -174,6 +193,10 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
         key.verifying_key().to_public_key_pem(Default::default()).unwrap()
     }
 
+    fn edge() -> FleetName {
+        FleetName::new("edge").unwrap()
+    }
+
     fn version(fleet: &str, n: u64, config: &str) -> ConfigVersion {
         let bundle = Bundle { config: config.into(), maps: vec![] };
         ConfigVersion::inline(FleetName::new(fleet).unwrap(), n, bundle)
@@ -184,9 +207,9 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
         let signer = Signer::from_pem(PRIVATE).unwrap();
         let verifier = Verifier::from_pems([public_of(PRIVATE).as_str()]).unwrap();
         let signed = signer.sign(version("edge", 7, "global\n"));
-        verifier.verify(&signed).unwrap();
+        verifier.verify(&edge(), &signed).unwrap();
         // Through the wire and back.
-        verifier.verify(&ConfigVersion::decode(&signed.encode()).unwrap()).unwrap();
+        verifier.verify(&edge(), &ConfigVersion::decode(&signed.encode()).unwrap()).unwrap();
 
         let mut other_fleet = signed.clone();
         other_fleet.fleet = FleetName::new("internal").unwrap();
@@ -195,16 +218,25 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
         let forged = version("edge", 7, "global\n  # evil\n");
         let mut other_config = forged.clone();
         other_config.signature = signed.signature.clone();
-        for bad in [other_fleet, other_number, other_config] {
+        for bad in [other_number, other_config] {
             assert!(
-                matches!(verifier.verify(&bad), Err(SignatureError::Invalid { .. })),
+                matches!(verifier.verify(&edge(), &bad), Err(SignatureError::Invalid { .. })),
                 "{bad:?}"
             );
         }
-        assert_eq!(verifier.verify(&forged), Err(SignatureError::Unsigned { version: 7 }));
+        // Relabelled for another fleet, the signature fails there; signed for another fleet,
+        // it is that fleet's and refused here.
+        let internal = FleetName::new("internal").unwrap();
+        let invalid = verifier.verify(&internal, &other_fleet);
+        assert!(matches!(invalid, Err(SignatureError::Invalid { .. })));
+        let theirs = signer.sign(version("internal", 7, "global\n"));
+        verifier.verify(&internal, &theirs).unwrap();
+        let refused = verifier.verify(&edge(), &theirs);
+        assert!(matches!(refused, Err(SignatureError::OtherFleet { .. })), "{refused:?}");
+        assert_eq!(verifier.verify(&edge(), &forged), Err(SignatureError::Unsigned { version: 7 }));
         let mut garbage = signed.clone();
         garbage.signature.as_mut().unwrap().ed25519 = "zz".into();
-        assert!(matches!(verifier.verify(&garbage), Err(SignatureError::Invalid { .. })));
+        assert!(matches!(verifier.verify(&edge(), &garbage), Err(SignatureError::Invalid { .. })));
     }
 
     #[test]
@@ -214,14 +246,14 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
         assert_ne!(ours.key_id(), theirs.key_id());
         let only_ours = Verifier::from_pems([public_of(PRIVATE).as_str()]).unwrap();
         let by_them = theirs.sign(version("edge", 1, "global\n"));
-        let err = only_ours.verify(&by_them).unwrap_err();
+        let err = only_ours.verify(&edge(), &by_them).unwrap_err();
         assert!(matches!(err, SignatureError::UnknownKey { .. }));
         assert!(err.to_string().contains(theirs.key_id()), "{err}");
         let both =
             Verifier::from_pems([public_of(PRIVATE).as_str(), public_of(OTHER_PRIVATE).as_str()])
                 .unwrap();
-        both.verify(&by_them).unwrap();
-        both.verify(&ours.sign(version("edge", 2, "global\n"))).unwrap();
+        both.verify(&edge(), &by_them).unwrap();
+        both.verify(&edge(), &ours.sign(version("edge", 2, "global\n"))).unwrap();
     }
 
     #[test]

@@ -50,6 +50,20 @@ pub enum BusError {
 /// and the renderer set those. `None`: it is hafleet's stream.
 pub fn stream_mismatch(spec: StreamSpec, config: &stream::Config) -> Option<String> {
     let mut found = Vec::new();
+    // Anything that copies or sends messages elsewhere would let whoever created the stream
+    // read what it may not (another fleet's configs), or drop acks.
+    if config.republish.is_some() {
+        found.push("republishes its messages".to_owned());
+    }
+    if config.mirror.is_some() || config.sources.as_ref().is_some_and(|s| !s.is_empty()) {
+        found.push("mirrors or sources another stream".to_owned());
+    }
+    if config.subject_transform.is_some() {
+        found.push("transforms subjects".to_owned());
+    }
+    if config.no_ack {
+        found.push("does not acknowledge publishes".to_owned());
+    }
     if spec.direct && !config.allow_direct {
         found.push("allow_direct off".to_owned());
     }
@@ -165,8 +179,19 @@ mod tests {
         assert!(stream_mismatch(spec, &narrower).unwrap().contains("subjects"));
         let memory = stream::Config { storage: stream::StorageType::Memory, ..ours.clone() };
         assert!(stream_mismatch(spec, &memory).unwrap().contains("Memory storage"));
-        let work = stream::Config { retention: stream::RetentionPolicy::WorkQueue, ..ours };
+        let work = stream::Config { retention: stream::RetentionPolicy::WorkQueue, ..ours.clone() };
         assert!(stream_mismatch(spec, &work).unwrap().contains("retention"));
+        let leaky = stream::Config {
+            republish: Some(stream::Republish {
+                source: "hafleet.reports.>".into(),
+                destination: "_INBOX_edge.leak.>".into(),
+                headers_only: false,
+            }),
+            ..ours.clone()
+        };
+        assert!(stream_mismatch(spec, &leaky).unwrap().contains("republishes"));
+        let unacked = stream::Config { no_ack: true, ..ours };
+        assert!(stream_mismatch(spec, &unacked).unwrap().contains("acknowledge"));
     }
 
     #[test]
@@ -335,6 +360,20 @@ impl Bus {
         Err(BusError::StreamMismatch { name: spec.name, what })
     }
 
+    /// Opens a stream another component creates (the applier's configs stream, which only
+    /// the renderer may create), waiting for it with backoff ([`crate::wait_for`]), and checks
+    /// it as [`Bus::ensure_stream`] does.
+    pub async fn open_stream(&self, spec: StreamSpec) -> Result<stream::Stream, BusError> {
+        let what = format!("stream {} (created by the renderer)", spec.name);
+        let stream = crate::wait_for(&what, || self.js.get_stream(spec.name))
+            .await
+            .map_err(|e| BusError::Stream { name: spec.name, source: e.into() })?;
+        match stream_mismatch(spec, &stream.cached_info().config) {
+            Some(what) => Err(BusError::StreamMismatch { name: spec.name, what }),
+            None => Ok(stream),
+        }
+    }
+
     /// The largest payload [`Bus::publish`] accepts: the server's `max_payload` less room for
     /// the headers, which count against the same limit.
     pub fn payload_limit(&self) -> usize {
@@ -436,6 +475,17 @@ impl Bus {
     pub async fn fetch_bundle(&self, v: ConfigVersion) -> Result<ConfigVersion, BusError> {
         let Body::Stream { chunks } = v.body else { return Ok(v) };
         let version = v.version;
+        // The body is not signed: a chunk count the size cannot explain is refused before any
+        // read (each chunk holds up to a message's payload; the JSON adds less than the size).
+        let most = (v.size as usize * 2 + 4096) / self.payload_limit().max(1) + 2;
+        if chunks as usize > most {
+            let e = format!("{chunks} chunks for a {}-byte bundle", v.size);
+            return Err(BusError::BadBundle {
+                fleet: v.fleet.to_string(),
+                version,
+                source: e.into(),
+            });
+        }
         let stream =
             self.js.get_stream_no_info(hafleet_proto::BUNDLES_STREAM).await.map_err(|e| {
                 BusError::Stream { name: hafleet_proto::BUNDLES_STREAM, source: e.into() }
@@ -460,12 +510,9 @@ impl Bus {
                 Ok(m.payload)
             }
         });
-        let pieces: Vec<bytes::Bytes> = futures::stream::iter(reads)
-            .buffered(4)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()?;
+        // Stops at the first chunk that cannot be read.
+        let pieces: Vec<bytes::Bytes> =
+            futures::TryStreamExt::try_collect(futures::stream::iter(reads).buffered(4)).await?;
         let json = pieces.concat();
         let fleet = v.fleet.to_string();
         let bad = |e: BoxError| BusError::BadBundle { fleet, version, source: e };

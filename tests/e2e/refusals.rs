@@ -605,7 +605,7 @@ async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
 async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touched() -> Result<()>
 {
     use hafleet_proto::{Body, Bundle, ConfigVersion, Signer};
-    let world = World::start().await?;
+    let mut world = World::start().await?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     let stack = &world.stack;
@@ -636,6 +636,10 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
     let unsigned = forge(100);
     let by_rogue = rogue.sign(forge(101));
     let tampered = ConfigVersion { signature: live.signature.clone(), ..forge(102) };
+    // Signed with the renderer's own key, but for another fleet.
+    let renderer = Signer::from_pem(&std::fs::read_to_string(&stack.signing.private)?)?;
+    let core = hafleet_proto::FleetName::new("core")?;
+    let for_core = renderer.sign(ConfigVersion { fleet: core, ..forge(103) });
     // Published with the admin's NATS rights: more than any component has.
     let js = async_nats::jetstream::new(stack.nats.client().await?);
     let subject = hafleet_proto::configs_subject(&live.fleet);
@@ -662,8 +666,39 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
             .await?;
         }
     }
+    // Another fleet's version on this fleet's subject is skipped (no report: the fleet's
+    // reports are its own), whoever signed it.
+    js.publish(subject.clone(), for_core.encode().into()).await?.await?;
+    let log_path = stack.log_path(Component::Applier);
+    eventually(CONVERGE, "the other fleet's version skipped", || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        async move {
+            anyhow::ensure!(
+                log.contains("config of another fleet on this fleet's subject"),
+                "not yet"
+            );
+            Ok(())
+        }
+    })
+    .await?;
     assert_eq!(files()?, before, "no host was touched");
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // An applier that starts while core's version is the newest on edge's subject does not
+    // converge on it either.
+    world.stack.restart_with(Component::Applier, &[])?;
+    let stack = &world.stack;
+    eventually(CONVERGE, "the restarted applier ready", || async move {
+        let addr = stack.health_addr(Component::Applier);
+        let (status, _) = hafleet_tests::http_get(addr, "health", "/readyz").await?;
+        anyhow::ensure!(status == 200, "{status}");
+        Ok(())
+    })
+    .await?;
+    let files = || -> Result<Vec<String>> {
+        stack.hosts.iter().map(|h| Ok(std::fs::read_to_string(h.config_path())?)).collect()
+    };
+    assert_eq!(files()?, before, "no host was touched at start-up");
 
     // The renderer's next version goes live, though forged ones with higher numbers came first.
     world.route("blog", "blog.example.com", "/", "api").await?;

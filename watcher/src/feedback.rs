@@ -4,8 +4,9 @@
 //!
 //! - A failure on a host (refused, rolled back, unreachable…) is told once per host and
 //!   version, as a Warning: "version 43 rolled back on lb-2 at probe: …".
-//! - Once every host of the fleet (as many as the report says the inventory has, or the
-//!   watcher has seen report) has reported a version, it is told once, as
+//! - Once every host of the fleet (as many as the report says the inventory has, or, from
+//!   appliers that do not say, the hosts seen reporting) has reported a version, it is told
+//!   once, as
 //!   Normal "version 42 live on 2/2 hosts of fleet edge" (Warning `PartlyLive` if not all).
 //! - Reports older than the watcher's start (read to learn each fleet's hosts) tell nothing,
 //!   so a new leader does not repeat what the last one said.
@@ -115,8 +116,12 @@ impl Feedback {
                 ),
             });
         }
-        let seen = self.hosts.get(&r.fleet).map(BTreeSet::len).unwrap_or(0);
-        let known = seen.max(r.fleet_hosts as usize);
+        // The inventory's count when the applier gives it (a host removed from the inventory
+        // still has reports for days); else the hosts seen report.
+        let known = match r.fleet_hosts {
+            0 => self.hosts.get(&r.fleet).map(BTreeSet::len).unwrap_or(0),
+            n => n as usize,
+        };
         if !state.told_live && state.outcomes.len() >= known {
             state.told_live = true;
             let live = state.outcomes.values().filter(|ok| **ok).count();
@@ -232,6 +237,19 @@ mod tests {
     }
 
     #[test]
+    fn a_host_removed_from_the_inventory_does_not_hold_back_live() {
+        let mut f = Feedback::default();
+        learn_hosts(&mut f);
+        assert!(f.on_report(&report("lb-3", 1, ApplyOutcome::Applied), false).is_empty());
+        assert!(f.on_version(&version(7, &["web"])).is_empty());
+        // Reports say the inventory has 2 hosts now: lb-3's old reports do not count.
+        assert!(f.on_report(&report("lb-1", 7, ApplyOutcome::Applied), true).is_empty());
+        let told = f.on_report(&report("lb-2", 7, ApplyOutcome::Applied), true);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].note, "version 7 live on 2/2 hosts of fleet edge");
+    }
+
+    #[test]
     fn reports_that_overtake_their_version_are_told_when_it_comes() {
         let mut f = Feedback::default();
         learn_hosts(&mut f);
@@ -284,10 +302,15 @@ pub mod adapter {
     static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
     /// Posts what the fleets' reports tell, until NATS stops delivering.
+    ///
+    /// `feedback` outlives a restart of this function, so what was told is not told again.
+    /// A report is taken only from its own subject (`hafleet.reports.<fleet>.<host>`, which
+    /// only that fleet's applier may publish on): one fleet's applier cannot speak for another.
     pub async fn run(
         bus: hafleet_runtime::nats::Bus,
         ingresses: Store<Ingress>,
         warnings: Warnings,
+        feedback: &mut Feedback,
     ) -> anyhow::Result<()> {
         let started = *STARTED.get_or_init(hafleet_runtime::now_unix_ms);
         // Versions published since this leader started (not only from now: the stream may not
@@ -310,7 +333,6 @@ pub mod adapter {
             DeliverPolicy::LastPerSubject,
         )
         .await?;
-        let mut feedback = Feedback::default();
         loop {
             let notices = tokio::select! {
                 m = versions.next() => {
@@ -323,8 +345,12 @@ pub mod adapter {
                 m = reports.next() => {
                     let m = m.context("reports stream ended")?.context("reports stream")?;
                     match ApplyReport::decode(&m.payload) {
-                        Ok(r) => feedback.on_report(&r, r.finished_unix_ms >= started),
-                        Err(_) => continue,
+                        Ok(r) if m.subject.as_str()
+                            == hafleet_proto::reports_subject(&r.fleet, &r.host) =>
+                        {
+                            feedback.on_report(&r, r.finished_unix_ms >= started)
+                        }
+                        _ => continue,
                     }
                 }
             };

@@ -158,9 +158,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     {
         let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
         tokio::spawn(async move {
+            let mut told = crate::feedback::Feedback::default();
             loop {
-                let run =
-                    crate::feedback::adapter::run(bus.clone(), store.clone(), warnings.clone());
+                let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
+                let run = crate::feedback::adapter::run(bus, store, warnings, &mut told);
                 if let Err(e) = run.await {
                     debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
                 }

@@ -1101,6 +1101,9 @@ mod applier {
         c.push_str(
             "    default_backend be_none\n\nbackend be_none\n    http-request return status 404\n",
         );
+        // A backend of the round's own: every round's config needs a reload, as a new Service
+        // does, with either tool.
+        c.push_str(&format!("\nbackend be_round_{round}\n    server s1 127.0.0.1:19999\n"));
         for i in 0..backends {
             c.push_str(&format!(
                 "\nbackend be_{i}\n    server s1 127.0.0.1:{} weight 1\n",
@@ -1145,8 +1148,9 @@ mod applier {
                 match r {
                     Some(r) if r.version == v.version => {
                         anyhow::ensure!(
-                            matches!(r.outcome, hafleet_proto::ApplyOutcome::Applied),
-                            "{}: {r:?}",
+                            matches!(r.outcome, hafleet_proto::ApplyOutcome::Applied)
+                                && r.reloads == 1,
+                            "{}: not applied with one reload: {r:?}",
                             h.name()
                         );
                         last = last.max(r.finished_unix_ms);
