@@ -449,8 +449,14 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         let addr = world.stack.health_addr(c);
         let (status, body) = http_get(addr, "health", "/healthz").await?;
         assert_eq!((status, body.as_str()), (200, "ok\n"), "{c:?}");
-        let (status, body) = http_get(addr, "health", "/readyz").await?;
-        assert_eq!((status, body.as_str()), (200, "ready\n"), "{c:?}");
+        // Ready once its start-up is done: the applier's start-up rollout may still be
+        // reporting when the hosts already serve the version.
+        eventually(CONVERGE, &format!("{c:?} ready"), || async move {
+            let (status, body) = http_get(addr, "health", "/readyz").await?;
+            anyhow::ensure!((status, body.as_str()) == (200, "ready\n"), "{status} {body}");
+            Ok(())
+        })
+        .await?;
         assert_eq!(http_get(addr, "health", "/other").await?.0, 404, "{c:?}");
     }
     // Each one's metrics count what it did: the route event, the version, the applies.
