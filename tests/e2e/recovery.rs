@@ -451,12 +451,9 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         assert_eq!((status, body.as_str()), (200, "ok\n"), "{c:?}");
         // Ready once its start-up is done: the applier's start-up rollout may still be
         // reporting when the hosts already serve the version.
-        eventually(CONVERGE, &format!("{c:?} ready"), || async move {
-            let (status, body) = http_get(addr, "health", "/readyz").await?;
-            anyhow::ensure!((status, body.as_str()) == (200, "ready\n"), "{status} {body}");
-            Ok(())
-        })
-        .await?;
+        world.stack.until_ready(c, CONVERGE).await?;
+        let (status, body) = http_get(addr, "health", "/readyz").await?;
+        assert_eq!((status, body.as_str()), (200, "ready\n"), "{c:?}");
         assert_eq!(http_get(addr, "health", "/other").await?.0, 404, "{c:?}");
     }
     // Each one's metrics count what it did: the route event, the version, the applies.
@@ -542,12 +539,7 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     world.stack.nats.start_again().await?;
     let stack = &world.stack;
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {
-        eventually(CONVERGE, &format!("{c:?} ready again"), || async move {
-            let (status, body) = http_get(stack.health_addr(c), "health", "/readyz").await?;
-            anyhow::ensure!(status == 200, "{status} {body}");
-            Ok(())
-        })
-        .await?;
+        stack.until_ready(c, CONVERGE).await?;
     }
     let addr = world.stack.health_addr(Component::Renderer);
     let (_, renderer) = http_get(addr, "health", "/metrics").await?;
@@ -701,13 +693,7 @@ async fn sigterm_during_a_rollout_finishes_it_on_every_host_then_exits() -> Resu
         &[("HAFLEET_INVENTORY", &inventory), ("HAFLEET_PARALLELISM", "1")],
     )?;
     let stack = &world.stack;
-    eventually(CONVERGE, "the slow applier ready", || async move {
-        let (status, _) =
-            http_get(stack.health_addr(Component::Applier), "health", "/readyz").await?;
-        anyhow::ensure!(status == 200, "{status}");
-        Ok(())
-    })
-    .await?;
+    stack.until_ready(Component::Applier, CONVERGE).await?;
 
     world.route("blog", "blog.example.com", "/", "api").await?;
     let version = eventually(CONVERGE, "the next version", || async move {

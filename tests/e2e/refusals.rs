@@ -688,13 +688,7 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
     // converge on it either.
     world.stack.restart_with(Component::Applier, &[])?;
     let stack = &world.stack;
-    eventually(CONVERGE, "the restarted applier ready", || async move {
-        let addr = stack.health_addr(Component::Applier);
-        let (status, _) = hafleet_tests::http_get(addr, "health", "/readyz").await?;
-        anyhow::ensure!(status == 200, "{status}");
-        Ok(())
-    })
-    .await?;
+    stack.until_ready(Component::Applier, CONVERGE).await?;
     let files = || -> Result<Vec<String>> {
         stack.hosts.iter().map(|h| Ok(std::fs::read_to_string(h.config_path())?)).collect()
     };

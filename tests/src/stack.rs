@@ -295,6 +295,17 @@ impl Stack {
         }]
     }
 
+    /// Waits, at most `timeout`, until component `c` answers `/readyz` with 200.
+    pub async fn until_ready(&self, c: Component, timeout: std::time::Duration) -> Result<()> {
+        let addr = self.health_addr(c);
+        crate::eventually(timeout, &format!("{c:?} ready"), || async move {
+            let (status, body) = crate::http_get(addr, "health", "/readyz").await?;
+            anyhow::ensure!(status == 200, "{status} {body}");
+            Ok(())
+        })
+        .await
+    }
+
     /// The process id of a running component.
     pub fn pid(&mut self, c: Component) -> Option<u32> {
         self.slot(c).as_ref().map(|child| child.pid())
