@@ -270,6 +270,15 @@ pub enum RouteMessage {
 }
 
 impl RouteMessage {
+    /// The epoch of the watcher run that published it.
+    pub fn epoch(&self) -> u64 {
+        match self {
+            RouteMessage::Event(e) => e.epoch,
+            RouteMessage::Snapshot(s) => s.epoch,
+            RouteMessage::Nodes(n) => n.epoch,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("route messages always serialize")
     }

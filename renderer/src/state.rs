@@ -67,15 +67,6 @@ pub struct Applied {
     pub fenced: Vec<(u64, u64)>,
 }
 
-/// A message's watcher epoch.
-fn epoch_of(msg: &RouteMessage) -> u64 {
-    match msg {
-        RouteMessage::Nodes(n) => n.epoch,
-        RouteMessage::Event(e) => e.epoch,
-        RouteMessage::Snapshot(s) => s.epoch,
-    }
-}
-
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
 pub fn route_label(route: &Route) -> String {
     let host = route.host.as_ref().map(|h| h.as_str()).unwrap_or("*");
@@ -112,7 +103,7 @@ fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>
 /// watcher (the Lease's holder) is listened to. Epochs only grow: a new leader takes one above
 /// the last one written in the Lease.
 pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
-    let epoch = epoch_of(msg);
+    let epoch = msg.epoch();
     if epoch < desired.epoch {
         out.fenced.push((epoch, desired.epoch));
         return;

@@ -889,3 +889,32 @@ async fn route_messages_of_an_older_watcher_epoch_are_fenced_off() -> Result<()>
     );
     Ok(())
 }
+
+/// A watcher's epoch is above every earlier run's whatever its clock says: after a run whose
+/// clock was an hour ahead (its nodes message says so), a restarted watcher is not fenced off,
+/// and its next Ingress goes live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_watcher_is_not_fenced_off_by_an_earlier_run_with_a_clock_ahead() -> Result<()>
+{
+    use hafleet_proto::RouteMessage;
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let admin = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let routes = admin.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let raw = routes.get_last_raw_message_by_subject(hafleet_proto::ROUTES_NODES_SUBJECT).await?;
+    let RouteMessage::Nodes(mut nodes) = RouteMessage::decode(&raw.payload)? else {
+        anyhow::bail!("not a nodes message");
+    };
+    let ahead = nodes.epoch + 3_600 * 1_000_000_000;
+    nodes.epoch = ahead;
+    let subject = hafleet_proto::ROUTES_NODES_SUBJECT;
+    admin.publish(subject, RouteMessage::Nodes(nodes).encode().into()).await?.await?;
+
+    world.stack.restart_with(Component::Watcher, &[])?;
+    world.route("later", "later.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "later.example.com", "/", 200, "api@").await?;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    assert!(!log.contains("route message of an older watcher ignored"), "{log}");
+    Ok(())
+}

@@ -130,7 +130,7 @@ impl Elector {
 
     /// One attempt: `Ok(true)` if this replica holds the lease afterwards, with the lease's
     /// epoch.
-    async fn try_once(&self) -> Result<(bool, Duration, u64), kube::Error> {
+    async fn try_once(&self, floor: Option<u64>) -> Result<(bool, Duration, u64), kube::Error> {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.name).await?;
         let spec = current.as_ref().and_then(|l| l.spec.clone()).unwrap_or_default();
@@ -158,7 +158,7 @@ impl Elector {
         let last = annotations.get(EPOCH_ANNOTATION).and_then(|e| e.parse::<u64>().ok());
         let epoch = match (taking, last) {
             (false, Some(epoch)) => epoch,
-            (_, last) => next_epoch(last, now.as_nanosecond().max(0) as u64),
+            (_, last) => next_epoch(last.max(floor), now.as_nanosecond().max(0) as u64),
         };
         annotations.insert(EPOCH_ANNOTATION.to_owned(), epoch.to_string());
         lease.spec = Some(LeaseSpec {
@@ -187,10 +187,13 @@ impl Elector {
 
     /// Waits (standing by) until this replica holds the lease, then keeps renewing it in the
     /// background for as long as it can.
-    pub async fn lead(&self) -> Leadership {
+    ///
+    /// `floor`: the newest epoch already in the routes stream; this leadership's is above it
+    /// and above the Lease's last.
+    pub async fn lead(&self, floor: Option<u64>) -> Leadership {
         let mut announced = false;
         let since_unix_nanos = loop {
-            match self.try_once().await {
+            match self.try_once(floor).await {
                 Ok((true, _, epoch)) => break epoch,
                 Ok((false, left, _)) => {
                     if !announced {
@@ -213,7 +216,7 @@ impl Elector {
             loop {
                 tokio::time::sleep(renewer.duration / 3).await;
                 let asked = tokio::time::Instant::now();
-                match renewer.try_once().await {
+                match renewer.try_once(None).await {
                     Ok((true, _, _)) => {
                         let _ = tx.send(asked + renewer.duration);
                     }

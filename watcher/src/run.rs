@@ -87,13 +87,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .await?;
     info!(version = %version.git_version, "Kubernetes API server answers");
     let bus = args.nats.connect_waiting().await?;
-    bus.ensure_stream(hafleet_proto::ROUTES).await?;
+    let routes = bus.ensure_stream(hafleet_proto::ROUTES).await?;
+    // The renderer fences off messages of an epoch older than the newest it has seen: this
+    // run's must be above every earlier run's, whatever this machine's clock says.
+    let last_epoch = newest_epoch(&routes).await?;
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
     let (caches, mut changes) = kube_adapter::watch(client.clone(), slices);
     let warnings = Warnings::new(client.clone());
     let mut state = State {
-        epoch: SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
+        epoch: crate::lease::next_epoch(
+            last_epoch,
+            SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
+        ),
         seq: 0,
         published: Published::new(),
         nodes: None,
@@ -120,7 +126,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let elector = crate::lease::Elector::new(client, &args.lease);
         // A standby with warm caches is ready: ready to take over.
         health.ready();
-        let lead = elector.lead();
+        let lead = elector.lead(last_epoch);
         tokio::pin!(lead);
         let leadership = loop {
             tokio::select! {
@@ -214,6 +220,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!("watcher stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// The epoch of the newest message in the routes stream (`None` when it holds none), read
+/// from the stream's last message.
+async fn newest_epoch(
+    routes: &async_nats::jetstream::stream::Stream,
+) -> anyhow::Result<Option<u64>> {
+    let last = routes.cached_info().state.last_sequence;
+    if last == 0 {
+        return Ok(None);
+    }
+    let read = || routes.get_raw_message(last);
+    match hafleet_runtime::nats::retrying("the routes stream's newest message", read).await {
+        Ok(m) => Ok(hafleet_proto::RouteMessage::decode(&m.payload).ok().map(|m| m.epoch())),
+        // Dropped by retention meanwhile: nothing older can matter more than the clock.
+        Err(e)
+            if e.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(None)
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context("cannot read the routes stream's newest message"))
+        }
+    }
 }
 
 const ROUTE_EVENTS: (&str, &str) = (
