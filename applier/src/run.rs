@@ -315,9 +315,18 @@ async fn refuse(
     for host in hosts {
         let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
         let report = report_of(host, version, outcome.clone(), now, None, hosts.len());
-        count_report(&report);
-        if let Err(e) = bus::publish_report(bus, &report).await {
-            warn!(error = ?anyhow::Error::from(e), "report lost");
+        send_report(bus, &report).await;
+    }
+}
+
+/// Counts `report` in the metrics and publishes it; `false` if it was lost (logged).
+async fn send_report(bus: &bus::Bus, report: &ApplyReport) -> bool {
+    count_report(report);
+    match bus::publish_report(bus, report).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(host = %report.host, version = report.version, error = ?anyhow::Error::from(e), "report lost");
+            false
         }
     }
 }
@@ -374,12 +383,9 @@ async fn check_drift(
                 let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
                 let report =
                     report_of(host, version, outcome, now, Some(&found), settings.fleet_hosts);
-                count_report(&report);
-                if let Err(e) = bus::publish_report(bus, &report).await {
-                    warn!(error = ?anyhow::Error::from(e), "drift report lost");
-                    continue;
+                if send_report(bus, &report).await {
+                    reported.insert(i, found);
                 }
-                reported.insert(i, found);
             }
             DriftPolicy::Report => {}
         }
@@ -518,10 +524,7 @@ async fn apply_and_report(
         }
         let when = (finished_unix_ms, took, effort);
         let report = report_of(host, version, outcome, when, drift, settings.fleet_hosts);
-        count_report(&report);
-        if let Err(e) = bus::publish_report(bus, &report).await {
-            warn!(error = ?anyhow::Error::from(e), "report lost");
-        }
+        send_report(bus, &report).await;
     }
     let live = result
         .outcomes

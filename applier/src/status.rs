@@ -76,18 +76,14 @@ async fn reports(
     fleet: &FleetName,
 ) -> anyhow::Result<BTreeMap<String, Vec<ApplyReport>>> {
     use anyhow::Context as _;
-    use async_nats::jetstream::consumer::push;
     let mut out: BTreeMap<String, Vec<ApplyReport>> = BTreeMap::new();
     let stream = match bus.js.get_stream(hafleet_proto::REPORTS_STREAM).await {
         Ok(s) => s,
         Err(_) => return Ok(out),
     };
-    let consumer = stream
-        .create_consumer(push::OrderedConfig {
-            deliver_subject: bus.client.new_inbox(),
-            filter_subject: format!("hafleet.reports.{fleet}.*"),
-            ..Default::default()
-        })
+    let filter = format!("hafleet.reports.{fleet}.*");
+    let consumer = bus
+        .ordered(&stream, &filter, Default::default())
         .await
         .context("cannot read the reports stream")?;
     if consumer.cached_info().num_pending == 0 {

@@ -360,6 +360,30 @@ impl Bus {
         Err(BusError::StreamMismatch { name: spec.name, what })
     }
 
+    /// An ordered consumer of `stream` (ephemeral and flow-controlled: what readers such as
+    /// the operator's and the watcher's NATS users may create) over `filter` (empty: every
+    /// subject), delivering from `start`.
+    pub async fn ordered(
+        &self,
+        stream: &stream::Stream,
+        filter: &str,
+        start: jetstream::consumer::DeliverPolicy,
+    ) -> Result<jetstream::consumer::Consumer<jetstream::consumer::push::OrderedConfig>, BusError>
+    {
+        stream
+            .create_consumer(jetstream::consumer::push::OrderedConfig {
+                deliver_subject: self.client.new_inbox(),
+                filter_subject: filter.to_owned(),
+                deliver_policy: start,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| BusError::Consumer {
+                name: format!("ordered consumer of {}", stream.cached_info().config.name),
+                source: Box::new(e),
+            })
+    }
+
     /// Opens a stream another component creates (the applier's configs stream, which only
     /// the renderer may create), waiting for it with backoff ([`crate::wait_for`]), and checks
     /// it as [`Bus::ensure_stream`] does.

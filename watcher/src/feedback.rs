@@ -285,15 +285,7 @@ pub mod adapter {
             .get_stream(stream)
             .await
             .with_context(|| format!("cannot open stream {stream}"))?;
-        let consumer = stream
-            .create_consumer(push::OrderedConfig {
-                deliver_subject: bus.client.new_inbox(),
-                filter_subject: filter.to_owned(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .context("cannot create an ordered consumer")?;
+        let consumer = bus.ordered(&stream, filter, deliver_policy).await?;
         consumer.messages().await.context("cannot read")
     }
 

@@ -139,14 +139,7 @@ async fn ordered(
     start: DeliverPolicy,
 ) -> anyhow::Result<async_nats::jetstream::consumer::Consumer<push::OrderedConfig>> {
     let stream = bus.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
-    stream
-        .create_consumer(push::OrderedConfig {
-            deliver_subject: bus.client.new_inbox(),
-            deliver_policy: start,
-            ..Default::default()
-        })
-        .await
-        .context("cannot read the routes stream")
+    bus.ordered(&stream, "", start).await.context("cannot read the routes stream")
 }
 
 /// The last sequence stored at or before `t`: one before the first message stored after it.
