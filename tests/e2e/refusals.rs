@@ -303,6 +303,11 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     let unknown = status(&["--fleet", "nosuch"])?;
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("fleet nosuch has no reports"));
+    // The rollback is counted for lb-1 alone.
+    let addr = world.stack.health_addr(Component::Applier);
+    let (_, metrics) = hafleet_tests::http_get(addr, "health", "/metrics").await?;
+    assert!(metrics.contains("hafleet_applier_rollbacks_total{host=\"lb-1\"} 1\n"), "{metrics}");
+    assert!(!metrics.contains("hafleet_applier_rollbacks_total{host=\"lb-2\"}"), "{metrics}");
     Ok(())
 }
 
@@ -394,6 +399,10 @@ async fn a_canary_whose_ssh_key_is_not_pinned_is_refused_and_does_not_freeze_its
     // Told apart from an unreachable host, with the fingerprint of the key it offers: the one
     // that was pinned (ssh-keygen's reading of the forgotten known_hosts line).
     assert_eq!(*stage, ApplyStage::HostKey, "{message}");
+    let addr = world.stack.health_addr(Component::Applier);
+    let (_, metrics) = hafleet_tests::http_get(addr, "health", "/metrics").await?;
+    let counted = "hafleet_applier_ssh_errors_total{host=\"lb-1\",stage=\"host_key\"} ";
+    assert!(metrics.contains(counted), "{metrics}");
     let forgotten = world.stack.dir().join("forgotten_known_hosts");
     std::fs::write(
         &forgotten,
@@ -545,6 +554,30 @@ async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
             && log.contains("subjects"),
         "{log}"
     );
+
+    // The right subjects, but republishing every report elsewhere: refused as well.
+    js.delete_stream(hafleet_proto::REPORTS_STREAM).await?;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: hafleet_proto::REPORTS_STREAM.into(),
+        subjects: vec![hafleet_proto::REPORTS_SUBJECTS.into()],
+        republish: Some(async_nats::jetstream::stream::Republish {
+            source: hafleet_proto::REPORTS_SUBJECTS.into(),
+            destination: "_INBOX_edge.leak.>".into(),
+            headers_only: false,
+        }),
+        ..Default::default()
+    })
+    .await?;
+    world.stack.start_component(Component::Applier)?;
+    let stack = &mut world.stack;
+    let exited = hafleet_tests::wait_for(CONVERGE, || {
+        let running = stack.is_running(Component::Applier);
+        async move { !running }
+    })
+    .await;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    assert!(exited, "the applier went on with a republishing stream\n{log}");
+    assert!(log.contains("republishes its messages"), "{log}");
     Ok(())
 }
 

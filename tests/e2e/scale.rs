@@ -410,3 +410,46 @@ async fn the_demo_runs_on_a_nats_cluster() -> Result<()> {
     assert!(stdout.contains("smoke test passed"), "{stdout}");
     Ok(())
 }
+
+/// The README's demo, as a new user runs it: it writes its env file, and with what that file
+/// names, HAProxy host 1 serves hello.local and the applier answers /metrics; Ctrl-C stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
+    let dir = hafleet_tests::TestDir::new("hafleet-demo-env")?;
+    let env_file = dir.path().join("env");
+    let mut demo = std::process::Command::new(hafleet_tests::bin_path("hafleet-demo"));
+    demo.arg("--env-file").arg(&env_file);
+    let mut child =
+        hafleet_tests::ChildGuard::spawn("hafleet-demo", &mut demo, &dir.path().join("demo.log"))?;
+    let env = eventually(std::time::Duration::from_secs(300), "the demo's env file", || {
+        let text = std::fs::read_to_string(&env_file).unwrap_or_default();
+        async move {
+            anyhow::ensure!(text.contains("HAFLEET_APPLIER_METRICS="), "not yet");
+            Ok(text)
+        }
+    })
+    .await?;
+    let var = |name: &str| -> Result<String> {
+        let prefix = format!("export {name}=");
+        let line = env.lines().find_map(|l| l.strip_prefix(&prefix));
+        Ok(line.ok_or_else(|| anyhow::anyhow!("{name} missing:\n{env}"))?.to_owned())
+    };
+    let host: std::net::SocketAddr = var("HAFLEET_HOST_1")?.parse()?;
+    let (status, body) = http_get(host, "hello.local", "/").await?;
+    assert!(status == 200 && body.starts_with("hello@node-"), "{status} {body}");
+    for name in ["HAFLEET_WATCHER_METRICS", "HAFLEET_RENDERER_METRICS", "HAFLEET_APPLIER_METRICS"] {
+        let addr: std::net::SocketAddr = var(name)?.parse()?;
+        let (status, body) = http_get(addr, "metrics", "/metrics").await?;
+        assert!(status == 200 && body.contains("# TYPE hafleet_"), "{name}: {status} {body}");
+    }
+    let pid = child.pid().to_string();
+    assert!(std::process::Command::new("kill").args(["-INT", &pid]).status()?.success());
+    let stopped = hafleet_tests::wait_for(std::time::Duration::from_secs(60), || {
+        let running = child.is_running();
+        async move { !running }
+    })
+    .await;
+    assert!(stopped, "the demo did not stop on Ctrl-C\n{}", child.log_tail(20));
+    assert!(!env_file.exists(), "the env file is removed on exit");
+    Ok(())
+}
