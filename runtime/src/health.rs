@@ -229,6 +229,15 @@ pub fn answer(request_line: &str, health: &Result<(), String>, metrics: &str) ->
 pub async fn start(args: &HealthArgs, why: &str) -> anyhow::Result<&'static Health> {
     let health = Health::global();
     health.not_ready(why);
+    // Set before the endpoint serves, so a scrape never finds an empty exposition.
+    const BUILD: (&str, &str) = ("hafleet_build_info", "1, labelled with the hafleet version.");
+    health.gauge(BUILD, &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    const START: (&str, &str) =
+        ("hafleet_process_start_time_seconds", "Start time of the process, in Unix seconds.");
+    health.gauge(START, &[], started.floor());
     serve(args, health.clone())
         .await
         .map_err(|e| anyhow::anyhow!("cannot serve the health endpoint: {e}"))?;

@@ -437,10 +437,26 @@ async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
     let host: std::net::SocketAddr = var("HAFLEET_HOST_1")?.parse()?;
     let (status, body) = http_get(host, "hello.local", "/").await?;
     assert!(status == 200 && body.starts_with("hello@node-"), "{status} {body}");
-    for name in ["HAFLEET_WATCHER_METRICS", "HAFLEET_RENDERER_METRICS", "HAFLEET_APPLIER_METRICS"] {
+    for (name, own) in [
+        ("HAFLEET_WATCHER_METRICS", "hafleet_watcher_route_events_total"),
+        ("HAFLEET_RENDERER_METRICS", "hafleet_renderer_versions_published_total"),
+        ("HAFLEET_APPLIER_METRICS", "hafleet_applier_live_version"),
+    ] {
         let addr: std::net::SocketAddr = var(name)?.parse()?;
         let (status, body) = http_get(addr, "metrics", "/metrics").await?;
-        assert!(status == 200 && body.contains("# TYPE hafleet_"), "{name}: {status} {body}");
+        assert!(status == 200 && body.contains("\nhafleet_build_info{"), "{name}: {status} {body}");
+        // hello.local is live, so each component has done its part; the applier counts a
+        // rollout when every host is done with it, a moment after the last one serves.
+        eventually(
+            std::time::Duration::from_secs(30),
+            &format!("{name} has {own}"),
+            || async move {
+                let (_, body) = http_get(addr, "metrics", "/metrics").await?;
+                anyhow::ensure!(body.contains(&format!("\n{own}")), "{body}");
+                Ok(())
+            },
+        )
+        .await?;
     }
     let pid = child.pid().to_string();
     assert!(std::process::Command::new("kill").args(["-INT", &pid]).status()?.success());

@@ -194,7 +194,10 @@ async fn run(args: &Args) -> Result<()> {
     if let Some(parent) = args.env_file.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(&args.env_file, env)?;
+    // Whole or not at all: whoever waits for the file never reads half of it.
+    let partial = args.env_file.with_extension("partial");
+    std::fs::write(&partial, env)?;
+    std::fs::rename(&partial, &args.env_file)?;
 
     let first = stack.hosts[0].http_addr();
     println!(
