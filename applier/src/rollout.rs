@@ -6,17 +6,19 @@
 //!              │ neither
 //!              ▼
 //!            upload the map files the host lacks to hafleet-maps/ (named by their sha256)
-//!            upload to <config>.hafleet-new-<token>, check its sha256
-//!            haproxy -c -f <config>.hafleet-new-<token>    (refused: Failed, live file untouched)
+//!            upload to <config>.hafleet-new-<token>, check its sha256      ┐ one round
+//!            haproxy -c -f <config>.hafleet-new-<token>                    │ trip
+//!              (refused: Failed, live file untouched)                      │
+//!            show proc (before)                                            ┘
 //!              (a version that differs from the running config only in its map files:
 //!               haproxy -c on a config that loads those maps alone, as the config uses them)
-//!            show proc (before)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
 //!            command? ──yes──▶ no reload
-//!              │ no
+//!              │ no (then the swap above is in the reload's round trip)
 //!              ▼
-//!            reload on the master CLI; poll show proc until a new worker runs;
+//!            reload on the master CLI; show proc on the host until a new worker runs
+//!            (then from the applier, until the reload timeout);
 //!            the host's HTTP probes pass within the deadline (from the applier);
 //!            record the live sha256 in <config>.hafleet-loaded and the file as last-good;
 //!            sweep maps no config names
@@ -37,6 +39,44 @@ use tracing::{info, warn};
 
 /// Scripts run on hosts with `sh -c`; arguments come as `$1`, `$2`, … (quoted by the caller).
 mod scripts {
+    /// Exit codes of the scripts that do several steps in one round trip, naming the step that
+    /// failed (see [`super::stage_of`]); no tool they run exits with these.
+    pub const EXIT_UPLOAD: i32 = 64;
+    pub const EXIT_SWAP: i32 = 65;
+    pub const EXIT_ASK_RELOAD: i32 = 66;
+
+    // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
+    macro_rules! mark_loaded {
+        () => {
+            r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
+        };
+    }
+    macro_rules! upload {
+        () => {
+            r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; cat > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; "#
+        };
+    }
+    macro_rules! validate {
+        () => {
+            r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit 1; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#
+        };
+    }
+    macro_rules! swap {
+        () => {
+            r#"if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then { cp -p "$1" "$1.hafleet-last-good-$2" && mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; } || exit 65; fi; mv -f "$1.hafleet-new-$2" "$1" || exit 65"#
+        };
+    }
+    // Uses $live, $sock, $r, $f, $pids, $looks and $mark (see RELOAD_WAIT). The awk program
+    // prints `done <reloads>` for exactly our reload (one more, none failed, a new worker),
+    // `settled` for any other outcome, and nothing while the reload is pending.
+    macro_rules! reload_and_wait {
+        () => {
+            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; n=0; st=; while :; do out=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; sleep 0.003; done; printf '%s\n' "$out"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }"; "#,
+            mark_loaded!(),
+            r#" ) >/dev/null 2>&1 && echo hafleet-marked-loaded; fi ;; esac"#)
+        };
+    }
+
     /// $1 = live config path, then the names of the version's map files. Prints the live
     /// file's sha256 and the sha256 of the config HAProxy last loaded (from the marker), a
     /// line each, empty if unknown; then the map names the host does not have yet, a line each.
@@ -47,7 +87,7 @@ mod scripts {
     /// reload or runtime change and passed probes); fails if it is not $2. Then, best effort, deletes map files that neither the live config nor
     /// last-known-good names, once they are an hour old (an upload of another attempt may not
     /// be swapped in yet).
-    pub const MARK_LOADED: &str = r#"set -e; sha=$(sha256sum "$1" | cut -d' ' -f1); if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; find "$d" -maxdepth 1 -type f -mmin +60 | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#;
+    pub const MARK_LOADED: &str = mark_loaded!();
     /// $1 = live config path, $2 = master socket, then map names. Prints the live file's
     /// sha256, the loaded marker's sha256 and reload count (a line each, empty if unknown),
     /// then `<name> <sha256>` for each map (`-` if missing), then `--` and `show proc`.
@@ -59,13 +99,21 @@ mod scripts {
     /// the live file (same file system, so the later rename is atomic) under a name no other
     /// attempt uses, and prints the sha256 of what landed.
     /// Uploads left by attempts that died more than an hour ago are swept first.
-    pub const UPLOAD: &str = r#"set -e; umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null || true; cat > "$1.hafleet-new-$2"; sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1"#;
-    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket. Validates
-    /// the upload (its output on stderr; a refused upload is removed), then prints `show proc`
-    /// for the reload check to come (not being able to is not the config's fault: it shows as
-    /// an unreadable `show proc`, a failure that may pass).
-    pub const VALIDATE: &str = r#"out=$("$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
-    /// As VALIDATE, for a version whose config HAProxy runs but for its map files: `haproxy
+    pub const UPLOAD: &str = concat!(upload!(), r#"echo "$sha""#);
+    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
+    /// config's sha256; the config on stdin. UPLOAD, checked against $5 (exit EXIT_UPLOAD
+    /// otherwise), then validates the upload with `haproxy -c` (its output on stderr; a
+    /// refused upload is removed) and prints `show proc` for the reload check to come (not
+    /// being able to is not the config's fault: it shows as an unreadable `show proc`, a
+    /// failure that may pass). One round trip.
+    pub const UPLOAD_VALIDATE: &str = concat!(
+        r#"bin="$1"; shift; "#,
+        upload!(),
+        r#"if [ "$sha" != "$4" ]; then rm -f "$1.hafleet-new-$2"; echo "uploaded file has sha256 $sha instead of $4" >&2; exit 64; fi; set -- "$bin" "$1" "$2" "$3"; "#,
+        validate!()
+    );
+    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket. As
+    /// UPLOAD_VALIDATE's check, for an upload already made, of a version whose config HAProxy runs but for its map files: `haproxy
     /// -c` on the config on stdin, which loads only the maps (written next to the live file,
     /// so relative map paths resolve alike, and removed after).
     pub const VALIDATE_MAPS: &str = r#"f="$2.hafleet-mapcheck-$3"; cat > "$f"; out=$("$1" -c -f "$f" 2>&1); rc=$?; rm -f "$f"; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
@@ -73,7 +121,31 @@ mod scripts {
     /// one. Last-known-good is written only once a config loaded and passed its probes
     /// (MARK_LOADED); on a host hafleet never verified a config on, the file HAProxy was
     /// started with is kept as last-known-good first.
-    pub const SWAP: &str = r#"set -e; if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then cp -p "$1" "$1.hafleet-last-good-$2"; mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; fi; mv -f "$1.hafleet-new-$2" "$1""#;
+    pub const SWAP: &str = swap!();
+    /// $1 = live config path, $2 = master socket, $3 and $4 = the master's reload and
+    /// failed-reload counts before, $5 = the pids of the workers before (space-separated),
+    /// $6 = how many times to look.
+    /// Asks the master to reload (exit EXIT_ASK_RELOAD if it cannot), then looks at `show proc`
+    /// every 3 ms, on the host, until the counts moved and either a reload failed or a worker
+    /// that was not there runs, or $5 looks went by; prints the last `show proc` (whether the
+    /// reload is ours is decided by the applier, from it).
+    ///
+    /// $6 = the sha256 to mark loaded, or empty: when the reload is provably ours, runs
+    /// MARK_LOADED for it (with the new reload count) in the same round trip and then prints
+    /// `hafleet-marked-loaded` (for a host without probes, where loading is passing; a
+    /// failure to mark prints nothing, and the applier marks as usual, failing loudly).
+    pub const RELOAD_WAIT: &str = concat!(
+        r#"live="$1" sock="$2" r="$3" f="$4" pids="$5" looks="$6" mark="$7"; "#,
+        reload_and_wait!()
+    );
+    /// $1 = live config path, $2 = token, then RELOAD_WAIT's arguments from $2 on: SWAP (exit
+    /// EXIT_SWAP if it fails, nothing else done), then RELOAD_WAIT, in one round trip.
+    pub const SWAP_RELOAD: &str = concat!(
+        r#"live="$1" sock="$3" r="$4" f="$5" pids="$6" looks="$7" mark="$8"; "#,
+        swap!(),
+        "; ",
+        reload_and_wait!()
+    );
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
     /// $1 = live config path, $2 = map name, $3 = token, $4 = the map's sha256; the map on
@@ -142,12 +214,19 @@ pub async fn apply_host(
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> (ApplyOutcome, Effort) {
-    let (conn, generation) = match settings.ssh.take(host).await {
-        Ok(c) => c,
-        Err(e) => return (failed(connect_failure(host, &e).await), Effort::default()),
-    };
+    let live = host.config_path.as_str();
+    let mut args = vec![live];
+    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.as_str()));
+    let (conn, generation, state) =
+        match settings.ssh.take_running(host, scripts::LIVE_STATE, &args).await {
+            Ok(c) => c,
+            Err(e) => return (failed(connect_failure(host, &e).await), Effort::default()),
+        };
     let mut effort = Effort::default();
-    let result = apply_on(&conn, host, version, known, settings, &mut effort).await;
+    let result = match outcome_of(ApplyStage::Upload, state) {
+        Ok(state) => apply_on(&conn, host, version, &state, known, settings, &mut effort).await,
+        Err(f) => Err(f),
+    };
     settings.ssh.give_back(host, conn, generation, result.is_ok()).await;
     match result {
         Ok(outcome) => (outcome, effort),
@@ -188,18 +267,17 @@ fn failed(f: Failure) -> ApplyOutcome {
     ApplyOutcome::Failed { stage: f.stage, message: f.message, restored: f.restored }
 }
 
+/// The rest of [`apply_host`], once `state` (what LIVE_STATE printed) is known.
 async fn apply_on(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
+    state: &str,
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
-    let mut args = vec![live];
-    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.as_str()));
-    let state = remote(conn, ApplyStage::Upload, scripts::LIVE_STATE, &args, None).await?;
     let mut lines = state.lines().map(str::trim);
     let mut sha = || lines.next().filter(|s| !s.is_empty());
     let (live_sha, loaded_sha) = (sha(), sha());
@@ -210,18 +288,22 @@ async fn apply_on(
             info!("live file is this version but HAProxy never loaded it; reloading");
             let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))?;
             effort.reloads += 1;
-            let after = match reload(conn, host, &before, settings.reload_timeout).await {
-                Ok(after) => after,
-                Err(mut failure) => {
-                    // The live file is one HAProxy will not load: put last-known-good back, so
-                    // a host restart does not start HAProxy on it.
-                    effort.reloads += 1;
-                    failure.restored = restore(conn, host, settings.reload_timeout).await;
-                    return Err(failure);
-                }
-            };
+            let ask = ReloadAsk { swap_token: None, mark: mark_with_reload(host, version) };
+            let (after, marked) =
+                match reload(conn, host, &before, settings.reload_timeout, ask).await {
+                    Ok(done) => done,
+                    Err(mut failure) => {
+                        // The live file is one HAProxy will not load: put last-known-good back, so
+                        // a host restart does not start HAProxy on it.
+                        effort.reloads += 1;
+                        failure.restored = restore(conn, host, settings.reload_timeout).await;
+                        return Err(failure);
+                    }
+                };
             probed(conn, host, settings, effort).await?;
-            mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
+            if !marked {
+                mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
+            }
             return Ok(ApplyOutcome::Applied);
         }
         HostPlan::Full => {}
@@ -255,7 +337,11 @@ async fn apply_on(
             return Err(failure);
         }
     };
-    remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
+    // A change that needs a reload swaps in the same round trip as the reload (below).
+    let swap_with_reload = matches!(change, runtime::Plan::Reload(_));
+    if !swap_with_reload {
+        remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
+    }
 
     // The files hold the version now; the running process takes it without a reload if it can.
     let live_without_reload = match &change {
@@ -286,11 +372,23 @@ async fn apply_on(
     }
 
     effort.reloads += 1;
-    match reload(conn, host, &before, settings.reload_timeout).await {
-        Ok(after) => {
+    let ask = ReloadAsk {
+        swap_token: swap_with_reload.then_some(token),
+        mark: mark_with_reload(host, version),
+    };
+    match reload(conn, host, &before, settings.reload_timeout, ask).await {
+        Ok((after, marked)) => {
             probed(conn, host, settings, effort).await?;
-            mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
+            if !marked {
+                mark_loaded(conn, host, &version.sha256, Some(after.reloads)).await?;
+            }
             Ok(ApplyOutcome::Applied)
+        }
+        Err(failure) if failure.stage == ApplyStage::Swap => {
+            // Nothing changed: the live file is the one HAProxy runs.
+            effort.reloads -= 1;
+            let _ = conn.run(scripts::DISCARD, &[live, token], None).await;
+            Err(failure)
         }
         Err(mut failure) => {
             warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
@@ -308,7 +406,6 @@ pub async fn drift_of(
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> Result<Option<String>, String> {
-    let (conn, generation) = settings.ssh.take(host).await.map_err(|e| e.to_string())?;
     let maps: Vec<(&str, &str)> = version
         .bundle()
         .iter()
@@ -317,7 +414,11 @@ pub async fn drift_of(
         .collect();
     let mut args = vec![host.config_path.as_str(), host.master_socket.as_str()];
     args.extend(maps.iter().map(|(name, _)| *name));
-    let out = conn.run(scripts::DRIFT_STATE, &args, None).await;
+    let (conn, generation, out) = settings
+        .ssh
+        .take_running(host, scripts::DRIFT_STATE, &args)
+        .await
+        .map_err(|e| e.to_string())?;
     settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
     let out = out.map_err(|e| e.to_string())?;
     if !out.success {
@@ -428,21 +529,29 @@ async fn upload_and_validate(
     };
     upload_maps(conn, host, bundle, missing_maps, token).await?;
     let config = Some(bundle.config.as_bytes());
-    let landed = remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
-    if landed.trim() != version.sha256 {
-        return Err(fail(
-            ApplyStage::Upload,
-            format!("uploaded file has sha256 {} instead of {}", landed.trim(), version.sha256),
-        ));
-    }
     let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
     let proc = match check.map_check {
         Some(maps) => {
+            let landed =
+                remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config).await?;
+            if landed.trim() != version.sha256 {
+                return Err(fail(
+                    ApplyStage::Upload,
+                    format!(
+                        "uploaded file has sha256 {} instead of {}",
+                        landed.trim(),
+                        version.sha256
+                    ),
+                ));
+            }
             info!("the config is the running one but for its maps: checking the maps alone");
             let stdin = Some(maps.as_bytes());
             remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
         }
-        None => remote(conn, ApplyStage::Validate, scripts::VALIDATE, &args, None).await?,
+        None => {
+            let args = [args[0], args[1], args[2], args[3], &version.sha256];
+            remote(conn, ApplyStage::Validate, scripts::UPLOAD_VALIDATE, &args, config).await?
+        }
     };
     parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))
 }
@@ -483,10 +592,34 @@ async fn remote(
     args: &[&str],
     stdin: Option<&[u8]>,
 ) -> Result<String, Failure> {
-    match conn.run(script, args, stdin).await {
+    outcome_of(stage, conn.run(script, args, stdin).await)
+}
+
+/// A script's stdout; a non-zero exit becomes a failure of `stage` carrying its output.
+/// A script that does several steps names the one that failed by its exit code.
+fn outcome_of(
+    stage: ApplyStage,
+    run: Result<crate::ssh::RemoteOutput, openssh::Error>,
+) -> Result<String, Failure> {
+    match run {
         Ok(out) if out.success => Ok(out.stdout),
-        Ok(out) => Err(fail(stage, format!("{}{}", out.stdout, out.stderr).trim().to_owned())),
+        Ok(out) => Err(fail(
+            stage_of(out.code, stage),
+            format!("{}{}", out.stdout, out.stderr).trim().to_owned(),
+        )),
         Err(e) => Err(fail(stage, format!("ssh: {e}"))),
+    }
+}
+
+/// The step a combined script failed at, from its exit `code`; `otherwise` for any other code.
+fn stage_of(code: Option<i32>, otherwise: ApplyStage) -> ApplyStage {
+    match code {
+        Some(scripts::EXIT_UPLOAD) => ApplyStage::Upload,
+        Some(scripts::EXIT_SWAP) => ApplyStage::Swap,
+        // Not being able to ask is a transient failure; only HAProxy refusing the config is a
+        // Reload failure, which the same config would meet again.
+        Some(scripts::EXIT_ASK_RELOAD) => ApplyStage::Verify,
+        _ => otherwise,
     }
 }
 
@@ -535,23 +668,46 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
 /// asked for (so it is ours), or the reload failed. Returns `show proc` after it. A reload by
 /// someone else in between makes the newest worker unattributable: it asks again (twice at
 /// most), since the file it loads is the one this apply put in place.
+///
+/// What else the reload's round trip does: see [`ReloadAsk`]. Also returns whether the live
+/// file was marked loaded.
 async fn reload(
     conn: &HostConn,
     host: &Host,
     before: &plan::ProcState,
     timeout: Duration,
-) -> Result<plan::ProcState, Failure> {
+    mut ask: ReloadAsk<'_>,
+) -> Result<(plan::ProcState, bool), Failure> {
     let mut before = before.clone();
     for _ in 0..3 {
-        match reload_once(conn, host, &before, timeout).await? {
-            Ok(after) => return Ok(after),
+        match reload_once(conn, host, &before, timeout, ask).await? {
+            Ok(done) => return Ok(done),
             Err(raced) => {
                 warn!(reloads = raced.reloads, "another reload came with ours; reloading again");
                 before = raced;
+                ask.swap_token = None;
             }
         }
     }
     Err(fail(ApplyStage::Verify, "other reloads kept coming with ours: cannot tell ours apart"))
+}
+
+/// What a reload's round trip does besides reloading.
+#[derive(Debug, Clone, Copy)]
+struct ReloadAsk<'a> {
+    /// Swap in this attempt's validated upload first; failing to is a `Swap` failure that
+    /// changed nothing.
+    swap_token: Option<&'a str>,
+    /// Once the reload is provably ours, mark the live file loaded if it has this sha256, as
+    /// [`mark_loaded`] would (for a host without probes, where loading is passing them).
+    mark: Option<&'a str>,
+}
+
+/// The sha256 a reload of `version` on `host` may mark loaded in its own round trip: only
+/// where no probes must pass first.
+fn mark_with_reload<'a>(host: &Host, version: &'a ConfigVersion) -> Option<&'a str> {
+    let probes = host.probe_address.is_some() && !host.probes.is_empty();
+    (!probes).then_some(version.sha256.as_str())
 }
 
 /// One reload: `Ok(Ok(after))` when it is provably ours, `Ok(Err(after))` when another reload
@@ -561,23 +717,41 @@ async fn reload_once(
     host: &Host,
     before: &plan::ProcState,
     timeout: Duration,
-) -> Result<Result<plan::ProcState, plan::ProcState>, Failure> {
-    // Not being able to ask is a transient failure (Verify); only HAProxy refusing the config
-    // (below) is a Reload failure, which the same config would meet again.
-    remote(conn, ApplyStage::Verify, scripts::MASTER_CLI, &[&host.master_socket, "reload"], None)
-        .await?;
+    ask: ReloadAsk<'_>,
+) -> Result<Result<(plan::ProcState, bool), plan::ProcState>, Failure> {
     let deadline = tokio::time::Instant::now() + timeout;
-    // A reload usually completes within tens of milliseconds: look every 10 ms at first (each
-    // look is one `show proc`), backing off gently to 100 ms. Doubling from 20 ms used to find
-    // a 70 ms reload only at about 150 ms.
+    let (reloads, failed) = (before.reloads.to_string(), before.failed.to_string());
+    let pids: Vec<String> = before.workers.iter().map(|(pid, _)| pid.to_string()).collect();
+    let pids = pids.join(" ");
+    // A reload usually completes within tens of milliseconds: the host itself looks every
+    // 3 ms (one round trip in all), for about a second at most (each look takes a few ms) and
+    // never past the deadline; after that, the applier looks, backing off to 100 ms.
+    let looks = (timeout.as_millis() / 8).clamp(1, 150).to_string();
+    let mark = ask.mark.unwrap_or_default();
+    let wait = [host.master_socket.as_str(), &reloads, &failed, &pids, &looks, mark];
+    let live = host.config_path.as_str();
+    let out = match ask.swap_token {
+        Some(token) => {
+            let mut args = vec![live, token];
+            args.extend(wait);
+            // Exit EXIT_SWAP says the swap failed; anything else comes after it.
+            remote(conn, ApplyStage::Verify, scripts::SWAP_RELOAD, &args, None).await?
+        }
+        None => {
+            let mut args = vec![live];
+            args.extend(wait);
+            remote(conn, ApplyStage::Verify, scripts::RELOAD_WAIT, &args, None).await?
+        }
+    };
+    // Only when the host saw the reload done, as below, and marked it.
+    let mut marked = out.lines().any(|l| l == "hafleet-marked-loaded");
+    // While the master re-executes, its socket may refuse connections: that is "pending".
+    let mut seen = plan::parse_show_proc(&out);
     let mut pause = Duration::from_millis(10);
     loop {
-        tokio::time::sleep(pause).await;
-        pause = (pause * 5 / 4).min(Duration::from_millis(100));
-        // While the master re-executes, its socket may refuse connections: that is "pending".
-        if let Ok(after) = show_proc(conn, host).await {
+        if let Some(after) = seen.take() {
             match plan::check_reload(before, &after) {
-                ReloadCheck::Done => return Ok(Ok(after)),
+                ReloadCheck::Done => return Ok(Ok((after, marked))),
                 ReloadCheck::Raced => return Ok(Err(after)),
                 ReloadCheck::Failed => {
                     return Err(fail(
@@ -595,6 +769,10 @@ async fn reload_once(
                 format!("no new HAProxy worker within {} ms of the reload", timeout.as_millis()),
             ));
         }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 5 / 4).min(Duration::from_millis(100));
+        seen = show_proc(conn, host).await.ok();
+        marked = false;
     }
 }
 
@@ -604,8 +782,9 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
         return false;
     }
     let Ok(before) = show_proc(conn, host).await else { return false };
-    let restored = match reload(conn, host, &before, timeout).await {
-        Ok(after) => mark_loaded(conn, host, "", Some(after.reloads)).await.is_ok(),
+    let ask = ReloadAsk { swap_token: None, mark: None };
+    let restored = match reload(conn, host, &before, timeout, ask).await {
+        Ok((after, _)) => mark_loaded(conn, host, "", Some(after.reloads)).await.is_ok(),
         Err(_) => false,
     };
     info!(restored, "last-known-good restored");

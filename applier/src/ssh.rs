@@ -95,6 +95,8 @@ pub async fn offered_fingerprints(host: &Host) -> Vec<String> {
 #[derive(Debug, Clone)]
 pub struct RemoteOutput {
     pub success: bool,
+    /// The exit code (None: killed by a signal).
+    pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
@@ -178,6 +180,7 @@ impl HostConn {
         );
         Ok(RemoteOutput {
             success: out.status.success(),
+            code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
@@ -197,9 +200,10 @@ impl HostConn {
 }
 
 /// Open connections kept between versions, one per host: a rollout then costs no SSH
-/// handshake. A pooled connection must run `true` on its host within the connect timeout before
-/// it is reused (a host that went away since shows up as unreachable, not as a failed upload),
-/// and is closed after any failed apply. When the known_hosts file's contents change, every
+/// handshake. A pooled connection must run the rollout's first (read-only) command on its host
+/// within the connect timeout to be reused, else the command runs again on a new connection (a
+/// host that went away since shows up as unreachable, not as a failed upload); a connection is
+/// closed after any failed apply. When the known_hosts file's contents change, every
 /// connection is closed, including ones in use at that moment, so a revoked or rotated host key
 /// takes effect at the next rollout.
 #[derive(Debug)]
@@ -216,27 +220,33 @@ impl ConnPool {
         ConnPool { settings, conns: Mutex::default(), known_hosts: Mutex::default() }
     }
 
-    /// A working connection to `host` (the pooled one, or a new one) and the known_hosts
-    /// generation it belongs to.
-    pub async fn take(&self, host: &Host) -> Result<(HostConn, u64), openssh::Error> {
+    /// A working connection to `host`, the known_hosts generation it belongs to, and what
+    /// `script` (read-only: it may run twice) printed there. The pooled connection is used if
+    /// the host answers `script` over it within the connect timeout (so the check costs no
+    /// round trip of its own); otherwise `script` runs on a new connection. `Err` only if no
+    /// connection could be made.
+    pub async fn take_running(
+        &self,
+        host: &Host,
+        script: &str,
+        args: &[&str],
+    ) -> Result<(HostConn, u64, Result<RemoteOutput, openssh::Error>), openssh::Error> {
         let generation = self.known_hosts_generation().await;
         let pooled = self.conns.lock().await.remove(host.name.as_str());
         if let Some((conn_generation, conn)) = pooled {
-            if conn_generation == generation && self.answers(&conn).await {
-                return Ok((conn, generation));
+            if conn_generation == generation {
+                let first = conn.run(script, args, None);
+                if let Ok(Ok(out)) =
+                    tokio::time::timeout(self.settings.connect_timeout, first).await
+                {
+                    return Ok((conn, generation, Ok(out)));
+                }
             }
             conn.close().await;
         }
-        Ok((HostConn::connect(host, &self.settings).await?, generation))
-    }
-
-    /// Whether the host itself answers over the connection (not just the local ssh master).
-    async fn answers(&self, conn: &HostConn) -> bool {
-        let probe = conn.run("true", &[], None);
-        matches!(
-            tokio::time::timeout(self.settings.connect_timeout, probe).await,
-            Ok(Ok(out)) if out.success
-        )
+        let conn = HostConn::connect(host, &self.settings).await?;
+        let out = conn.run(script, args, None).await;
+        Ok((conn, generation, out))
     }
 
     /// Returns a connection after a successful apply made under `generation`; closes it after

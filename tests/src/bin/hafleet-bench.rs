@@ -1211,7 +1211,8 @@ mod applier {
                 .env("HAFLEET_VERIFY_KEYS", &signing.public)
                 .env("HAFLEET_PARALLELISM", a.parallelism.to_string())
                 .env("HAFLEET_DRIFT_CHECK_SECS", "0")
-                .env("RUST_LOG", "warn");
+                // RUST_LOG=hafleet_applier=debug shows each remote command's time in the log.
+                .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
             let log = dir.path().join(format!("applier-{n}.log"));
             let applier = ChildGuard::spawn("hafleet-applier", &mut cmd, &log)?;
             let mut ours = Vec::new();
