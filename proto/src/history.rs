@@ -2,7 +2,7 @@
 //! (`hafleet.history.<fleet>`), and its replies. The renderer owns the versions; nobody else
 //! opens its store.
 
-use crate::messages::{Cause, ConfigVersion};
+use crate::messages::{Cause, ConfigVersion, IngressKey};
 use serde::{Deserialize, Serialize};
 
 /// Subjects the renderer answers history requests on.
@@ -25,6 +25,26 @@ pub enum HistoryRequest {
     Rollback { version: u64 },
     /// Unpin: publish the config the desired state renders now.
     Resume,
+    /// The sweep held for the fleet, if any.
+    HeldSweep,
+    /// Release the sweep held for the fleet (the one at `snapshot_seq`, so an operator never
+    /// releases a hold they did not look at).
+    ConfirmSweep { snapshot_seq: u64 },
+}
+
+/// A snapshot's withdrawals the renderer holds back: more of the fleet at once than its guard
+/// lets through (an API server restored from an empty backup, a wrong selector).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSweep {
+    /// The routes stream sequence and watcher epoch of the snapshot.
+    pub snapshot_seq: u64,
+    pub epoch: u64,
+    /// When the renderer held it (the snapshot's stream time, Unix ms).
+    pub since_unix_ms: u64,
+    /// The Ingresses it would withdraw (fewer as they come back), with their routes.
+    pub ingresses: Vec<(IngressKey, usize)>,
+    /// The fleet's routes when it was held.
+    pub fleet_routes: usize,
 }
 
 /// One line of a fleet's history.
@@ -65,6 +85,15 @@ pub enum HistoryReply {
         version: Option<u64>,
         pinned: Option<u64>,
     },
+    /// The sweep held for the fleet (`None`: none).
+    Held {
+        sweep: Option<HeldSweep>,
+    },
+    /// A release was published to the routes stream at `stream_seq`; the renderer withdraws
+    /// the Ingresses when it reaches it.
+    Confirmed {
+        stream_seq: u64,
+    },
     Error {
         kind: HistoryErrorKind,
         message: String,
@@ -77,6 +106,8 @@ pub enum HistoryReply {
 pub enum HistoryErrorKind {
     UnknownFleet,
     NoSuchVersion,
+    /// No sweep is held, or another one than the request names.
+    NoSuchSweep,
     BadRequest,
     Internal,
 }
@@ -110,6 +141,7 @@ pub fn one_line(causes: &[Cause], restores: Option<u64>) -> String {
             "upsert" if c.added.is_empty() && c.removed.is_empty() => "resent",
             "upsert" => "updated",
             "delete" | "sweep" => "deleted",
+            w if w.starts_with("sweep confirmed") => "deleted (held sweep released)",
             w => w,
         };
         match &c.ingress {

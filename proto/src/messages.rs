@@ -260,6 +260,22 @@ pub struct RoutesSnapshot {
     pub keep: Vec<IngressKey>,
 }
 
+/// Releases a sweep the renderer held (a snapshot that would have withdrawn too much of a
+/// fleet at once), published on [`crate::ROUTES_CONFIRM_SUBJECT`] by the renderer when an
+/// operator confirms it (`hafleet-renderer sweep confirm`) or its release policy says so. It is
+/// in the routes stream, so replay withdraws the same Ingresses at the same point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepConfirm {
+    pub schema: u32,
+    /// The epoch of the snapshot held: a newer watcher's snapshot supersedes it.
+    pub epoch: u64,
+    pub fleet: FleetName,
+    /// The routes stream sequence of the snapshot held: it releases that hold and no other.
+    pub snapshot_seq: u64,
+    /// Who released it, for the version's causes: `operator` or `policy`.
+    pub by: String,
+}
+
 /// Anything on the routes stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -267,6 +283,7 @@ pub enum RouteMessage {
     Event(RouteEvent),
     Snapshot(RoutesSnapshot),
     Nodes(NodesUpdate),
+    Confirm(SweepConfirm),
 }
 
 impl RouteMessage {
@@ -276,6 +293,7 @@ impl RouteMessage {
             RouteMessage::Event(e) => e.epoch,
             RouteMessage::Snapshot(s) => s.epoch,
             RouteMessage::Nodes(n) => n.epoch,
+            RouteMessage::Confirm(c) => c.epoch,
         }
     }
 

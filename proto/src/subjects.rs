@@ -31,6 +31,10 @@ pub const ROUTES_SNAPSHOT_SUBJECT: &str = "hafleet.routes._snapshot";
 /// collide with a fleet's subject.
 pub const ROUTES_NODES_SUBJECT: &str = "hafleet.routes._nodes";
 
+/// Subject of the renderer's releases of held sweeps ([`crate::SweepConfirm`]); like the
+/// snapshot's, it cannot collide with a fleet's subject.
+pub const ROUTES_CONFIRM_SUBJECT: &str = "hafleet.routes._confirm";
+
 /// JetStream's de-duplication header: publishes that are retried carry the same id.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header naming the schema version of the payload.

@@ -98,7 +98,7 @@ fn one_change(
     msg: &RouteMessage,
 ) -> u64 {
     let mut out = Applied::default();
-    state::apply(desired, seq, msg, &mut out);
+    state::apply(desired, seq, msg, &state::SweepGuard::default(), &mut out);
     let latest = store.latest_summary(fleet).unwrap();
     let latest = latest.as_ref().map(|l| Latest { version: l.number, sha256: &l.sha256 });
     let causes: Vec<Cause> = out.causes.remove(fleet).unwrap_or_default();
@@ -218,7 +218,13 @@ fn main() {
         let mut out = Applied::default();
         for (seq, bytes) in encoded.iter().enumerate() {
             let msg = RouteMessage::decode(bytes).unwrap();
-            state::apply(&mut desired, seq as u64 + 1, &msg, &mut out);
+            state::apply(
+                &mut desired,
+                seq as u64 + 1,
+                &msg,
+                &state::SweepGuard::default(),
+                &mut out,
+            );
             out = Applied::default();
         }
         assert_eq!(desired.ingresses(&fleet).len(), a.ingresses.min(a.events));

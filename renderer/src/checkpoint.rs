@@ -36,6 +36,9 @@ pub struct Checkpoint {
     /// The newest watcher epoch seen (0 in checkpoints of builds that did not fence).
     #[serde(default)]
     pub epoch: u64,
+    /// The sweeps held back by the guard (pairs, as `fleets`).
+    #[serde(default)]
+    pub held: Vec<(FleetName, hafleet_proto::HeldSweep)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,7 @@ impl Checkpoint {
             fleets,
             nodes: desired.nodes.clone(),
             epoch: desired.epoch,
+            held: desired.held.iter().map(|(f, h)| (f.clone(), h.clone())).collect(),
         }
     }
 
@@ -84,6 +88,7 @@ impl Checkpoint {
                 .collect(),
             nodes: self.nodes.clone(),
             epoch: self.epoch,
+            held: self.held.iter().cloned().collect(),
         }
     }
 

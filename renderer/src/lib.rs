@@ -54,6 +54,9 @@ pub enum Command {
         #[command(flatten)]
         common: history::cli::Common,
     },
+    /// Show or release a sweep the mass-deletion guard holds (through NATS).
+    #[command(subcommand)]
+    Sweep(history::cli::SweepCommand),
 }
 
 impl Cli {
@@ -68,6 +71,7 @@ impl Cli {
                 Ok(())
             }
             Command::History(command) => history::cli::history(command).await,
+            Command::Sweep(command) => history::cli::sweep(command).await,
             Command::Rollback { common, version } => {
                 history::cli::rollback_or_resume(common, Some(version)).await
             }

@@ -574,7 +574,7 @@ pub fn build_memo(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use hafleet_proto::{Backend, HttpHost, HttpPath, Namespace, ObjectName, Route, Server};
 

@@ -60,6 +60,12 @@ pub struct RunArgs {
     /// it readable by the renderer only.
     #[arg(long, env = "HAFLEET_SIGNING_KEY")]
     pub signing_key: PathBuf,
+    /// Release a sweep held by the guard (see --sweep-guard-percent) by itself this long after
+    /// it was held (e.g. 30m); 0 (the default) holds it until an operator runs `hafleet-renderer
+    /// sweep confirm`.
+    #[arg(long, env = "HAFLEET_SWEEP_RELEASE_AFTER", default_value = "0s",
+          value_parser = humantime::parse_duration)]
+    pub sweep_release_after: Duration,
 }
 
 /// Everything that decides what a config looks like. `replay` takes the same flags (and reads
@@ -87,9 +93,29 @@ pub struct RenderArgs {
     /// The path node health checks ask for.
     #[arg(long, env = "HAFLEET_NODE_HEALTH_PATH", default_value = "/healthz")]
     pub node_health_path: hafleet_proto::HttpPath,
+    /// Mass-deletion guard: a snapshot of the watcher (after its restart, or a resync that
+    /// loses many Ingresses at once) that would withdraw more than this percentage of a
+    /// fleet's routes at once withdraws none of them: the fleet keeps serving them, the
+    /// renderer logs and counts the hold, and `hafleet-renderer sweep status` shows it until
+    /// `sweep confirm` (or --sweep-release-after) releases it. 100 turns the guard off.
+    #[arg(long, env = "HAFLEET_SWEEP_GUARD_PERCENT", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub sweep_guard_percent: u8,
+    /// ...and only when it withdraws at least this many routes (small fleets change by more
+    /// than half with a few deletions).
+    #[arg(long, env = "HAFLEET_SWEEP_GUARD_MIN_ROUTES", default_value_t = 10)]
+    pub sweep_guard_min_routes: usize,
 }
 
 impl RenderArgs {
+    /// The mass-deletion guard these flags describe.
+    pub fn guard(&self) -> state::SweepGuard {
+        state::SweepGuard {
+            percent: self.sweep_guard_percent,
+            min_routes: self.sweep_guard_min_routes,
+        }
+    }
+
     /// The renderer these flags describe.
     pub fn renderer(&self) -> anyhow::Result<Renderer> {
         let node_health = (self.node_health_port != 0).then(|| crate::model::NodeHealth {
@@ -185,6 +211,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(Duration::from_secs(args.publish_retry_secs.max(1)));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let guard = args.render.guard();
+    let mut releases = Releases::default();
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
@@ -199,6 +227,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             _ = tick.tick() => {
                 checkpoints.maybe(&bus, &store, &desired).await;
+                continue;
+            }
+            _ = releases.tick.tick(), if !args.sweep_release_after.is_zero() => {
+                releases.due(&bus, &desired, args.sweep_release_after).await;
                 continue;
             }
             _ = retry.tick(), if unpublished => {
@@ -229,7 +261,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&bus, &store, &renderer, &mut desired, &entries).await?;
+        process(&bus, &store, &renderer, &mut desired, &guard, &entries).await?;
         // Committed versions are safe in the store: the batch is acked even if a fleet's
         // version could not be published yet; it is retried on its own.
         unpublished = publish_unpublished(&bus, &store, &signer).await?;
@@ -328,6 +360,7 @@ async fn process(
     store: &Store,
     renderer: &Renderer,
     desired: &mut state::Desired,
+    guard: &state::SweepGuard,
     entries: &[(u64, bytes::Bytes)],
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
@@ -338,7 +371,7 @@ async fn process(
         match RouteMessage::decode(payload) {
             Ok(msg) => {
                 applied += 1;
-                state::apply(desired, seq, &msg, &mut out)
+                state::apply(desired, seq, &msg, guard, &mut out)
             }
             Err(e) => park(bus, seq, payload, &e).await?,
         }
@@ -357,10 +390,88 @@ async fn process(
         &[],
         out.fenced.len() as f64,
     );
+    report_holds(desired, &mut out);
     let floors = floors(bus, store, out.causes.keys()).await?;
     let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
     store.commit(&out.writes, &versions, last_seq)?;
     Ok(versions)
+}
+
+/// Stamps new holds with the time, logs and counts every hold that began, changed or ended,
+/// and adds the write that stores them.
+fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
+    for (fleet, snapshot_seq) in &out.stale_confirms {
+        warn!(fleet = %fleet, snapshot_seq, "sweep release for a hold that is no longer there; ignored");
+    }
+    if out.held_changed.is_empty() {
+        return;
+    }
+    const HELD: (&str, &str) = (
+        "hafleet_renderer_sweep_held_ingresses",
+        "Ingresses a held sweep keeps from being withdrawn, by fleet (0: none held).",
+    );
+    let now = hafleet_runtime::now_unix_ms();
+    for fleet in &out.held_changed {
+        let held = desired.held.get_mut(fleet);
+        let count = held.as_ref().map_or(0, |h| h.ingresses.len());
+        hafleet_runtime::health::Health::global().gauge(
+            HELD,
+            &[("fleet", fleet.as_str())],
+            count as f64,
+        );
+        match held {
+            Some(h) if h.since_unix_ms == 0 => {
+                h.since_unix_ms = now;
+                let routes: usize = h.ingresses.iter().map(|(_, n)| n).sum();
+                error!(fleet = %fleet, snapshot_seq = h.snapshot_seq, ingresses = count, routes,
+                       fleet_routes = h.fleet_routes,
+                       "snapshot would withdraw too much of the fleet at once; held. Check the \
+                        API server and the watcher, then `hafleet-renderer sweep status` and \
+                        `sweep confirm` to withdraw them");
+            }
+            Some(h) => info!(fleet = %fleet, snapshot_seq = h.snapshot_seq, ingresses = count,
+                             "held sweep narrowed: Ingresses came back or were deleted"),
+            None => info!(fleet = %fleet, "no sweep held any more"),
+        }
+    }
+    out.writes.push(state::StateWrite::Held(desired.held.clone()));
+}
+
+/// Releases of held sweeps by --sweep-release-after.
+struct Releases {
+    tick: tokio::time::Interval,
+    /// Holds already released, (fleet, snapshot sequence): the stream has the release.
+    sent: std::collections::BTreeSet<(FleetName, u64)>,
+}
+
+impl Default for Releases {
+    fn default() -> Self {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Releases { tick, sent: Default::default() }
+    }
+}
+
+impl Releases {
+    /// Publishes a release for each hold older than `after`.
+    async fn due(&mut self, bus: &bus::Bus, desired: &state::Desired, after: Duration) {
+        let now = hafleet_runtime::now_unix_ms();
+        self.sent.retain(|(f, seq)| desired.held.get(f).is_some_and(|h| h.snapshot_seq == *seq));
+        for (fleet, held) in &desired.held {
+            let age = Duration::from_millis(now.saturating_sub(held.since_unix_ms));
+            if held.since_unix_ms == 0 || age < after {
+                continue;
+            }
+            if !self.sent.insert((fleet.clone(), held.snapshot_seq)) {
+                continue;
+            }
+            let sent = crate::history::service::publish_confirm(bus, fleet, held, "policy").await;
+            if let Err(e) = sent {
+                warn!(fleet = %fleet, error = %e, "cannot publish the release of a held sweep; retrying");
+                self.sent.remove(&(fleet.clone(), held.snapshot_seq));
+            }
+        }
+    }
 }
 
 /// Publishes an unreadable route message on the dead-letter subject.

@@ -4,7 +4,9 @@
 //! applied in stream order; the caller skips any message whose stream sequence is at or below
 //! the last one applied, so redelivery after a crash changes nothing (invariant 4).
 
-use hafleet_proto::{Cause, FleetName, IngressKey, NodeAddr, Route, RouteChange, RouteMessage};
+use hafleet_proto::{
+    Cause, FleetName, HeldSweep, IngressKey, NodeAddr, Route, RouteChange, RouteMessage,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,6 +36,31 @@ pub struct Desired {
     /// The newest watcher epoch seen: messages of an older one (a deposed leader that resumed
     /// after a pause) are fenced off.
     pub epoch: u64,
+    /// Per fleet, the withdrawals of a snapshot that the [`SweepGuard`] held back; those
+    /// Ingresses stay in `fleets` (and live) until a [`RouteMessage::Confirm`] releases them.
+    pub held: BTreeMap<FleetName, HeldSweep>,
+}
+
+/// When a snapshot's withdrawals are held instead of applied: when they would take more than
+/// `percent` % of a fleet's routes, and at least `min_routes` routes, at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepGuard {
+    /// 1–100; 100 never holds.
+    pub percent: u8,
+    pub min_routes: usize,
+}
+
+impl Default for SweepGuard {
+    fn default() -> Self {
+        SweepGuard { percent: 50, min_routes: 10 }
+    }
+}
+
+impl SweepGuard {
+    /// Whether withdrawing `routes` of a fleet's `of` routes at once is held.
+    pub fn holds(&self, routes: usize, of: usize) -> bool {
+        routes >= self.min_routes && routes * 100 > usize::from(self.percent) * of
+    }
 }
 
 impl Desired {
@@ -56,6 +83,8 @@ pub enum StateWrite {
     Nodes(Vec<NodeAddr>),
     /// The newest watcher epoch.
     Epoch(u64),
+    /// Every held sweep, replaced whole.
+    Held(BTreeMap<FleetName, HeldSweep>),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -65,6 +94,11 @@ pub struct Applied {
     pub causes: BTreeMap<FleetName, Vec<Cause>>,
     /// Messages fenced off: (their epoch, the newest seen).
     pub fenced: Vec<(u64, u64)>,
+    /// Fleets whose held sweep began, changed or ended ([`Desired::held`]); the caller
+    /// stamps new ones with the time and writes [`StateWrite::Held`].
+    pub held_changed: BTreeSet<FleetName>,
+    /// Releases that matched no held sweep: (fleet, snapshot sequence).
+    pub stale_confirms: Vec<(FleetName, u64)>,
 }
 
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
@@ -102,7 +136,17 @@ fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>
 /// A message from a watcher epoch older than the newest seen changes nothing: only the newest
 /// watcher (the Lease's holder) is listened to. Epochs only grow: a new leader takes one above
 /// the last one written in the Lease.
-pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
+///
+/// A snapshot whose withdrawals from a fleet trip `guard` withdraws nothing there: they are
+/// held ([`Desired::held`]) until a confirm for that snapshot, and an Ingress that comes back
+/// meanwhile (an upsert) or is deleted leaves the hold. A later snapshot replaces the hold.
+pub fn apply(
+    desired: &mut Desired,
+    seq: u64,
+    msg: &RouteMessage,
+    guard: &SweepGuard,
+    out: &mut Applied,
+) {
     let epoch = msg.epoch();
     if epoch < desired.epoch {
         out.fenced.push((epoch, desired.epoch));
@@ -136,6 +180,16 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
             }
         }
         RouteMessage::Event(event) => {
+            if let Some(held) = desired.held.get_mut(&event.fleet) {
+                let before = held.ingresses.len();
+                held.ingresses.retain(|(k, _)| *k != event.ingress);
+                if held.ingresses.len() != before {
+                    out.held_changed.insert(event.fleet.clone());
+                    if held.ingresses.is_empty() {
+                        desired.held.remove(&event.fleet);
+                    }
+                }
+            }
             let fleet = desired.fleets.entry(event.fleet.clone()).or_default();
             let cause = |what: &str, (added, removed): (Vec<String>, Vec<String>)| Cause {
                 stream_seq: seq,
@@ -192,25 +246,73 @@ pub fn apply(desired: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Appl
                 snapshot.live.iter().map(|(f, k)| (f, k)).collect();
             let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
             for (fleet, ingresses) in desired.fleets.iter_mut() {
-                let gone: Vec<IngressKey> = ingresses
-                    .keys()
-                    .filter(|k| !live.contains(&(fleet, *k)) && !keep.contains(k))
-                    .cloned()
+                let gone: Vec<(IngressKey, usize)> = ingresses
+                    .iter()
+                    .filter(|(k, _)| !live.contains(&(fleet, *k)) && !keep.contains(k))
+                    .map(|(k, e)| (k.clone(), e.routes.len()))
                     .collect();
-                for key in gone {
-                    let old = ingresses.remove(&key).map(|e| e.routes).unwrap_or_default();
-                    out.writes.push(StateWrite::Remove(fleet.clone(), key.clone()));
-                    out.causes.entry(fleet.clone()).or_default().push(Cause {
-                        stream_seq: seq,
-                        ingress: Some(key),
-                        what: "sweep".to_owned(),
-                        resource_version: None,
-                        added: vec![],
-                        removed: route_changes(&old, &[]).1,
-                    });
+                // This snapshot says what the fleet holds now: an earlier hold is replaced.
+                if desired.held.remove(fleet).is_some() {
+                    out.held_changed.insert(fleet.clone());
                 }
+                let routes: usize = gone.iter().map(|(_, n)| n).sum();
+                let fleet_routes: usize = ingresses.values().map(|e| e.routes.len()).sum();
+                if guard.holds(routes, fleet_routes) {
+                    desired.held.insert(
+                        fleet.clone(),
+                        HeldSweep {
+                            snapshot_seq: seq,
+                            epoch,
+                            since_unix_ms: 0,
+                            ingresses: gone,
+                            fleet_routes,
+                        },
+                    );
+                    out.held_changed.insert(fleet.clone());
+                    continue;
+                }
+                let keys = gone.into_iter().map(|(k, _)| k);
+                withdraw(fleet, ingresses, keys, seq, "sweep", out);
             }
         }
+        RouteMessage::Confirm(confirm) => {
+            let fleet = &confirm.fleet;
+            let Some(held) =
+                desired.held.get(fleet).filter(|h| h.snapshot_seq == confirm.snapshot_seq)
+            else {
+                out.stale_confirms.push((fleet.clone(), confirm.snapshot_seq));
+                return;
+            };
+            let keys: Vec<IngressKey> = held.ingresses.iter().map(|(k, _)| k.clone()).collect();
+            desired.held.remove(fleet);
+            out.held_changed.insert(fleet.clone());
+            let what = format!("sweep confirmed by {}", confirm.by);
+            let ingresses = desired.fleets.entry(fleet.clone()).or_default();
+            withdraw(fleet, ingresses, keys.into_iter(), seq, &what, out);
+        }
+    }
+}
+
+/// Removes `keys` from a fleet's Ingresses, each a cause `what`.
+fn withdraw(
+    fleet: &FleetName,
+    ingresses: &mut Ingresses,
+    keys: impl Iterator<Item = IngressKey>,
+    seq: u64,
+    what: &str,
+    out: &mut Applied,
+) {
+    for key in keys {
+        let Some(old) = ingresses.remove(&key) else { continue };
+        out.writes.push(StateWrite::Remove(fleet.clone(), key.clone()));
+        out.causes.entry(fleet.clone()).or_default().push(Cause {
+            stream_seq: seq,
+            ingress: Some(key),
+            what: what.to_owned(),
+            resource_version: None,
+            added: vec![],
+            removed: route_changes(&old.routes, &[]).1,
+        });
     }
 }
 
@@ -233,7 +335,7 @@ mod tests {
                 }],
             })
         };
-        apply(&mut desired, 1, &nodes(10), &mut out);
+        apply(&mut desired, 1, &nodes(10), &SweepGuard::default(), &mut out);
         assert_eq!(desired.epoch, 10);
         assert!(out.writes.contains(&StateWrite::Epoch(10)));
         let before = desired.clone();
@@ -244,12 +346,12 @@ mod tests {
             live: vec![],
             keep: vec![],
         });
-        apply(&mut desired, 2, &stale, &mut out);
+        apply(&mut desired, 2, &stale, &SweepGuard::default(), &mut out);
         assert_eq!(desired, before, "an older watcher's sweep changes nothing");
         assert_eq!(out.fenced, vec![(9, 10)]);
         assert!(out.writes.is_empty() && out.causes.is_empty());
         let mut out = Applied::default();
-        apply(&mut desired, 3, &nodes(11), &mut out);
+        apply(&mut desired, 3, &nodes(11), &SweepGuard::default(), &mut out);
         assert_eq!((desired.epoch, out.writes.as_slice()), (11, &[StateWrite::Epoch(11)][..]));
     }
 
@@ -273,9 +375,15 @@ mod tests {
     fn upsert_then_delete_round_trips_to_empty() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply(
+            &mut d,
+            1,
+            &event("a", RouteChange::Upsert { routes: vec![] }),
+            &SweepGuard::default(),
+            &mut out,
+        );
         assert_eq!(d.ingresses(&fleet()).len(), 1);
-        apply(&mut d, 2, &event("a", RouteChange::Delete), &mut out);
+        apply(&mut d, 2, &event("a", RouteChange::Delete), &SweepGuard::default(), &mut out);
         assert!(d.ingresses(&fleet()).is_empty());
         assert_eq!(route_writes(&out).len(), 2);
         assert_eq!(out.causes[&fleet()].len(), 2);
@@ -286,8 +394,8 @@ mod tests {
         let mut d = Desired::new();
         let mut out = Applied::default();
         let msg = event("a", RouteChange::Upsert { routes: vec![] });
-        apply(&mut d, 1, &msg, &mut out);
-        apply(&mut d, 2, &msg, &mut out);
+        apply(&mut d, 1, &msg, &SweepGuard::default(), &mut out);
+        apply(&mut d, 2, &msg, &SweepGuard::default(), &mut out);
         assert_eq!(route_writes(&out).len(), 1);
     }
 
@@ -300,9 +408,27 @@ mod tests {
     fn a_snapshot_sweeps_what_is_not_live_in_every_fleet() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
-        apply(&mut d, 2, &event("b", RouteChange::Upsert { routes: vec![] }), &mut out);
-        apply(&mut d, 3, &event("kept", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply(
+            &mut d,
+            1,
+            &event("a", RouteChange::Upsert { routes: vec![] }),
+            &SweepGuard::default(),
+            &mut out,
+        );
+        apply(
+            &mut d,
+            2,
+            &event("b", RouteChange::Upsert { routes: vec![] }),
+            &SweepGuard::default(),
+            &mut out,
+        );
+        apply(
+            &mut d,
+            3,
+            &event("kept", RouteChange::Upsert { routes: vec![] }),
+            &SweepGuard::default(),
+            &mut out,
+        );
         let snap = RouteMessage::Snapshot(RoutesSnapshot {
             schema: SCHEMA_VERSION,
             epoch: 2,
@@ -310,7 +436,7 @@ mod tests {
             keep: vec![IngressKey::new("default", "kept").unwrap()],
         });
         let mut out = Applied::default();
-        apply(&mut d, 4, &snap, &mut out);
+        apply(&mut d, 4, &snap, &SweepGuard::default(), &mut out);
         let left: Vec<_> = d.ingresses(&fleet()).keys().map(|k| k.to_string()).collect();
         assert_eq!(left, ["default/b", "default/kept"], "refused Ingresses are kept");
         assert_eq!(
@@ -318,6 +444,120 @@ mod tests {
             [&StateWrite::Remove(fleet(), IngressKey::new("default", "a").unwrap())]
         );
         assert_eq!(out.causes[&fleet()][0].what, "sweep");
+    }
+
+    /// A fleet of `n` Ingresses of one route each, applied at sequences 1..=n.
+    fn fleet_of(n: u64, guard: &SweepGuard) -> Desired {
+        let mut d = Desired::new();
+        let mut out = Applied::default();
+        let route = crate::model::tests::route(
+            Some("a.example"),
+            "/",
+            hafleet_proto::PathKind::Prefix,
+            "s",
+        );
+        for i in 1..=n {
+            let upsert = RouteChange::Upsert { routes: vec![route.clone()] };
+            apply(&mut d, i, &event(&format!("i{i}"), upsert), guard, &mut out);
+        }
+        d
+    }
+
+    fn epoch_2(msg: RouteMessage) -> RouteMessage {
+        match msg {
+            RouteMessage::Event(e) => RouteMessage::Event(RouteEvent { epoch: 2, ..e }),
+            other => other,
+        }
+    }
+
+    /// A snapshot (epoch 2) in which only Ingresses `i1..=live` are live.
+    fn snapshot_keeping(live: u64) -> RouteMessage {
+        RouteMessage::Snapshot(RoutesSnapshot {
+            schema: SCHEMA_VERSION,
+            epoch: 2,
+            live: (1..=live)
+                .map(|i| (fleet(), IngressKey::new("default", &format!("i{i}")).unwrap()))
+                .collect(),
+            keep: vec![],
+        })
+    }
+
+    #[test]
+    fn a_snapshot_that_would_withdraw_too_much_is_held_until_confirmed() {
+        let guard = SweepGuard { percent: 50, min_routes: 10 };
+        let mut d = fleet_of(30, &guard);
+        // 10 of 30 routes: a third, under the guard's half: swept.
+        let mut out = Applied::default();
+        apply(&mut d, 31, &snapshot_keeping(20), &guard, &mut out);
+        assert_eq!(d.ingresses(&fleet()).len(), 20);
+        assert!(d.held.is_empty() && out.held_changed.is_empty());
+
+        // 16 of 20 (an API server restored from an old backup): held, nothing withdrawn.
+        let mut out = Applied::default();
+        apply(&mut d, 32, &snapshot_keeping(4), &guard, &mut out);
+        assert_eq!(d.ingresses(&fleet()).len(), 20, "nothing withdrawn");
+        assert!(out.causes.is_empty(), "no version");
+        let held = &d.held[&fleet()];
+        assert_eq!((held.snapshot_seq, held.epoch, held.ingresses.len()), (32, 2, 16));
+        assert_eq!(held.fleet_routes, 20);
+        assert!(out.held_changed.contains(&fleet()));
+
+        // An Ingress that comes back leaves the hold; one deleted explicitly goes.
+        let mut out = Applied::default();
+        let route = crate::model::tests::route(None, "/", hafleet_proto::PathKind::Prefix, "s");
+        apply(
+            &mut d,
+            33,
+            &epoch_2(event("i5", RouteChange::Upsert { routes: vec![route] })),
+            &guard,
+            &mut out,
+        );
+        apply(&mut d, 34, &epoch_2(event("i6", RouteChange::Delete)), &guard, &mut out);
+        assert_eq!(d.held[&fleet()].ingresses.len(), 14);
+        assert_eq!(d.ingresses(&fleet()).len(), 19);
+
+        // A release naming another snapshot changes nothing; the right one withdraws the rest.
+        let confirm = |snapshot_seq| {
+            RouteMessage::Confirm(hafleet_proto::SweepConfirm {
+                schema: SCHEMA_VERSION,
+                epoch: 2,
+                fleet: fleet(),
+                snapshot_seq,
+                by: "operator".into(),
+            })
+        };
+        let mut out = Applied::default();
+        apply(&mut d, 35, &confirm(31), &guard, &mut out);
+        assert_eq!(out.stale_confirms, [(fleet(), 31)]);
+        assert_eq!(d.ingresses(&fleet()).len(), 19);
+        apply(&mut d, 36, &confirm(32), &guard, &mut out);
+        let left: Vec<_> = d.ingresses(&fleet()).keys().map(|k| k.name.to_string()).collect();
+        assert_eq!(left, ["i1", "i2", "i3", "i4", "i5"]);
+        assert!(d.held.is_empty());
+        assert_eq!(out.causes[&fleet()].len(), 14);
+        assert_eq!(out.causes[&fleet()][0].what, "sweep confirmed by operator");
+    }
+
+    #[test]
+    fn a_later_snapshot_replaces_the_hold_and_the_guard_can_be_turned_off() {
+        let guard = SweepGuard { percent: 50, min_routes: 10 };
+        let mut d = fleet_of(20, &guard);
+        apply(&mut d, 21, &snapshot_keeping(0), &guard, &mut Applied::default());
+        assert_eq!(d.held[&fleet()].ingresses.len(), 20);
+        // The API server is back but for three Ingresses: those three are swept at once.
+        let mut out = Applied::default();
+        apply(&mut d, 22, &snapshot_keeping(17), &guard, &mut out);
+        assert!(d.held.is_empty(), "the hold is replaced");
+        assert_eq!(d.ingresses(&fleet()).len(), 17);
+        // A small fleet is not held for losing most of it: under the minimum.
+        let mut small = fleet_of(4, &guard);
+        apply(&mut small, 5, &snapshot_keeping(0), &guard, &mut Applied::default());
+        assert!(small.held.is_empty() && small.ingresses(&fleet()).is_empty());
+        // 100 % never holds.
+        let off = SweepGuard { percent: 100, min_routes: 0 };
+        let mut d = fleet_of(20, &off);
+        apply(&mut d, 21, &snapshot_keeping(0), &off, &mut Applied::default());
+        assert!(d.held.is_empty() && d.ingresses(&fleet()).is_empty());
     }
 
     fn nodes(list: &[(&str, &str)]) -> RouteMessage {
@@ -340,10 +580,16 @@ mod tests {
         let mut out = Applied::default();
         for i in 0..100 {
             let e = event(&format!("i{i}"), RouteChange::Upsert { routes: vec![] });
-            apply(&mut d, i + 1, &e, &mut out);
+            apply(&mut d, i + 1, &e, &SweepGuard::default(), &mut out);
         }
         let mut out = Applied::default();
-        apply(&mut d, 200, &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]), &mut out);
+        apply(
+            &mut d,
+            200,
+            &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]),
+            &SweepGuard::default(),
+            &mut out,
+        );
         assert_eq!(d.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
         assert_eq!(out.writes.len(), 1);
         assert_eq!(out.causes[&fleet()].len(), 1);
@@ -351,7 +597,13 @@ mod tests {
 
         // n1 moves, n2 leaves, n3 joins.
         let mut out = Applied::default();
-        apply(&mut d, 201, &nodes(&[("n1", "10.0.0.9"), ("n3", "10.0.0.3")]), &mut out);
+        apply(
+            &mut d,
+            201,
+            &nodes(&[("n1", "10.0.0.9"), ("n3", "10.0.0.3")]),
+            &SweepGuard::default(),
+            &mut out,
+        );
         let cause = &out.causes[&fleet()][0];
         assert_eq!((cause.what.as_str(), cause.ingress.as_ref()), ("nodes", None));
         assert_eq!(cause.added, ["n1 (10.0.0.9)", "n3 (10.0.0.3)"]);
@@ -359,7 +611,13 @@ mod tests {
 
         // The same set again changes nothing.
         let mut out = Applied::default();
-        apply(&mut d, 202, &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]), &mut out);
+        apply(
+            &mut d,
+            202,
+            &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]),
+            &SweepGuard::default(),
+            &mut out,
+        );
         assert!(out.writes.is_empty() && out.causes.is_empty());
     }
 }

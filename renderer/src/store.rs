@@ -108,6 +108,8 @@ const ROUTES_CREATED: &[u8] = b"routes_stream_created";
 const NODES: &[u8] = b"nodes";
 /// The newest watcher epoch seen (big-endian u64).
 const EPOCH: &[u8] = b"epoch";
+/// The sweeps held back by the guard (JSON: pairs of fleet and hold).
+const HELD: &[u8] = b"held-sweeps";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -303,6 +305,10 @@ impl Store {
         if let Some(nodes) = self.meta.get(NODES)? {
             desired.nodes = decode(NODES, &nodes)?;
         }
+        if let Some(held) = self.meta.get(HELD)? {
+            let pairs: Vec<(FleetName, hafleet_proto::HeldSweep)> = decode(HELD, &held)?;
+            desired.held = pairs.into_iter().collect();
+        }
         Ok(desired)
     }
 
@@ -416,6 +422,11 @@ impl Store {
                         StateWrite::Epoch(epoch) => {
                             meta.insert(EPOCH, &epoch.to_be_bytes())?;
                         }
+                        StateWrite::Held(held) => {
+                            let pairs: Vec<_> = held.iter().collect();
+                            let v = serde_json::to_vec(&pairs).expect("holds serialize");
+                            meta.insert(HELD, v)?;
+                        }
                     }
                 }
                 for (k, v, summary) in &encoded {
@@ -528,7 +539,11 @@ impl Store {
                     .iter()
                     .map(|(key, entry)| StateWrite::Put(fleet.clone(), key.clone(), entry.clone()))
             })
-            .chain([StateWrite::Nodes(desired.nodes.clone()), StateWrite::Epoch(desired.epoch)])
+            .chain([
+                StateWrite::Nodes(desired.nodes.clone()),
+                StateWrite::Epoch(desired.epoch),
+                StateWrite::Held(desired.held.clone()),
+            ])
             .collect();
         self.commit(&writes, &[], applied_seq)
     }

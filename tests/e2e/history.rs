@@ -201,3 +201,96 @@ async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_
     assert!(log.contains("empty store restored from a checkpoint"), "{log}");
     Ok(())
 }
+
+/// The mass-deletion guard: a watcher that comes back to an API server missing most of a
+/// fleet's Ingresses (restored from an old backup, say) withdraws none of them until an
+/// operator looks and confirms; then exactly those go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_deletion_is_held_until_an_operator_confirms_it() -> Result<()> {
+    let mut world = World::start().await?;
+    for i in 0..12 {
+        world.route(&format!("m{i}"), &format!("m{i}.example.com"), "/", "web").await?;
+    }
+    expect_everywhere(&world.stack, "m11.example.com", "/", 200, "web@").await?;
+    let (_, nothing, _) = cli(&world, &["sweep", "status"]).await?;
+    assert!(nothing.contains("no sweep held"), "{nothing}");
+
+    // While the watcher is down, 11 of the fleet's 12 Ingresses disappear.
+    world.stack.kill(Component::Watcher);
+    for i in 1..12 {
+        world.ingresses.delete(&format!("m{i}"), &Default::default()).await?;
+    }
+    world.stack.start_component(Component::Watcher)?;
+    let held = eventually(CONVERGE, "the renderer holds the sweep", || async {
+        let out = ok(&world, &["sweep", "status", "--json"]).await?;
+        let held: serde_json::Value = serde_json::from_str(&out)?;
+        anyhow::ensure!(!held.is_null(), "nothing held yet");
+        Ok(held)
+    })
+    .await?;
+    assert_eq!(held["ingresses"].as_array().map(Vec::len), Some(11), "{held}");
+    assert_eq!(held["fleet_routes"], 12, "{held}");
+    let snapshot = held["snapshot_seq"].as_u64().context("snapshot_seq")?;
+    let text = ok(&world, &["sweep", "status"]).await?;
+    assert!(text.contains("would withdraw 11 Ingresses (11 of 12 routes)"), "{text}");
+    assert!(text.contains("default/m7"), "{text}");
+    assert!(text.contains(&format!("sweep confirm --fleet edge --snapshot {snapshot}")), "{text}");
+    let (_, body) = hafleet_tests::http_get(
+        world.stack.health_addr(Component::Renderer),
+        "metrics",
+        "/metrics",
+    )
+    .await?;
+    assert!(body.contains("hafleet_renderer_sweep_held_ingresses{fleet=\"edge\"} 11"), "{body}");
+    // Held: every host still serves them.
+    for i in [1, 6, 11] {
+        expect_everywhere(&world.stack, &format!("m{i}.example.com"), "/", 200, "web@").await?;
+    }
+
+    // A confirm must name the hold it releases.
+    let wrong = (snapshot + 1000).to_string();
+    let (success, _, stderr) = cli(&world, &["sweep", "confirm", "--snapshot", &wrong]).await?;
+    assert!(!success && stderr.contains("no such sweep"), "{stderr}");
+    let out = ok(&world, &["sweep", "confirm", "--snapshot", &snapshot.to_string()]).await?;
+    assert!(out.contains("released"), "{out}");
+    for i in [1, 6, 11] {
+        expect_everywhere(&world.stack, &format!("m{i}.example.com"), "/", 404, "").await?;
+    }
+    expect_everywhere(&world.stack, "m0.example.com", "/", 200, "web@").await?;
+    let (_, nothing, _) = cli(&world, &["sweep", "status"]).await?;
+    assert!(nothing.contains("no sweep held"), "{nothing}");
+    let list = ok(&world, &["history", "list", "--limit", "1"]).await?;
+    assert!(list.contains("deleted (held sweep released)"), "{list}");
+    Ok(())
+}
+
+/// With --sweep-release-after, a held sweep goes by itself once the hold is that old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_sweep_is_released_by_the_release_policy() -> Result<()> {
+    let mut world = World::start().await?;
+    let policy = [("HAFLEET_SWEEP_RELEASE_AFTER", "5s"), ("HAFLEET_SWEEP_GUARD_MIN_ROUTES", "2")];
+    world.stack.restart_with(Component::Renderer, &policy)?;
+    for i in 0..3 {
+        world.route(&format!("p{i}"), &format!("p{i}.example.com"), "/", "web").await?;
+    }
+    expect_everywhere(&world.stack, "p2.example.com", "/", 200, "web@").await?;
+    world.stack.kill(Component::Watcher);
+    for i in 1..3 {
+        world.ingresses.delete(&format!("p{i}"), &Default::default()).await?;
+    }
+    world.stack.start_component(Component::Watcher)?;
+    eventually(CONVERGE, "the renderer holds the sweep", || async {
+        let out = ok(&world, &["sweep", "status", "--json"]).await?;
+        anyhow::ensure!(out.trim() != "null", "nothing held yet");
+        Ok(())
+    })
+    .await?;
+    expect_everywhere(&world.stack, "p1.example.com", "/", 200, "web@").await?;
+    // No operator: the policy releases it.
+    expect_everywhere(&world.stack, "p1.example.com", "/", 404, "").await?;
+    expect_everywhere(&world.stack, "p0.example.com", "/", 200, "web@").await?;
+    let newest = world.stack.latest_version().await?.context("a version")?;
+    let whats: Vec<&str> = newest.causes.iter().map(|c| c.what.as_str()).collect();
+    assert_eq!(whats, ["sweep confirmed by policy"; 2], "{:?}", newest.causes);
+    Ok(())
+}

@@ -52,6 +52,20 @@ pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> V
     actions
 }
 
+/// Fleets from which `actions` delete more than `threshold` Ingresses (0: none), with how
+/// many: a mass deletion, sent as a snapshot for the renderer's guard rather than event by
+/// event.
+pub fn bulk_deletes(actions: &[Action], threshold: usize) -> BTreeMap<FleetName, usize> {
+    let mut deletes: BTreeMap<FleetName, usize> = BTreeMap::new();
+    for action in actions {
+        if let Action::Delete { fleet, .. } = action {
+            *deletes.entry(fleet.clone()).or_default() += 1;
+        }
+    }
+    deletes.retain(|_, n| threshold > 0 && *n > threshold);
+    deletes
+}
+
 /// Records that `action` was published.
 pub fn record(published: &mut Published, action: &Action) {
     match action {
@@ -118,6 +132,21 @@ mod tests {
             [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }]
         );
         assert!(published.is_empty());
+    }
+
+    #[test]
+    fn more_deletes_of_one_fleet_than_the_threshold_are_a_bulk_deletion() {
+        let delete = |name: &str, fleet: &str| Action::Delete {
+            fleet: FleetName::new(fleet).unwrap(),
+            key: IngressKey::new("default", name).unwrap(),
+        };
+        let mut actions: Vec<Action> = (0..11).map(|i| delete(&format!("e{i}"), "edge")).collect();
+        actions.extend((0..10).map(|i| delete(&format!("c{i}"), "core")));
+        actions.push(Action::Upsert(resolved("new", "core", 1)));
+        let bulk = bulk_deletes(&actions, 10);
+        assert_eq!(bulk.into_iter().collect::<Vec<_>>(), [(FleetName::new("edge").unwrap(), 11)]);
+        assert!(bulk_deletes(&actions, 0).is_empty(), "0 turns it off");
+        assert_eq!(bulk_deletes(&actions, 9).len(), 2);
     }
 
     #[test]

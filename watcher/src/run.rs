@@ -67,6 +67,12 @@ pub struct RunArgs {
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
     pub resync_secs: u64,
+    /// A pass that would delete more than this many Ingresses of one fleet at once (a relist
+    /// after the API server was restored from an empty backup, say) sends no delete events
+    /// for them but a snapshot, which the renderer's mass-deletion guard checks
+    /// (--sweep-guard-percent). 0: every deletion goes as its own event.
+    #[arg(long, env = "HAFLEET_BULK_DELETE_THRESHOLD", default_value_t = 10)]
+    pub bulk_delete_threshold: usize,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
     #[command(flatten)]
@@ -397,7 +403,21 @@ async fn sync(
     // Forget warnings about objects that changed or went away, so the set stays bounded.
     state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
 
-    for action in index::diff(&state.published, &desired) {
+    let actions = index::diff(&state.published, &desired);
+    let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
+    for (fleet, count) in &bulk {
+        warn!(fleet = %fleet, ingresses = count,
+              "many Ingresses gone at once: publishing a snapshot for the renderer's guard to check instead of deletes");
+    }
+    for action in actions {
+        if let Action::Delete { fleet, .. } = &action
+            && bulk.contains_key(fleet)
+        {
+            // The snapshot below leaves it out of `live`.
+            index::record(&mut state.published, &action);
+            state.snapshot_due = true;
+            continue;
+        }
         let (fleet, key, msg) = match &action {
             Action::Upsert(r) => (
                 r.fleet.clone(),

@@ -68,6 +68,84 @@ pub enum HistoryCommand {
     },
 }
 
+/// The mass-deletion guard's holds (see `hafleet-renderer run --sweep-guard-percent`).
+#[derive(Debug, clap::Subcommand)]
+pub enum SweepCommand {
+    /// The sweep held for the fleet, if any: the snapshot, since when, and each Ingress it
+    /// would withdraw with its routes. Exits 0 either way.
+    Status {
+        #[command(flatten)]
+        common: Common,
+        /// An object (`null` when none is held) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Withdraw the Ingresses of the held sweep: the fleet stops serving them with the next
+    /// version. Names the snapshot (from `sweep status`), so it never releases a hold that
+    /// changed since it was looked at.
+    Confirm {
+        #[command(flatten)]
+        common: Common,
+        /// The held snapshot's routes stream sequence, as `sweep status` prints it.
+        #[arg(long)]
+        snapshot: u64,
+    },
+}
+
+/// Runs `hafleet-renderer sweep …`.
+pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
+    match command {
+        SweepCommand::Status { common, json } => {
+            let bus = common.nats.connect().await?;
+            let HistoryReply::Held { sweep } =
+                ask(&bus, &common, HistoryRequest::HeldSweep).await?
+            else {
+                bail!("unexpected answer from the renderer");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&sweep)?);
+                return Ok(());
+            }
+            let Some(held) = sweep else {
+                println!("fleet {}: no sweep held", common.fleet);
+                return Ok(());
+            };
+            let routes: usize = held.ingresses.iter().map(|(_, n)| n).sum();
+            println!(
+                "fleet {}: the snapshot at sequence {} (watcher epoch {}) would withdraw {} \
+                 Ingresses ({routes} of {} routes) at once; held since {}.",
+                common.fleet,
+                held.snapshot_seq,
+                held.epoch,
+                held.ingresses.len(),
+                held.fleet_routes,
+                hafleet_runtime::rfc3339_of_unix_ms(held.since_unix_ms),
+            );
+            for (key, n) in &held.ingresses {
+                println!("  {key}  ({n} routes)");
+            }
+            println!(
+                "If they are really gone: hafleet-renderer sweep confirm --fleet {} --snapshot {}",
+                common.fleet, held.snapshot_seq
+            );
+            Ok(())
+        }
+        SweepCommand::Confirm { common, snapshot } => {
+            let bus = common.nats.connect().await?;
+            let request = HistoryRequest::ConfirmSweep { snapshot_seq: snapshot };
+            let HistoryReply::Confirmed { stream_seq } = ask(&bus, &common, request).await? else {
+                bail!("unexpected answer from the renderer");
+            };
+            println!(
+                "released: the renderer withdraws the held Ingresses of fleet {} when it reaches \
+                 routes stream sequence {stream_seq}",
+                common.fleet
+            );
+            Ok(())
+        }
+    }
+}
+
 /// Sends one request to the renderer and returns its answer; error replies become errors.
 async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
     let subject = hafleet_proto::history_subject(&common.fleet);
@@ -83,6 +161,7 @@ async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Res
         let what = match kind {
             HistoryErrorKind::UnknownFleet => "unknown fleet",
             HistoryErrorKind::NoSuchVersion => "no such version",
+            HistoryErrorKind::NoSuchSweep => "no such sweep",
             HistoryErrorKind::BadRequest => "bad request",
             HistoryErrorKind::Internal => "the renderer failed",
         };

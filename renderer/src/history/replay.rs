@@ -97,7 +97,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             (c.desired(), seq + 1)
         }
     };
-    let events = apply_range(&bus, &mut desired, from, until).await?;
+    let events = apply_range(&bus, &mut desired, &args.render.guard(), from, until).await?;
     let Some(ingresses) = desired.fleets.get(&common.fleet) else {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
@@ -181,6 +181,7 @@ async fn seq_at(
 async fn apply_range(
     bus: &bus::Bus,
     desired: &mut Desired,
+    guard: &crate::state::SweepGuard,
     from: u64,
     until: u64,
 ) -> anyhow::Result<u64> {
@@ -202,7 +203,7 @@ async fn apply_range(
             break;
         }
         match RouteMessage::decode(&m.payload) {
-            Ok(msg) => state::apply(desired, seq, &msg, &mut out),
+            Ok(msg) => state::apply(desired, seq, &msg, guard, &mut out),
             Err(e) => eprintln!("sequence {seq} skipped: {e} (the renderer parks such messages)"),
         }
         // Only the state matters here; what the renderer would write is dropped as it goes.

@@ -121,5 +121,48 @@ async fn answer(
             tracing::info!(fleet = %fleet, version = ?number, "resumed");
             Ok(HistoryReply::Done { version: number, pinned: None })
         }
+        HistoryRequest::HeldSweep => {
+            Ok(HistoryReply::Held { sweep: ctx.desired.held.get(fleet).cloned() })
+        }
+        HistoryRequest::ConfirmSweep { snapshot_seq } => {
+            let held = ctx.desired.held.get(fleet);
+            if held.map(|h| h.snapshot_seq) != Some(snapshot_seq) {
+                let now = match held {
+                    Some(h) => format!("the sweep held is the snapshot at {}", h.snapshot_seq),
+                    None => "no sweep is held".to_owned(),
+                };
+                return Ok(error(
+                    HistoryErrorKind::NoSuchSweep,
+                    format!("fleet {fleet}: no sweep held for snapshot {snapshot_seq}; {now}"),
+                ));
+            }
+            let held = held.expect("checked above");
+            let stream_seq = publish_confirm(ctx.bus, fleet, held, "operator").await?;
+            Ok(HistoryReply::Confirmed { stream_seq })
+        }
     }
+}
+
+/// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
+/// names the hold, so a second release of the same hold (by the operator and the policy, say)
+/// is dropped by the stream as a duplicate.
+pub async fn publish_confirm(
+    bus: &Bus,
+    fleet: &FleetName,
+    held: &hafleet_proto::HeldSweep,
+    by: &str,
+) -> anyhow::Result<u64> {
+    let msg = hafleet_proto::RouteMessage::Confirm(hafleet_proto::SweepConfirm {
+        schema: hafleet_proto::SCHEMA_VERSION,
+        epoch: held.epoch,
+        fleet: fleet.clone(),
+        snapshot_seq: held.snapshot_seq,
+        by: by.to_owned(),
+    });
+    let id = format!("confirm-{fleet}-{}", held.snapshot_seq);
+    let seq =
+        bus.publish(hafleet_proto::ROUTES_CONFIRM_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    tracing::warn!(fleet = %fleet, snapshot_seq = held.snapshot_seq, by, stream_seq = seq,
+                   ingresses = held.ingresses.len(), "held sweep released");
+    Ok(seq)
 }
