@@ -66,14 +66,16 @@ mod scripts {
             r#"if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then { cp -p "$1" "$1.hafleet-last-good-$2" && mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; } || exit 65; fi; mv -f "$1.hafleet-new-$2" "$1" || exit 65"#
         };
     }
-    // Uses $live, $sock, $r, $f, $pids, $looks and $mark (see RELOAD_WAIT). The awk program
+    // Uses $live, $sock, $r, $f, $pids, $looks, $secs and $mark (see RELOAD_WAIT). The mark
+    // runs in a subshell of its own, not in a condition, so that its `set -e` holds; its
+    // failure only leaves the line out. The awk program
     // prints `done <reloads>` for exactly our reload (one more, none failed, a new worker),
     // `settled` for any other outcome, and nothing while the reload is pending.
     macro_rules! reload_and_wait {
         () => {
-            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; n=0; st=; while :; do out=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; sleep 0.003; done; printf '%s\n' "$out"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }"; "#,
+            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; n=0; st=; end=$(( $(date +%s) + secs )); while :; do out=$(printf '%s\n' "show proc" | socat -t 1 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; [ "$n" -lt 10 ] || [ "$(date +%s)" -lt "$end" ] || break; sleep 0.003; done; printf '%s\n' "$out"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }"; "#,
             mark_loaded!(),
-            r#" ) >/dev/null 2>&1 && echo hafleet-marked-loaded; fi ;; esac"#)
+            r#" ) >/dev/null 2>&1; if [ $? -eq 0 ]; then echo hafleet-marked-loaded; fi; fi ;; esac; exit 0"#)
         };
     }
 
@@ -124,24 +126,26 @@ mod scripts {
     pub const SWAP: &str = swap!();
     /// $1 = live config path, $2 = master socket, $3 and $4 = the master's reload and
     /// failed-reload counts before, $5 = the pids of the workers before (space-separated),
-    /// $6 = how many times to look.
+    /// $6 = most looks, $7 = most seconds to look for, $8 = the sha256 to mark loaded, or
+    /// empty.
     /// Asks the master to reload (exit EXIT_ASK_RELOAD if it cannot), then looks at `show proc`
-    /// every 3 ms, on the host, until the counts moved and either a reload failed or a worker
-    /// that was not there runs, or $5 looks went by; prints the last `show proc` (whether the
-    /// reload is ours is decided by the applier, from it).
+    /// every 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and either a
+    /// reload failed or a worker that was not there runs, or $6 looks or $7 seconds went by
+    /// (each look is cut after a second); prints the last `show proc` (whether the reload is
+    /// ours is decided by the applier, from it).
     ///
-    /// $6 = the sha256 to mark loaded, or empty: when the reload is provably ours, runs
-    /// MARK_LOADED for it (with the new reload count) in the same round trip and then prints
-    /// `hafleet-marked-loaded` (for a host without probes, where loading is passing; a
-    /// failure to mark prints nothing, and the applier marks as usual, failing loudly).
+    /// With $8, when the reload is provably ours, it runs MARK_LOADED for that sha256 (with
+    /// the new reload count) in the same round trip and prints `hafleet-marked-loaded` (for a
+    /// host without probes, where loading is passing). A mark that fails prints nothing and
+    /// fails nothing: the applier then marks as usual, and fails loudly.
     pub const RELOAD_WAIT: &str = concat!(
-        r#"live="$1" sock="$2" r="$3" f="$4" pids="$5" looks="$6" mark="$7"; "#,
+        r#"live="$1" sock="$2" r="$3" f="$4" pids="$5" looks="$6" secs="$7" mark="$8"; "#,
         reload_and_wait!()
     );
     /// $1 = live config path, $2 = token, then RELOAD_WAIT's arguments from $2 on: SWAP (exit
     /// EXIT_SWAP if it fails, nothing else done), then RELOAD_WAIT, in one round trip.
     pub const SWAP_RELOAD: &str = concat!(
-        r#"live="$1" sock="$3" r="$4" f="$5" pids="$6" looks="$7" mark="$8"; "#,
+        r#"live="$1" sock="$3" r="$4" f="$5" pids="$6" looks="$7" secs="$8" mark="$9"; "#,
         swap!(),
         "; ",
         reload_and_wait!()
@@ -550,7 +554,11 @@ async fn upload_and_validate(
         }
         None => {
             let args = [args[0], args[1], args[2], args[3], &version.sha256];
-            remote(conn, ApplyStage::Validate, scripts::UPLOAD_VALIDATE, &args, config).await?
+            match conn.run(scripts::UPLOAD_VALIDATE, &args, config).await {
+                // A dropped connection is an upload that may pass, not a refused config.
+                Err(e) => return Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+                ran => outcome_of(ApplyStage::Validate, ran)?,
+            }
         }
     };
     parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))
@@ -724,11 +732,13 @@ async fn reload_once(
     let pids: Vec<String> = before.workers.iter().map(|(pid, _)| pid.to_string()).collect();
     let pids = pids.join(" ");
     // A reload usually completes within tens of milliseconds: the host itself looks every
-    // 3 ms (one round trip in all), for about a second at most (each look takes a few ms) and
-    // never past the deadline; after that, the applier looks, backing off to 100 ms.
+    // 3 ms (one round trip in all), at most 150 times (about a second) and for at most the
+    // reload timeout in whole seconds (1 to 10; a look that hangs is cut after a second);
+    // after that the applier looks, backing off to 100 ms, until the deadline.
     let looks = (timeout.as_millis() / 8).clamp(1, 150).to_string();
+    let secs = timeout.as_secs().clamp(1, 10).to_string();
     let mark = ask.mark.unwrap_or_default();
-    let wait = [host.master_socket.as_str(), &reloads, &failed, &pids, &looks, mark];
+    let wait = [host.master_socket.as_str(), &reloads, &failed, &pids, &looks, &secs, mark];
     let live = host.config_path.as_str();
     let out = match ask.swap_token {
         Some(token) => {

@@ -39,7 +39,8 @@ pub struct HeldSweep {
     /// The routes stream sequence and watcher epoch of the snapshot.
     pub snapshot_seq: u64,
     pub epoch: u64,
-    /// When the renderer held it (the snapshot's stream time, Unix ms).
+    /// When the renderer first held these withdrawals (its clock, Unix ms; a later snapshot
+    /// that holds again keeps it). 0 until the renderer stamps it.
     pub since_unix_ms: u64,
     /// The Ingresses it would withdraw (fewer as they come back), with their routes.
     pub ingresses: Vec<(IngressKey, usize)>,

@@ -267,7 +267,8 @@ pub struct RoutesSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweepConfirm {
     pub schema: u32,
-    /// The epoch of the snapshot held: a newer watcher's snapshot supersedes it.
+    /// The newest watcher epoch the renderer had seen when it published it (a newer watcher
+    /// starts with a snapshot, which replaces the hold anyway).
     pub epoch: u64,
     pub fleet: FleetName,
     /// The routes stream sequence of the snapshot held: it releases that hold and no other.

@@ -187,6 +187,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
+    for (fleet, held) in &desired.held {
+        held_gauge(fleet, held.ingresses.len());
+        error!(fleet = %fleet, snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
+               "a sweep is held since before this start; see `hafleet-renderer sweep status`");
+    }
     let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
     let mut unpublished = publish_unpublished(&bus, &store, &signer).await?;
@@ -406,19 +411,11 @@ fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
     if out.held_changed.is_empty() {
         return;
     }
-    const HELD: (&str, &str) = (
-        "hafleet_renderer_sweep_held_ingresses",
-        "Ingresses a held sweep keeps from being withdrawn, by fleet (0: none held).",
-    );
     let now = hafleet_runtime::now_unix_ms();
     for fleet in &out.held_changed {
         let held = desired.held.get_mut(fleet);
         let count = held.as_ref().map_or(0, |h| h.ingresses.len());
-        hafleet_runtime::health::Health::global().gauge(
-            HELD,
-            &[("fleet", fleet.as_str())],
-            count as f64,
-        );
+        held_gauge(fleet, count);
         match held {
             Some(h) if h.since_unix_ms == 0 => {
                 h.since_unix_ms = now;
@@ -435,6 +432,16 @@ fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
         }
     }
     out.writes.push(state::StateWrite::Held(desired.held.clone()));
+}
+
+/// Sets the metric of the Ingresses a held sweep keeps in `fleet`.
+fn held_gauge(fleet: &FleetName, count: usize) {
+    const HELD: (&str, &str) = (
+        "hafleet_renderer_sweep_held_ingresses",
+        "Ingresses a held sweep keeps from being withdrawn, by fleet (0: none held).",
+    );
+    let labels = [("fleet", fleet.as_str())];
+    hafleet_runtime::health::Health::global().gauge(HELD, &labels, count as f64);
 }
 
 /// Releases of held sweeps by --sweep-release-after.
@@ -465,7 +472,9 @@ impl Releases {
             if !self.sent.insert((fleet.clone(), held.snapshot_seq)) {
                 continue;
             }
-            let sent = crate::history::service::publish_confirm(bus, fleet, held, "policy").await;
+            let epoch = desired.epoch;
+            let sent =
+                crate::history::service::publish_confirm(bus, fleet, held, epoch, "policy").await;
             if let Err(e) = sent {
                 warn!(fleet = %fleet, error = %e, "cannot publish the release of a held sweep; retrying");
                 self.sent.remove(&(fleet.clone(), held.snapshot_seq));

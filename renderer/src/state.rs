@@ -245,14 +245,21 @@ pub fn apply(
             let live: BTreeSet<(&FleetName, &IngressKey)> =
                 snapshot.live.iter().map(|(f, k)| (f, k)).collect();
             let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
+            let moved_to: BTreeSet<&IngressKey> = snapshot.live.iter().map(|(_, k)| k).collect();
             for (fleet, ingresses) in desired.fleets.iter_mut() {
                 let gone: Vec<(IngressKey, usize)> = ingresses
                     .iter()
                     .filter(|(k, _)| !live.contains(&(fleet, *k)) && !keep.contains(k))
                     .map(|(k, e)| (k.clone(), e.routes.len()))
                     .collect();
-                // This snapshot says what the fleet holds now: an earlier hold is replaced.
-                if desired.held.remove(fleet).is_some() {
+                // Ingresses that moved to another fleet are not deletions: they always go.
+                let (moved, gone): (Vec<_>, Vec<_>) =
+                    gone.into_iter().partition(|(k, _)| moved_to.contains(k));
+                withdraw(fleet, ingresses, moved.into_iter().map(|(k, _)| k), seq, "sweep", out);
+                // This snapshot says what the fleet holds now: an earlier hold is replaced
+                // (held since it began, for the release policy).
+                let earlier = desired.held.remove(fleet);
+                if earlier.is_some() {
                     out.held_changed.insert(fleet.clone());
                 }
                 let routes: usize = gone.iter().map(|(_, n)| n).sum();
@@ -263,7 +270,7 @@ pub fn apply(
                         HeldSweep {
                             snapshot_seq: seq,
                             epoch,
-                            since_unix_ms: 0,
+                            since_unix_ms: earlier.map_or(0, |h| h.since_unix_ms),
                             ingresses: gone,
                             fleet_routes,
                         },
@@ -536,6 +543,31 @@ mod tests {
         assert!(d.held.is_empty());
         assert_eq!(out.causes[&fleet()].len(), 14);
         assert_eq!(out.causes[&fleet()][0].what, "sweep confirmed by operator");
+    }
+
+    #[test]
+    fn moves_to_another_fleet_are_not_held_and_a_renewed_hold_keeps_its_age() {
+        let guard = SweepGuard { percent: 50, min_routes: 10 };
+        let mut d = fleet_of(20, &guard);
+        // All 20 live, but in fleet `core`: moved, not deleted.
+        let core = FleetName::new("core").unwrap();
+        let moved = RouteMessage::Snapshot(RoutesSnapshot {
+            schema: SCHEMA_VERSION,
+            epoch: 2,
+            live: (1..=20)
+                .map(|i| (core.clone(), IngressKey::new("default", &format!("i{i}")).unwrap()))
+                .collect(),
+            keep: vec![],
+        });
+        apply(&mut d, 21, &moved, &guard, &mut Applied::default());
+        assert!(d.held.is_empty() && d.ingresses(&fleet()).is_empty());
+
+        let mut d = fleet_of(20, &guard);
+        apply(&mut d, 21, &snapshot_keeping(0), &guard, &mut Applied::default());
+        d.held.get_mut(&fleet()).unwrap().since_unix_ms = 1234;
+        apply(&mut d, 22, &snapshot_keeping(1), &guard, &mut Applied::default());
+        let held = &d.held[&fleet()];
+        assert_eq!((held.snapshot_seq, held.since_unix_ms, held.ingresses.len()), (22, 1234, 19));
     }
 
     #[test]

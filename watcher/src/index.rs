@@ -52,17 +52,30 @@ pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> V
     actions
 }
 
-/// Fleets from which `actions` delete more than `threshold` Ingresses (0: none), with how
-/// many: a mass deletion, sent as a snapshot for the renderer's guard rather than event by
-/// event.
-pub fn bulk_deletes(actions: &[Action], threshold: usize) -> BTreeMap<FleetName, usize> {
-    let mut deletes: BTreeMap<FleetName, usize> = BTreeMap::new();
+/// The deletions of `actions` that make a mass deletion: of a fleet from which they delete
+/// more than `threshold` Ingresses (0: never), by fleet. They go as one snapshot for the
+/// renderer's guard rather than event by event. An Ingress that moves to another fleet (an
+/// upsert of it there in the same pass) is not deleted and is not counted.
+pub fn bulk_deletes(
+    actions: &[Action],
+    threshold: usize,
+) -> BTreeMap<FleetName, std::collections::BTreeSet<IngressKey>> {
+    let moved: std::collections::BTreeSet<&IngressKey> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Upsert(r) => Some(&r.key),
+            Action::Delete { .. } => None,
+        })
+        .collect();
+    let mut deletes: BTreeMap<FleetName, std::collections::BTreeSet<IngressKey>> = BTreeMap::new();
     for action in actions {
-        if let Action::Delete { fleet, .. } = action {
-            *deletes.entry(fleet.clone()).or_default() += 1;
+        if let Action::Delete { fleet, key } = action
+            && !moved.contains(key)
+        {
+            deletes.entry(fleet.clone()).or_default().insert(key.clone());
         }
     }
-    deletes.retain(|_, n| threshold > 0 && *n > threshold);
+    deletes.retain(|_, keys| threshold > 0 && keys.len() > threshold);
     deletes
 }
 
@@ -144,9 +157,17 @@ mod tests {
         actions.extend((0..10).map(|i| delete(&format!("c{i}"), "core")));
         actions.push(Action::Upsert(resolved("new", "core", 1)));
         let bulk = bulk_deletes(&actions, 10);
-        assert_eq!(bulk.into_iter().collect::<Vec<_>>(), [(FleetName::new("edge").unwrap(), 11)]);
+        let sizes: Vec<_> = bulk.iter().map(|(f, keys)| (f.as_str(), keys.len())).collect();
+        assert_eq!(sizes, [("edge", 11)]);
         assert!(bulk_deletes(&actions, 0).is_empty(), "0 turns it off");
         assert_eq!(bulk_deletes(&actions, 9).len(), 2);
+        // Moving to another fleet is not deleting.
+        actions.push(Action::Upsert(resolved("e0", "core", 1)));
+        assert!(bulk_deletes(&actions, 10).is_empty());
+        assert!(
+            !bulk_deletes(&actions, 9)[&FleetName::new("edge").unwrap()]
+                .contains(&IngressKey::new("default", "e0").unwrap())
+        );
     }
 
     #[test]

@@ -405,13 +405,13 @@ async fn sync(
 
     let actions = index::diff(&state.published, &desired);
     let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
-    for (fleet, count) in &bulk {
-        warn!(fleet = %fleet, ingresses = count,
+    for (fleet, keys) in &bulk {
+        warn!(fleet = %fleet, ingresses = keys.len(),
               "many Ingresses gone at once: publishing a snapshot for the renderer's guard to check instead of deletes");
     }
     for action in actions {
-        if let Action::Delete { fleet, .. } = &action
-            && bulk.contains_key(fleet)
+        if let Action::Delete { fleet, key } = &action
+            && bulk.get(fleet).is_some_and(|keys| keys.contains(key))
         {
             // The snapshot below leaves it out of `live`.
             index::record(&mut state.published, &action);

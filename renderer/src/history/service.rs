@@ -137,7 +137,8 @@ async fn answer(
                 ));
             }
             let held = held.expect("checked above");
-            let stream_seq = publish_confirm(ctx.bus, fleet, held, "operator").await?;
+            let epoch = ctx.desired.epoch;
+            let stream_seq = publish_confirm(ctx.bus, fleet, held, epoch, "operator").await?;
             Ok(HistoryReply::Confirmed { stream_seq })
         }
     }
@@ -145,16 +146,19 @@ async fn answer(
 
 /// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
 /// names the hold, so a second release of the same hold (by the operator and the policy, say)
-/// is dropped by the stream as a duplicate.
+/// is dropped by the stream as a duplicate. It carries `epoch`, the newest watcher epoch the
+/// renderer has seen: it is not fenced off while that watcher runs, and a watcher that starts
+/// after it, reading the stream's newest message, still picks an epoch above it.
 pub async fn publish_confirm(
     bus: &Bus,
     fleet: &FleetName,
     held: &hafleet_proto::HeldSweep,
+    epoch: u64,
     by: &str,
 ) -> anyhow::Result<u64> {
     let msg = hafleet_proto::RouteMessage::Confirm(hafleet_proto::SweepConfirm {
         schema: hafleet_proto::SCHEMA_VERSION,
-        epoch: held.epoch,
+        epoch,
         fleet: fleet.clone(),
         snapshot_seq: held.snapshot_seq,
         by: by.to_owned(),
