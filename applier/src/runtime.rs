@@ -94,6 +94,54 @@ struct ParsedBackend<'a> {
     order: Vec<&'a str>,
 }
 
+/// Where a config names map files: for each name, the text before it (from, to) and the
+/// map's kind; then where the text after the last name starts.
+type MapNamePieces = (Vec<(usize, usize, String)>, usize);
+
+/// Whether the two bundles' configs are the same text but for the names of their map files
+/// (each the same kind at the same place): what [`normalize_map_names`] would make equal, found
+/// by comparing the text between map names in place.
+fn same_but_map_names(a: &Bundle, b: &Bundle) -> bool {
+    let prefix = format!("{}/", hafleet_proto::bundle::MAPS_DIR);
+    // (text before, the map's kind) for each map name, then the text after the last.
+    let pieces = |bundle: &'_ Bundle| -> Option<MapNamePieces> {
+        let config = bundle.config.as_str();
+        let mut out = Vec::new();
+        let mut from = 0;
+        for (at, _) in config.match_indices(&prefix) {
+            if at < from {
+                continue;
+            }
+            let rest = &config[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '.' | '_')))
+                .unwrap_or(rest.len());
+            let path = &rest[..end];
+            let map = bundle.maps.iter().find(|m| m.name.relative_path() == path)?;
+            out.push((from, at, map.name.kind().to_owned()));
+            from = at + end;
+        }
+        Some((out, from))
+    };
+    let (Some((pa, ta)), Some((pb, tb))) = (pieces(a), pieces(b)) else { return false };
+    pa.len() == pb.len()
+        && pa.iter().zip(&pb).all(|((fa, aa, ka), (fb, ab, kb))| {
+            ka == kb && same_but_comments(&a.config[*fa..*aa], &b.config[*fb..*ab])
+        })
+        && same_but_comments(&a.config[ta..], &b.config[tb..])
+}
+
+/// Whether two pieces of config are the same but for comment lines, blank lines and trailing
+/// blanks (none of which HAProxy acts on). Equal bytes are the fast case.
+fn same_but_comments(a: &str, b: &str) -> bool {
+    a == b || acted_on(a).eq(acted_on(b))
+}
+
+/// The lines of `s` HAProxy acts on, without trailing blanks.
+fn acted_on(s: &str) -> impl Iterator<Item = &str> {
+    s.lines().map(str::trim_end).filter(|l| !l.is_empty() && !l.trim_start().starts_with('#'))
+}
+
 /// `config` with every map file name of `maps` replaced by `<map:kind>`, so that configs that
 /// differ only in their maps' contents compare equal.
 fn normalize_map_names(config: &str, bundle: &Bundle) -> String {
@@ -330,6 +378,19 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
     {
         return Err("the set of map files changed".into());
     }
+    let replaced_maps = || {
+        loaded.maps.iter().zip(&next.maps).filter(|(old, new)| old.name != new.name).map(
+            |(_, new)| Step::ReplaceMap {
+                kind: new.name.kind().to_owned(),
+                content: new.content.clone(),
+            },
+        )
+    };
+    // The common change at scale, a route added or moved, changes map files only: found
+    // without rewriting and parsing two configs of megabytes (80 ms at 10,000 backends).
+    if same_but_map_names(loaded, next) {
+        return Ok(replaced_maps().collect());
+    }
     let (old_text, new_text) =
         (normalize_map_names(&loaded.config, loaded), normalize_map_names(&next.config, next));
     let (old, new) = (parse(&old_text)?, parse(&new_text)?);
@@ -360,14 +421,7 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
     }
     let mut steps = added;
     steps.append(&mut changed);
-    for (old_map, new_map) in loaded.maps.iter().zip(&next.maps) {
-        if old_map.name != new_map.name {
-            steps.push(Step::ReplaceMap {
-                kind: new_map.name.kind().to_owned(),
-                content: new_map.content.clone(),
-            });
-        }
-    }
+    steps.extend(replaced_maps());
     steps.append(&mut removed);
     Ok(steps)
 }
@@ -711,6 +765,27 @@ mod tests {
     }
 
     const NODES: &[(&str, &str)] = &[("n1", "10.0.0.1"), ("n2", "10.0.0.2")];
+
+    #[test]
+    fn a_change_of_map_contents_and_comments_only_is_found_without_parsing() {
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        // Another exact map (and with it the `# N rules` comments): map steps only.
+        let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
+        assert!(same_but_map_names(&a, &b));
+        let Plan::Runtime(steps) = plan(&a, &b) else { panic!("a map change needs no reload") };
+        assert!(matches!(steps.as_slice(), [Step::ReplaceMap { kind, .. }] if kind == "exact"));
+        // A server changed as well: not the fast case, and the parsed plan sees it.
+        let c = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\ny be_a\n");
+        assert!(!same_but_map_names(&a, &c));
+        let Plan::Runtime(steps) = plan(&a, &c) else { panic!("a subset move needs no reload") };
+        assert!(steps.iter().any(|s| matches!(s, Step::ReplaceMap { .. })));
+        assert!(steps.iter().any(|s| matches!(s, Step::AddServer { .. })));
+        // A map name that is not one of the bundle's: never the fast case.
+        let mut d = b.clone();
+        d.config = d.config.replace(&d.maps[0].name.relative_path(), "hafleet-maps/exact-0.map");
+        assert!(!same_but_map_names(&a, &d));
+    }
 
     #[test]
     fn the_same_config_needs_nothing_and_a_comment_is_not_a_change() {

@@ -486,6 +486,9 @@ pub struct ApplyReport {
     pub sha256: String,
     pub outcome: ApplyOutcome,
     pub finished_unix_ms: u64,
+    /// From the moment the rollout turned to this host to `finished_unix_ms` (a host of the
+    /// first wave had its files uploaded and checked while the canary went live; that is not
+    /// counted).
     pub duration_ms: u64,
     /// Reloads this apply asked HAProxy for: 0 when the change went in through the runtime API
     /// (or nothing changed), 1 for a reload, 2 when last-known-good had to be reloaded back.

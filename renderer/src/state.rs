@@ -342,7 +342,7 @@ mod tests {
                 }],
             })
         };
-        apply(&mut desired, 1, &nodes(10), &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut desired, 1, &nodes(10), &mut out);
         assert_eq!(desired.epoch, 10);
         assert!(out.writes.contains(&StateWrite::Epoch(10)));
         let before = desired.clone();
@@ -353,13 +353,18 @@ mod tests {
             live: vec![],
             keep: vec![],
         });
-        apply(&mut desired, 2, &stale, &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut desired, 2, &stale, &mut out);
         assert_eq!(desired, before, "an older watcher's sweep changes nothing");
         assert_eq!(out.fenced, vec![(9, 10)]);
         assert!(out.writes.is_empty() && out.causes.is_empty());
         let mut out = Applied::default();
-        apply(&mut desired, 3, &nodes(11), &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut desired, 3, &nodes(11), &mut out);
         assert_eq!((desired.epoch, out.writes.as_slice()), (11, &[StateWrite::Epoch(11)][..]));
+    }
+
+    /// [`apply`] with the default guard.
+    fn apply_unguarded(d: &mut Desired, seq: u64, msg: &RouteMessage, out: &mut Applied) {
+        apply(d, seq, msg, &SweepGuard::default(), out);
     }
 
     fn fleet() -> FleetName {
@@ -382,15 +387,9 @@ mod tests {
     fn upsert_then_delete_round_trips_to_empty() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply(
-            &mut d,
-            1,
-            &event("a", RouteChange::Upsert { routes: vec![] }),
-            &SweepGuard::default(),
-            &mut out,
-        );
+        apply_unguarded(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
         assert_eq!(d.ingresses(&fleet()).len(), 1);
-        apply(&mut d, 2, &event("a", RouteChange::Delete), &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut d, 2, &event("a", RouteChange::Delete), &mut out);
         assert!(d.ingresses(&fleet()).is_empty());
         assert_eq!(route_writes(&out).len(), 2);
         assert_eq!(out.causes[&fleet()].len(), 2);
@@ -401,8 +400,8 @@ mod tests {
         let mut d = Desired::new();
         let mut out = Applied::default();
         let msg = event("a", RouteChange::Upsert { routes: vec![] });
-        apply(&mut d, 1, &msg, &SweepGuard::default(), &mut out);
-        apply(&mut d, 2, &msg, &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut d, 1, &msg, &mut out);
+        apply_unguarded(&mut d, 2, &msg, &mut out);
         assert_eq!(route_writes(&out).len(), 1);
     }
 
@@ -415,25 +414,12 @@ mod tests {
     fn a_snapshot_sweeps_what_is_not_live_in_every_fleet() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply(
-            &mut d,
-            1,
-            &event("a", RouteChange::Upsert { routes: vec![] }),
-            &SweepGuard::default(),
-            &mut out,
-        );
-        apply(
-            &mut d,
-            2,
-            &event("b", RouteChange::Upsert { routes: vec![] }),
-            &SweepGuard::default(),
-            &mut out,
-        );
-        apply(
+        apply_unguarded(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply_unguarded(&mut d, 2, &event("b", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply_unguarded(
             &mut d,
             3,
             &event("kept", RouteChange::Upsert { routes: vec![] }),
-            &SweepGuard::default(),
             &mut out,
         );
         let snap = RouteMessage::Snapshot(RoutesSnapshot {
@@ -443,7 +429,7 @@ mod tests {
             keep: vec![IngressKey::new("default", "kept").unwrap()],
         });
         let mut out = Applied::default();
-        apply(&mut d, 4, &snap, &SweepGuard::default(), &mut out);
+        apply_unguarded(&mut d, 4, &snap, &mut out);
         let left: Vec<_> = d.ingresses(&fleet()).keys().map(|k| k.to_string()).collect();
         assert_eq!(left, ["default/b", "default/kept"], "refused Ingresses are kept");
         assert_eq!(
@@ -612,16 +598,10 @@ mod tests {
         let mut out = Applied::default();
         for i in 0..100 {
             let e = event(&format!("i{i}"), RouteChange::Upsert { routes: vec![] });
-            apply(&mut d, i + 1, &e, &SweepGuard::default(), &mut out);
+            apply_unguarded(&mut d, i + 1, &e, &mut out);
         }
         let mut out = Applied::default();
-        apply(
-            &mut d,
-            200,
-            &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]),
-            &SweepGuard::default(),
-            &mut out,
-        );
+        apply_unguarded(&mut d, 200, &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]), &mut out);
         assert_eq!(d.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
         assert_eq!(out.writes.len(), 1);
         assert_eq!(out.causes[&fleet()].len(), 1);
@@ -629,13 +609,7 @@ mod tests {
 
         // n1 moves, n2 leaves, n3 joins.
         let mut out = Applied::default();
-        apply(
-            &mut d,
-            201,
-            &nodes(&[("n1", "10.0.0.9"), ("n3", "10.0.0.3")]),
-            &SweepGuard::default(),
-            &mut out,
-        );
+        apply_unguarded(&mut d, 201, &nodes(&[("n1", "10.0.0.9"), ("n3", "10.0.0.3")]), &mut out);
         let cause = &out.causes[&fleet()][0];
         assert_eq!((cause.what.as_str(), cause.ingress.as_ref()), ("nodes", None));
         assert_eq!(cause.added, ["n1 (10.0.0.9)", "n3 (10.0.0.3)"]);
@@ -643,13 +617,7 @@ mod tests {
 
         // The same set again changes nothing.
         let mut out = Applied::default();
-        apply(
-            &mut d,
-            202,
-            &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]),
-            &SweepGuard::default(),
-            &mut out,
-        );
+        apply_unguarded(&mut d, 202, &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]), &mut out);
         assert!(out.writes.is_empty() && out.causes.is_empty());
     }
 }
