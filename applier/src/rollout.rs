@@ -11,7 +11,12 @@
 //!              (refused: Failed, live file untouched)                      │
 //!            show proc (before)                                            ┘
 //!              (a version that differs from the running config only in its map files:
-//!               haproxy -c on a config that loads those maps alone, as the config uses them)
+//!               the upload is a sed edit of the live file, checked by its sha256 (else the
+//!               whole config), and haproxy -c runs on a config that loads those maps alone,
+//!               as the config uses them)
+//!            ── up to here: `prepare`, done for the first wave while the canary goes live;
+//!               from here: `finish` (a host prepared ahead first checks that its files are
+//!               as they were, else it is prepared again, and reads show proc anew)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
 //!            command? ──yes──▶ no reload
@@ -46,9 +51,14 @@ mod scripts {
     pub const EXIT_ASK_RELOAD: i32 = 66;
 
     // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
+    macro_rules! live_state {
+        () => {
+            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#
+        };
+    }
     macro_rules! mark_loaded {
         () => {
-            r#"set -e; s1=$(stat -c '%i %s %y' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$s1" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%i %s %y' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
+            r#"set -e; s1=$(stat -c '%d %i %s %y %z' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$(stat -c '%i %s %y' "$1")" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%d %i %s %y %z' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
         };
     }
     macro_rules! upload {
@@ -82,10 +92,18 @@ mod scripts {
     /// $1 = live config path, then the names of the version's map files. Prints the live
     /// file's sha256 and the sha256 of the config HAProxy last loaded (from the marker), a
     /// line each, empty if unknown; then the map names the host does not have yet, a line each.
-    /// The live file is hashed unless it is the very file the marker records (same inode, size
-    /// and modification time to the nanosecond, as MARK_LOADED saw them before and after
-    /// hashing it): 25 ms saved per apply at 10,000 backends. Drift checks always hash.
-    pub const LIVE_STATE: &str = r#"if [ -f "$1" ]; then st="stat $(stat -c '%i %s %y' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#;
+    /// The live file is hashed unless it is the very file the marker records (same device,
+    /// inode, size, modification and change times, as MARK_LOADED saw them when it marked it;
+    /// any write or `touch` changes the change time): 25 ms saved per apply at 10,000
+    /// backends. Drift checks always hash.
+    pub const LIVE_STATE: &str = live_state!();
+    /// $1 = live config path, $2 = master socket. LIVE_STATE's two sha256 lines, `--`, then
+    /// `show proc`: what a host prepared ahead checks when its turn comes, in one round trip.
+    pub const REFRESH: &str = concat!(
+        r#"sock="$2"; set -- "$1"; "#,
+        live_state!(),
+        r#"; echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" || true"#
+    );
     /// $1 = live config path, $2 = expected sha256 or empty, $3 = the master's reload count
     /// after our reload, or empty, $4 = the stat (`%i %s %y`) of the upload that became the
     /// live file, or empty. Records the live file's sha256 (and $3, and the file's inode, size
@@ -112,8 +130,9 @@ mod scripts {
     /// live file edited by it under this attempt's name, and prints its sha256 and stat as
     /// UPLOAD does: for a version that changes a few lines of a config of megabytes (its map
     /// names), a few hundred bytes sent instead of the config. Whoever calls it checks the
-    /// sha256, and uploads the whole config if it is not the version's.
-    pub const UPLOAD_PATCH: &str = r#"umask 027; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
+    /// sha256, and uploads the whole config if it is not the version's or the edit failed.
+    /// Sweeps old uploads as UPLOAD does.
+    pub const UPLOAD_PATCH: &str = r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
     /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
     /// config's sha256; the config on stdin. UPLOAD, checked against $5 (exit EXIT_UPLOAD
     /// otherwise), then validates the upload with `haproxy -c` (its output on stderr; a
@@ -243,6 +262,8 @@ pub struct Prepared<'a> {
     step: Next,
     /// When preparing began.
     pub started: std::time::Instant,
+    /// The live and loaded sha256 lines LIVE_STATE printed when it was prepared.
+    state: String,
 }
 
 /// What [`finish`] has left to do.
@@ -275,17 +296,58 @@ pub async fn prepare<'a>(
             Ok(c) => c,
             Err(e) => {
                 let step = Next::Done(Err(connect_failure(host, &e).await));
-                return Prepared { host, conn: None, step, started };
+                return Prepared { host, conn: None, step, started, state: String::new() };
             }
         };
-    let step = match outcome_of(ApplyStage::Upload, state) {
+    let (step, state) = match outcome_of(ApplyStage::Upload, state) {
         Ok(state) => match stage(&conn, host, version, &state, known).await {
-            Ok(step) => step,
-            Err(f) => Next::Done(Err(f)),
+            Ok(step) => (step, shas(&state)),
+            Err(f) => (Next::Done(Err(f)), String::new()),
         },
-        Err(f) => Next::Done(Err(f)),
+        Err(f) => (Next::Done(Err(f)), String::new()),
     };
-    Prepared { host, conn: Some((conn, generation)), step, started }
+    Prepared { host, conn: Some((conn, generation)), step, started, state }
+}
+
+/// The live and loaded sha256 lines of what LIVE_STATE printed (not the missing maps, which
+/// preparing uploads).
+fn shas(state: &str) -> String {
+    state.lines().take(2).collect::<Vec<_>>().join("\n")
+}
+
+/// A host prepared ahead, made current when the rollout turns to it: its files must still be
+/// what they were (else it is prepared again), and its `show proc` is read again, so that the
+/// reload check and the runtime API's worker are those of now, not of before the canary.
+async fn refresh<'a>(
+    mut prepared: Prepared<'a>,
+    version: &ConfigVersion,
+    known: &[&ConfigVersion],
+    settings: &RolloutSettings,
+) -> Prepared<'a> {
+    let host = prepared.host;
+    let (Some((conn, _)), Next::Staged { .. }) = (&prepared.conn, &prepared.step) else {
+        return prepared;
+    };
+    let args = [host.config_path.as_str(), host.master_socket.as_str()];
+    let now = conn.run(scripts::REFRESH, &args, None).await;
+    let before = match &now {
+        Ok(out) if out.success => match out.stdout.split_once("\n--\n") {
+            Some((files, proc)) if shas(files) == prepared.state => plan::parse_show_proc(proc),
+            _ => None,
+        },
+        _ => None,
+    };
+    match (before, &mut prepared.step) {
+        (Some(before), Next::Staged { uploaded, .. }) => {
+            uploaded.before = before;
+            prepared
+        }
+        _ => {
+            warn!(host = %host.name, "the host changed while the canary went live; preparing it again");
+            abandon(prepared, settings).await;
+            prepare(host, version, known, settings).await
+        }
+    }
 }
 
 /// Puts a prepared host live (see [`prepare`]) and gives its connection back.
@@ -318,13 +380,15 @@ pub async fn finish(
 
 /// Drops a prepared host that must not go live (its rollout halted): removes its upload and
 /// gives its connection back.
+#[tracing::instrument(skip_all, fields(host = %prepared.host.name))]
 pub async fn abandon(prepared: Prepared<'_>, settings: &RolloutSettings) {
     let Prepared { host, conn, step, .. } = prepared;
     let Some((conn, generation)) = conn else { return };
     if let Next::Staged { token, .. } = &step {
         let _ = conn.run(scripts::DISCARD, &[&host.config_path, token], None).await;
     }
-    settings.ssh.give_back(host, conn, generation, true).await;
+    let healthy = !matches!(step, Next::Done(Err(_)));
+    settings.ssh.give_back(host, conn, generation, healthy).await;
 }
 
 /// Why the connection failed: a host key that is not the pinned one (with the fingerprints the
@@ -701,16 +765,22 @@ async fn upload_and_validate(
                 Some(script) => {
                     let stdin = Some(script.as_bytes());
                     let patch = [live, token];
-                    let out =
+                    let edited =
                         remote(conn, ApplyStage::Upload, scripts::UPLOAD_PATCH, &patch, stdin)
-                            .await?;
-                    let ok = out.lines().next() == Some(version.sha256.as_str());
-                    if !ok {
-                        warn!(
-                            "the edited live file is not the version's config; uploading it whole"
-                        );
+                            .await;
+                    match edited {
+                        Ok(out) if out.lines().next() == Some(version.sha256.as_str()) => Some(out),
+                        Ok(_) => {
+                            warn!(
+                                "the edited live file is not the version's config; uploading it whole"
+                            );
+                            None
+                        }
+                        Err(f) => {
+                            warn!(error = %f.message, "editing the live file failed; uploading it whole");
+                            None
+                        }
                     }
-                    ok.then_some(out)
                 }
                 None => None,
             };
@@ -1047,7 +1117,10 @@ async fn attempt_host<'a>(
     settings: &RolloutSettings,
 ) -> HostResult {
     let (prepared, started) = match prepared {
-        Some(p) => (p, std::time::Instant::now()),
+        Some(p) => {
+            let started = std::time::Instant::now();
+            (refresh(p, version, known, settings).await, started)
+        }
         None => {
             let p = prepare(&hosts[i], version, known, settings).await;
             let started = p.started;
@@ -1083,6 +1156,7 @@ pub async fn roll_out(
     let mut next = 0;
     while next < order.len() {
         let canary = order[next];
+        let canary_prepared = ready.remove(&canary);
         let ahead: Vec<usize> = order[next + 1..]
             .iter()
             .copied()
@@ -1091,7 +1165,7 @@ pub async fn roll_out(
             .collect();
         let prepare_ahead = ahead.iter().map(|&i| prepare(&hosts[i], version, known, settings));
         let (tried, prepared) = tokio::join!(
-            attempt_host(hosts, canary, ready.remove(&canary), version, known, settings),
+            attempt_host(hosts, canary, canary_prepared, version, known, settings),
             futures::future::join_all(prepare_ahead)
         );
         ready.extend(ahead.into_iter().zip(prepared));
@@ -1241,6 +1315,14 @@ mod tests {
             String::from_utf8(out.stdout).unwrap()
         };
         assert_eq!(live_state(), format!("{sha}\n{sha}\n"));
+        let refresh = std::process::Command::new("sh")
+            .args(["-c", scripts::REFRESH, "hafleet"])
+            .arg(&live)
+            .arg(dir.path().join("no-such.sock"))
+            .output()
+            .unwrap();
+        let refresh = String::from_utf8(refresh.stdout).unwrap();
+        assert!(refresh.starts_with(&format!("{sha}\n{sha}\n--\n")), "{refresh}");
         std::fs::write(&live, "x map_str(hafleet-maps/exact-ccc.map)\n").unwrap();
         let edited = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
         assert_eq!(live_state(), format!("{edited}\n{sha}\n"), "same size, new mtime");

@@ -126,9 +126,33 @@ fn same_but_map_names(a: &Bundle, b: &Bundle) -> bool {
     let (Some((pa, ta)), Some((pb, tb))) = (pieces(a), pieces(b)) else { return false };
     pa.len() == pb.len()
         && pa.iter().zip(&pb).all(|((fa, aa, ka), (fb, ab, kb))| {
-            ka == kb && same_but_comments(&a.config[*fa..*aa], &b.config[*fb..*ab])
+            // Every piece but the first starts right after a map name.
+            ka == kb && same_piece(&a.config[*fa..*aa], &b.config[*fb..*ab], *fa > 0, true)
         })
-        && same_but_comments(&a.config[ta..], &b.config[tb..])
+        && same_piece(&a.config[ta..], &b.config[tb..], !pa.is_empty(), false)
+}
+
+/// Whether two pieces of config around map names are the same: a partial line next to a map
+/// name (the first line if `after_name`, the last if `before_name`) byte for byte, the other
+/// lines but for comments. A line break moved next to a map name is a change.
+fn same_piece(a: &str, b: &str, after_name: bool, before_name: bool) -> bool {
+    // (the piece's first line with its newline, the middle, the last line from its newline)
+    let split = |s: &'_ str| -> Option<(usize, usize)> { Some((s.find('\n')?, s.rfind('\n')?)) };
+    match (split(a), split(b)) {
+        (None, None) => a == b,
+        (Some((first_a, last_a)), Some((first_b, last_b))) => {
+            let (start_a, start_b) = if after_name { (first_a + 1, first_b + 1) } else { (0, 0) };
+            let (end_a, end_b) = if before_name { (last_a, last_b) } else { (a.len(), b.len()) };
+            (!after_name || a[..start_a] == b[..start_b])
+                && (!before_name || a[end_a..] == b[end_b..])
+                && same_but_comments(
+                    a.get(start_a..end_a.max(start_a)).unwrap_or_default(),
+                    b.get(start_b..end_b.max(start_b)).unwrap_or_default(),
+                )
+        }
+        // A line break on one side only, where the other has none.
+        _ => false,
+    }
 }
 
 /// Whether two pieces of config are the same but for comment lines, blank lines and trailing
@@ -781,6 +805,12 @@ mod tests {
         let Plan::Runtime(steps) = plan(&a, &c) else { panic!("a subset move needs no reload") };
         assert!(steps.iter().any(|s| matches!(s, Step::ReplaceMap { .. })));
         assert!(steps.iter().any(|s| matches!(s, Step::AddServer { .. })));
+        // A line break next to a map name is a change, whatever the rest.
+        let mut e = b.clone();
+        let joined = format!("{})\n", e.maps[0].name.relative_path());
+        e.config = e.config.replacen(&joined, &format!("{}) ", e.maps[0].name.relative_path()), 1);
+        assert_ne!(e.config, b.config);
+        assert!(!same_but_map_names(&b, &e));
         // A map name that is not one of the bundle's: never the fast case.
         let mut d = b.clone();
         d.config = d.config.replace(&d.maps[0].name.relative_path(), "hafleet-maps/exact-0.map");
