@@ -131,8 +131,9 @@ mod scripts {
     /// UPLOAD does: for a version that changes a few lines of a config of megabytes (its map
     /// names), a few hundred bytes sent instead of the config. Whoever calls it checks the
     /// sha256, and uploads the whole config if it is not the version's or the edit failed.
-    /// Sweeps old uploads as UPLOAD does.
-    pub const UPLOAD_PATCH: &str = r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
+    /// It leaves the sweep of uploads that attempts which died left behind to UPLOAD (every
+    /// version that needs a reload is uploaded whole): it is on the path of every map change.
+    pub const UPLOAD_PATCH: &str = r#"umask 027; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
     /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
     /// config's sha256; the config on stdin. UPLOAD, checked against $5 (exit EXIT_UPLOAD
     /// otherwise), then validates the upload with `haproxy -c` (its output on stderr; a
