@@ -271,6 +271,14 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     assert!(restored, "rolled back to last-known-good");
     assert_eq!(world.stack.hosts[0].live_config(), live, "lb-1 runs last-known-good again");
     assert_eq!(world.stack.hosts[1].live_config(), live, "the rollout halted at the canary");
+    // lb-2 was prepared (its upload checked) while the canary went live; the halt removed it.
+    let lb2 = world.stack.hosts[1].config_path();
+    let folder = lb2.parent().context("config folder")?;
+    let staged: Vec<String> = std::fs::read_dir(folder)?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.contains(".hafleet-new-"))
+        .collect();
+    assert!(staged.is_empty(), "uploads left on lb-2 after the halt: {staged:?}");
     assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(good));
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
 
@@ -851,3 +859,4 @@ async fn the_ingress_tells_where_its_change_went_live_and_where_it_was_rolled_ba
     assert_eq!(kind, "Warning");
     Ok(())
 }
+
