@@ -548,14 +548,7 @@ async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
         ..Default::default()
     })
     .await?;
-    world.stack.start_component(Component::Applier)?;
-    let stack = &mut world.stack;
-    let exited = hafleet_tests::wait_for(CONVERGE, || {
-        let running = stack.is_running(Component::Applier);
-        async move { !running }
-    })
-    .await;
-    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    let (exited, log) = applier_until_it_exits(&mut world).await?;
     assert!(exited, "the applier went on with a stream it does not own\n{log}");
     assert!(
         log.contains("stream HAFLEET_REPORTS already exists with another configuration")
@@ -576,14 +569,7 @@ async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
         ..Default::default()
     })
     .await?;
-    world.stack.start_component(Component::Applier)?;
-    let stack = &mut world.stack;
-    let exited = hafleet_tests::wait_for(CONVERGE, || {
-        let running = stack.is_running(Component::Applier);
-        async move { !running }
-    })
-    .await;
-    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    let (exited, log) = applier_until_it_exits(&mut world).await?;
     assert!(exited, "the applier went on with a republishing stream\n{log}");
     assert!(log.contains("republishes its messages"), "{log}");
     Ok(())
@@ -860,3 +846,15 @@ async fn the_ingress_tells_where_its_change_went_live_and_where_it_was_rolled_ba
     Ok(())
 }
 
+/// Starts the stack's applier and waits, at most `CONVERGE`, for it to exit; says whether it
+/// did, and gives its log.
+async fn applier_until_it_exits(world: &mut World) -> Result<(bool, String)> {
+    world.stack.start_component(Component::Applier)?;
+    let stack = &mut world.stack;
+    let exited = hafleet_tests::wait_for(CONVERGE, || {
+        let running = stack.is_running(Component::Applier);
+        async move { !running }
+    })
+    .await;
+    Ok((exited, std::fs::read_to_string(world.stack.log_path(Component::Applier))?))
+}
