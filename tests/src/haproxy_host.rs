@@ -592,6 +592,7 @@ impl Drop for HaproxyHost {
 const BOOTSTRAP_CONFIG: &str = "\
 # Bootstrap config written by hafleet-tests; the applier replaces it.
 global
+    httpclient.ssl.verify none
 
 defaults
     mode http

@@ -1089,7 +1089,7 @@ mod applier {
     /// backend. `round` (a Jinja2 expression for ansible, a number for hafleet) changes it.
     fn config(backends: usize, round: &str) -> String {
         let mut c = format!(
-            "# hafleet-bench applier, round {round}\nglobal\n\ndefaults\n    mode http\n    \
+            "# hafleet-bench applier, round {round}\nglobal\n    httpclient.ssl.verify none\n\ndefaults\n    mode http\n    \
              timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\n\
              frontend hafleet_http\n    bind \"${{HAFLEET_HTTP_BIND-:80}}\"\n"
         );
