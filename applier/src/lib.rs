@@ -15,6 +15,7 @@ pub mod run;
 pub mod runtime;
 pub mod ssh;
 pub mod status;
+pub mod tls;
 
 use clap::Parser;
 
@@ -61,6 +62,14 @@ pub enum Command {
         #[arg(long)]
         fleet: hafleet_proto::FleetName,
     },
+    /// Make a fleet's TLS identity: writes the private half to --out (mode 0600; never
+    /// overwritten) for this applier's --tls-identity, and prints the public half (age1…) for
+    /// the watcher's --seal-to FLEET=RECIPIENT. Only this file opens the fleet's TLS keys.
+    Keygen {
+        /// Where to write the identity file.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 impl Cli {
@@ -74,10 +83,30 @@ impl Cli {
                 print!("{}", permissions::nats_permissions(&fleet));
                 Ok(())
             }
+            Cli { command: Some(Command::Keygen { out }), .. } => keygen(&out),
             // Read the run settings as the run command alone, with its required arguments
             // required again: `run` is `None` when they all come from the environment (as
             // under systemd).
             Cli { command: None, .. } => run::run(RunOnly::parse().run).await,
         }
     }
+}
+
+/// `keygen`: the identity file, created 0600 and never over an existing file.
+fn keygen(out: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let id = tls::FleetIdentity::generate();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("cannot create {} (it is never overwritten)", out.display()))?;
+    f.write_all(id.to_file_text().as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    println!("{}", id.recipient());
+    Ok(())
 }

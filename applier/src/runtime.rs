@@ -785,7 +785,7 @@ mod tests {
                 c.push_str(&format!("    server {s} {addr} no-check track hafleet_nodes/{s}\n"));
             }
         }
-        Bundle { config: c, maps }
+        Bundle { config: c, maps, certs: vec![] }
     }
 
     const NODES: &[(&str, &str)] = &[("n1", "10.0.0.1"), ("n2", "10.0.0.2")];

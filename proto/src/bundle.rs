@@ -97,6 +97,9 @@ pub struct Bundle {
     /// Sorted by name, no name twice.
     #[serde(default)]
     pub maps: Vec<MapFile>,
+    /// The certificates a crt-list map names, sorted by id, no id twice; their keys sealed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certs: Vec<crate::SealedCert>,
 }
 
 /// Why a bundle is not the one its version names.
@@ -108,6 +111,10 @@ pub enum BundleError {
     MapMismatch { name: String },
     #[error("map {name} appears twice")]
     DuplicateMap { name: String },
+    #[error("certificate {fingerprint}: {why}")]
+    Cert { fingerprint: String, why: crate::CertError },
+    #[error("certificate {id} appears twice")]
+    DuplicateCert { id: String },
 }
 
 impl Bundle {
@@ -118,7 +125,9 @@ impl Bundle {
 
     /// Bytes of every file together.
     pub fn size(&self) -> usize {
-        self.config.len() + self.maps.iter().map(|m| m.content.len()).sum::<usize>()
+        self.config.len()
+            + self.maps.iter().map(|m| m.content.len()).sum::<usize>()
+            + self.certs.iter().map(|c| c.chain_pem.len() + c.sealed_key.len()).sum::<usize>()
     }
 
     /// Checks that the config is the one `sha256` names and every map is the one its name
@@ -135,6 +144,15 @@ impl Bundle {
             }
             if sha256_hex(m.content.as_bytes()) != m.name.digest() {
                 return Err(BundleError::MapMismatch { name: m.name.to_string() });
+            }
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for c in &self.certs {
+            c.check()
+                .map_err(|why| BundleError::Cert { fingerprint: c.fingerprint.clone(), why })?;
+            let id = c.id();
+            if !ids.insert(id.clone()) {
+                return Err(BundleError::DuplicateCert { id });
             }
         }
         Ok(())
@@ -167,7 +185,7 @@ mod tests {
             name: MapName::for_content("exact", "k v\n").unwrap(),
             content: "k v\n".into(),
         };
-        let bundle = Bundle { config: "global\n".into(), maps: vec![map.clone()] };
+        let bundle = Bundle { config: "global\n".into(), maps: vec![map.clone()], certs: vec![] };
         bundle.verify(&bundle.sha256()).unwrap();
         assert!(matches!(bundle.verify("00"), Err(BundleError::ConfigMismatch { .. })));
         let mut tampered = bundle.clone();
@@ -176,7 +194,8 @@ mod tests {
             tampered.verify(&tampered.sha256()),
             Err(BundleError::MapMismatch { .. })
         ));
-        let twice = Bundle { config: "global\n".into(), maps: vec![map.clone(), map] };
+        let twice =
+            Bundle { config: "global\n".into(), maps: vec![map.clone(), map], certs: vec![] };
         assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateMap { .. })));
     }
 }

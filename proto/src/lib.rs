@@ -16,6 +16,7 @@ pub mod history;
 pub mod messages;
 pub mod signature;
 pub mod subjects;
+pub mod tls;
 pub mod values;
 
 pub use bundle::*;
@@ -23,6 +24,7 @@ pub use history::*;
 pub use messages::*;
 pub use signature::{SignatureError, Signer, Verifier, VersionSignature};
 pub use subjects::*;
+pub use tls::{CertError, SealedCert, TlsEntry};
 pub use values::*;
 
 /// Version of the message schema. Bumped on any incompatible change; consumers reject messages

@@ -225,8 +225,13 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum RouteChange {
-    /// The Ingress's routes are now exactly these.
-    Upsert { routes: Vec<Route> },
+    /// The Ingress's routes are now exactly these, and its hosts with TLS are served with
+    /// these certificates (none: plain HTTP only).
+    Upsert {
+        routes: Vec<Route>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tls: Vec<crate::TlsEntry>,
+    },
     /// The Ingress is gone from this fleet (deleted, re-annotated or no longer selected).
     Delete,
 }
@@ -576,7 +581,7 @@ mod tests {
     #[test]
     fn route_messages_round_trip() {
         for msg in [
-            event(RouteChange::Upsert { routes: vec![route()] }),
+            event(RouteChange::Upsert { routes: vec![route()], tls: vec![] }),
             event(RouteChange::Delete),
             nodes(),
             RouteMessage::Snapshot(RoutesSnapshot {
@@ -615,15 +620,16 @@ mod tests {
 
     #[test]
     fn an_unsafe_host_inside_a_message_fails_to_decode() {
-        let mut json: serde_json::Value =
-            serde_json::from_slice(&event(RouteChange::Upsert { routes: vec![route()] }).encode())
-                .unwrap();
+        let mut json: serde_json::Value = serde_json::from_slice(
+            &event(RouteChange::Upsert { routes: vec![route()], tls: vec![] }).encode(),
+        )
+        .unwrap();
         json["change"]["routes"][0]["host"] = "x.com\n  use_backend evil".into();
         assert!(RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).is_err());
     }
 
     fn version(config: &str) -> ConfigVersion {
-        let bundle = Bundle { config: config.into(), maps: vec![] };
+        let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
         ConfigVersion {
             schema: SCHEMA_VERSION,
             fleet: FleetName::new("edge").unwrap(),
@@ -667,7 +673,7 @@ mod tests {
         let by_ref = ConfigVersion::decode(&by_ref.encode()).unwrap();
         assert!(by_ref.bundle().is_none());
         assert_eq!(by_ref.clone().with_bundle(bundle).unwrap(), v);
-        let other = Bundle { config: "other\n".into(), maps: vec![] };
+        let other = Bundle { config: "other\n".into(), maps: vec![], certs: vec![] };
         assert!(by_ref.with_bundle(other).is_err());
     }
 
@@ -703,12 +709,14 @@ mod tests {
         else {
             panic!("an event")
         };
-        let RouteChange::Upsert { routes } = e.change else { panic!("an upsert") };
+        let RouteChange::Upsert { routes, .. } = e.change else { panic!("an upsert") };
         assert_eq!(routes[0].backend.node_port, None);
         assert_eq!(routes[0].backend.servers[0].port, 30080);
         // New messages never carry servers, and name the NodePort.
-        let new = String::from_utf8(event(RouteChange::Upsert { routes: vec![route()] }).encode())
-            .unwrap();
+        let new = String::from_utf8(
+            event(RouteChange::Upsert { routes: vec![route()], tls: vec![] }).encode(),
+        )
+        .unwrap();
         assert!(new.contains(r#""node_port":30080"#) && !new.contains("servers"), "{new}");
     }
 

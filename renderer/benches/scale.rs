@@ -82,7 +82,7 @@ fn upsert(fleet: &FleetName, i: usize, rv: usize) -> RouteMessage {
         ingress: common::key(i),
         created_unix: i as i64,
         resource_version: rv.to_string(),
-        change: RouteChange::Upsert { routes },
+        change: RouteChange::Upsert { routes, tls: vec![] },
         epoch: 1,
     })
 }

@@ -213,7 +213,7 @@ impl Renderer {
         if !config.ends_with('\n') {
             config.push('\n');
         }
-        Ok(Bundle { config, maps: maps.files })
+        Ok(Bundle { config, maps: maps.files, certs: vec![] })
     }
 
     /// Every backend's section through the template's macro, in the model's (name) order: the

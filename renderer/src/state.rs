@@ -200,7 +200,7 @@ pub fn apply(
                 removed,
             };
             match &event.change {
-                RouteChange::Upsert { routes } => {
+                RouteChange::Upsert { routes, .. } => {
                     let mut entry = IngressEntry {
                         created_unix: event.created_unix,
                         resource_version: event.resource_version.clone(),
@@ -387,7 +387,12 @@ mod tests {
     fn upsert_then_delete_round_trips_to_empty() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply_unguarded(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply_unguarded(
+            &mut d,
+            1,
+            &event("a", RouteChange::Upsert { routes: vec![], tls: vec![] }),
+            &mut out,
+        );
         assert_eq!(d.ingresses(&fleet()).len(), 1);
         apply_unguarded(&mut d, 2, &event("a", RouteChange::Delete), &mut out);
         assert!(d.ingresses(&fleet()).is_empty());
@@ -399,7 +404,7 @@ mod tests {
     fn repeating_an_upsert_writes_nothing() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        let msg = event("a", RouteChange::Upsert { routes: vec![] });
+        let msg = event("a", RouteChange::Upsert { routes: vec![], tls: vec![] });
         apply_unguarded(&mut d, 1, &msg, &mut out);
         apply_unguarded(&mut d, 2, &msg, &mut out);
         assert_eq!(route_writes(&out).len(), 1);
@@ -414,12 +419,22 @@ mod tests {
     fn a_snapshot_sweeps_what_is_not_live_in_every_fleet() {
         let mut d = Desired::new();
         let mut out = Applied::default();
-        apply_unguarded(&mut d, 1, &event("a", RouteChange::Upsert { routes: vec![] }), &mut out);
-        apply_unguarded(&mut d, 2, &event("b", RouteChange::Upsert { routes: vec![] }), &mut out);
+        apply_unguarded(
+            &mut d,
+            1,
+            &event("a", RouteChange::Upsert { routes: vec![], tls: vec![] }),
+            &mut out,
+        );
+        apply_unguarded(
+            &mut d,
+            2,
+            &event("b", RouteChange::Upsert { routes: vec![], tls: vec![] }),
+            &mut out,
+        );
         apply_unguarded(
             &mut d,
             3,
-            &event("kept", RouteChange::Upsert { routes: vec![] }),
+            &event("kept", RouteChange::Upsert { routes: vec![], tls: vec![] }),
             &mut out,
         );
         let snap = RouteMessage::Snapshot(RoutesSnapshot {
@@ -450,7 +465,7 @@ mod tests {
             "s",
         );
         for i in 1..=n {
-            let upsert = RouteChange::Upsert { routes: vec![route.clone()] };
+            let upsert = RouteChange::Upsert { routes: vec![route.clone()], tls: vec![] };
             apply(&mut d, i, &event(&format!("i{i}"), upsert), guard, &mut out);
         }
         d
@@ -501,7 +516,7 @@ mod tests {
         apply(
             &mut d,
             33,
-            &epoch_2(event("i5", RouteChange::Upsert { routes: vec![route] })),
+            &epoch_2(event("i5", RouteChange::Upsert { routes: vec![route], tls: vec![] })),
             &guard,
             &mut out,
         );
@@ -597,7 +612,7 @@ mod tests {
         let mut d = Desired::new();
         let mut out = Applied::default();
         for i in 0..100 {
-            let e = event(&format!("i{i}"), RouteChange::Upsert { routes: vec![] });
+            let e = event(&format!("i{i}"), RouteChange::Upsert { routes: vec![], tls: vec![] });
             apply_unguarded(&mut d, i + 1, &e, &mut out);
         }
         let mut out = Applied::default();

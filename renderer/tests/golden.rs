@@ -156,7 +156,7 @@ fn empty_fleet() {
 #[test]
 fn haproxy_check_catches_a_broken_config() {
     // The check above must be able to fail, or it proves nothing.
-    let broken = Bundle { config: "frontend x\n  bindd :1\n".into(), maps: vec![] };
+    let broken = Bundle { config: "frontend x\n  bindd :1\n".into(), maps: vec![], certs: vec![] };
     let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&broken));
     assert!(result.is_err());
     // Nor may a config pass whose map file is missing.

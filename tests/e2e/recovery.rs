@@ -866,7 +866,7 @@ async fn route_messages_of_an_older_watcher_epoch_are_fenced_off() -> Result<()>
     let current = ghost.epoch;
     ghost.epoch = current - 1;
     ghost.ingress = IngressKey::new("default", "ghost")?;
-    let hafleet_proto::RouteChange::Upsert { routes } = &mut ghost.change else {
+    let hafleet_proto::RouteChange::Upsert { routes, .. } = &mut ghost.change else {
         anyhow::bail!("shop's last event is not an upsert");
     };
     for route in routes {

@@ -14,6 +14,7 @@ pub mod resolve;
 pub mod run;
 pub mod status;
 pub mod tenancy;
+pub mod tls;
 
 use clap::Parser;
 

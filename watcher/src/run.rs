@@ -427,7 +427,7 @@ async fn sync(
                     &r.key,
                     r.created_unix,
                     &r.resource_version,
-                    RouteChange::Upsert { routes: r.routes.clone() },
+                    RouteChange::Upsert { routes: r.routes.clone(), tls: vec![] },
                     state.epoch,
                 ),
             ),
@@ -499,7 +499,7 @@ fn over_budget(
             args.max_paths_per_ingress
         ));
     }
-    let change = RouteChange::Upsert { routes: r.routes.clone() };
+    let change = RouteChange::Upsert { routes: r.routes.clone(), tls: vec![] };
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, 0);
     let size = msg.encode().len();
     let limit = args.max_ingress_bytes.min(payload_limit);

@@ -452,7 +452,11 @@ mod tests {
 
     fn bundle(config: &str, exact: &str) -> Bundle {
         let name = MapName::for_content("exact", exact).unwrap();
-        Bundle { config: config.into(), maps: vec![MapFile { name, content: exact.into() }] }
+        Bundle {
+            config: config.into(),
+            maps: vec![MapFile { name, content: exact.into() }],
+            certs: vec![],
+        }
     }
 
     #[test]

@@ -798,6 +798,7 @@ mod history {
                     kind: PathKind::Prefix,
                     backend,
                 }],
+                tls: vec![],
             },
             epoch: 1,
         });
@@ -1114,7 +1115,7 @@ mod applier {
     }
 
     fn version(fleet: &FleetName, n: u64, config: String, signer: &Signer) -> ConfigVersion {
-        let bundle = Bundle { config, maps: vec![] };
+        let bundle = Bundle { config, maps: vec![], certs: vec![] };
         signer.sign(ConfigVersion {
             parent: n.checked_sub(1).filter(|p| *p > 0),
             created_unix_ms: hafleet_runtime::now_unix_ms(),

@@ -1,0 +1,310 @@
+//! Certificates from `kubernetes.io/tls` Secrets: checked here, before anything leaves the
+//! watcher, and their private keys sealed to the fleet that serves them. Pure: no I/O.
+//!
+//! What a certificate must be to go anywhere: `tls.crt` only PEM certificates (end-entity
+//! first) and `tls.key` one PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC), parsable, the key
+//! the one the certificate's public key names, and not expired. Anything else is refused with a
+//! reason for the Ingress's Warning Event, so `haproxy -c` never sees one tenant's bad Secret.
+//! The key is re-encoded from its DER and sealed at once; its clear text never leaves this
+//! module but in the sealed form, and no error or `Debug` output quotes it.
+
+use base64::Engine;
+use hafleet_proto::{HttpHost, SealedCert, tls::certificates_pem};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use std::fmt;
+use zeroize::Zeroizing;
+
+/// The Secret type the watcher reads (and the only one it watches).
+pub const SECRET_TYPE: &str = "kubernetes.io/tls";
+
+/// Why a Secret's certificate is not served. Never quotes key material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertProblem {
+    #[error("has no {0}")]
+    Missing(&'static str),
+    #[error("tls.crt holds no PEM certificate")]
+    NoCertificate,
+    #[error("tls.crt: certificate {index} does not parse: {why}")]
+    Unparsable { index: usize, why: String },
+    #[error("tls.key holds no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)")]
+    NoKey,
+    #[error("tls.key is not a key HAProxy and this watcher can use ({0})")]
+    UnsupportedKey(String),
+    #[error("tls.key does not match the certificate's public key")]
+    KeyMismatch,
+    #[error("the certificate expired at {0}")]
+    Expired(String),
+    #[error("the certificate is not valid before {0}")]
+    NotYetValid(String),
+    #[error("the certificate names no DNS name (subjectAltName)")]
+    NoNames,
+}
+
+/// A certificate that passed every check, with its key in clear (zeroed when dropped). Its
+/// `Debug` shows the fingerprint and names only.
+pub struct CheckedCert {
+    pub fingerprint: String,
+    pub names: Vec<HttpHost>,
+    pub not_after_unix: i64,
+    pub chain_pem: String,
+    key_pem: Zeroizing<String>,
+}
+
+impl fmt::Debug for CheckedCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckedCert")
+            .field("fingerprint", &self.fingerprint)
+            .field("names", &self.names)
+            .field("not_after_unix", &self.not_after_unix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a `kubernetes.io/tls` Secret's `tls.crt` and `tls.key` at time `now_unix`.
+pub fn check(
+    crt: Option<&[u8]>,
+    key: Option<&[u8]>,
+    now_unix: i64,
+) -> Result<CheckedCert, CertProblem> {
+    let crt = crt.ok_or(CertProblem::Missing("tls.crt"))?;
+    let key = key.ok_or(CertProblem::Missing("tls.key"))?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(crt)
+        .collect::<Result<_, _>>()
+        .map_err(|_| CertProblem::NoCertificate)?;
+    let first = chain.first().ok_or(CertProblem::NoCertificate)?;
+    for (index, der) in chain.iter().enumerate() {
+        x509_parser::parse_x509_certificate(der)
+            .map_err(|e| CertProblem::Unparsable { index, why: e.to_string() })?;
+    }
+    let (_, leaf) = x509_parser::parse_x509_certificate(first)
+        .map_err(|e| CertProblem::Unparsable { index: 0, why: e.to_string() })?;
+
+    // Only the key's kind and DER are kept; the text around it (comments, other blocks) is not.
+    let key_der = PrivateKeyDer::from_pem_slice(key).map_err(|_| CertProblem::NoKey)?;
+    let label = match &key_der {
+        PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+        PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+        PrivateKeyDer::Pkcs8(_) => "PRIVATE KEY",
+        _ => return Err(CertProblem::UnsupportedKey("unknown encoding".into())),
+    };
+    let key_pem = Zeroizing::new(pem_block(label, key_der.secret_der()));
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key_der)
+        .map_err(|e| CertProblem::UnsupportedKey(e.to_string()))?;
+    let certified = rustls::sign::CertifiedKey::new(chain.clone(), signing);
+    certified.keys_match().map_err(|e| match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            CertProblem::KeyMismatch
+        }
+        other => CertProblem::UnsupportedKey(other.to_string()),
+    })?;
+
+    let validity = leaf.validity();
+    let not_after_unix = validity.not_after.timestamp();
+    if not_after_unix <= now_unix {
+        return Err(CertProblem::Expired(validity.not_after.to_string()));
+    }
+    if validity.not_before.timestamp() > now_unix {
+        return Err(CertProblem::NotYetValid(validity.not_before.to_string()));
+    }
+    let mut names: Vec<HttpHost> = match leaf.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(s) => {
+                    HttpHost::new(s.to_ascii_lowercase()).ok()
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(CertProblem::NoNames);
+    }
+    Ok(CheckedCert {
+        fingerprint: hafleet_proto::sha256_hex(first),
+        names,
+        not_after_unix,
+        chain_pem: certificates_pem(chain.iter().map(|c| c.as_ref())),
+        key_pem,
+    })
+}
+
+fn pem_block(label: &str, der: &[u8]) -> String {
+    let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(der));
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+/// A fleet's public sealing key (an age X25519 recipient, `age1…`), as the platform team
+/// configures it for the watcher.
+#[derive(Clone)]
+pub struct SealTo(age::x25519::Recipient);
+
+impl fmt::Debug for SealTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SealTo({})", self.0)
+    }
+}
+
+impl std::str::FromStr for SealTo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.trim().parse::<age::x25519::Recipient>().map(SealTo).map_err(|_| {
+            "not an age X25519 recipient (age1…, as `hafleet-applier keygen` prints it)".into()
+        })
+    }
+}
+
+impl CheckedCert {
+    /// The certificate with its key encrypted to `to`. Each call seals anew (age picks a
+    /// fresh ephemeral key), so callers keep the result rather than seal again.
+    pub fn seal(&self, to: &SealTo) -> SealedCert {
+        let mut armored = Vec::new();
+        {
+            let encryptor = age::Encryptor::with_recipients(std::iter::once(&to.0 as _))
+                .expect("one recipient");
+            let armor = age::armor::ArmoredWriter::wrap_output(
+                &mut armored,
+                age::armor::Format::AsciiArmor,
+            )
+            .expect("writing to memory");
+            let mut w = encryptor.wrap_output(armor).expect("writing to memory");
+            std::io::Write::write_all(&mut w, self.key_pem.as_bytes()).expect("writing to memory");
+            w.finish().and_then(|armor| armor.finish()).expect("writing to memory");
+        }
+        SealedCert {
+            fingerprint: self.fingerprint.clone(),
+            names: self.names.clone(),
+            not_after_unix: self.not_after_unix,
+            chain_pem: self.chain_pem.clone(),
+            sealed_key: String::from_utf8(armored).expect("age armor is ASCII"),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// A self-signed certificate and key made by the `openssl` command, valid for `days`: `key`
+    /// is `ec` (P-256, SEC1 as `openssl ecparam` writes it), `ec8` (P-256, PKCS#8) or `rsa`
+    /// (2048, PKCS#8). Without names its only subjectAltName is an IP address.
+    pub fn openssl_cert(names: &[&str], key: &str, days: u32) -> (Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (k, c) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
+        let ok = |cmd: &mut Command| {
+            let out = cmd.output().expect("openssl runs");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let genkey: &[&str] = match key {
+            "ec" => &["ecparam", "-name", "prime256v1", "-genkey", "-noout"],
+            "ec8" => &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+            _ => &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+        };
+        ok(Command::new("openssl").args(genkey).arg("-out").arg(&k));
+        let san = if names.is_empty() {
+            "IP:127.0.0.1".to_owned()
+        } else {
+            names.iter().map(|n| format!("DNS:{n}")).collect::<Vec<_>>().join(",")
+        };
+        ok(Command::new("openssl")
+            .args(["req", "-x509", "-new", "-key"])
+            .arg(&k)
+            .arg("-out")
+            .arg(&c)
+            .args(["-days", &days.to_string(), "-subj", "/CN=hafleet-test"])
+            .args(["-addext", &format!("subjectAltName={san}")]));
+        (std::fs::read(&c).unwrap(), std::fs::read(&k).unwrap())
+    }
+
+    fn now() -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+    }
+
+    #[test]
+    fn good_certificates_of_every_key_kind_pass_and_are_re_encoded() {
+        for kind in ["ec", "ec8", "rsa"] {
+            let (crt, key) = openssl_cert(&["a.example.com", "*.b.example.com"], kind, 30);
+            let c = check(Some(&crt), Some(&key), now()).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let names: Vec<&str> = c.names.iter().map(|n| n.as_str()).collect();
+            assert_eq!(names, ["*.b.example.com", "a.example.com"], "{kind}");
+            assert!(c.not_after_unix > now() + 29 * 86400, "{kind}");
+            let der = CertificateDer::from_pem_slice(&crt).unwrap();
+            assert_eq!(c.fingerprint, hafleet_proto::sha256_hex(&der), "{kind}");
+            assert_eq!(
+                hafleet_proto::tls::pem_certificates(&c.chain_pem).unwrap(),
+                vec![der.to_vec()]
+            );
+            assert!(c.key_pem.contains("PRIVATE KEY-----\n"), "{kind}");
+            assert!(!format!("{c:?}").contains("PRIVATE"), "Debug shows no key");
+        }
+    }
+
+    #[test]
+    fn bad_secrets_are_refused_with_a_reason_that_quotes_no_key() {
+        let (crt, key) = openssl_cert(&["a.example.com"], "ec", 30);
+        let (_, other_key) = openssl_cert(&["a.example.com"], "ec", 30);
+        let (ip_crt, ip_key) = openssl_cert(&[], "ec", 30);
+        let t = now();
+        assert_eq!(check(None, Some(&key), t).unwrap_err(), CertProblem::Missing("tls.crt"));
+        assert_eq!(check(Some(&crt), None, t).unwrap_err(), CertProblem::Missing("tls.key"));
+        assert_eq!(check(Some(&key), Some(&key), t).unwrap_err(), CertProblem::NoCertificate);
+        assert_eq!(check(Some(&crt), Some(&crt), t).unwrap_err(), CertProblem::NoKey);
+        assert_eq!(check(Some(b"junk"), Some(&key), t).unwrap_err(), CertProblem::NoCertificate);
+        assert_eq!(check(Some(&crt), Some(&other_key), t).unwrap_err(), CertProblem::KeyMismatch);
+        let later = t + 31 * 86_400;
+        assert!(matches!(check(Some(&crt), Some(&key), later), Err(CertProblem::Expired(_))));
+        let earlier = t - 86_400;
+        assert!(matches!(check(Some(&crt), Some(&key), earlier), Err(CertProblem::NotYetValid(_))));
+        assert_eq!(check(Some(&ip_crt), Some(&ip_key), t).unwrap_err(), CertProblem::NoNames);
+        let mut broken = String::from_utf8(crt.clone()).unwrap();
+        broken = broken.replacen("MII", "MIX", 1);
+        let err = check(Some(broken.as_bytes()), Some(&key), t).unwrap_err();
+        assert!(
+            matches!(err, CertProblem::Unparsable { .. } | CertProblem::NoCertificate),
+            "{err}"
+        );
+        let key_text = String::from_utf8(other_key).unwrap();
+        let body = key_text.lines().nth(1).unwrap();
+        for e in [CertProblem::KeyMismatch, CertProblem::NoKey] {
+            assert!(!e.to_string().contains(body));
+        }
+    }
+
+    #[test]
+    fn a_sealed_key_opens_only_with_its_fleet_identity_and_is_not_in_clear() {
+        let (crt, key) = openssl_cert(&["a.example.com"], "ec8", 30);
+        let c = check(Some(&crt), Some(&key), now()).unwrap();
+        let edge = age::x25519::Identity::generate();
+        let other = age::x25519::Identity::generate();
+        let to: SealTo = edge.to_public().to_string().parse().unwrap();
+        let sealed = c.seal(&to);
+        sealed.check().unwrap();
+        let key_body = String::from_utf8(key.clone()).unwrap().lines().nth(1).unwrap().to_owned();
+        let json = serde_json::to_string(&sealed).unwrap();
+        assert!(!json.contains(&key_body) && !json.contains("PRIVATE KEY"), "{json}");
+        let open = |id: &age::x25519::Identity| {
+            let r = age::armor::ArmoredReader::new(sealed.sealed_key.as_bytes());
+            let d = age::Decryptor::new(r).ok()?;
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut d.decrypt(std::iter::once(id as _)).ok()?, &mut out)
+                .ok()?;
+            Some(out)
+        };
+        assert_eq!(open(&edge).unwrap(), c.key_pem.as_bytes());
+        assert!(open(&other).is_none(), "another fleet's identity cannot open it");
+        assert_ne!(c.seal(&to).sealed_key, sealed.sealed_key, "each seal is fresh");
+        assert!("age1bad".parse::<SealTo>().is_err());
+    }
+}
