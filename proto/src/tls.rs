@@ -146,9 +146,14 @@ fn is_age_armor(text: &str) -> bool {
 /// One `spec.tls` entry of an Ingress: these hosts are served with this certificate.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TlsEntry {
-    /// Sorted, each once; each covered by one of the certificate's names.
+    /// Sorted, each once; hosts the Ingress routes, each covered by one of the certificate's
+    /// names (when there is a certificate).
     pub hosts: Vec<HttpHost>,
-    pub cert: SealedCert,
+    /// The Secret it came from, in the Ingress's namespace.
+    pub secret: crate::ObjectName,
+    /// `None`: the Secret is unusable as it stands (the Ingress has a Warning Event saying
+    /// why); the hosts keep the certificate they were served with, or get the fleet's default.
+    pub cert: Option<SealedCert>,
 }
 
 /// Whether a certificate name (`a.example.com` or `*.example.com`) covers `host` as TLS

@@ -14,6 +14,7 @@ mod recovery;
 mod refusals;
 mod routing;
 mod scale;
+mod tls;
 
 use anyhow::Result;
 use hafleet_tests::stack::{Component, Stack};

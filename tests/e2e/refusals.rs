@@ -83,7 +83,7 @@ async fn warning_event(
 }
 
 /// [`warning_event`] in namespace `ns`.
-async fn warning_event_in(
+pub(crate) async fn warning_event_in(
     stack: &hafleet_tests::stack::Stack,
     ns: &str,
     name: &str,

@@ -6,10 +6,12 @@
 //! published). A fleet change is a delete on the old fleet and an upsert on the new one.
 
 use crate::resolve::Resolved;
-use hafleet_proto::{FleetName, IngressKey, Route};
+use hafleet_proto::{FleetName, IngressKey, Route, TlsEntry};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Nearly every entry is `Routed`: boxing it would add an allocation per Ingress and save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Desired {
     Routed(Resolved),
     /// Refused: keep whatever was published before.
@@ -18,7 +20,7 @@ pub enum Desired {
 
 /// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
 /// failed and may or may not have been stored, so whatever is desired must be sent again.
-pub type Published = BTreeMap<IngressKey, (FleetName, Option<Vec<Route>>)>;
+pub type Published = BTreeMap<IngressKey, (FleetName, Option<(Vec<Route>, Vec<TlsEntry>)>)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -28,7 +30,8 @@ pub enum Action {
 
 /// Whether exactly these routes, for this fleet, are what was last published for the Ingress.
 pub fn is_current(published: &Published, r: &Resolved) -> bool {
-    matches!(published.get(&r.key), Some((fleet, Some(routes))) if fleet == &r.fleet && routes == &r.routes)
+    matches!(published.get(&r.key), Some((fleet, Some((routes, tls))))
+        if fleet == &r.fleet && routes == &r.routes && tls == &r.tls)
 }
 
 /// The actions that bring `published` to `desired`, deletes first: a delete for what is gone
@@ -83,7 +86,8 @@ pub fn bulk_deletes(
 pub fn record(published: &mut Published, action: &Action) {
     match action {
         Action::Upsert(r) => {
-            published.insert(r.key.clone(), (r.fleet.clone(), Some(r.routes.clone())));
+            published
+                .insert(r.key.clone(), (r.fleet.clone(), Some((r.routes.clone(), r.tls.clone()))));
         }
         Action::Delete { fleet, key } => {
             if published.get(key).is_some_and(|(f, _)| f == fleet) {
@@ -117,6 +121,7 @@ mod tests {
             routes: vec![route; n_routes],
             warnings: vec![],
             sharing: Default::default(),
+            tls: vec![],
         }
     }
 

@@ -3,9 +3,10 @@
 //! Events.
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -23,6 +24,9 @@ pub struct Caches {
     /// Where Services' endpoints run, read as the server serves them (`discovery.k8s.io/v1`,
     /// or `v1beta1` before Kubernetes 1.21); `None` on a server that serves neither.
     pub endpoint_slices: Option<Store<DynamicObject>>,
+    /// With TLS on: the `kubernetes.io/tls` Secrets, metadata only (name and resourceVersion,
+    /// never data). The data of the ones fleet Ingresses name is read with [`secret_data`].
+    pub tls_secrets: Option<Store<PartialObjectMeta<Secret>>>,
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -30,7 +34,7 @@ pub type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
 /// Starts the watches; EndpointSlices at `endpoint_slices` when given (see
 /// [`endpoint_slice_api`]). Nothing is fetched until the returned stream is polled.
-pub fn watch(client: Client, endpoint_slices: Option<ApiResource>) -> (Caches, Changes) {
+pub fn watch(client: Client, endpoint_slices: Option<ApiResource>, tls: bool) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -74,6 +78,21 @@ pub fn watch(client: Client, endpoint_slices: Option<ApiResource>) -> (Caches, C
         .reflect(node_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("nodes", e)));
     let mut all = vec![ing.boxed(), svc.boxed(), node.boxed()];
+    let tls_secrets = tls.then(|| {
+        let (store, writer) = reflector::store::<PartialObjectMeta<Secret>>();
+        let config = cfg().fields(&format!("type={}", crate::tls::SECRET_TYPE));
+        let secrets = watcher(Api::<PartialObjectMeta<Secret>>::all(client.clone()), config)
+            .default_backoff()
+            .modify(|s| {
+                s.metadata.managed_fields = None;
+                s.metadata.annotations = None;
+                s.metadata.labels = None;
+            })
+            .reflect(writer)
+            .map(|r| r.map(|_| ()).map_err(|e| ("secrets", e)));
+        all.push(secrets.boxed());
+        store
+    });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let store = writer.as_reader();
@@ -95,7 +114,29 @@ pub fn watch(client: Client, endpoint_slices: Option<ApiResource>) -> (Caches, C
             warn!(watch = what, error = %e, "watch error");
         }
     });
-    (Caches { ingresses, services, nodes, endpoint_slices }, Box::pin(changes))
+    (Caches { ingresses, services, nodes, endpoint_slices, tls_secrets }, Box::pin(changes))
+}
+
+/// A `kubernetes.io/tls` Secret's `tls.crt` and `tls.key` and its resourceVersion, read from
+/// the API server; `Ok(None)` if it is gone or of another type. The caller holds it no longer
+/// than it must.
+pub async fn secret_data(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> kube::Result<Option<(String, Option<Vec<u8>>, Option<Vec<u8>>)>> {
+    let Some(mut secret) =
+        Api::<Secret>::namespaced(client.clone(), namespace).get_opt(name).await?
+    else {
+        return Ok(None);
+    };
+    if secret.type_.as_deref() != Some(crate::tls::SECRET_TYPE) {
+        return Ok(None);
+    }
+    let mut data = secret.data.take().unwrap_or_default();
+    let mut take = |k: &str| data.remove(k).map(|b| b.0);
+    let (crt, key) = (take("tls.crt"), take("tls.key"));
+    Ok(Some((secret.metadata.resource_version.unwrap_or_default(), crt, key)))
 }
 
 /// The EndpointSlice API the server prefers (`discovery.k8s.io/v1` from Kubernetes 1.21,
@@ -134,6 +175,9 @@ impl Caches {
         self.nodes.wait_until_ready().await?;
         if let Some(slices) = &self.endpoint_slices {
             slices.wait_until_ready().await?;
+        }
+        if let Some(secrets) = &self.tls_secrets {
+            secrets.wait_until_ready().await?;
         }
         Ok(())
     }

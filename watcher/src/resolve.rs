@@ -39,6 +39,9 @@ pub struct Resolved {
     /// Which other namespaces may route the hosts this Ingress's namespace owns
     /// ([`crate::tenancy::SHARE_ANNOTATION`]).
     pub sharing: crate::tenancy::Sharing,
+    /// The certificates of its `spec.tls` for the hosts it routes (set after tenancy, when
+    /// TLS is on).
+    pub tls: Vec<hafleet_proto::TlsEntry>,
 }
 
 /// Why an Ingress is not routed.
@@ -237,6 +240,7 @@ pub fn resolve(
             routes,
             warnings,
             sharing: settings.sharing,
+            tls: Vec::new(),
         }),
         _ => Err(Refused::Invalid(errors)),
     }

@@ -73,6 +73,14 @@ pub struct RunArgs {
     /// (--sweep-guard-percent). 0: every deletion goes as its own event.
     #[arg(long, env = "HAFLEET_BULK_DELETE_THRESHOLD", default_value_t = 10)]
     pub bulk_delete_threshold: usize,
+    /// Serve the certificates of Ingresses' `spec.tls` on these fleets, each private key
+    /// sealed to the fleet's age X25519 recipient (`hafleet-applier keygen` prints it):
+    /// `edge=age1… core=age1…`, fleets separated by spaces. Turns on the watch of
+    /// `kubernetes.io/tls` Secrets (metadata only; the data of the Secrets fleet Ingresses
+    /// name is read one by one), which needs the RBAC of deploy/kubernetes/components/tls.
+    /// Fleets not named get no certificates; unset: TLS off.
+    #[arg(long, env = "HAFLEET_SEAL_TO", value_delimiter = ' ', value_parser = parse_seal_to)]
+    pub seal_to: Vec<(FleetName, crate::tls::SealTo)>,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
     #[command(flatten)]
@@ -99,7 +107,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let last_epoch = newest_epoch(&routes).await?;
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
-    let (caches, mut changes) = kube_adapter::watch(client.clone(), slices);
+    let (caches, mut changes) =
+        kube_adapter::watch(client.clone(), slices, !args.seal_to.is_empty());
+    let secrets_client = client.clone();
     let warnings = Warnings::new(client.clone());
     let mut state = State {
         epoch: crate::lease::next_epoch(
@@ -113,6 +123,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         snapshot_due: false,
         warned: BTreeSet::new(),
         leader: None,
+        tls: TlsState {
+            client: Some(secrets_client),
+            ..TlsState::default_for(args.seal_to.iter().cloned())
+        },
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -279,6 +293,132 @@ struct State {
     leader: Option<crate::lease::Leadership>,
     /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
+    tls: TlsState,
+}
+
+/// What the watcher keeps for TLS: the checked certificates of the Secrets fleet Ingresses
+/// name (only those), by (namespace, name), with the resourceVersion they were read at; and
+/// each certificate sealed once per fleet (sealing anew would change its bytes, and so the
+/// version, for nothing).
+/// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
+type ReadCert = (String, Result<std::sync::Arc<crate::tls::CheckedCert>, String>);
+
+struct TlsState {
+    client: Option<kube::Client>,
+    seal_to: BTreeMap<FleetName, crate::tls::SealTo>,
+    certs: BTreeMap<(String, String), ReadCert>,
+    seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
+}
+
+impl TlsState {
+    fn default_for(seal_to: impl IntoIterator<Item = (FleetName, crate::tls::SealTo)>) -> TlsState {
+        TlsState {
+            client: None,
+            seal_to: seal_to.into_iter().collect(),
+            certs: BTreeMap::new(),
+            seals: BTreeMap::new(),
+        }
+    }
+
+    /// Reads (again) the Secrets among `wanted` whose resourceVersion in the metadata cache is
+    /// not the one read, and forgets the Secrets no longer wanted.
+    async fn refresh(
+        &mut self,
+        meta: &kube::runtime::reflector::Store<
+            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>,
+        >,
+        wanted: &BTreeSet<(String, String)>,
+        now_unix: i64,
+    ) {
+        self.certs.retain(|k, _| wanted.contains(k));
+        let fingerprints: BTreeSet<&str> = self
+            .certs
+            .values()
+            .filter_map(|(_, c)| c.as_ref().ok().map(|c| c.fingerprint.as_str()))
+            .collect();
+        self.seals.retain(|(_, fp), _| fingerprints.contains(fp.as_str()));
+        let Some(client) = &self.client else { return };
+        for (ns, name) in wanted {
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
+            let Some(rv) =
+                meta.get(&key).map(|m| m.metadata.resource_version.clone().unwrap_or_default())
+            else {
+                let why = format!(
+                    "no Secret of type {} by that name in namespace {ns}",
+                    crate::tls::SECRET_TYPE
+                );
+                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
+                continue;
+            };
+            if self.certs.get(&(ns.clone(), name.clone())).is_some_and(|(seen, _)| *seen == rv) {
+                continue;
+            }
+            let checked = match kube_adapter::secret_data(client, ns, name).await {
+                Ok(Some((rv, crt, key))) => {
+                    let key = key.map(zeroize::Zeroizing::new);
+                    let got = crate::tls::check(
+                        crt.as_deref(),
+                        key.as_deref().map(|k| k.as_slice()),
+                        now_unix,
+                    )
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| e.to_string());
+                    (rv, got)
+                }
+                Ok(None) => (
+                    rv,
+                    Err(format!(
+                        "no Secret of type {} by that name in namespace {ns}",
+                        crate::tls::SECRET_TYPE
+                    )),
+                ),
+                Err(e) => {
+                    // Not cached: read again next pass.
+                    warn!(namespace = %ns, secret = %name, error = %e, "cannot read a TLS Secret");
+                    continue;
+                }
+            };
+            self.certs.insert((ns.clone(), name.clone()), checked);
+        }
+    }
+
+    /// The certificate of Secret `name` in `ns`, sealed to `fleet`, or why not.
+    fn sealed(
+        &mut self,
+        fleet: &FleetName,
+        ns: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Result<hafleet_proto::SealedCert, String> {
+        let Some(to) = self.seal_to.get(fleet) else {
+            return Err(format!(
+                "fleet {fleet} has no sealing key (the watcher's --seal-to): TLS is off on it"
+            ));
+        };
+        let Some((_, checked)) = self.certs.get(&(ns.to_owned(), name.to_owned())) else {
+            return Err("not read yet".to_owned());
+        };
+        let cert = checked.as_ref().map_err(Clone::clone)?;
+        if cert.not_after_unix <= now_unix {
+            return Err(crate::tls::CertProblem::Expired(format!(
+                "Unix time {}",
+                cert.not_after_unix
+            ))
+            .to_string());
+        }
+        Ok(self
+            .seals
+            .entry((fleet.clone(), cert.fingerprint.clone()))
+            .or_insert_with(|| cert.seal(to))
+            .clone())
+    }
+}
+
+fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
+    let (fleet, recipient) =
+        s.split_once('=').ok_or_else(|| format!("{s:?}: expected FLEET=age1…"))?;
+    let fleet = FleetName::new(fleet).map_err(|e| e.to_string())?;
+    Ok((fleet, recipient.parse()?))
 }
 
 impl State {
@@ -378,7 +518,35 @@ async fn sync(
         })
         .collect();
     let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
+    let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    if let Some(meta) = &caches.tls_secrets {
+        let wanted: BTreeSet<(String, String)> = routed
+            .iter()
+            .flat_map(|r| {
+                let ing = objects.get(&r.key).map(|(ing, _)| ing);
+                let spec = ing.map(|i| crate::tls::SpecEntry::of(i)).unwrap_or_default();
+                let ns = r.key.namespace.as_str().to_owned();
+                spec.into_iter().filter_map(move |e| Some((ns.clone(), e.secret?)))
+            })
+            .collect();
+        state.tls.refresh(meta, &wanted, now_unix).await;
+    }
     for r in routed {
+        if caches.tls_secrets.is_some()
+            && let Some((ing, _)) = objects.get(&r.key)
+        {
+            let spec = crate::tls::SpecEntry::of(ing);
+            let hosts: BTreeSet<hafleet_proto::HttpHost> =
+                r.routes.iter().filter_map(|route| route.host.clone()).collect();
+            let ns = r.key.namespace.as_str();
+            let tls = &mut state.tls;
+            let mut lookup = |name: &str| tls.sealed(&r.fleet, ns, name, now_unix);
+            let (entries, said) = crate::tls::entries(ns, &spec, &hosts, &mut lookup);
+            r.tls = entries;
+            told.entry(r.key.clone())
+                .or_default()
+                .extend(said.into_iter().map(|(reason, note)| resolve::Warning { reason, note }));
+        }
         // Nothing reads a Resolved's warnings after this (publishing compares routes).
         told.entry(r.key.clone()).or_default().splice(0..0, std::mem::take(&mut r.warnings));
     }
@@ -427,7 +595,7 @@ async fn sync(
                     &r.key,
                     r.created_unix,
                     &r.resource_version,
-                    RouteChange::Upsert { routes: r.routes.clone(), tls: vec![] },
+                    RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() },
                     state.epoch,
                 ),
             ),
@@ -499,7 +667,7 @@ fn over_budget(
             args.max_paths_per_ingress
         ));
     }
-    let change = RouteChange::Upsert { routes: r.routes.clone(), tls: vec![] };
+    let change = RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() };
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, 0);
     let size = msg.encode().len();
     let limit = args.max_ingress_bytes.min(payload_limit);

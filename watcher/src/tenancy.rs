@@ -183,6 +183,7 @@ mod tests {
                 .collect(),
             warnings: vec![],
             sharing: Sharing::Nobody,
+            tls: vec![],
         }
     }
 

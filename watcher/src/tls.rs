@@ -192,6 +192,116 @@ impl CheckedCert {
     }
 }
 
+/// One `spec.tls` entry as the Ingress gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecEntry {
+    pub hosts: Vec<String>,
+    pub secret: Option<String>,
+}
+
+impl SpecEntry {
+    /// The entries of an Ingress's `spec.tls`.
+    pub fn of(ingress: &k8s_openapi::api::networking::v1::Ingress) -> Vec<SpecEntry> {
+        let tls = ingress.spec.as_ref().and_then(|s| s.tls.as_deref()).unwrap_or_default();
+        tls.iter()
+            .map(|t| SpecEntry {
+                hosts: t.hosts.clone().unwrap_or_default(),
+                secret: t.secret_name.clone().filter(|s| !s.is_empty()),
+            })
+            .collect()
+    }
+}
+
+/// What a Secret gives for a fleet: its certificate sealed to the fleet, or why not.
+pub type Lookup<'a> = dyn FnMut(&str) -> Result<SealedCert, String> + 'a;
+
+/// The TLS entries of an Ingress in `namespace` that routes `routed` hosts (after tenancy: a
+/// namespace never installs a certificate for a host it does not route), and the warnings
+/// (reason, note) for its owner. An entry without hosts stands for every routed host its
+/// certificate covers. A Secret `lookup` cannot use gives an entry without a certificate (its
+/// hosts keep theirs) and a warning naming the Secret and why.
+pub fn entries(
+    namespace: &str,
+    spec: &[SpecEntry],
+    routed: &std::collections::BTreeSet<HttpHost>,
+    lookup: &mut Lookup<'_>,
+) -> (Vec<hafleet_proto::TlsEntry>, Vec<(&'static str, String)>) {
+    let mut out = Vec::new();
+    let mut warnings = Vec::new();
+    for (i, e) in spec.iter().enumerate() {
+        let at = format!("spec.tls[{i}]");
+        let Some(secret) = &e.secret else {
+            warnings
+                .push(("InvalidTLS", format!("{at} names no secretName: not served over HTTPS")));
+            continue;
+        };
+        let Ok(secret_name) = hafleet_proto::ObjectName::new(secret.as_str()) else {
+            warnings.push(("InvalidTLS", format!("{at}.secretName is not a valid Secret name")));
+            continue;
+        };
+        let mut hosts = Vec::new();
+        for h in &e.hosts {
+            match HttpHost::new(h.to_ascii_lowercase()) {
+                Ok(h) if routed.contains(&h) => hosts.push(h),
+                Ok(h) => warnings.push((
+                    "TLSHostNotRouted",
+                    format!(
+                        "{at}: host {h} is not routed by this Ingress here; no certificate for it"
+                    ),
+                )),
+                Err(err) => warnings.push(("InvalidTLS", format!("{at}.hosts: {err}"))),
+            }
+        }
+        let wanted_all = e.hosts.is_empty();
+        if wanted_all {
+            hosts = routed.iter().cloned().collect();
+        }
+        if hosts.is_empty() {
+            continue;
+        }
+        let cert = match lookup(secret) {
+            Ok(cert) => {
+                let (covered, not): (Vec<HttpHost>, Vec<HttpHost>) =
+                    hosts.into_iter().partition(|h| {
+                        cert.names.iter().any(|n| hafleet_proto::tls::name_covers(n, h))
+                    });
+                if !not.is_empty() && !wanted_all {
+                    let names: Vec<&str> = not.iter().map(|h| h.as_str()).collect();
+                    warnings.push((
+                        "TLSHostNotCovered",
+                        format!(
+                            "{at}: Secret {namespace}/{secret}'s certificate does not cover {}; \
+                             not served over HTTPS",
+                            names.join(", ")
+                        ),
+                    ));
+                }
+                hosts = covered;
+                if hosts.is_empty() {
+                    continue;
+                }
+                Some(cert)
+            }
+            Err(why) => {
+                warnings.push((
+                    "InvalidTLSSecret",
+                    format!(
+                        "{at}: Secret {namespace}/{secret}: {why}; its hosts keep the certificate \
+                         they had, or get the fleet's default"
+                    ),
+                ));
+                None
+            }
+        };
+        hosts.sort();
+        hosts.dedup();
+        out.push(hafleet_proto::TlsEntry { hosts, secret: secret_name, cert });
+    }
+    out.sort();
+    out.dedup();
+    (out, warnings)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -306,5 +416,51 @@ pub(crate) mod tests {
         assert!(open(&other).is_none(), "another fleet's identity cannot open it");
         assert_ne!(c.seal(&to).sealed_key, sealed.sealed_key, "each seal is fresh");
         assert!("age1bad".parse::<SealTo>().is_err());
+    }
+
+    #[test]
+    fn entries_cover_only_routed_hosts_their_certificate_names() {
+        let (crt, key) = openssl_cert(&["a.example.com", "*.w.example.com"], "ec", 30);
+        let to: SealTo = age::x25519::Identity::generate().to_public().to_string().parse().unwrap();
+        let sealed = check(Some(&crt), Some(&key), now()).unwrap().seal(&to);
+        let h = |s: &str| HttpHost::new(s).unwrap();
+        let routed: std::collections::BTreeSet<HttpHost> =
+            [h("a.example.com"), h("x.w.example.com"), h("b.example.com")].into();
+        let spec = vec![
+            SpecEntry {
+                hosts: vec![
+                    "A.example.com".into(),
+                    "x.w.example.com".into(),
+                    "b.example.com".into(),
+                    "c.example.com".into(),
+                ],
+                secret: Some("good".into()),
+            },
+            SpecEntry { hosts: vec!["b.example.com".into()], secret: Some("bad".into()) },
+            SpecEntry { hosts: vec![], secret: Some("good".into()) },
+            SpecEntry { hosts: vec!["a.example.com".into()], secret: None },
+        ];
+        let mut asked = Vec::new();
+        let mut lookup = |name: &str| {
+            asked.push(name.to_owned());
+            if name == "good" { Ok(sealed.clone()) } else { Err("has no tls.key".to_owned()) }
+        };
+        let (got, warnings) = entries("team", &spec, &routed, &mut lookup);
+        assert_eq!(asked, ["good", "bad", "good"]);
+        assert_eq!(got.len(), 2, "{got:?}");
+        let good = got.iter().find(|e| e.cert.is_some()).unwrap();
+        assert_eq!(good.hosts, [h("a.example.com"), h("x.w.example.com")]);
+        let bad = got.iter().find(|e| e.cert.is_none()).unwrap();
+        assert_eq!(
+            (bad.hosts.as_slice(), bad.secret.as_str()),
+            ([h("b.example.com")].as_slice(), "bad")
+        );
+        let reasons: Vec<&str> = warnings.iter().map(|(r, _)| *r).collect();
+        assert_eq!(
+            reasons,
+            ["TLSHostNotRouted", "TLSHostNotCovered", "InvalidTLSSecret", "InvalidTLS"]
+        );
+        assert!(warnings[1].1.contains("team/good") && warnings[1].1.contains("b.example.com"));
+        assert!(warnings[2].1.contains("Secret team/bad: has no tls.key"));
     }
 }

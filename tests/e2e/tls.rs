@@ -1,0 +1,176 @@
+//! HTTPS (issue 12), as far as it is built: the watcher reads the `kubernetes.io/tls` Secrets
+//! that fleet Ingresses name (with the TLS RBAC component, and only those), checks each
+//! certificate, and seals its key to the fleet; bad Secrets get a Warning Event naming the
+//! Secret and why.
+
+use crate::{CONVERGE, World};
+use anyhow::{Context as _, Result};
+use hafleet_applier::tls::FleetIdentity;
+use hafleet_proto::{RouteChange, RouteMessage};
+use hafleet_tests::eventually;
+use hafleet_tests::stack::{Component, kubectl_apply, workspace_file};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+
+/// A self-signed P-256 certificate for `names` and its key (SEC1 PEM), made by `openssl`.
+fn openssl_cert(names: &[&str]) -> Result<(Vec<u8>, Vec<u8>)> {
+    let dir = tempfile::tempdir()?;
+    let (k, c) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
+    let run = |args: &[&str]| -> Result<()> {
+        let out = std::process::Command::new("openssl").args(args).output()?;
+        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    };
+    let (ks, cs) = (k.to_str().context("path")?, c.to_str().context("path")?);
+    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", ks])?;
+    let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    let san = format!("subjectAltName={}", san.join(","));
+    let subj = format!("/CN={}", names[0]);
+    run(&[
+        "req", "-x509", "-new", "-key", ks, "-out", cs, "-days", "30", "-subj", &subj, "-addext",
+        &san,
+    ])?;
+    Ok((std::fs::read(c)?, std::fs::read(k)?))
+}
+
+fn tls_secret(name: &str, crt: &[u8], key: &[u8]) -> Result<Secret> {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name},
+        "data": {"tls.crt": b64(crt), "tls.key": b64(key)}
+    }))?)
+}
+
+fn tls_ingress(name: &str, host: &str, secret: &str) -> Result<Ingress> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
+        "spec": {
+            "tls": [{"hosts": [host], "secretName": secret}],
+            "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]
+        }
+    }))?)
+}
+
+/// The base64 body lines of a PEM key: what would show if the key travelled in clear.
+fn key_lines(key_pem: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(key_pem)
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() > 20)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_secrets() -> Result<()>
+{
+    let mut world = World::with_hosts(1).await?;
+    kubectl_apply(
+        &world.stack.kube,
+        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
+    )
+    .await?;
+    let edge = FleetIdentity::generate();
+    let seal_to = format!("edge={}", edge.recipient());
+    // Every message on NATS from here on, as an observer with every right sees it.
+    let captured: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let mut sub = world.stack.nats.client().await?.subscribe("hafleet.>").await?;
+    {
+        let captured = captured.clone();
+        tokio::spawn(async move {
+            while let Some(m) = futures::StreamExt::next(&mut sub).await {
+                captured.lock().unwrap().push(m.payload.to_vec());
+            }
+        });
+    }
+    world.stack.restart_with(Component::Watcher, &[("HAFLEET_SEAL_TO", &seal_to)])?;
+
+    let client = world.stack.kube.client().await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let (crt, key) = openssl_cert(&["shop.example.com"])?;
+    let (_, other_key) = openssl_cert(&["shop.example.com"])?;
+    secrets.create(&PostParams::default(), &tls_secret("shop-tls", &crt, &key)?).await?;
+    secrets.create(&PostParams::default(), &tls_secret("mismatched", &crt, &other_key)?).await?;
+    // A Secret of that name exists, but in another namespace: never used.
+    world.stack.kube.ensure_namespace("elsewhere").await?;
+    let theirs: Api<Secret> = Api::namespaced(client.clone(), "elsewhere");
+    theirs.create(&PostParams::default(), &tls_secret("theirs", &crt, &key)?).await?;
+
+    let ingresses = &world.ingresses;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
+        .await?;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("bad", "bad.example.com", "mismatched")?)
+        .await?;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("stolen", "stolen.example.com", "theirs")?)
+        .await?;
+
+    // The route event of `shop` carries its certificate, the key sealed to edge.
+    let cert = {
+        let captured = captured.clone();
+        eventually(CONVERGE, "shop's route event with a certificate", || {
+            let captured = captured.clone();
+            async move {
+                let msgs = captured.lock().unwrap().clone();
+                msgs.iter()
+                    .filter_map(|m| match RouteMessage::decode(m) {
+                        Ok(RouteMessage::Event(e)) if e.ingress.name.as_str() == "shop" => Some(e),
+                        _ => None,
+                    })
+                    .find_map(|e| match e.change {
+                        RouteChange::Upsert { tls, .. } => tls.into_iter().find_map(|t| t.cert),
+                        RouteChange::Delete => None,
+                    })
+                    .ok_or_else(|| anyhow::anyhow!("not yet"))
+            }
+        })
+        .await?
+    };
+    cert.check()?;
+    let der = pem_der(&crt)?;
+    assert_eq!(cert.fingerprint, hafleet_proto::sha256_hex(&der));
+    assert_eq!(cert.names.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["shop.example.com"]);
+    let file = edge.cert_file(&cert)?;
+    for line in key_lines(&key) {
+        assert!(file.contains(&line), "the edge identity opens the key");
+    }
+    assert!(FleetIdentity::generate().cert_file(&cert).is_err(), "another identity cannot");
+
+    for (name, why) in [
+        ("bad", "Secret default/mismatched: tls.key does not match the certificate"),
+        ("stolen", "Secret default/theirs: no Secret of type kubernetes.io/tls"),
+    ] {
+        let event =
+            crate::refusals::warning_event_in(&world.stack, "default", name, "InvalidTLSSecret")
+                .await?;
+        let note = event.note.unwrap_or_default();
+        assert!(note.contains(why), "{note}");
+    }
+
+    // Nothing on NATS ever carried a private key in clear.
+    let msgs = captured.lock().unwrap().clone();
+    assert!(msgs.len() > 3, "the capture saw the traffic");
+    for m in &msgs {
+        let text = String::from_utf8_lossy(m);
+        assert!(!text.contains("PRIVATE KEY"), "a key in clear on NATS: {text}");
+        for line in key_lines(&key).iter().chain(&key_lines(&other_key)) {
+            assert!(!text.contains(line.as_str()), "a key's line on NATS: {text}");
+        }
+    }
+    Ok(())
+}
+
+fn pem_der(pem: &[u8]) -> Result<Vec<u8>> {
+    use base64::Engine;
+    let text = String::from_utf8_lossy(pem);
+    let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+    Ok(base64::engine::general_purpose::STANDARD.decode(body)?)
+}
