@@ -63,8 +63,8 @@ pub enum Command {
         fleet: hafleet_proto::FleetName,
     },
     /// Make a fleet's TLS identity: writes the private half to --out (mode 0600; never
-    /// overwritten) for this applier's --tls-identity, and prints the public half (age1…) for
-    /// the watcher's --seal-to FLEET=RECIPIENT. Only this file opens the fleet's TLS keys.
+    /// overwritten) for this fleet's applier, and prints the public half (age1…) for the
+    /// watcher's --seal-to FLEET=RECIPIENT. Only this file opens the fleet's TLS keys.
     Keygen {
         /// Where to write the identity file.
         #[arg(long)]

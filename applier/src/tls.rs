@@ -21,8 +21,9 @@ impl fmt::Debug for FleetIdentity {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnsealError {
     #[error(
-        "certificate {fingerprint}: its key is not sealed to this fleet's identity (recipient \
-         {recipient}); the watcher seals to the recipient configured for the fleet"
+        "certificate {fingerprint}: its sealed key does not open with this fleet's identity \
+         (recipient {recipient}): sealed to another recipient (the watcher's --seal-to for the \
+         fleet), or damaged"
     )]
     NotOurs { fingerprint: String, recipient: String },
     #[error("certificate {fingerprint}: the sealed key does not decrypt to one PEM private key")]

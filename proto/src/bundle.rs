@@ -198,4 +198,26 @@ mod tests {
             Bundle { config: "global\n".into(), maps: vec![map.clone(), map], certs: vec![] };
         assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateMap { .. })));
     }
+
+    #[test]
+    fn a_bundle_verifies_each_certificate_once() {
+        let der = b"end-entity";
+        let cert = crate::SealedCert {
+            fingerprint: sha256_hex(der),
+            names: vec![],
+            not_after_unix: 0,
+            chain_pem: crate::tls::certificates_pem([der.as_slice()]),
+            sealed_key:
+                "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
+                    .into(),
+        };
+        let ok = Bundle { config: "global\n".into(), maps: vec![], certs: vec![cert.clone()] };
+        ok.verify(&ok.sha256()).unwrap();
+        let mut forged = ok.clone();
+        forged.certs[0].fingerprint = sha256_hex(b"another");
+        assert!(matches!(forged.verify(&forged.sha256()), Err(BundleError::Cert { .. })));
+        let mut twice = ok.clone();
+        twice.certs.push(cert);
+        assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateCert { .. })));
+    }
 }

@@ -115,7 +115,11 @@ pub fn pem_certificates(pem: &str) -> Option<Vec<Vec<u8>>> {
             }
             b64.push_str(line);
         }
-        ders.push(base64::engine::general_purpose::STANDARD.decode(b64).ok()?);
+        let der = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        if der.is_empty() {
+            return None;
+        }
+        ders.push(der);
     }
     if ders.is_empty() || !pem.ends_with('\n') { None } else { Some(ders) }
 }
@@ -201,6 +205,7 @@ mod tests {
             pem.replacen('\n', "\n\n", 2),
             format!("{pem}-----BEGIN CERTIFICATE-----\nAAAA\n"),
             pem.replacen("A", "A\nbind :1\n", 1),
+            format!("{pem}-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"),
         ] {
             assert!(pem_certificates(&bad).is_none(), "{bad:?}");
         }

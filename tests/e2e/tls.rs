@@ -114,10 +114,10 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
         .await?;
 
     // The route event of `shop` carries its certificate, the key sealed to edge.
-    let cert = {
+    let shop_cert = |fingerprint: String| {
         let captured = captured.clone();
-        eventually(CONVERGE, "shop's route event with a certificate", || {
-            let captured = captured.clone();
+        eventually(CONVERGE, "shop's route event with the certificate", move || {
+            let (captured, fingerprint) = (captured.clone(), fingerprint.clone());
             async move {
                 let msgs = captured.lock().unwrap().clone();
                 msgs.iter()
@@ -126,17 +126,18 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
                         _ => None,
                     })
                     .find_map(|e| match e.change {
-                        RouteChange::Upsert { tls, .. } => tls.into_iter().find_map(|t| t.cert),
+                        RouteChange::Upsert { tls, .. } => tls
+                            .into_iter()
+                            .find_map(|t| t.cert.filter(|c| c.fingerprint == fingerprint)),
                         RouteChange::Delete => None,
                     })
                     .ok_or_else(|| anyhow::anyhow!("not yet"))
             }
         })
-        .await?
     };
-    cert.check()?;
     let der = pem_der(&crt)?;
-    assert_eq!(cert.fingerprint, hafleet_proto::sha256_hex(&der));
+    let cert = shop_cert(hafleet_proto::sha256_hex(&der)).await?;
+    cert.check()?;
     assert_eq!(cert.names.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["shop.example.com"]);
     let file = edge.cert_file(&cert)?;
     for line in key_lines(&key) {
@@ -155,14 +156,28 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
         assert!(note.contains(why), "{note}");
     }
 
-    // Nothing on NATS ever carried a private key in clear.
+    // A rotation, as cert-manager does it (the Secret's data replaced), publishes the new
+    // certificate, its new key sealed too.
+    let (crt2, key2) = openssl_cert(&["shop.example.com"])?;
+    let rotated = tls_secret("shop-tls", &crt2, &key2)?;
+    let patch = kube::api::Patch::Merge(json!({"data": rotated.data}));
+    secrets.patch("shop-tls", &kube::api::PatchParams::default(), &patch).await?;
+    let new = shop_cert(hafleet_proto::sha256_hex(&pem_der(&crt2)?)).await?;
+    for line in key_lines(&key2) {
+        assert!(edge.cert_file(&new)?.contains(&line), "the rotated key opens");
+    }
+
+    // Nothing on NATS, and nothing in the watcher's log, ever carried a private key in clear.
     let msgs = captured.lock().unwrap().clone();
     assert!(msgs.len() > 3, "the capture saw the traffic");
-    for m in &msgs {
-        let text = String::from_utf8_lossy(m);
-        assert!(!text.contains("PRIVATE KEY"), "a key in clear on NATS: {text}");
-        for line in key_lines(&key).iter().chain(&key_lines(&other_key)) {
-            assert!(!text.contains(line.as_str()), "a key's line on NATS: {text}");
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Watcher))?;
+    let texts = msgs.iter().map(|m| String::from_utf8_lossy(m).into_owned()).chain([log]);
+    for text in texts {
+        assert!(!text.contains("PRIVATE KEY"), "a key in clear: {text}");
+        for keys in [&key, &other_key, &key2] {
+            for line in key_lines(keys) {
+                assert!(!text.contains(line.as_str()), "a key's line in clear: {text}");
+            }
         }
     }
     Ok(())

@@ -296,13 +296,13 @@ struct State {
     tls: TlsState,
 }
 
-/// What the watcher keeps for TLS: the checked certificates of the Secrets fleet Ingresses
-/// name (only those), by (namespace, name), with the resourceVersion they were read at; and
-/// each certificate sealed once per fleet (sealing anew would change its bytes, and so the
-/// version, for nothing).
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
 type ReadCert = (String, Result<std::sync::Arc<crate::tls::CheckedCert>, String>);
 
+/// What the watcher keeps for TLS: the checked certificates of the Secrets that Ingresses of
+/// fleets with a sealing key name (only those), by (namespace, name), with the resourceVersion
+/// they were read at; and each chain sealed once per fleet (sealing anew would change its
+/// bytes, and so the version, for nothing).
 struct TlsState {
     client: Option<kube::Client>,
     seal_to: BTreeMap<FleetName, crate::tls::SealTo>,
@@ -331,12 +331,14 @@ impl TlsState {
         now_unix: i64,
     ) {
         self.certs.retain(|k, _| wanted.contains(k));
-        let fingerprints: BTreeSet<&str> = self
+        let chains: BTreeSet<String> = self
             .certs
             .values()
-            .filter_map(|(_, c)| c.as_ref().ok().map(|c| c.fingerprint.as_str()))
+            .filter_map(|(_, c)| {
+                c.as_ref().ok().map(|c| hafleet_proto::sha256_hex(c.chain_pem.as_bytes()))
+            })
             .collect();
-        self.seals.retain(|(_, fp), _| fingerprints.contains(fp.as_str()));
+        self.seals.retain(|(_, chain), _| chains.contains(chain));
         let Some(client) = &self.client else { return };
         for (ns, name) in wanted {
             let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
@@ -382,42 +384,40 @@ impl TlsState {
         }
     }
 
-    /// The certificate of Secret `name` in `ns`, sealed to `fleet`, or why not.
+    /// The certificate of Secret `name` in `ns`, sealed to `fleet`; or why not, with the
+    /// Secret's resourceVersion (so a Secret that breaks again is said again), or `None` when
+    /// there is nothing to tell its owner (not read yet: the API server did not answer).
     fn sealed(
         &mut self,
         fleet: &FleetName,
         ns: &str,
         name: &str,
         now_unix: i64,
-    ) -> Result<hafleet_proto::SealedCert, String> {
-        let Some(to) = self.seal_to.get(fleet) else {
-            return Err(format!(
-                "fleet {fleet} has no sealing key (the watcher's --seal-to): TLS is off on it"
-            ));
+    ) -> Result<hafleet_proto::SealedCert, Option<String>> {
+        let to = self.seal_to.get(fleet).ok_or(None)?;
+        let (rv, checked) = self.certs.get(&(ns.to_owned(), name.to_owned())).ok_or(None)?;
+        let at = |why: String| {
+            Some(if rv.is_empty() { why } else { format!("{why} (resourceVersion {rv})") })
         };
-        let Some((_, checked)) = self.certs.get(&(ns.to_owned(), name.to_owned())) else {
-            return Err("not read yet".to_owned());
-        };
-        let cert = checked.as_ref().map_err(Clone::clone)?;
-        if cert.not_after_unix <= now_unix {
-            return Err(crate::tls::CertProblem::Expired(format!(
-                "Unix time {}",
-                cert.not_after_unix
-            ))
-            .to_string());
-        }
-        Ok(self
-            .seals
-            .entry((fleet.clone(), cert.fingerprint.clone()))
-            .or_insert_with(|| cert.seal(to))
-            .clone())
+        let cert = checked.as_ref().map_err(|why| at(why.clone()))?;
+        cert.usable_at(now_unix).map_err(|e| at(e.to_string()))?;
+        let chain = hafleet_proto::sha256_hex(cert.chain_pem.as_bytes());
+        Ok(self.seals.entry((fleet.clone(), chain)).or_insert_with(|| cert.seal(to)).clone())
     }
 }
 
+/// `FLEET=age1…`. Errors never quote the value: an identity pasted here by mistake (the
+/// private half) must not reach a log.
 fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
-    let (fleet, recipient) =
-        s.split_once('=').ok_or_else(|| format!("{s:?}: expected FLEET=age1…"))?;
-    let fleet = FleetName::new(fleet).map_err(|e| e.to_string())?;
+    if s.to_ascii_uppercase().contains("AGE-SECRET-KEY") {
+        return Err("this is a fleet's private identity (AGE-SECRET-KEY-1…), which belongs \
+                    with its applier only; give the watcher its recipient (age1…, printed by \
+                    `hafleet-applier keygen`)"
+            .into());
+    }
+    let (fleet, recipient) = s.split_once('=').ok_or("expected FLEET=age1…")?;
+    let fleet =
+        FleetName::new(fleet).map_err(|_| "the fleet before '=' is not a valid fleet name")?;
     Ok((fleet, recipient.parse()?))
 }
 
@@ -519,9 +519,11 @@ async fn sync(
         .collect();
     let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    let mut too_big: Vec<(IngressKey, String)> = Vec::new();
     if let Some(meta) = &caches.tls_secrets {
         let wanted: BTreeSet<(String, String)> = routed
             .iter()
+            .filter(|r| state.tls.seal_to.contains_key(&r.fleet))
             .flat_map(|r| {
                 let ing = objects.get(&r.key).map(|(ing, _)| ing);
                 let spec = ing.map(|i| crate::tls::SpecEntry::of(i)).unwrap_or_default();
@@ -536,6 +538,22 @@ async fn sync(
             && let Some((ing, _)) = objects.get(&r.key)
         {
             let spec = crate::tls::SpecEntry::of(ing);
+            if !spec.is_empty() && !state.tls.seal_to.contains_key(&r.fleet) {
+                let note = format!(
+                    "spec.tls is not served: TLS is off on fleet {} (the watcher has no \
+                     --seal-to for it)",
+                    r.fleet
+                );
+                told.entry(r.key.clone())
+                    .or_default()
+                    .push(resolve::Warning { reason: "TLSNotEnabled", note });
+            }
+            if spec.is_empty() || !state.tls.seal_to.contains_key(&r.fleet) {
+                told.entry(r.key.clone())
+                    .or_default()
+                    .splice(0..0, std::mem::take(&mut r.warnings));
+                continue;
+            }
             let hosts: BTreeSet<hafleet_proto::HttpHost> =
                 r.routes.iter().filter_map(|route| route.host.clone()).collect();
             let ns = r.key.namespace.as_str();
@@ -546,9 +564,24 @@ async fn sync(
             told.entry(r.key.clone())
                 .or_default()
                 .extend(said.into_iter().map(|(reason, note)| resolve::Warning { reason, note }));
+            // Certificates count against the Ingress's budget too.
+            if !index::is_current(&state.published, r)
+                && let Some(why) = over_budget(r, args, bus.payload_limit())
+            {
+                too_big.push((r.key.clone(), why));
+            }
         }
         // Nothing reads a Resolved's warnings after this (publishing compares routes).
         told.entry(r.key.clone()).or_default().splice(0..0, std::mem::take(&mut r.warnings));
+    }
+    for (key, why) in too_big {
+        // Refused like any Ingress over budget: alone, keeping what it had.
+        desired.insert(key.clone(), Desired::Keep);
+        if let Some((ing, rv)) = objects.get(&key) {
+            let note = format!("not routed by hafleet: {why}; split the Ingress");
+            let said = (&key, rv.as_str(), "RoutesTooLarge", note);
+            tell(warnings, &mut state.warned, ing, said, "ingress refused").await;
+        }
     }
     for (key, said) in told {
         let Some((ing, rv)) = objects.get(&key) else { continue };

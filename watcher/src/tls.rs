@@ -46,6 +46,7 @@ pub struct CheckedCert {
     pub fingerprint: String,
     pub names: Vec<HttpHost>,
     pub not_after_unix: i64,
+    pub not_before_unix: i64,
     pub chain_pem: String,
     key_pem: Zeroizing<String>,
 }
@@ -99,13 +100,8 @@ pub fn check(
     })?;
 
     let validity = leaf.validity();
-    let not_after_unix = validity.not_after.timestamp();
-    if not_after_unix <= now_unix {
-        return Err(CertProblem::Expired(validity.not_after.to_string()));
-    }
-    if validity.not_before.timestamp() > now_unix {
-        return Err(CertProblem::NotYetValid(validity.not_before.to_string()));
-    }
+    let (not_before_unix, not_after_unix) =
+        (validity.not_before.timestamp(), validity.not_after.timestamp());
     let mut names: Vec<HttpHost> = match leaf.subject_alternative_name() {
         Ok(Some(san)) => san
             .value
@@ -125,18 +121,44 @@ pub fn check(
     if names.is_empty() {
         return Err(CertProblem::NoNames);
     }
-    Ok(CheckedCert {
+    let checked = CheckedCert {
         fingerprint: hafleet_proto::sha256_hex(first),
         names,
         not_after_unix,
+        not_before_unix,
         chain_pem: certificates_pem(chain.iter().map(|c| c.as_ref())),
         key_pem,
-    })
+    };
+    checked.usable_at(now_unix)?;
+    Ok(checked)
+}
+
+impl CheckedCert {
+    /// Whether it is valid at `now_unix`: checked at each use, since a result is kept while
+    /// its Secret does not change (a certificate issued a little ahead of this clock becomes
+    /// usable by itself, and one expires by itself).
+    pub fn usable_at(&self, now_unix: i64) -> Result<(), CertProblem> {
+        let at = |t: i64| {
+            time::OffsetDateTime::from_unix_timestamp(t)
+                .ok()
+                .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+                .unwrap_or_else(|| format!("Unix time {t}"))
+        };
+        if self.not_after_unix <= now_unix {
+            return Err(CertProblem::Expired(at(self.not_after_unix)));
+        }
+        if self.not_before_unix > now_unix {
+            return Err(CertProblem::NotYetValid(at(self.not_before_unix)));
+        }
+        Ok(())
+    }
 }
 
 fn pem_block(label: &str, der: &[u8]) -> String {
     let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(der));
-    let mut out = format!("-----BEGIN {label}-----\n");
+    // Sized once, so no growth leaves a copy of the key behind in freed memory.
+    let mut out = String::with_capacity(b64.len() + b64.len() / 64 + 2 * label.len() + 40);
+    out.push_str(&format!("-----BEGIN {label}-----\n"));
     for line in b64.as_bytes().chunks(64) {
         out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
         out.push('\n');
@@ -212,8 +234,9 @@ impl SpecEntry {
     }
 }
 
-/// What a Secret gives for a fleet: its certificate sealed to the fleet, or why not.
-pub type Lookup<'a> = dyn FnMut(&str) -> Result<SealedCert, String> + 'a;
+/// What a Secret gives for a fleet: its certificate sealed to the fleet; or why not, `None`
+/// when there is nothing to tell the Ingress's owner (the Secret could not be read yet).
+pub type Lookup<'a> = dyn FnMut(&str) -> Result<SealedCert, Option<String>> + 'a;
 
 /// The TLS entries of an Ingress in `namespace` that routes `routed` hosts (after tenancy: a
 /// namespace never installs a certificate for a host it does not route), and the warnings
@@ -282,7 +305,8 @@ pub fn entries(
                 }
                 Some(cert)
             }
-            Err(why) => {
+            Err(None) => None,
+            Err(Some(why)) => {
                 warnings.push((
                     "InvalidTLSSecret",
                     format!(
@@ -377,6 +401,9 @@ pub(crate) mod tests {
         assert!(matches!(check(Some(&crt), Some(&key), later), Err(CertProblem::Expired(_))));
         let earlier = t - 86_400;
         assert!(matches!(check(Some(&crt), Some(&key), earlier), Err(CertProblem::NotYetValid(_))));
+        let read_early = check(Some(&crt), Some(&key), t).unwrap();
+        assert!(matches!(read_early.usable_at(later), Err(CertProblem::Expired(_))));
+        assert!(matches!(read_early.usable_at(earlier), Err(CertProblem::NotYetValid(_))));
         assert_eq!(check(Some(&ip_crt), Some(&ip_key), t).unwrap_err(), CertProblem::NoNames);
         let mut broken = String::from_utf8(crt.clone()).unwrap();
         broken = broken.replacen("MII", "MIX", 1);
@@ -385,10 +412,27 @@ pub(crate) mod tests {
             matches!(err, CertProblem::Unparsable { .. } | CertProblem::NoCertificate),
             "{err}"
         );
-        let key_text = String::from_utf8(other_key).unwrap();
-        let body = key_text.lines().nth(1).unwrap();
-        for e in [CertProblem::KeyMismatch, CertProblem::NoKey] {
-            assert!(!e.to_string().contains(body));
+        // What the checks say never quotes a key, whatever was wrong with it.
+        let mut broken_key = String::from_utf8(other_key.clone()).unwrap();
+        broken_key = broken_key.replacen("MH", "MX", 1);
+        let errors = [
+            check(Some(&crt), Some(&other_key), t),
+            check(Some(&crt), Some(broken_key.as_bytes()), t),
+            check(Some(&other_key), Some(&other_key), t),
+            check(Some(&crt), Some(&crt), t),
+        ];
+        let key_lines: Vec<String> = [&other_key, &key]
+            .iter()
+            .flat_map(|k| String::from_utf8_lossy(k).lines().map(str::to_owned).collect::<Vec<_>>())
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        for e in errors {
+            let e = e.unwrap_err();
+            for text in [e.to_string(), format!("{e:?}")] {
+                for line in &key_lines {
+                    assert!(!text.contains(line.as_str()), "{text}");
+                }
+            }
         }
     }
 
@@ -443,7 +487,7 @@ pub(crate) mod tests {
         let mut asked = Vec::new();
         let mut lookup = |name: &str| {
             asked.push(name.to_owned());
-            if name == "good" { Ok(sealed.clone()) } else { Err("has no tls.key".to_owned()) }
+            if name == "good" { Ok(sealed.clone()) } else { Err(Some("has no tls.key".to_owned())) }
         };
         let (got, warnings) = entries("team", &spec, &routed, &mut lookup);
         assert_eq!(asked, ["good", "bad", "good"]);
