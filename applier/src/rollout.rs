@@ -188,6 +188,10 @@ mod scripts {
     /// stdin. Writes it under a temporary name and renames it to its own only if what landed
     /// has that sha256, so a file under a map's name is always that content.
     pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
+    /// $1 = live config path, $2 = certificate file name, $3 = token, $4 = the file's sha256;
+    /// the file (chain and private key) on stdin. As UPLOAD_MAP, into `hafleet-certs/`, which
+    /// only the SSH user may enter (0700), the file readable by it alone (0600).
+    pub const UPLOAD_CERT: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded certificate file $2 has another sha256" >&2; exit 1; fi; chmod 600 "$d/.$2.$3"; mv -f "$d/.$2.$3" "$d/$2""#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
     /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
@@ -209,6 +213,8 @@ pub struct RolloutSettings {
     /// Hosts in the fleet's inventory, which each report names (a retry or a repair touches
     /// only some).
     pub fleet_hosts: usize,
+    /// Opens the versions' certificate keys (`--tls-identity`).
+    pub tls_identity: Option<std::sync::Arc<crate::tls::FleetIdentity>>,
 }
 
 /// A failure on one host, before it becomes an [`ApplyOutcome`].
@@ -290,8 +296,13 @@ pub async fn prepare<'a>(
 ) -> Prepared<'a> {
     let started = std::time::Instant::now();
     let live = host.config_path.as_str();
-    let mut args = vec![live];
-    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.as_str()));
+    let mut args = vec![live.to_owned()];
+    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.to_string()));
+    // Certificate files are asked for as paths from the maps' folder.
+    args.extend(
+        version.bundle().iter().flat_map(|b| &b.certs).map(|c| format!("../{}", c.relative_path())),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (conn, generation, state) =
         match settings.ssh.take_running(host, scripts::LIVE_STATE, &args).await {
             Ok(c) => c,
@@ -301,10 +312,13 @@ pub async fn prepare<'a>(
             }
         };
     let (step, state) = match outcome_of(ApplyStage::Upload, state) {
-        Ok(state) => match stage(&conn, host, version, &state, known).await {
-            Ok(step) => (step, shas(&state)),
-            Err(f) => (Next::Done(Err(f)), String::new()),
-        },
+        Ok(state) => {
+            match stage(&conn, host, version, &state, known, settings.tls_identity.as_deref()).await
+            {
+                Ok(step) => (step, shas(&state)),
+                Err(f) => (Next::Done(Err(f)), String::new()),
+            }
+        }
         Err(f) => (Next::Done(Err(f)), String::new()),
     };
     Prepared { host, conn: Some((conn, generation)), step, started, state }
@@ -432,6 +446,7 @@ async fn stage(
     version: &ConfigVersion,
     state: &str,
     known: &[&ConfigVersion],
+    tls_identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<Next, Failure> {
     let live = host.config_path.as_str();
     let mut lines = state.lines().map(str::trim);
@@ -462,8 +477,12 @@ async fn stage(
         true => version.bundle().and_then(runtime::map_check_config),
         false => None,
     };
-    let validate =
-        UploadCheck { missing_maps: &missing_maps, map_check: map_check.as_deref(), live: loaded };
+    let validate = UploadCheck {
+        missing_maps: &missing_maps,
+        map_check: map_check.as_deref(),
+        live: loaded,
+        tls_identity,
+    };
     match upload_and_validate(conn, host, version, &validate, &token).await {
         Ok(uploaded) => Ok(Next::Staged { token, uploaded, change }),
         Err(failure) => {
@@ -696,6 +715,8 @@ struct UploadCheck<'a> {
     /// The bundle whose config is the host's live file, if the applier holds it: a version
     /// that changes a few of its lines is sent as an edit of it.
     live: Option<&'a Bundle>,
+    /// Opens the version's certificate keys.
+    tls_identity: Option<&'a crate::tls::FleetIdentity>,
 }
 
 /// What an upload leaves for the rest of the apply.
@@ -757,6 +778,7 @@ async fn upload_and_validate(
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
     upload_maps(conn, host, bundle, missing_maps, token).await?;
+    upload_certs(conn, host, bundle, missing_maps, token, check.tls_identity).await?;
     let config = Some(bundle.config.as_bytes());
     let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
     let stat;
@@ -834,6 +856,39 @@ async fn upload_maps(
         let content = Some(map.content.as_bytes());
         let args = [live, name, token, map.name.digest()];
         remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAP, &args, content).await?;
+    }
+    Ok(())
+}
+
+/// Writes the certificate files of `bundle` that the host does not have yet (`missing` names
+/// them `../hafleet-certs/<id>.pem`): each is the chain and the key opened with the fleet's
+/// identity, sent over SSH, written 0600 in a 0700 folder and checked on arrival. The opened
+/// key exists only in this process's memory (zeroed after) and in that file.
+async fn upload_certs(
+    conn: &HostConn,
+    host: &Host,
+    bundle: &Bundle,
+    missing: &[&str],
+    token: &str,
+    identity: Option<&crate::tls::FleetIdentity>,
+) -> Result<(), Failure> {
+    let live = host.config_path.as_str();
+    for &name in missing {
+        let Some(path) = name.strip_prefix("../") else { continue };
+        let Some(cert) = bundle.certs.iter().find(|c| c.relative_path() == path) else { continue };
+        let Some(identity) = identity else {
+            return Err(fail(
+                ApplyStage::Upload,
+                "the version has TLS certificates and this applier has no --tls-identity to \
+                 open their keys",
+            ));
+        };
+        let file = identity.cert_file(cert).map_err(|e| fail(ApplyStage::Upload, e.to_string()))?;
+        let sha = hafleet_proto::sha256_hex(file.as_bytes());
+        let file_name = format!("{}.pem", cert.id());
+        let args = [live, file_name.as_str(), token, sha.as_str()];
+        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERT, &args, Some(file.as_bytes()))
+            .await?;
     }
     Ok(())
 }

@@ -83,6 +83,12 @@ pub struct RunArgs {
     /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
     pub retry_secs: u64,
+    /// The fleet's TLS identity (`hafleet-applier keygen --out FILE`; keep it 0600): opens the
+    /// private keys the watcher sealed to this fleet, to write each certificate's file on the
+    /// hosts (0600, next to the config in hafleet-certs/). Without it a version that has
+    /// certificates fails at upload on every host, and nothing changes.
+    #[arg(long, env = "HAFLEET_TLS_IDENTITY")]
+    pub tls_identity: Option<PathBuf>,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -100,6 +106,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::ensure!(path.is_file(), "{} does not exist or is not a file", path.display());
     }
     let verifier = load_verifier(&args.verify_keys)?;
+    let tls_identity = match &args.tls_identity {
+        Some(path) => {
+            let text = zeroize::Zeroizing::new(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read the TLS identity {}", path.display()))?,
+            );
+            let id = crate::tls::FleetIdentity::from_text(&text)
+                .map_err(|e| anyhow::anyhow!("TLS identity {}: {e}", path.display()))?;
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777),
+                      "the TLS identity is readable by others than its owner: chmod 600 it");
+            }
+            info!(recipient = %id.recipient(), "opening TLS keys sealed to this recipient");
+            Some(std::sync::Arc::new(id))
+        }
+        None => None,
+    };
     info!(keys = ?verifier.key_ids(), "applying only versions signed by these keys");
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
     let settings = RolloutSettings {
@@ -117,6 +142,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
         probe_timeout: Duration::from_secs(args.probe_timeout_secs),
         fleet_hosts: hosts.len(),
+        tls_identity,
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;

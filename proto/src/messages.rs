@@ -160,9 +160,11 @@ pub struct BackendOptions {
     /// Only these source networks are served; others get 403. Empty: everyone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_source: Vec<Cidr>,
-    /// Plain-HTTP requests are redirected to HTTPS (308).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ssl_redirect: bool,
+    /// `Some(true)`: plain-HTTP requests are redirected to HTTPS (308), TLS or not;
+    /// `Some(false)`: never, not even for its hosts that have a certificate; `None` (unset):
+    /// redirected for its hosts that have a certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssl_redirect: Option<bool>,
     /// Most concurrent connections per server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_conn: Option<u32>,

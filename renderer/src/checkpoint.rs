@@ -174,8 +174,13 @@ mod tests {
     fn a_checkpoint_round_trips_compressed() {
         let fleet = FleetName::new("edge").unwrap();
         let mut desired = Desired::new();
-        let entry =
-            IngressEntry { created_unix: 1, resource_version: "9".into(), routes: vec![], seq: 4 };
+        let entry = IngressEntry {
+            created_unix: 1,
+            resource_version: "9".into(),
+            routes: vec![],
+            seq: 4,
+            tls: Vec::new(),
+        };
         desired
             .fleets
             .entry(fleet.clone())

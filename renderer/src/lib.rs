@@ -15,6 +15,7 @@ pub mod render;
 pub mod run;
 pub mod state;
 pub mod store;
+pub mod tls;
 pub mod versions;
 
 use clap::{Parser, Subcommand};

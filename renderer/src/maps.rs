@@ -29,6 +29,25 @@ pub struct Maps {
 pub struct MapPaths {
     pub exact: String,
     pub prefix: String,
+    /// The crt-list of the HTTPS bind; `None`: no host has a certificate (no HTTPS).
+    pub crt_list: Option<String>,
+    /// Hosts whose plain-HTTP requests are redirected to HTTPS (`map_str`); `None`: none.
+    pub redirect: Option<String>,
+}
+
+impl Maps {
+    /// With the TLS files of `tls` ([`crate::tls::files`]).
+    pub fn add_tls(&mut self, tls: &crate::tls::TlsFiles) {
+        for (file, path) in
+            [(&tls.crt_list, &mut self.paths.crt_list), (&tls.redirect, &mut self.paths.redirect)]
+        {
+            if let Some(file) = file {
+                *path = Some(file.name.relative_path());
+                self.files.push(file.clone());
+            }
+        }
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
 }
 
 /// The key a rule is stored under.
@@ -68,7 +87,12 @@ pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
     };
     let exact = file("exact", text(exact));
     let prefix = file("prefix", text(prefix));
-    let paths = MapPaths { exact: exact.name.relative_path(), prefix: prefix.name.relative_path() };
+    let paths = MapPaths {
+        exact: exact.name.relative_path(),
+        prefix: prefix.name.relative_path(),
+        crt_list: None,
+        redirect: None,
+    };
     let mut files = vec![exact, prefix];
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Maps { files, paths }

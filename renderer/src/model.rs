@@ -31,6 +31,10 @@ pub struct RenderModel {
     /// The path node health checks ask for (`None`: node health checks off).
     pub node_check_path: Option<String>,
     pub notes: Vec<String>,
+    /// Certificates and the files that serve them ([`crate::tls::files`]); the template sees
+    /// them through `maps`.
+    #[serde(skip)]
+    pub tls: crate::tls::TlsFiles,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -314,7 +318,7 @@ fn backend_model(
         check_interval: o.health_check_interval_ms.map(duration),
         cookie: o.sticky_cookie.as_ref().map(|c| c.to_string()),
         allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
-        ssl_redirect: o.ssl_redirect,
+        ssl_redirect: o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
         servers: servers
             .iter()
@@ -570,6 +574,7 @@ pub fn build_memo(
         nodes,
         node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),
         notes,
+        tls: Default::default(),
     }
 }
 
@@ -616,6 +621,7 @@ pub(crate) mod tests {
                         resource_version: "1".into(),
                         routes,
                         seq: 0,
+                        tls: Vec::new(),
                     },
                 )
             })

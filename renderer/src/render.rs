@@ -123,6 +123,7 @@ impl Renderer {
             backends: vec![],
             nodes: vec![],
             node_check_path: None,
+            tls: Default::default(),
             notes: vec![],
         };
         let maps = maps::build::<RuleModel>(&[]);
@@ -186,11 +187,16 @@ impl Renderer {
     ) -> RenderModel {
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let kept = all.entry(fleet.to_string()).or_default();
-        crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo)
+        let mut model =
+            crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
+        model.tls = crate::tls::files(ingresses);
+        model.notes.extend(model.tls.notes.iter().cloned());
+        model
     }
 
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
-        let maps = maps::build(&model.rules);
+        let mut maps = maps::build(&model.rules);
+        maps.add_tls(&model.tls);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
         let sections = if self.has_backend_macro {
             self.backend_sections(&template, model, &maps.paths)?
@@ -213,7 +219,7 @@ impl Renderer {
         if !config.ends_with('\n') {
             config.push('\n');
         }
-        Ok(Bundle { config, maps: maps.files, certs: vec![] })
+        Ok(Bundle { config, maps: maps.files, certs: model.tls.certs.clone() })
     }
 
     /// Every backend's section through the template's macro, in the model's (name) order: the
@@ -406,6 +412,7 @@ mod tests {
                     resource_version: "1".into(),
                     routes: vec![route],
                     seq: 1,
+                    tls: Vec::new(),
                 };
                 (IngressKey::new("team", &format!("ing-{i}")).unwrap(), entry)
             })

@@ -5,7 +5,7 @@
 //! the last one applied, so redelivery after a crash changes nothing (invariant 4).
 
 use hafleet_proto::{
-    Cause, FleetName, HeldSweep, IngressKey, NodeAddr, Route, RouteChange, RouteMessage,
+    Cause, FleetName, HeldSweep, IngressKey, NodeAddr, Route, RouteChange, RouteMessage, TlsEntry,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +20,9 @@ pub struct IngressEntry {
     /// the newest event's server list is the current one.
     #[serde(default)]
     pub seq: u64,
+    /// Its TLS entries: which of its hosts are served with which certificate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls: Vec<hafleet_proto::TlsEntry>,
 }
 
 /// One fleet's Ingresses.
@@ -114,6 +117,57 @@ fn route_changes(old: &[Route], new: &[Route]) -> (Vec<String>, Vec<String>) {
     (new.difference(&old).cloned().collect(), old.difference(&new).cloned().collect())
 }
 
+/// The TLS labels (`tls <host> <fingerprint>`) in `new` and not in `old`, and the reverse.
+fn tls_changes(old: &[TlsEntry], new: &[TlsEntry]) -> (Vec<String>, Vec<String>) {
+    let labels = |es: &[TlsEntry]| {
+        es.iter()
+            .filter_map(|e| e.cert.as_ref().map(|c| (e, c)))
+            .flat_map(|(e, c)| e.hosts.iter().map(move |h| format!("tls {h} {}", c.fingerprint)))
+            .collect::<BTreeSet<String>>()
+    };
+    let (old, new) = (labels(old), labels(new));
+    (new.difference(&old).cloned().collect(), old.difference(&new).cloned().collect())
+}
+
+/// An Ingress's incoming TLS entries as the renderer keeps them: a certificate the fleet
+/// already holds (the same chain) keeps the sealed bytes it was first seen with, so a watcher
+/// that seals it anew (after a restart) changes no version; an entry without a certificate
+/// (its Secret is unusable now) keeps the one the Ingress had from that Secret, so a bad
+/// Secret never takes a working certificate away. A certificate that fails its checks counts
+/// as none.
+fn settle_tls(
+    fleet: &Ingresses,
+    old: Option<&IngressEntry>,
+    incoming: &[TlsEntry],
+) -> Vec<TlsEntry> {
+    let mut known: BTreeMap<&str, &hafleet_proto::SealedCert> = BTreeMap::new();
+    if incoming.iter().any(|e| e.cert.is_some()) {
+        for e in fleet.values().flat_map(|i| &i.tls) {
+            if let Some(c) = &e.cert {
+                known.entry(c.chain_pem.as_str()).or_insert(c);
+            }
+        }
+    }
+    let had = |secret: &hafleet_proto::ObjectName| {
+        old.into_iter()
+            .flat_map(|o| &o.tls)
+            .filter(|e| &e.secret == secret)
+            .find_map(|e| e.cert.clone())
+    };
+    incoming
+        .iter()
+        .map(|e| {
+            let cert = match e.cert.as_ref().filter(|c| c.check().is_ok()) {
+                Some(c) => Some(
+                    known.get(c.chain_pem.as_str()).map_or_else(|| c.clone(), |k| (*k).clone()),
+                ),
+                None => had(&e.secret),
+            };
+            TlsEntry { cert, ..e.clone() }
+        })
+        .collect()
+}
+
 /// Nodes in `new` and not in `old` or at another address, and names in `old` and not in
 /// `new`, as labels: `name (address)` and `name`.
 fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>) {
@@ -200,20 +254,27 @@ pub fn apply(
                 removed,
             };
             match &event.change {
-                RouteChange::Upsert { routes, .. } => {
+                RouteChange::Upsert { routes, tls } => {
+                    let tls = settle_tls(fleet, fleet.get(&event.ingress), tls);
                     let mut entry = IngressEntry {
                         created_unix: event.created_unix,
                         resource_version: event.resource_version.clone(),
                         routes: routes.clone(),
                         seq,
+                        tls,
                     };
                     let unchanged = fleet.get(&event.ingress).is_some_and(|old| {
                         entry.seq = old.seq;
                         *old == entry
                     });
                     entry.seq = seq;
-                    let old_routes = fleet.get(&event.ingress).map(|e| e.routes.as_slice());
-                    let changes = route_changes(old_routes.unwrap_or_default(), routes);
+                    let old = fleet.get(&event.ingress);
+                    let old_routes = old.map(|e| e.routes.as_slice());
+                    let mut changes = route_changes(old_routes.unwrap_or_default(), routes);
+                    let (added, removed) =
+                        tls_changes(old.map(|e| e.tls.as_slice()).unwrap_or_default(), &entry.tls);
+                    changes.0.extend(added);
+                    changes.1.extend(removed);
                     if !unchanged {
                         fleet.insert(event.ingress.clone(), entry.clone());
                         out.writes.push(StateWrite::Put(

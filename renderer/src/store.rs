@@ -632,6 +632,7 @@ mod tests {
                 resource_version: "5".into(),
                 routes: vec![],
                 seq: 1,
+                tls: Vec::new(),
             };
             let node = hafleet_proto::NodeAddr {
                 name: hafleet_proto::ObjectName::new("n1").unwrap(),

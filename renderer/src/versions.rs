@@ -69,7 +69,13 @@ mod tests {
         let mut one = Desired::new();
         one.fleets.entry(fleet.clone()).or_default().insert(
             IngressKey::new("default", "web").unwrap(),
-            IngressEntry { created_unix: 1, resource_version: "1".into(), routes: vec![], seq: 1 },
+            IngressEntry {
+                created_unix: 1,
+                resource_version: "1".into(),
+                routes: vec![],
+                seq: 1,
+                tls: Vec::new(),
+            },
         );
         // An Ingress without routes renders the same config: still no new version.
         assert!(next_version(&r, &fleet, &one, latest, 0, vec![], 3).unwrap().is_none());

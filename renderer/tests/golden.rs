@@ -46,6 +46,7 @@ fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
                     resource_version: "1".into(),
                     routes: f.routes,
                     seq: 0,
+                    tls: Vec::new(),
                 },
             )
         })
@@ -164,4 +165,136 @@ fn haproxy_check_catches_a_broken_config() {
     missing.maps.pop();
     let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&missing));
     assert!(result.is_err());
+}
+
+/// A self-signed P-256 certificate for `names` and its key, made by `openssl`.
+fn openssl_cert(dir: &Path, names: &[&str]) -> (Vec<u8>, Vec<u8>) {
+    let (k, c) = (dir.join(format!("{}.key", names[0])), dir.join(format!("{}.crt", names[0])));
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("openssl").args(args).output().expect("openssl runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    run(&[
+        &os("ecparam"),
+        &os("-name"),
+        &os("prime256v1"),
+        &os("-genkey"),
+        &os("-noout"),
+        &os("-out"),
+        k.as_os_str(),
+    ]);
+    let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    run(&[
+        &os("req"),
+        &os("-x509"),
+        &os("-new"),
+        &os("-key"),
+        k.as_os_str(),
+        &os("-out"),
+        c.as_os_str(),
+        &os("-days"),
+        &os("30"),
+        &os("-subj"),
+        &os("/CN=hafleet-golden"),
+        &os("-addext"),
+        &os(&format!("subjectAltName={}", san.join(","))),
+    ]);
+    (std::fs::read(c).unwrap(), std::fs::read(k).unwrap())
+}
+
+/// The whole TLS path short of the hosts: certificates checked and sealed as the watcher does,
+/// rendered into a crt-list and an HTTPS bind, opened as the applier does, and the result
+/// accepted by the real `haproxy -c`. Hosts are listed for the certificate that covers them,
+/// and plain HTTP for them redirects unless their Ingress says not to.
+#[test]
+fn a_fleet_with_certificates_passes_haproxy_check() {
+    use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let identity = hafleet_applier::tls::FleetIdentity::generate();
+    let to: hafleet_watcher::tls::SealTo = identity.recipient().parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        as i64;
+    let sealed = |names: &[&str]| {
+        let (crt, key) = openssl_cert(dir.path(), names);
+        hafleet_watcher::tls::check(Some(&crt), Some(&key), now).unwrap().seal(&to)
+    };
+    let (shop, wild) = (sealed(&["shop.example.com"]), sealed(&["*.example.org"]));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json");
+    let (nodes, fixtures) =
+        match serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() {
+            FixtureFile::WithNodes { nodes, ingresses } => (nodes, ingresses),
+            FixtureFile::IngressesOnly(ingresses) => (vec![], ingresses),
+        };
+    let mut ingresses: BTreeMap<IngressKey, IngressEntry> = fixtures
+        .into_iter()
+        .map(|f| {
+            let key = IngressKey::new(&f.namespace, &f.name).unwrap();
+            let entry = IngressEntry {
+                created_unix: f.created_unix,
+                resource_version: "1".into(),
+                routes: f.routes,
+                seq: 0,
+                tls: Vec::new(),
+            };
+            (key, entry)
+        })
+        .collect();
+    let entry = |hosts: &[&str], cert: &hafleet_proto::SealedCert| TlsEntry {
+        hosts: hosts.iter().map(|h| HttpHost::new(*h).unwrap()).collect(),
+        secret: ObjectName::new("tls").unwrap(),
+        cert: Some(cert.clone()),
+    };
+    let first = ingresses.values_mut().next().unwrap();
+    first.tls = vec![entry(&["shop.example.com"], &shop), entry(&["a.example.org"], &wild)];
+    let fleet = FleetName::new("edge").unwrap();
+    let renderer = Renderer::builtin();
+    let bundle = renderer.render(&renderer.model(&fleet, &ingresses, &nodes)).unwrap();
+    bundle.verify(&bundle.sha256()).unwrap();
+    assert_eq!(bundle.certs.len(), 2);
+    let crt_list = bundle.maps.iter().find(|m| m.name.kind() == "crtlist").unwrap();
+    assert!(
+        bundle
+            .config
+            .contains(&format!("ssl crt-list {} strict-sni", crt_list.name.relative_path()))
+    );
+    for (cert, host) in [(&shop, "shop.example.com"), (&wild, "a.example.org")] {
+        assert!(
+            crt_list.content.contains(&format!("{} {host}\n", cert.relative_path())),
+            "{}",
+            crt_list.content
+        );
+        assert!(bundle.config.contains(&format!("tls {host}: {}", cert.fingerprint)));
+    }
+    let redirect = bundle.maps.iter().find(|m| m.name.kind() == "redirect").unwrap();
+    assert_eq!(redirect.content, "a.example.org 1\nshop.example.com 1\n");
+    assert!(!bundle.config.contains("PRIVATE KEY") && !crt_list.content.contains("PRIVATE KEY"));
+
+    // Laid out as the applier does: each certificate's file holds its chain and opened key.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("haproxy.cfg"), &bundle.config).unwrap();
+    std::fs::create_dir(host.path().join(hafleet_proto::MAPS_DIR)).unwrap();
+    std::fs::create_dir(host.path().join(hafleet_proto::tls::CERTS_DIR)).unwrap();
+    for m in &bundle.maps {
+        std::fs::write(host.path().join(m.name.relative_path()), &m.content).unwrap();
+    }
+    for c in &bundle.certs {
+        let file = identity.cert_file(c).unwrap();
+        std::fs::write(host.path().join(c.relative_path()), file.as_bytes()).unwrap();
+    }
+    let out = Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(host.path().join("haproxy.cfg"))
+        .env("HAFLEET_HTTP_BIND", "127.0.0.1:18080")
+        .env("HAFLEET_HTTPS_BIND", "127.0.0.1:18443")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "haproxy -c refused it:\n{}\n{}{}",
+        bundle.config,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

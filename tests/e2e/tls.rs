@@ -189,3 +189,151 @@ fn pem_der(pem: &[u8]) -> Result<Vec<u8>> {
     let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
     Ok(base64::engine::general_purpose::STANDARD.decode(body)?)
 }
+
+/// The certificate `addr` serves for SNI `sni`, by fingerprint; `None` when the handshake
+/// fails (a name no certificate is listed for, with strict-sni).
+async fn served_fingerprint(addr: std::net::SocketAddr, sni: &str) -> Result<Option<String>> {
+    let out = tokio::process::Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-servername", sni])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Ok(None) };
+    let end = text[start..].find("-----END CERTIFICATE-----").context("a whole PEM block")?;
+    let pem = &text[start..start + end + "-----END CERTIFICATE-----".len()];
+    Ok(Some(hafleet_proto::sha256_hex(&pem_der(pem.as_bytes())?)))
+}
+
+/// GET / over HTTPS for `host`, the server's certificate checked against `ca` and `host`.
+async fn https_get(addr: std::net::SocketAddr, host: &str, ca: &std::path::Path) -> Result<String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-connect", &addr.to_string()])
+        .args(["-servername", host, "-verify_hostname", host, "-CAfile"])
+        .arg(ca)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let mut stdin = child.stdin.take().context("stdin")?;
+    stdin.write_all(request.as_bytes()).await?;
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait_with_output())
+        .await
+        .context("openssl s_client timed out")??;
+    drop(stdin);
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits until every host serves `sni` with the certificate `want` (`None`: refuses it).
+async fn expect_cert_everywhere(
+    stack: &hafleet_tests::stack::Stack,
+    sni: &str,
+    want: Option<&str>,
+) -> Result<()> {
+    for h in &stack.hosts {
+        let addr = h.https_addr();
+        let what = format!("{} serves {sni} with {want:?}", h.name());
+        eventually(CONVERGE, &what, || async move {
+            let got = served_fingerprint(addr, sni).await?;
+            anyhow::ensure!(got.as_deref() == want, "got {got:?}");
+            Ok(())
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<()> {
+    let mut world = World::start().await?;
+    let stack_dir = world.stack.dir().to_owned();
+    kubectl_apply(
+        &world.stack.kube,
+        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
+    )
+    .await?;
+    let edge = FleetIdentity::generate();
+    let identity_file = stack_dir.join("edge.age");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&identity_file)?;
+        f.write_all(edge.to_file_text().as_bytes())?;
+    }
+    world.stack.restart_with(
+        Component::Watcher,
+        &[("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient()))],
+    )?;
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_TLS_IDENTITY", identity_file.to_str().context("path")?)],
+    )?;
+
+    let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
+    let (shop_crt, shop_key) = openssl_cert(&["shop.example.com"])?;
+    let (wild_crt, wild_key) = openssl_cert(&["*.example.org"])?;
+    secrets.create(&PostParams::default(), &tls_secret("shop-tls", &shop_crt, &shop_key)?).await?;
+    secrets.create(&PostParams::default(), &tls_secret("wild-tls", &wild_crt, &wild_key)?).await?;
+    let ingresses = &world.ingresses;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
+        .await?;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("wild", "a.example.org", "wild-tls")?)
+        .await?;
+    world.route("plain", "plain.example.com", "/", "api").await?;
+
+    let shop_fp = hafleet_proto::sha256_hex(&pem_der(&shop_crt)?);
+    let wild_fp = hafleet_proto::sha256_hex(&pem_der(&wild_crt)?);
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&shop_fp)).await?;
+    expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
+    // No certificate is listed for it: refused, never another tenant's certificate.
+    expect_cert_everywhere(&world.stack, "plain.example.com", None).await?;
+
+    // A real request over HTTPS, the certificate checked by the client, reaches the Service.
+    let ca = stack_dir.join("shop-ca.pem");
+    std::fs::write(&ca, &shop_crt)?;
+    for h in &world.stack.hosts {
+        let answer = https_get(h.https_addr(), "shop.example.com", &ca).await?;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("web@"), "{answer}");
+    }
+    // Plain HTTP for a host with a certificate is redirected; for one without, it is served.
+    crate::expect_everywhere(&world.stack, "shop.example.com", "/", 308, "").await?;
+    crate::expect_everywhere(&world.stack, "plain.example.com", "/", 200, "api@").await?;
+    for h in &world.stack.hosts {
+        let r =
+            hafleet_tests::http::http_get_full(h.http_addr(), "shop.example.com", "/x?y=1").await?;
+        let location = r.headers.iter().find(|(k, _)| k == "location").map(|(_, v)| v.as_str());
+        assert_eq!(location, Some("https://shop.example.com/x?y=1"));
+    }
+
+    // On the hosts the key is in a file only its owner reads, in a folder only it enters.
+    use std::os::unix::fs::PermissionsExt;
+    for h in &world.stack.hosts {
+        let certs = h.dir().join(hafleet_proto::tls::CERTS_DIR);
+        assert_eq!(std::fs::metadata(&certs)?.permissions().mode() & 0o777, 0o700);
+        let files: Vec<_> = std::fs::read_dir(&certs)?.collect::<Result<_, _>>()?;
+        assert_eq!(files.len(), 2, "{files:?}");
+        for f in files {
+            assert_eq!(f.metadata()?.permissions().mode() & 0o777, 0o600, "{:?}", f.path());
+        }
+    }
+
+    // A rotation (the Secret's data replaced) is served on every host.
+    let (new_crt, new_key) = openssl_cert(&["shop.example.com"])?;
+    let rotated = tls_secret("shop-tls", &new_crt, &new_key)?;
+    let patch = kube::api::Patch::Merge(json!({"data": rotated.data}));
+    secrets.patch("shop-tls", &kube::api::PatchParams::default(), &patch).await?;
+    let new_fp = hafleet_proto::sha256_hex(&pem_der(&new_crt)?);
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
+    expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
+    Ok(())
+}

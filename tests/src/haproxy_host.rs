@@ -198,6 +198,7 @@ pub struct HaproxyHost {
     user: HostUser,
     keys: SshClientKeys,
     http_addr: SocketAddrV4,
+    https_addr: SocketAddrV4,
     ssh_port: u16,
     haproxy: Option<ChildGuard>,
     sshd: Option<ChildGuard>,
@@ -230,6 +231,7 @@ impl HaproxyHost {
         let mut host = HaproxyHost {
             name: name.to_string(),
             http_addr: SocketAddrV4::new(ip, free_port(ip.into())),
+            https_addr: SocketAddrV4::new(ip, free_port(ip.into())),
             ssh_port: free_port(Ipv4Addr::LOCALHOST.into()),
             user,
             keys: keys.clone(),
@@ -249,6 +251,7 @@ impl HaproxyHost {
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => {
                     let ip = random_loopback_ip();
                     host.http_addr = SocketAddrV4::new(ip, free_port(ip.into()));
+                    host.https_addr = SocketAddrV4::new(ip, free_port(ip.into()));
                 }
                 result => {
                     result?;
@@ -294,7 +297,7 @@ impl HaproxyHost {
              StrictModes no\n\
              AllowUsers {user}\n\
              PermitRootLogin no\n\
-             SetEnv HAFLEET_HTTP_BIND={bind}\n\
+             SetEnv HAFLEET_HTTP_BIND={bind} HAFLEET_HTTPS_BIND={https}\n\
              LogLevel ERROR\n\
              MaxStartups 100\n\
              MaxSessions 100\n\
@@ -303,6 +306,7 @@ impl HaproxyHost {
             dir = self.dir.display(),
             user = self.user.name,
             bind = self.http_addr,
+            https = self.https_addr,
         );
         let config_path = self.dir.join("sshd_config");
         std::fs::write(&config_path, config)?;
@@ -377,7 +381,8 @@ impl HaproxyHost {
             .env_clear()
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .env("HOME", &self.dir)
-            .env("HAFLEET_HTTP_BIND", self.http_addr.to_string());
+            .env("HAFLEET_HTTP_BIND", self.http_addr.to_string())
+            .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string());
         if self.user.root {
             cmd.uid(self.user.uid).gid(self.user.gid);
         }
@@ -444,6 +449,11 @@ impl HaproxyHost {
     /// Where HAProxy serves HTTP; also `$HAFLEET_HTTP_BIND` for HAProxy and SSH sessions.
     pub fn http_addr(&self) -> SocketAddr {
         SocketAddr::V4(self.http_addr)
+    }
+
+    /// Where HAProxy serves HTTPS once a version has certificates; `$HAFLEET_HTTPS_BIND`.
+    pub fn https_addr(&self) -> SocketAddr {
+        SocketAddr::V4(self.https_addr)
     }
 
     /// `<dir>/haproxy.cfg`, owned by the host user; the file HAProxy loads on every reload.

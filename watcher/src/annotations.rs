@@ -68,7 +68,7 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
             "allow-source" => networks(v).map(|n| o.allow_source = n),
             "ssl-redirect" => match v {
                 "true" | "false" => {
-                    o.ssl_redirect = v == "true";
+                    o.ssl_redirect = Some(v == "true");
                     Ok(())
                 }
                 _ => Err("must be true or false".into()),
@@ -190,7 +190,7 @@ mod tests {
         assert_eq!(o.sticky_cookie.as_ref().map(|c| c.as_str()), Some("SRV"));
         let nets: Vec<&str> = o.allow_source.iter().map(|c| c.as_str()).collect();
         assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32"], "sorted, each once");
-        assert!(o.ssl_redirect);
+        assert_eq!(o.ssl_redirect, Some(true));
         assert_eq!(o.max_conn, Some(100));
         assert_ne!(s.sharing, Sharing::Nobody);
         assert!(read(None).unwrap().options.is_default());

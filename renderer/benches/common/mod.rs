@@ -63,6 +63,7 @@ pub fn fleet(n: usize) -> BTreeMap<IngressKey, IngressEntry> {
                 resource_version: "1".into(),
                 routes: routes(i),
                 seq: 0,
+                tls: Vec::new(),
             };
             (key(i), entry)
         })

@@ -336,6 +336,7 @@ fn fleet(
                 resource_version: "1".into(),
                 routes: vec![route],
                 seq: 1,
+                tls: Vec::new(),
             };
             Ok((IngressKey::new("bench", &format!("app-{i}"))?, entry))
         })
