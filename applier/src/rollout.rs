@@ -547,7 +547,15 @@ async fn go_live(
             info!("the new config differs from the running one in comments only; no reload");
             true
         }
-        runtime::Plan::Runtime(steps) => match apply_runtime(conn, host, &before, steps).await {
+        runtime::Plan::Runtime(steps) => match apply_runtime(
+            conn,
+            host,
+            &before,
+            steps,
+            (version.bundle(), settings.tls_identity.as_deref()),
+        )
+        .await
+        {
             Ok(sent) => {
                 effort.runtime_commands = sent;
                 info!(commands = sent, "applied through the runtime API; no reload");
@@ -658,10 +666,34 @@ async fn apply_runtime(
     host: &Host,
     before: &plan::ProcState,
     steps: &[runtime::Step],
+    (bundle, identity): (Option<&Bundle>, Option<&crate::tls::FleetIdentity>),
 ) -> Result<u32, String> {
     let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
     let socket = host.master_socket.as_str();
     let mut sent = 0;
+    let mut certs = runtime::CertInputs::default();
+    let cert_steps = steps
+        .iter()
+        .any(|s| matches!(s, runtime::Step::AddCert { .. } | runtime::Step::RemoveCert { .. }));
+    if cert_steps {
+        let show = format!("@!{pid} show ssl crt-list");
+        let out = conn
+            .run(scripts::MASTER_CLI, &[socket, &show], None)
+            .await
+            .map_err(|e| format!("ssh: {e}"))?;
+        sent += 1;
+        certs.crt_list = runtime::running_crt_list(&out.stdout)
+            .ok_or("`show ssl crt-list` does not list exactly one crt-list of hafleet's")?;
+        let identity = identity.ok_or("no --tls-identity to open the certificates' keys")?;
+        for path in runtime::added_certs(steps) {
+            let cert = bundle
+                .and_then(|b| b.certs.iter().find(|c| c.relative_path() == path))
+                .ok_or_else(|| format!("the version does not hold {path}"))?;
+            certs
+                .files
+                .insert(path.to_owned(), identity.cert_file(cert).map_err(|e| e.to_string())?);
+        }
+    }
     let mut prepared = runtime::PreparedMaps::new();
     let kinds = runtime::map_kinds(steps);
     if !kinds.is_empty() {
@@ -677,7 +709,7 @@ async fn apply_runtime(
         sent += prepare.len() + 1;
         prepared = runtime::prepared_maps(ids, &answers)?;
     }
-    let commands = runtime::commands(steps, &prepared)?;
+    let commands = runtime::commands(steps, &prepared, &certs)?;
     let answers = session(conn, socket, pid, &commands).await?;
     sent += commands.len();
     let answers: Vec<&str> = answers.iter().map(String::as_str).collect();

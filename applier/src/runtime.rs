@@ -60,6 +60,18 @@ pub enum Step {
         kind: String,
         content: String,
     },
+    /// Load the certificate file `path` (on disk already: chain and key) and list it in the
+    /// running crt-list for `filters`: `new ssl cert`, `set ssl cert` with the file's content
+    /// (given by whoever builds the commands: the plan never holds a key), `commit ssl cert`,
+    /// `add ssl crt-list`.
+    AddCert {
+        path: String,
+        filters: Vec<String>,
+    },
+    /// `del ssl crt-list`, then `del ssl cert` (whose refusal is tolerated).
+    RemoveCert {
+        path: String,
+    },
 }
 
 /// What a change needs.
@@ -396,14 +408,8 @@ pub fn plan(loaded: &Bundle, next: &Bundle) -> Plan {
 }
 
 fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
-    // The crt-list is not a map: a certificate added, removed or rotated is loaded by a reload
-    // (the runtime API's `set ssl cert` path is not built yet).
-    fn crt_list(b: &Bundle) -> Option<&hafleet_proto::MapName> {
-        b.maps.iter().find(|m| m.name.kind() == "crtlist").map(|m| &m.name)
-    }
-    if crt_list(loaded) != crt_list(next) {
-        return Err("the certificates changed".into());
-    }
+    // The crt-list is not a map: its changes are certificates loaded and listed, or unlisted.
+    let (cert_adds, cert_removes) = cert_steps(loaded, next)?;
     let kinds = |b: &Bundle| b.maps.iter().map(|m| m.name.kind().to_owned()).collect::<Vec<_>>();
     let (old_kinds, new_kinds) = (kinds(loaded), kinds(next));
     if old_kinds != new_kinds || new_kinds.iter().collect::<BTreeSet<_>>().len() != new_kinds.len()
@@ -411,17 +417,23 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
         return Err("the set of map files changed".into());
     }
     let replaced_maps = || {
-        loaded.maps.iter().zip(&next.maps).filter(|(old, new)| old.name != new.name).map(
-            |(_, new)| Step::ReplaceMap {
+        loaded
+            .maps
+            .iter()
+            .zip(&next.maps)
+            .filter(|(old, new)| old.name != new.name && new.name.kind() != CRT_LIST)
+            .map(|(_, new)| Step::ReplaceMap {
                 kind: new.name.kind().to_owned(),
                 content: new.content.clone(),
-            },
-        )
+            })
     };
     // The common change at scale, a route added or moved, changes map files only: found
     // without rewriting and parsing two configs of megabytes (80 ms at 10,000 backends).
     if same_but_map_names(loaded, next) {
-        return Ok(replaced_maps().collect());
+        let mut steps = cert_adds;
+        steps.extend(replaced_maps());
+        steps.extend(cert_removes);
+        return Ok(steps);
     }
     let (old_text, new_text) =
         (normalize_map_names(&loaded.config, loaded), normalize_map_names(&next.config, next));
@@ -451,11 +463,87 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
             )?;
         }
     }
-    let mut steps = added;
+    let mut steps = cert_adds;
+    steps.append(&mut added);
     steps.append(&mut changed);
     steps.extend(replaced_maps());
     steps.append(&mut removed);
+    steps.extend(cert_removes);
     Ok(steps)
+}
+
+/// The map kind of the crt-list (renderer/src/tls.rs).
+pub const CRT_LIST: &str = "crtlist";
+
+/// The certificate steps from `loaded`'s crt-list to `next`'s: certificates listed now and not
+/// before are added (before anything else changes), those no longer listed are removed (after
+/// everything else). A certificate listed in both for other hosts, or a crt-list that appears or
+/// goes (the HTTPS bind with it), needs a reload.
+fn cert_steps(loaded: &Bundle, next: &Bundle) -> Result<(Vec<Step>, Vec<Step>), String> {
+    fn lines(b: &Bundle) -> Option<BTreeMap<&str, Vec<&str>>> {
+        let list = b.maps.iter().find(|m| m.name.kind() == CRT_LIST)?;
+        Some(
+            list.content
+                .lines()
+                .filter_map(|l| {
+                    let mut words = l.split_whitespace();
+                    Some((words.next()?, words.collect()))
+                })
+                .collect(),
+        )
+    }
+    let (old, new) = match (lines(loaded), lines(next)) {
+        (None, None) => return Ok((vec![], vec![])),
+        (Some(old), Some(new)) => (old, new),
+        _ => return Err("HTTPS was turned on or off".into()),
+    };
+    let mut adds = Vec::new();
+    for (path, filters) in &new {
+        match old.get(path) {
+            Some(before) if before == filters => {}
+            Some(_) => return Err(format!("certificate {path} serves other hosts now")),
+            None => adds.push(Step::AddCert {
+                path: (*path).to_owned(),
+                filters: filters.iter().map(|f| (*f).to_owned()).collect(),
+            }),
+        }
+    }
+    let removes = old
+        .keys()
+        .filter(|p| !new.contains_key(*p))
+        .map(|p| Step::RemoveCert { path: (*p).to_owned() })
+        .collect();
+    Ok((adds, removes))
+}
+
+/// The paths of the certificate files a plan loads.
+pub fn added_certs(steps: &[Step]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::AddCert { path, .. } => Some(path.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// From `show ssl crt-list`: the crt-list the running process has (the one of the config it
+/// last loaded, whatever versions went in through the runtime API since). `None` unless there
+/// is exactly one.
+pub fn running_crt_list(show: &str) -> Option<String> {
+    let found: Vec<&str> = show
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.strip_prefix(&format!("{}/", hafleet_proto::MAPS_DIR))
+                .and_then(|name| hafleet_proto::MapName::new(name.to_owned()).ok())
+                .is_some_and(|n| n.kind() == CRT_LIST)
+        })
+        .collect();
+    match found.as_slice() {
+        [one] => Some((*one).to_owned()),
+        _ => None,
+    }
 }
 
 /// Whether `plan` changes map files only (or nothing HAProxy acts on): the next config is then
@@ -537,18 +625,31 @@ pub enum Expect {
     Empty,
     /// An answer starting with one of these.
     OneOf(&'static [&'static str]),
+    /// An answer that holds this (`Success!` after a line saying what was done).
+    Contains(&'static str),
     /// Whatever it answers: a refusal leaves a state that serves as well (a server in
     /// maintenance that HAProxy keeps while connections last).
     Anything,
 }
 
-/// One command for HAProxy's CLI, without the master CLI's `@!<pid>` prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One command for HAProxy's CLI, without the master CLI's `@!<pid>` prefix. Its `Debug`
+/// shows the payload's size only (a `set ssl cert` payload holds a private key).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Command {
     pub line: String,
     /// Lines sent after `line <<`, ended by an empty line.
     pub payload: Option<String>,
     pub expect: Expect,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Command")
+            .field("line", &self.line)
+            .field("payload_bytes", &self.payload.as_ref().map(String::len))
+            .field("expect", &self.expect)
+            .finish()
+    }
 }
 
 impl Command {
@@ -567,6 +668,7 @@ impl Command {
         match self.expect {
             Expect::Empty => answer.is_empty(),
             Expect::OneOf(prefixes) => prefixes.iter().any(|p| answer.starts_with(p)),
+            Expect::Contains(part) => answer.contains(part),
             Expect::Anything => true,
         }
     }
@@ -645,11 +747,70 @@ pub fn prepared_maps<S: AsRef<str>>(
         .collect()
 }
 
-/// The commands that carry out `steps`, given the prepared maps.
-pub fn commands(steps: &[Step], maps: &PreparedMaps) -> Result<Vec<Command>, String> {
+/// What the certificate steps need from outside the plan: the running crt-list's name
+/// ([`running_crt_list`]) and the content of each file [`added_certs`] names (chain and key).
+#[derive(Default)]
+pub struct CertInputs {
+    pub crt_list: String,
+    pub files: BTreeMap<String, zeroize::Zeroizing<String>>,
+}
+
+impl std::fmt::Debug for CertInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertInputs")
+            .field("crt_list", &self.crt_list)
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The commands that carry out `steps`, given the prepared maps and the certificates' inputs.
+/// A `set ssl cert` command's payload holds a key: whoever logs commands logs their `line`.
+pub fn commands(
+    steps: &[Step],
+    maps: &PreparedMaps,
+    certs: &CertInputs,
+) -> Result<Vec<Command>, String> {
     let mut out = Vec::new();
     for step in steps {
         match step {
+            Step::AddCert { path, filters } => {
+                let file = certs.files.get(path).ok_or_else(|| format!("no file for {path}"))?;
+                let list = &certs.crt_list;
+                out.push(Command::new(
+                    format!("new ssl cert {path}"),
+                    Expect::OneOf(&["New empty certificate store"]),
+                ));
+                out.push(Command {
+                    line: format!("set ssl cert {path}"),
+                    // A payload's lines each end in a newline; `session` adds the empty line
+                    // that ends it.
+                    payload: Some(format!("{}\n", file.trim_end())),
+                    expect: Expect::OneOf(&["Transaction created", "Transaction updated"]),
+                });
+                out.push(Command::new(
+                    format!("commit ssl cert {path}"),
+                    Expect::Contains("Success!"),
+                ));
+                let mut line = path.clone();
+                for f in filters {
+                    line.push(' ');
+                    line.push_str(f);
+                }
+                line.push('\n');
+                out.push(Command {
+                    line: format!("add ssl crt-list {list}"),
+                    payload: Some(line),
+                    expect: Expect::Contains("Success!"),
+                });
+            }
+            Step::RemoveCert { path } => {
+                out.push(Command::new(
+                    format!("del ssl crt-list {} {path}", certs.crt_list),
+                    Expect::OneOf(&["Entry "]),
+                ));
+                out.push(Command::new(format!("del ssl cert {path}"), Expect::Anything));
+            }
             Step::SetAddr { backend, server, ip, port } => out.push(Command::new(
                 format!("set server {backend}/{server} addr {ip} port {port}"),
                 Expect::OneOf(&["IP changed from", "no need to change the addr"]),
@@ -1057,7 +1218,7 @@ mod tests {
             Step::ReplaceMap { kind: "prefix".into(), content: content.clone() },
         ];
         let maps = PreparedMaps::from([("prefix".to_owned(), ("#1".to_owned(), 4))]);
-        let cmds = commands(&steps, &maps).unwrap();
+        let cmds = commands(&steps, &maps, &CertInputs::default()).unwrap();
         assert_eq!(cmds[0].line, "add server be_a/n2 10.0.0.2:30080 track hafleet_nodes/n2");
         assert_eq!(cmds[1].line, "enable server be_a/n2");
         let adds: Vec<&Command> = cmds.iter().filter(|c| c.payload.is_some()).collect();
@@ -1067,7 +1228,10 @@ mod tests {
         let sent: String = adds.iter().map(|c| c.payload.clone().unwrap()).collect();
         assert_eq!(sent, content, "every entry once, in order");
         assert_eq!(cmds.last().unwrap().line, "commit map @4 #1");
-        assert!(commands(&steps, &PreparedMaps::new()).is_err(), "an unprepared map");
+        assert!(
+            commands(&steps, &PreparedMaps::new(), &CertInputs::default()).is_err(),
+            "an unprepared map"
+        );
     }
 
     // Captured from HAProxy 2.6.12's master CLI: `prompt`, `set server … state maint` (empty
@@ -1125,5 +1289,93 @@ mod tests {
         assert_eq!(prepared["exact"], ("#1".to_owned(), 3));
         assert!(prepared_maps(ids.clone(), &["Unknown map identifier."]).is_err());
         assert!(prepared_maps(ids, &[] as &[&str]).is_err(), "an answer missing");
+    }
+
+    /// A bundle with an HTTPS bind whose crt-list is `crt_list`.
+    fn tls_bundle(crt_list: &str) -> Bundle {
+        let name = MapName::for_content("crtlist", crt_list).unwrap();
+        let config = format!(
+            "global\n    default-path config\n\nfrontend f\n    bind :443 ssl crt-list {} strict-sni\n",
+            name.relative_path()
+        );
+        Bundle { config, maps: vec![MapFile { name, content: crt_list.into() }], certs: vec![] }
+    }
+
+    #[test]
+    fn a_rotated_certificate_is_loaded_listed_and_the_old_one_unlisted_without_a_reload() {
+        let old =
+            tls_bundle("hafleet-certs/aa.pem a.example.com\nhafleet-certs/bb.pem b.example.com\n");
+        let new =
+            tls_bundle("hafleet-certs/bb.pem b.example.com\nhafleet-certs/cc.pem a.example.com\n");
+        let Plan::Runtime(steps) = plan(&old, &new) else { panic!("{:?}", plan(&old, &new)) };
+        assert_eq!(
+            steps,
+            vec![
+                Step::AddCert {
+                    path: "hafleet-certs/cc.pem".into(),
+                    filters: vec!["a.example.com".into()]
+                },
+                Step::RemoveCert { path: "hafleet-certs/aa.pem".into() },
+            ]
+        );
+        assert!(!maps_only(&Plan::Runtime(steps.clone())));
+        let mut inputs =
+            CertInputs { crt_list: "hafleet-maps/crtlist-x.map".into(), ..Default::default() };
+        assert!(commands(&steps, &PreparedMaps::new(), &inputs).is_err(), "no file, no commands");
+        let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\nSECRET\n-----END EC PRIVATE KEY-----\n";
+        inputs.files.insert("hafleet-certs/cc.pem".into(), zeroize::Zeroizing::new(pem.into()));
+        let cmds = commands(&steps, &PreparedMaps::new(), &inputs).unwrap();
+        let lines: Vec<&str> = cmds.iter().map(|c| c.line.as_str()).collect();
+        assert_eq!(
+            lines,
+            [
+                "new ssl cert hafleet-certs/cc.pem",
+                "set ssl cert hafleet-certs/cc.pem",
+                "commit ssl cert hafleet-certs/cc.pem",
+                "add ssl crt-list hafleet-maps/crtlist-x.map",
+                "del ssl crt-list hafleet-maps/crtlist-x.map hafleet-certs/aa.pem",
+                "del ssl cert hafleet-certs/aa.pem",
+            ]
+        );
+        assert_eq!(cmds[3].payload.as_deref(), Some("hafleet-certs/cc.pem a.example.com\n"));
+        // Each payload ends in a newline, so the session's empty line ends it.
+        assert!(cmds.iter().filter_map(|c| c.payload.as_deref()).all(|p| p.ends_with('\n')));
+        assert!(session(7, &cmds).contains("-----END EC PRIVATE KEY-----\n\n@!7 commit ssl cert"));
+        assert!(cmds[1].payload.as_deref().unwrap().contains("SECRET"));
+        assert!(!format!("{cmds:?}").contains("SECRET"), "Debug hides the key");
+        assert!(!format!("{inputs:?}").contains("SECRET"));
+        // The answers HAProxy 2.6 gives (seen on its master CLI).
+        assert!(cmds[0].accepted("New empty certificate store 'hafleet-certs/cc.pem'!\n"));
+        assert!(
+            cmds[1].accepted("+ + Transaction created for certificate hafleet-certs/cc.pem!\n")
+        );
+        assert!(cmds[2].accepted("Committing hafleet-certs/cc.pem\nSuccess!\n"));
+        assert!(!cmds[2].accepted("Committing hafleet-certs/cc.pem\nError: bad key\n"));
+        assert!(cmds[3].accepted(
+            "+ Inserting certificate 'hafleet-certs/cc.pem' in crt-list 'x'.\nSuccess!\n"
+        ));
+        assert!(cmds[4].accepted("Entry 'hafleet-certs/aa.pem' deleted in crtlist 'x'!\n"));
+    }
+
+    #[test]
+    fn certificates_that_change_hosts_or_https_turned_on_need_a_reload() {
+        let a = tls_bundle("hafleet-certs/aa.pem a.example.com\n");
+        let more_hosts = tls_bundle("hafleet-certs/aa.pem a.example.com b.example.com\n");
+        assert!(matches!(plan(&a, &more_hosts), Plan::Reload(why) if why.contains("other hosts")));
+        let plain = Bundle {
+            config: "global\n    default-path config\n".into(),
+            maps: vec![],
+            certs: vec![],
+        };
+        assert!(matches!(plan(&plain, &a), Plan::Reload(_)));
+        assert_eq!(plan(&a, &a), Plan::Nothing);
+    }
+
+    #[test]
+    fn the_running_crt_list_is_the_one_hafleet_named() {
+        let name = MapName::for_content("crtlist", "x").unwrap().relative_path();
+        assert_eq!(running_crt_list(&format!("{name}\n")), Some(name.clone()));
+        assert_eq!(running_crt_list("/etc/haproxy/other.list\n"), None);
+        assert_eq!(running_crt_list(&format!("{name}\n{name}\n")), None);
     }
 }

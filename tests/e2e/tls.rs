@@ -327,7 +327,12 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         }
     }
 
-    // A rotation (the Secret's data replaced) is served on every host.
+    // A rotation (the Secret's data replaced) is served on every host, through the runtime
+    // API: the masters' reload counters stay where they were.
+    let reloads = |stack: &hafleet_tests::stack::Stack| -> Result<Vec<u32>> {
+        stack.hosts.iter().map(|h| h.reload_count()).collect()
+    };
+    let before = reloads(&world.stack)?;
     let (new_crt, new_key) = openssl_cert(&["shop.example.com"])?;
     let rotated = tls_secret("shop-tls", &new_crt, &new_key)?;
     let patch = kube::api::Patch::Merge(json!({"data": rotated.data}));
@@ -335,5 +340,39 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     let new_fp = hafleet_proto::sha256_hex(&pem_der(&new_crt)?);
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
     expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
+    assert_eq!(reloads(&world.stack)?, before, "a rotation never reloads");
+    // A new TLS host with a certificate of its own goes in the same way.
+    let (new_host_crt, new_host_key) = openssl_cert(&["new.example.com"])?;
+    secrets
+        .create(&PostParams::default(), &tls_secret("new-tls", &new_host_crt, &new_host_key)?)
+        .await?;
+    ingresses
+        .create(&PostParams::default(), &tls_ingress("new", "new.example.com", "new-tls")?)
+        .await?;
+    let new_host_fp = hafleet_proto::sha256_hex(&pem_der(&new_host_crt)?);
+    expect_cert_everywhere(&world.stack, "new.example.com", Some(&new_host_fp)).await?;
+    crate::expect_everywhere(&world.stack, "new.example.com", "/", 308, "").await?;
+    assert_eq!(reloads(&world.stack)?, before, "a new certificate never reloads");
+    // What the files on disk say is what runs: a reload now changes nothing that is served.
+    for h in &world.stack.hosts {
+        h.reload()?;
+    }
+    for (sni, fp) in [
+        ("shop.example.com", &new_fp),
+        ("a.example.org", &wild_fp),
+        ("new.example.com", &new_host_fp),
+    ] {
+        expect_cert_everywhere(&world.stack, sni, Some(fp)).await?;
+    }
+    // No component logged a key, even with the keys going through the runtime API.
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        let log = std::fs::read_to_string(world.stack.log_path(c))?;
+        assert!(!log.contains("PRIVATE KEY"), "{c:?} logged a key");
+        for key in [&shop_key, &wild_key, &new_key, &new_host_key] {
+            for line in key_lines(key) {
+                assert!(!log.contains(&line), "{c:?} logged a key's line");
+            }
+        }
+    }
     Ok(())
 }

@@ -645,7 +645,8 @@ mod reload {
             prepared = runtime::prepared_maps(ids, &runtime::answers(&out, prepare.len()))
                 .map_err(anyhow::Error::msg)?;
         }
-        let commands = runtime::commands(&steps, &prepared).map_err(anyhow::Error::msg)?;
+        let commands = runtime::commands(&steps, &prepared, &runtime::CertInputs::default())
+            .map_err(anyhow::Error::msg)?;
         let out = master(socket, &runtime::session(pid, &commands))?;
         let answers = runtime::answers(&out, commands.len());
         if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
