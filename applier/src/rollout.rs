@@ -58,7 +58,7 @@ mod scripts {
     }
     macro_rules! mark_loaded {
         () => {
-            r#"set -e; s1=$(stat -c '%d %i %s %y %z' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$(stat -c '%i %s %y' "$1")" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%d %i %s %y %z' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
+            r#"set -e; s1=$(stat -c '%d %i %s %y %z' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$(stat -c '%i %s %y' "$1")" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%d %i %s %y %z' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; c="$(dirname "$1")/hafleet-certs"; if [ -d "$c" ]; then oldc=$(find "$c" -maxdepth 1 -type f -mmin +60) || true; if [ -n "$oldc" ]; then lists=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/crtlist-[0-9a-f]*\.map' | sort -u) || true; keepc=$( { cat "$1" "$1.hafleet-last-good" 2>/dev/null; for l in $lists; do cat "$(dirname "$1")/$l" 2>/dev/null; done; } | grep -o 'hafleet-certs/[0-9a-f]*\.pem' | sort -u) || true; printf '%s\n' "$oldc" | while read -r f; do case "$keepc" in *"hafleet-certs/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true; fi; fi; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
         };
     }
     macro_rules! upload {
@@ -112,7 +112,9 @@ mod scripts {
     /// change and passed probes); fails if it is not $2. Then, best effort, deletes map files
     /// that neither the live config nor last-known-good names, once they are an hour old (an
     /// upload of another attempt may not be swapped in yet); the configs are read for the
-    /// names they use only when there is such a file.
+    /// names they use only when there is such a file. Certificate files (and their keys) go
+    /// the same way: kept while the live or last-known-good config, or a crt-list either
+    /// names, lists them.
     pub const MARK_LOADED: &str = mark_loaded!();
     /// $1 = live config path, $2 = master socket, then map names. Prints the live file's
     /// sha256, the loaded marker's sha256 and reload count (a line each, empty if unknown),
@@ -1392,6 +1394,35 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["exact-aaa.map", "exact-ccc.map"], "named or new maps stay");
+
+        // Certificate files: kept while the config (a default certificate) or a crt-list it
+        // names lists them, or while they are new; an old unnamed one (a rotated key, an
+        // upload left behind) goes.
+        let certs = dir.path().join("hafleet-certs");
+        std::fs::create_dir(&certs).unwrap();
+        std::fs::write(maps.join("crtlist-ddd.map"), "hafleet-certs/a1.pem a.example.com\n")
+            .unwrap();
+        std::fs::write(
+            &live,
+            "x map_str(hafleet-maps/exact-aaa.map)\n bind ssl crt hafleet-certs/b2.pem crt-list hafleet-maps/crtlist-ddd.map\n",
+        )
+        .unwrap();
+        for name in ["a1.pem", "b2.pem", "c3.pem", "d4.pem", ".e5.pem.v1-2-3"] {
+            std::fs::write(certs.join(name), "").unwrap();
+        }
+        for name in ["a1.pem", "b2.pem", "c3.pem", ".e5.pem.v1-2-3"] {
+            let f = std::fs::File::options().write(true).open(certs.join(name)).unwrap();
+            f.set_modified(old).unwrap();
+        }
+        let sha = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
+        let out = mark(&sha);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut left: Vec<String> = std::fs::read_dir(&certs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["a1.pem", "b2.pem", "d4.pem"], "named or new certificate files stay");
 
         // LIVE_STATE: the marked file is known by its stat; an edit in place is hashed anew.
         let live_state = || {

@@ -575,6 +575,11 @@ pub fn map_check_config(bundle: &Bundle) -> Option<String> {
     let prefix = format!("{}/", hafleet_proto::bundle::MAPS_DIR);
     let mut uses = BTreeSet::new();
     for (at, _) in bundle.config.match_indices(&prefix) {
+        // The crt-list is no map: a version that only changes maps keeps it, and the
+        // certificates it names were loaded before.
+        if bundle.config[..at].ends_with("crt-list ") {
+            continue;
+        }
         let before = bundle.config[..at].strip_suffix('(')?;
         let start =
             before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
@@ -586,7 +591,7 @@ pub fn map_check_config(bundle: &Bundle) -> Option<String> {
         }
         uses.insert((converter, path));
     }
-    for map in &bundle.maps {
+    for map in bundle.maps.iter().filter(|m| m.name.kind() != CRT_LIST) {
         let path = map.name.relative_path();
         if !uses.iter().any(|(_, p)| *p == path) {
             return None;
@@ -1377,5 +1382,22 @@ mod tests {
         assert_eq!(running_crt_list(&format!("{name}\n")), Some(name.clone()));
         assert_eq!(running_crt_list("/etc/haproxy/other.list\n"), None);
         assert_eq!(running_crt_list(&format!("{name}\n{name}\n")), None);
+    }
+
+    #[test]
+    fn a_tls_fleet_keeps_the_map_only_check() {
+        let mut b = tls_bundle("hafleet-certs/aa.pem a.example.com\n");
+        let exact = MapFile {
+            name: MapName::for_content("exact", "a.example.com/ be_a\n").unwrap(),
+            content: "a.example.com/ be_a\n".into(),
+        };
+        b.config.push_str(&format!(
+            "    http-request set-var(txn.b) path,map_str({})\n",
+            exact.name.relative_path()
+        ));
+        b.maps.push(exact.clone());
+        let check = map_check_config(&b).expect("the crt-list does not stop the map-only check");
+        assert!(check.contains(&format!("map_str({})", exact.name.relative_path())), "{check}");
+        assert!(!check.contains("crt-list") && !check.contains("crtlist-"), "{check}");
     }
 }

@@ -144,6 +144,7 @@ mod tests {
             not_after_unix: 0,
             chain_pem: hafleet_proto::tls::certificates_pem([der.as_slice()]),
             sealed_key: String::from_utf8(out).unwrap(),
+            recipient: String::new(),
         }
     }
 

@@ -210,6 +210,7 @@ mod tests {
             sealed_key:
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
                     .into(),
+            recipient: String::new(),
         };
         let ok = Bundle { config: "global\n".into(), maps: vec![], certs: vec![cert.clone()] };
         ok.verify(&ok.sha256()).unwrap();

@@ -284,6 +284,17 @@ pub struct SweepConfirm {
     pub by: String,
 }
 
+/// A fleet's default certificate, published on `hafleet.routes.<fleet>` by a watcher with
+/// `--default-cert` for it: what HTTPS answers for a name no Ingress has a certificate for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DefaultCert {
+    pub schema: u32,
+    pub epoch: u64,
+    pub fleet: FleetName,
+    /// `None`: the fleet has none (names without a certificate are refused).
+    pub cert: Option<crate::SealedCert>,
+}
+
 /// Anything on the routes stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -292,6 +303,7 @@ pub enum RouteMessage {
     Snapshot(RoutesSnapshot),
     Nodes(NodesUpdate),
     Confirm(SweepConfirm),
+    DefaultCert(DefaultCert),
 }
 
 impl RouteMessage {
@@ -302,6 +314,7 @@ impl RouteMessage {
             RouteMessage::Snapshot(s) => s.epoch,
             RouteMessage::Nodes(n) => n.epoch,
             RouteMessage::Confirm(c) => c.epoch,
+            RouteMessage::DefaultCert(d) => d.epoch,
         }
     }
 

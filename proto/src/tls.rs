@@ -34,6 +34,10 @@ pub struct SealedCert {
     pub chain_pem: String,
     /// The private key as PEM, encrypted with age to the fleet's recipient, ASCII-armored.
     pub sealed_key: String,
+    /// The recipient (`age1…`) it is sealed to, so that a fleet whose identity is replaced
+    /// gets its keys sealed anew.
+    #[serde(default)]
+    pub recipient: String,
 }
 
 /// Why a sealed certificate is not fit to reach a host.
@@ -188,6 +192,7 @@ mod tests {
             not_after_unix: 0,
             chain_pem: certificates_pem([der, b"intermediate".as_slice()]),
             sealed_key: armor(),
+            recipient: String::new(),
         }
     }
 

@@ -39,6 +39,9 @@ pub struct Checkpoint {
     /// The sweeps held back by the guard (pairs, as `fleets`).
     #[serde(default)]
     pub held: Vec<(FleetName, hafleet_proto::HeldSweep)>,
+    /// Each fleet's default certificate (pairs, as `fleets`).
+    #[serde(default)]
+    pub default_certs: Vec<(FleetName, hafleet_proto::SealedCert)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +79,11 @@ impl Checkpoint {
             nodes: desired.nodes.clone(),
             epoch: desired.epoch,
             held: desired.held.iter().map(|(f, h)| (f.clone(), h.clone())).collect(),
+            default_certs: desired
+                .default_certs
+                .iter()
+                .map(|(f, c)| (f.clone(), c.clone()))
+                .collect(),
         }
     }
 
@@ -89,6 +97,7 @@ impl Checkpoint {
             nodes: self.nodes.clone(),
             epoch: self.epoch,
             held: self.held.iter().cloned().collect(),
+            default_certs: self.default_certs.iter().cloned().collect(),
         }
     }
 

@@ -33,6 +33,9 @@ pub struct MapPaths {
     pub crt_list: Option<String>,
     /// Hosts whose plain-HTTP requests are redirected to HTTPS (`map_str`); `None`: none.
     pub redirect: Option<String>,
+    /// The fleet's default certificate's file (not a map: it goes on the HTTPS bind's `crt`);
+    /// `None`: names no certificate is listed for are refused (`strict-sni`).
+    pub default_cert: Option<String>,
 }
 
 impl Maps {
@@ -46,6 +49,7 @@ impl Maps {
                 self.files.push(file.clone());
             }
         }
+        self.paths.default_cert.clone_from(&tls.default_cert);
         self.files.sort_by(|a, b| a.name.cmp(&b.name));
     }
 }
@@ -92,6 +96,7 @@ pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
         prefix: prefix.name.relative_path(),
         crt_list: None,
         redirect: None,
+        default_cert: None,
     };
     let mut files = vec![exact, prefix];
     files.sort_by(|a, b| a.name.cmp(&b.name));

@@ -94,10 +94,16 @@ pub const NODES_BACKEND: &str = "hafleet_nodes";
 /// backend). Kubernetes names never contain `_`, so the parts cannot run into each other.
 fn backend_name(b: &Backend) -> String {
     let s = &b.service;
-    match b.options.is_default() {
+    // A backend only acts on `ssl-redirect: "true"`; "false" is about the Ingress's TLS hosts
+    // (crate::tls), so it must not make a backend of its own (nor rename one).
+    let mut options = std::borrow::Cow::Borrowed(&b.options);
+    if options.ssl_redirect == Some(false) {
+        options.to_mut().ssl_redirect = None;
+    }
+    match options.is_default() {
         true => format!("be_{}_{}_{}", s.namespace, s.name, s.port),
         false => {
-            let json = serde_json::to_vec(&b.options).unwrap_or_default();
+            let json = serde_json::to_vec(&*options).unwrap_or_default();
             let digest = hafleet_proto::sha256_hex(&json);
             format!("be_{}_{}_{}_{}", s.namespace, s.name, s.port, &digest[..8])
         }

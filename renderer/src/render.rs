@@ -184,12 +184,13 @@ impl Renderer {
         fleet: &hafleet_proto::FleetName,
         ingresses: &crate::state::Ingresses,
         nodes: &[hafleet_proto::NodeAddr],
+        default_cert: Option<&hafleet_proto::SealedCert>,
     ) -> RenderModel {
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let kept = all.entry(fleet.to_string()).or_default();
         let mut model =
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
-        model.tls = crate::tls::files(ingresses);
+        model.tls = crate::tls::files(ingresses, default_cert);
         model.notes.extend(model.tls.notes.iter().cloned());
         model
     }
@@ -460,7 +461,7 @@ mod tests {
             let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
                 for f in [&name, &other] {
                     let fresh = crate::model::build_with(f, ingresses, nodes, &options);
-                    let model = warm.model(f, ingresses, nodes);
+                    let model = warm.model(f, ingresses, nodes, None);
                     assert_eq!(model, fresh, "fleet {f}");
                     let fresh = Renderer::builtin().render(&fresh).unwrap();
                     assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");

@@ -42,6 +42,9 @@ pub struct Desired {
     /// Per fleet, the withdrawals of a snapshot that the [`SweepGuard`] held back; those
     /// Ingresses stay in `fleets` (and live) until a [`RouteMessage::Confirm`] releases them.
     pub held: BTreeMap<FleetName, HeldSweep>,
+    /// Per fleet, the certificate HTTPS answers with for a name no Ingress has one for
+    /// ([`RouteMessage::DefaultCert`]).
+    pub default_certs: BTreeMap<FleetName, hafleet_proto::SealedCert>,
 }
 
 /// When a snapshot's withdrawals are held instead of applied: when they would take more than
@@ -88,6 +91,8 @@ pub enum StateWrite {
     Epoch(u64),
     /// Every held sweep, replaced whole.
     Held(BTreeMap<FleetName, HeldSweep>),
+    /// Every fleet's default certificate, replaced whole.
+    DefaultCerts(BTreeMap<FleetName, hafleet_proto::SealedCert>),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -140,30 +145,48 @@ fn settle_tls(
     old: Option<&IngressEntry>,
     incoming: &[TlsEntry],
 ) -> Vec<TlsEntry> {
-    let mut known: BTreeMap<&str, &hafleet_proto::SealedCert> = BTreeMap::new();
+    // By (recipient, chain): a key sealed to another recipient (the fleet's identity replaced)
+    // is taken as new.
+    let mut known: BTreeMap<(&str, &str), &hafleet_proto::SealedCert> = BTreeMap::new();
     if incoming.iter().any(|e| e.cert.is_some()) {
         for e in fleet.values().flat_map(|i| &i.tls) {
             if let Some(c) = &e.cert {
-                known.entry(c.chain_pem.as_str()).or_insert(c);
+                known.entry((c.recipient.as_str(), c.chain_pem.as_str())).or_insert(c);
             }
         }
     }
+    // What the Ingress had from that Secret: its certificate and the hosts it served then.
     let had = |secret: &hafleet_proto::ObjectName| {
         old.into_iter()
             .flat_map(|o| &o.tls)
             .filter(|e| &e.secret == secret)
-            .find_map(|e| e.cert.clone())
+            .find_map(|e| Some((e.cert.as_ref()?, &e.hosts)))
     };
     incoming
         .iter()
-        .map(|e| {
-            let cert = match e.cert.as_ref().filter(|c| c.check().is_ok()) {
-                Some(c) => Some(
-                    known.get(c.chain_pem.as_str()).map_or_else(|| c.clone(), |k| (*k).clone()),
-                ),
-                None => had(&e.secret),
-            };
-            TlsEntry { cert, ..e.clone() }
+        .map(|e| match e.cert.as_ref().filter(|c| c.check().is_ok()) {
+            Some(c) => {
+                let key = (c.recipient.as_str(), c.chain_pem.as_str());
+                let cert = known.get(&key).map_or_else(|| c.clone(), |k| (*k).clone());
+                TlsEntry { cert: Some(cert), ..e.clone() }
+            }
+            // Kept only for hosts it served then and covers.
+            None => match had(&e.secret) {
+                Some((cert, served)) => TlsEntry {
+                    hosts: e
+                        .hosts
+                        .iter()
+                        .filter(|h| served.contains(h))
+                        .filter(|h| {
+                            cert.names.iter().any(|n| hafleet_proto::tls::name_covers(n, h))
+                        })
+                        .cloned()
+                        .collect(),
+                    secret: e.secret.clone(),
+                    cert: Some(cert.clone()),
+                },
+                None => e.clone(),
+            },
         })
         .collect()
 }
@@ -342,6 +365,39 @@ pub fn apply(
                 let keys = gone.into_iter().map(|(k, _)| k);
                 withdraw(fleet, ingresses, keys, seq, "sweep", out);
             }
+        }
+        RouteMessage::DefaultCert(d) => {
+            let fleet = &d.fleet;
+            let old = desired.default_certs.get(fleet);
+            let new = d.cert.as_ref().filter(|c| c.check().is_ok());
+            // The same chain sealed to the same recipient (a watcher that restarted) is no
+            // change: the bytes held stay.
+            let same = |a: &hafleet_proto::SealedCert, b: &hafleet_proto::SealedCert| {
+                a.chain_pem == b.chain_pem && a.recipient == b.recipient
+            };
+            if match (old, new) {
+                (Some(a), Some(b)) => same(a, b),
+                (None, None) => true,
+                _ => false,
+            } {
+                return;
+            }
+            let label = |c: &hafleet_proto::SealedCert| format!("default {}", c.fingerprint);
+            let cause = Cause {
+                stream_seq: seq,
+                ingress: None,
+                what: "default certificate".into(),
+                resource_version: None,
+                added: new.map(label).into_iter().collect(),
+                removed: old.map(label).into_iter().collect(),
+            };
+            match new {
+                Some(c) => desired.default_certs.insert(fleet.clone(), c.clone()),
+                None => desired.default_certs.remove(fleet),
+            };
+            desired.fleets.entry(fleet.clone()).or_default();
+            out.writes.push(StateWrite::DefaultCerts(desired.default_certs.clone()));
+            out.causes.entry(fleet.clone()).or_default().push(cause);
         }
         RouteMessage::Confirm(confirm) => {
             let fleet = &confirm.fleet;
@@ -695,5 +751,88 @@ mod tests {
         let mut out = Applied::default();
         apply_unguarded(&mut d, 202, &nodes(&[("n3", "10.0.0.3"), ("n1", "10.0.0.9")]), &mut out);
         assert!(out.writes.is_empty() && out.causes.is_empty());
+    }
+
+    fn sealed(tag: &str, names: &[&str], recipient: &str) -> hafleet_proto::SealedCert {
+        hafleet_proto::SealedCert {
+            fingerprint: hafleet_proto::sha256_hex(tag.as_bytes()),
+            names: names.iter().map(|n| hafleet_proto::HttpHost::new(*n).unwrap()).collect(),
+            not_after_unix: 0,
+            chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]),
+            sealed_key: format!(
+                "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj{}\n-----END AGE ENCRYPTED FILE-----\n",
+                recipient.len()
+            ),
+            recipient: recipient.into(),
+        }
+    }
+
+    fn tls_entry(hosts: &[&str], cert: Option<hafleet_proto::SealedCert>) -> TlsEntry {
+        TlsEntry {
+            hosts: hosts.iter().map(|h| hafleet_proto::HttpHost::new(*h).unwrap()).collect(),
+            secret: hafleet_proto::ObjectName::new("s").unwrap(),
+            cert,
+        }
+    }
+
+    #[test]
+    fn certificates_keep_their_sealed_bytes_and_a_bad_secret_keeps_only_what_it_served() {
+        let held = sealed("a", &["a.example.com"], "age1one");
+        let mut fleet = Ingresses::new();
+        let mut old = IngressEntry {
+            created_unix: 1,
+            resource_version: "1".into(),
+            routes: vec![],
+            seq: 1,
+            tls: vec![tls_entry(&["a.example.com"], Some(held.clone()))],
+        };
+        fleet.insert(IngressKey::new("t", "i").unwrap(), old.clone());
+        // Sealed anew to the same recipient (a watcher restart): the bytes held stay.
+        let mut resealed = held.clone();
+        resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm");
+        let got = settle_tls(&fleet, Some(&old), &[tls_entry(&["a.example.com"], Some(resealed))]);
+        assert_eq!(got[0].cert.as_ref(), Some(&held));
+        // Sealed to a new recipient (the fleet's identity replaced): taken.
+        let rekeyed = sealed("a", &["a.example.com"], "age1two");
+        let got =
+            settle_tls(&fleet, Some(&old), &[tls_entry(&["a.example.com"], Some(rekeyed.clone()))]);
+        assert_eq!(got[0].cert.as_ref(), Some(&rekeyed));
+        // The Secret went bad: the certificate stays for the hosts it served and covers only.
+        old.tls = vec![tls_entry(&["a.example.com"], Some(held.clone()))];
+        let bad = tls_entry(&["a.example.com", "b.example.com"], None);
+        let got = settle_tls(&fleet, Some(&old), std::slice::from_ref(&bad));
+        assert_eq!(got, vec![tls_entry(&["a.example.com"], Some(held.clone()))]);
+        // Nothing held from it: nothing served.
+        assert_eq!(settle_tls(&fleet, None, std::slice::from_ref(&bad)), vec![bad]);
+    }
+
+    #[test]
+    fn a_default_certificate_is_set_kept_across_a_reseal_and_replaced() {
+        let mut d = Desired::default();
+        let fleet = FleetName::new("edge").unwrap();
+        let msg = |cert: Option<hafleet_proto::SealedCert>| {
+            RouteMessage::DefaultCert(hafleet_proto::DefaultCert {
+                schema: 1,
+                epoch: 1,
+                fleet: fleet.clone(),
+                cert,
+            })
+        };
+        let first = sealed("d", &["d.invalid"], "age1one");
+        let mut out = Applied::default();
+        apply(&mut d, 1, &msg(Some(first.clone())), &SweepGuard::default(), &mut out);
+        assert_eq!(d.default_certs.get(&fleet), Some(&first));
+        assert_eq!(out.causes[&fleet][0].added, [format!("default {}", first.fingerprint)]);
+        let mut resealed = first.clone();
+        resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm");
+        let mut out = Applied::default();
+        apply(&mut d, 2, &msg(Some(resealed)), &SweepGuard::default(), &mut out);
+        assert!(out.causes.is_empty() && out.writes.is_empty(), "a reseal changes nothing");
+        assert_eq!(d.default_certs.get(&fleet), Some(&first));
+        let second = sealed("e", &["d.invalid"], "age1one");
+        let mut out = Applied::default();
+        apply(&mut d, 3, &msg(Some(second.clone())), &SweepGuard::default(), &mut out);
+        assert_eq!(d.default_certs.get(&fleet), Some(&second));
+        assert!(matches!(out.writes.as_slice(), [StateWrite::DefaultCerts(_)]));
     }
 }

@@ -110,6 +110,8 @@ const NODES: &[u8] = b"nodes";
 const EPOCH: &[u8] = b"epoch";
 /// The sweeps held back by the guard (JSON: pairs of fleet and hold).
 const HELD: &[u8] = b"held-sweeps";
+/// Each fleet's default certificate (JSON: pairs of fleet and sealed certificate).
+const DEFAULT_CERTS: &[u8] = b"default-certs";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -309,6 +311,10 @@ impl Store {
             let pairs: Vec<(FleetName, hafleet_proto::HeldSweep)> = decode(HELD, &held)?;
             desired.held = pairs.into_iter().collect();
         }
+        if let Some(certs) = self.meta.get(DEFAULT_CERTS)? {
+            let pairs: Vec<(FleetName, hafleet_proto::SealedCert)> = decode(DEFAULT_CERTS, &certs)?;
+            desired.default_certs = pairs.into_iter().collect();
+        }
         Ok(desired)
     }
 
@@ -427,6 +433,11 @@ impl Store {
                             let v = serde_json::to_vec(&pairs).expect("holds serialize");
                             meta.insert(HELD, v)?;
                         }
+                        StateWrite::DefaultCerts(certs) => {
+                            let pairs: Vec<_> = certs.iter().collect();
+                            let v = serde_json::to_vec(&pairs).expect("certificates serialize");
+                            meta.insert(DEFAULT_CERTS, v)?;
+                        }
                     }
                 }
                 for (k, v, summary) in &encoded {
@@ -543,6 +554,7 @@ impl Store {
                 StateWrite::Nodes(desired.nodes.clone()),
                 StateWrite::Epoch(desired.epoch),
                 StateWrite::Held(desired.held.clone()),
+                StateWrite::DefaultCerts(desired.default_certs.clone()),
             ])
             .collect();
         self.commit(&writes, &[], applied_seq)

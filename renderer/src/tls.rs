@@ -13,14 +13,17 @@
 //! crt-list by its digest) covers the sealed keys too.
 
 use crate::state::Ingresses;
-use hafleet_proto::{MapFile, MapName, SealedCert};
-use std::collections::BTreeMap;
+use hafleet_proto::{HttpHost, MapFile, MapName, SealedCert};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A fleet's TLS: the certificates to put on hosts and the two files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
-    /// Sorted by id, each once; empty when no host has a certificate (then no HTTPS bind).
+    /// Sorted by id, each once; empty when no host has a certificate and the fleet has no
+    /// default one (then no HTTPS bind).
     pub certs: Vec<SealedCert>,
+    /// The fleet's default certificate's file: what a name no certificate is listed for gets.
+    pub default_cert: Option<String>,
     pub crt_list: Option<MapFile>,
     pub redirect: Option<MapFile>,
     /// `host: fingerprint (names, notAfter)` per TLS host, for the version's notes.
@@ -28,33 +31,43 @@ pub struct TlsFiles {
 }
 
 /// The TLS files of a fleet's Ingresses.
-pub fn files(ingresses: &Ingresses) -> TlsFiles {
+///
+/// A wildcard certificate line never catches an exact host it does not list: every exact host
+/// the fleet routes that the wildcard covers, and that this line does not serve, is excluded
+/// from it (`!host`), so another tenant's host under it is refused (strict-sni) rather than
+/// served this certificate. The redirect map holds `1` (redirect) or `0` for each TLS host and
+/// `0` for each such excluded host, and the template looks the wildcard form up only when the
+/// exact host is not in it.
+pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFiles {
     let mut order: Vec<_> = ingresses.iter().filter(|(_, e)| !e.tls.is_empty()).collect();
     order.sort_by(|(ka, a), (kb, b)| (a.created_unix, ka).cmp(&(b.created_unix, kb)));
     // host -> (certificate, redirect plain HTTP)
-    let mut hosts: BTreeMap<&str, (&SealedCert, bool)> = BTreeMap::new();
+    let mut hosts: BTreeMap<&HttpHost, (&SealedCert, bool)> = BTreeMap::new();
     for (_, entry) in order {
         let redirect =
             entry.routes.first().is_none_or(|r| r.backend.options.ssl_redirect != Some(false));
         for tls in &entry.tls {
             let Some(cert) = &tls.cert else { continue };
             for h in &tls.hosts {
-                hosts.entry(h.as_str()).or_insert((cert, redirect));
+                hosts.entry(h).or_insert((cert, redirect));
             }
         }
     }
-    if hosts.is_empty() {
+    if hosts.is_empty() && default_cert.is_none() {
         return TlsFiles::default();
     }
-    let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&str>)> = BTreeMap::new();
-    let mut redirect = String::new();
+    // Exact hosts the fleet routes: what a wildcard line must not catch unless it lists them.
+    let routed: BTreeSet<&HttpHost> = ingresses
+        .values()
+        .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
+        .filter(|h| !h.as_str().starts_with("*."))
+        .collect();
+    let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&HttpHost>)> = BTreeMap::new();
+    let mut redirect: BTreeMap<&str, bool> = BTreeMap::new();
     let mut notes = Vec::new();
     for (host, (cert, wants_redirect)) in &hosts {
         by_cert.entry(cert.id()).or_insert_with(|| (cert, Vec::new())).1.push(host);
-        if *wants_redirect {
-            redirect.push_str(host);
-            redirect.push_str(" 1\n");
-        }
+        redirect.insert(host.as_str(), *wants_redirect);
         notes.push(format!(
             "tls {host}: {} ({}; notAfter {})",
             cert.fingerprint,
@@ -64,24 +77,53 @@ pub fn files(ingresses: &Ingresses) -> TlsFiles {
     }
     let mut crt_list = String::new();
     let mut certs = Vec::new();
-    for (cert, hosts) in by_cert.into_values() {
+    for (cert, listed) in by_cert.into_values() {
         crt_list.push_str(&cert.relative_path());
-        for h in hosts {
+        for h in &listed {
             crt_list.push(' ');
-            crt_list.push_str(h);
+            crt_list.push_str(h.as_str());
+        }
+        let wildcards: Vec<&&HttpHost> =
+            listed.iter().filter(|h| h.as_str().starts_with("*.")).collect();
+        for exact in &routed {
+            let caught = wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact));
+            if caught
+                && !listed.contains(exact)
+                && hosts.get(exact).is_none_or(|(c, _)| c.id() != cert.id())
+            {
+                crt_list.push_str(" !");
+                crt_list.push_str(exact.as_str());
+                redirect.entry(exact.as_str()).or_insert(false);
+            }
         }
         crt_list.push('\n');
         certs.push(cert.clone());
     }
+    if let Some(d) = default_cert
+        && !certs.iter().any(|c| c.id() == d.id())
+    {
+        certs.push(d.clone());
+    }
+    if let Some(d) = default_cert {
+        notes.push(format!(
+            "tls default: {} ({}; notAfter {})",
+            d.fingerprint,
+            d.names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "),
+            d.not_after_unix
+        ));
+    }
     certs.sort_by_key(SealedCert::id);
+    let redirect: String =
+        redirect.into_iter().map(|(h, on)| format!("{h} {}\n", u8::from(on))).collect();
     let file = |kind: &str, content: String| MapFile {
         name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
         content,
     };
     TlsFiles {
         certs,
+        default_cert: default_cert.map(SealedCert::relative_path),
         crt_list: Some(file("crtlist", crt_list)),
-        redirect: (!redirect.is_empty()).then(|| file("redirect", redirect)),
+        redirect: Some(file("redirect", redirect)),
         notes,
     }
 }
@@ -103,6 +145,7 @@ mod tests {
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj{}\n-----END AGE ENCRYPTED FILE-----\n",
                 tag.len()
             ),
+            recipient: String::new(),
         }
     }
 
@@ -155,12 +198,16 @@ mod tests {
             IngressKey::new("team", "broken").unwrap(),
             entry(5, vec![(vec!["c.example.com"], None)], None),
         );
-        let f = files(&ing);
+        let f = files(&ing, None);
         assert_eq!(f.certs, vec![a.clone()]);
         let list = f.crt_list.unwrap();
         assert_eq!(list.content, format!("{} a.example.com x.w.example.com\n", a.relative_path()));
         assert!(list.name.as_str().starts_with("crtlist-"));
-        assert!(f.redirect.is_none(), "the owner said ssl-redirect: false");
+        let redirect = f.redirect.unwrap().content;
+        assert_eq!(
+            redirect, "a.example.com 0\nx.w.example.com 0\n",
+            "the owner said ssl-redirect: false"
+        );
         assert_eq!(f.notes.len(), 2);
         assert!(f.notes[0].starts_with(&format!("tls a.example.com: {}", a.fingerprint)));
     }
@@ -172,13 +219,46 @@ mod tests {
             IngressKey::new("t", "a").unwrap(),
             entry(1, vec![(vec!["c.example.com"], None)], None),
         );
-        assert_eq!(files(&ing), TlsFiles::default());
+        assert_eq!(files(&ing, None), TlsFiles::default());
         let c = cert("c", &["c.example.com"]);
         ing.insert(
             IngressKey::new("t", "b").unwrap(),
             entry(2, vec![(vec!["c.example.com"], Some(c))], None),
         );
-        let f = files(&ing);
+        let f = files(&ing, None);
         assert_eq!(f.redirect.unwrap().content, "c.example.com 1\n");
+    }
+
+    #[test]
+    fn a_wildcard_line_never_catches_an_exact_host_it_does_not_serve() {
+        let wild = cert("w", &["*.example.com"]);
+        let own = cert("o", &["b.example.com"]);
+        let mut ing = Ingresses::new();
+        // Team A's wildcard; team B routes c.example.com without TLS and b.example.com with
+        // its own certificate.
+        ing.insert(
+            IngressKey::new("a", "wild").unwrap(),
+            entry(1, vec![(vec!["*.example.com"], Some(wild.clone()))], None),
+        );
+        let mut plain = entry(2, vec![], None);
+        plain.routes[0].host = Some(HttpHost::new("c.example.com").unwrap());
+        ing.insert(IngressKey::new("b", "plain").unwrap(), plain);
+        let mut b = entry(3, vec![(vec!["b.example.com"], Some(own.clone()))], None);
+        b.routes[0].host = Some(HttpHost::new("b.example.com").unwrap());
+        ing.insert(IngressKey::new("b", "own").unwrap(), b);
+        let f = files(&ing, None);
+        let list = f.crt_list.unwrap().content;
+        let wild_line = list.lines().find(|l| l.starts_with(&wild.relative_path())).unwrap();
+        assert!(wild_line.contains(" *.example.com"), "{list}");
+        assert!(
+            wild_line.contains(" !c.example.com") && wild_line.contains(" !b.example.com"),
+            "{list}"
+        );
+        // Even its own Ingress's exact host: served by the wildcard only if its TLS entry
+        // lists it (the conservative side: refused, never served by mistake).
+        assert!(wild_line.contains(" !x.example.com"), "{list}");
+        let redirect = f.redirect.unwrap().content;
+        assert!(redirect.contains("c.example.com 0\n"), "{redirect}");
+        assert!(redirect.contains("*.example.com 1\n") && redirect.contains("b.example.com 1\n"));
     }
 }

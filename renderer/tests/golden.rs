@@ -249,7 +249,7 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     first.tls = vec![entry(&["shop.example.com"], &shop), entry(&["a.example.org"], &wild)];
     let fleet = FleetName::new("edge").unwrap();
     let renderer = Renderer::builtin();
-    let bundle = renderer.render(&renderer.model(&fleet, &ingresses, &nodes)).unwrap();
+    let bundle = renderer.render(&renderer.model(&fleet, &ingresses, &nodes, None)).unwrap();
     bundle.verify(&bundle.sha256()).unwrap();
     assert_eq!(bundle.certs.len(), 2);
     let crt_list = bundle.maps.iter().find(|m| m.name.kind() == "crtlist").unwrap();
@@ -270,7 +270,28 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     assert_eq!(redirect.content, "a.example.org 1\nshop.example.com 1\n");
     assert!(!bundle.config.contains("PRIVATE KEY") && !crt_list.content.contains("PRIVATE KEY"));
 
-    // Laid out as the applier does: each certificate's file holds its chain and opened key.
+    assert_tls_bundle_loads(&bundle, &identity);
+
+    // A fleet with a default certificate and no TLS host: an empty crt-list, the default on
+    // the bind, and HAProxy takes it.
+    let default = sealed(&["edge-default.invalid"]);
+    let plain: BTreeMap<IngressKey, IngressEntry> = ingresses
+        .into_iter()
+        .map(|(k, mut e)| {
+            e.tls.clear();
+            (k, e)
+        })
+        .collect();
+    let bundle = renderer.render(&renderer.model(&fleet, &plain, &nodes, Some(&default))).unwrap();
+    assert!(bundle.config.contains(&format!("ssl crt {} crt-list", default.relative_path())));
+    assert!(!bundle.config.contains("strict-sni"));
+    assert_eq!(bundle.certs, vec![default]);
+    assert_tls_bundle_loads(&bundle, &identity);
+}
+
+/// Lays `bundle` out as the applier does (each certificate's file holds its chain and its key,
+/// opened with `identity`) and runs the real `haproxy -c` on it.
+fn assert_tls_bundle_loads(bundle: &Bundle, identity: &hafleet_applier::tls::FleetIdentity) {
     let host = tempfile::tempdir().unwrap();
     std::fs::write(host.path().join("haproxy.cfg"), &bundle.config).unwrap();
     std::fs::create_dir(host.path().join(hafleet_proto::MAPS_DIR)).unwrap();

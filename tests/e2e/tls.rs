@@ -199,6 +199,8 @@ async fn served_fingerprint(addr: std::net::SocketAddr, sni: &str) -> Result<Opt
         .output()
         .await?;
     let text = String::from_utf8_lossy(&out.stdout);
+    // Refused means: connected, then the handshake failed (not: nothing listens there).
+    anyhow::ensure!(text.contains("CONNECTED"), "no TLS listener at {addr}");
     let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Ok(None) };
     let end = text[start..].find("-----END CERTIFICATE-----").context("a whole PEM block")?;
     let pem = &text[start..start + end + "-----END CERTIFICATE-----".len()];
@@ -207,10 +209,20 @@ async fn served_fingerprint(addr: std::net::SocketAddr, sni: &str) -> Result<Opt
 
 /// GET / over HTTPS for `host`, the server's certificate checked against `ca` and `host`.
 async fn https_get(addr: std::net::SocketAddr, host: &str, ca: &std::path::Path) -> Result<String> {
+    https_get_as(addr, host, host, ca).await
+}
+
+/// GET / with `Host: host` over a TLS connection made for `sni` (checked against `ca`).
+async fn https_get_as(
+    addr: std::net::SocketAddr,
+    sni: &str,
+    host: &str,
+    ca: &std::path::Path,
+) -> Result<String> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("openssl")
         .args(["s_client", "-quiet", "-verify_return_error", "-connect", &addr.to_string()])
-        .args(["-servername", host, "-verify_hostname", host, "-CAfile"])
+        .args(["-servername", sni, "-verify_hostname", sni, "-CAfile"])
         .arg(ca)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -287,9 +299,12 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
         .await?;
     ingresses
-        .create(&PostParams::default(), &tls_ingress("wild", "a.example.org", "wild-tls")?)
+        .create(&PostParams::default(), &tls_ingress("wild", "*.example.org", "wild-tls")?)
         .await?;
     world.route("plain", "plain.example.com", "/", "api").await?;
+    // An exact host under the wildcard, routed without a certificate: the wildcard's
+    // certificate must not answer for it.
+    world.route("under", "b.example.org", "/", "api").await?;
 
     let shop_fp = hafleet_proto::sha256_hex(&pem_der(&shop_crt)?);
     let wild_fp = hafleet_proto::sha256_hex(&pem_der(&wild_crt)?);
@@ -297,6 +312,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
     // No certificate is listed for it: refused, never another tenant's certificate.
     expect_cert_everywhere(&world.stack, "plain.example.com", None).await?;
+    expect_cert_everywhere(&world.stack, "b.example.org", None).await?;
 
     // A real request over HTTPS, the certificate checked by the client, reaches the Service.
     let ca = stack_dir.join("shop-ca.pem");
@@ -308,6 +324,14 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     // Plain HTTP for a host with a certificate is redirected; for one without, it is served.
     crate::expect_everywhere(&world.stack, "shop.example.com", "/", 308, "").await?;
     crate::expect_everywhere(&world.stack, "plain.example.com", "/", 200, "api@").await?;
+    crate::expect_everywhere(&world.stack, "a.example.org", "/", 308, "").await?;
+    crate::expect_everywhere(&world.stack, "b.example.org", "/", 200, "api@").await?;
+    // Over a connection set up for one name, a request for another host is refused (421).
+    let wild_ca = stack_dir.join("wild-ca.pem");
+    std::fs::write(&wild_ca, &wild_crt)?;
+    let addr = world.stack.hosts[0].https_addr();
+    let answer = https_get_as(addr, "a.example.org", "b.example.org", &wild_ca).await?;
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
     for h in &world.stack.hosts {
         let r =
             hafleet_tests::http::http_get_full(h.http_addr(), "shop.example.com", "/x?y=1").await?;
@@ -364,11 +388,31 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     ] {
         expect_cert_everywhere(&world.stack, sni, Some(fp)).await?;
     }
+    // A default certificate for the fleet: names without one of their own get it (not another
+    // tenant's), from the next version on.
+    let (default_crt, default_key) = openssl_cert(&["edge-default.invalid"])?;
+    secrets
+        .create(&PostParams::default(), &tls_secret("edge-default", &default_crt, &default_key)?)
+        .await?;
+    world.stack.restart_with(
+        Component::Watcher,
+        &[
+            ("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient())),
+            ("HAFLEET_DEFAULT_CERTS", "edge=default/edge-default"),
+        ],
+    )?;
+    let default_fp = hafleet_proto::sha256_hex(&pem_der(&default_crt)?);
+    for sni in ["plain.example.com", "b.example.org", "unknown.example.net"] {
+        expect_cert_everywhere(&world.stack, sni, Some(&default_fp)).await?;
+    }
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
+    expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
+
     // No component logged a key, even with the keys going through the runtime API.
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {
         let log = std::fs::read_to_string(world.stack.log_path(c))?;
         assert!(!log.contains("PRIVATE KEY"), "{c:?} logged a key");
-        for key in [&shop_key, &wild_key, &new_key, &new_host_key] {
+        for key in [&shop_key, &wild_key, &new_key, &new_host_key, &default_key] {
             for line in key_lines(key) {
                 assert!(!log.contains(&line), "{c:?} logged a key's line");
             }

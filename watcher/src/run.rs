@@ -81,6 +81,11 @@ pub struct RunArgs {
     /// Fleets not named get no certificates; unset: TLS off.
     #[arg(long, env = "HAFLEET_SEAL_TO", value_delimiter = ' ', value_parser = parse_seal_to)]
     pub seal_to: Vec<(FleetName, crate::tls::SealTo)>,
+    /// Each TLS fleet's default certificate: the `kubernetes.io/tls` Secret HTTPS answers with
+    /// for a name no Ingress has a certificate for, as `edge=hafleet/edge-default` (fleets
+    /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
+    #[arg(long, env = "HAFLEET_DEFAULT_CERTS", value_delimiter = ' ', value_parser = parse_default_cert)]
+    pub default_cert: Vec<(FleetName, (String, String))>,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
     #[command(flatten)]
@@ -308,6 +313,10 @@ struct TlsState {
     seal_to: BTreeMap<FleetName, crate::tls::SealTo>,
     certs: BTreeMap<(String, String), ReadCert>,
     seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
+    /// The default certificate last published (and acked) per fleet.
+    defaults: BTreeMap<FleetName, hafleet_proto::SealedCert>,
+    /// (fleet, why) already logged for a default certificate that cannot be used.
+    default_warned: BTreeSet<(FleetName, String)>,
 }
 
 impl TlsState {
@@ -317,6 +326,8 @@ impl TlsState {
             seal_to: seal_to.into_iter().collect(),
             certs: BTreeMap::new(),
             seals: BTreeMap::new(),
+            defaults: BTreeMap::new(),
+            default_warned: BTreeSet::new(),
         }
     }
 
@@ -404,6 +415,16 @@ impl TlsState {
         let chain = hafleet_proto::sha256_hex(cert.chain_pem.as_bytes());
         Ok(self.seals.entry((fleet.clone(), chain)).or_insert_with(|| cert.seal(to)).clone())
     }
+}
+
+/// `FLEET=NAMESPACE/NAME`.
+fn parse_default_cert(s: &str) -> Result<(FleetName, (String, String)), String> {
+    let (fleet, secret) = s.split_once('=').ok_or("expected FLEET=NAMESPACE/NAME")?;
+    let fleet = FleetName::new(fleet).map_err(|e| e.to_string())?;
+    let (ns, name) = secret.split_once('/').ok_or("expected FLEET=NAMESPACE/NAME")?;
+    hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
+    hafleet_proto::ObjectName::new(name).map_err(|e| e.to_string())?;
+    Ok((fleet, (ns.to_owned(), name.to_owned())))
 }
 
 /// `FLEET=age1…`. Errors never quote the value: an identity pasted here by mistake (the
@@ -530,6 +551,12 @@ async fn sync(
                 let ns = r.key.namespace.as_str().to_owned();
                 spec.into_iter().filter_map(move |e| Some((ns.clone(), e.secret?)))
             })
+            .chain(
+                args.default_cert
+                    .iter()
+                    .filter(|(f, _)| state.tls.seal_to.contains_key(f))
+                    .map(|(_, secret)| secret.clone()),
+            )
             .collect();
         state.tls.refresh(meta, &wanted, now_unix).await;
     }
@@ -657,6 +684,9 @@ async fn sync(
     if state.snapshot_due {
         send_snapshot(bus, state).await?;
     }
+    for (fleet, (ns, name)) in &args.default_cert {
+        send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
+    }
     // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
     for (key, (ing, _)) in &objects {
         let Some(Desired::Routed(r)) = desired.get(key) else { continue };
@@ -730,6 +760,43 @@ fn route_event(
         change,
         epoch,
     })
+}
+
+/// Publishes `fleet`'s default certificate when it is not the one last published. A Secret
+/// that cannot be used is logged (there is no Ingress to tell) and the fleet keeps the one it
+/// had.
+async fn send_default_cert(
+    bus: &Bus,
+    state: &mut State,
+    fleet: &FleetName,
+    (ns, name): (&str, &str),
+    now_unix: i64,
+) -> anyhow::Result<()> {
+    let cert = match state.tls.sealed(fleet, ns, name, now_unix) {
+        Ok(cert) => cert,
+        Err(why) => {
+            if let Some(why) = why
+                && state.tls.default_warned.insert((fleet.clone(), why.clone()))
+            {
+                warn!(fleet = %fleet, secret = %format!("{ns}/{name}"), %why, "the fleet's default certificate is not usable; it keeps the one it had");
+            }
+            return Ok(());
+        }
+    };
+    if state.tls.defaults.get(fleet) == Some(&cert) {
+        return Ok(());
+    }
+    let msg = RouteMessage::DefaultCert(hafleet_proto::DefaultCert {
+        schema: SCHEMA_VERSION,
+        epoch: state.epoch,
+        fleet: fleet.clone(),
+        cert: Some(cert.clone()),
+    });
+    let id = state.next_msg_id();
+    let seq = bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await?;
+    info!(fleet = %fleet, fingerprint = %cert.fingerprint, stream_seq = seq, "default certificate published");
+    state.tls.defaults.insert(fleet.clone(), cert);
+    Ok(())
 }
 
 /// Publishes the node set that every route's servers come from.

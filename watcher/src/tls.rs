@@ -38,7 +38,20 @@ pub enum CertProblem {
     NotYetValid(String),
     #[error("the certificate names no DNS name (subjectAltName)")]
     NoNames,
+    #[error(
+        "tls.crt: certificate {index} is signed with {algorithm}, which HAProxy's OpenSSL refuses"
+    )]
+    WeakSignature { index: usize, algorithm: &'static str },
 }
+
+/// Signature algorithms OpenSSL 3 refuses at its default security level: (OID, name).
+const WEAK_SIGNATURES: &[(&str, &str)] = &[
+    ("1.2.840.113549.1.1.2", "md2WithRSAEncryption"),
+    ("1.2.840.113549.1.1.4", "md5WithRSAEncryption"),
+    ("1.2.840.113549.1.1.5", "sha1WithRSAEncryption"),
+    ("1.2.840.10045.4.1", "ecdsa-with-SHA1"),
+    ("1.2.840.10040.4.3", "dsa-with-sha1"),
+];
 
 /// A certificate that passed every check, with its key in clear (zeroed when dropped). Its
 /// `Debug` shows the fingerprint and names only.
@@ -74,8 +87,14 @@ pub fn check(
         .map_err(|_| CertProblem::NoCertificate)?;
     let first = chain.first().ok_or(CertProblem::NoCertificate)?;
     for (index, der) in chain.iter().enumerate() {
-        x509_parser::parse_x509_certificate(der)
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
             .map_err(|e| CertProblem::Unparsable { index, why: e.to_string() })?;
+        // What OpenSSL 3 refuses to load ("md too weak"): one such certificate would make
+        // `haproxy -c` fail for the whole fleet.
+        let oid = cert.signature_algorithm.algorithm.to_id_string();
+        if let Some((_, name)) = WEAK_SIGNATURES.iter().find(|(o, _)| *o == oid) {
+            return Err(CertProblem::WeakSignature { index, algorithm: name });
+        }
     }
     let (_, leaf) = x509_parser::parse_x509_certificate(first)
         .map_err(|e| CertProblem::Unparsable { index: 0, why: e.to_string() })?;
@@ -210,6 +229,7 @@ impl CheckedCert {
             not_after_unix: self.not_after_unix,
             chain_pem: self.chain_pem.clone(),
             sealed_key: String::from_utf8(armored).expect("age armor is ASCII"),
+            recipient: to.0.to_string(),
         }
     }
 }
@@ -335,6 +355,16 @@ pub(crate) mod tests {
     /// is `ec` (P-256, SEC1 as `openssl ecparam` writes it), `ec8` (P-256, PKCS#8) or `rsa`
     /// (2048, PKCS#8). Without names its only subjectAltName is an IP address.
     pub fn openssl_cert(names: &[&str], key: &str, days: u32) -> (Vec<u8>, Vec<u8>) {
+        openssl_cert_with(names, key, days, &[])
+    }
+
+    /// [`openssl_cert`] with more arguments for `openssl req` (`-sha1`, say).
+    pub fn openssl_cert_with(
+        names: &[&str],
+        key: &str,
+        days: u32,
+        more: &[&str],
+    ) -> (Vec<u8>, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let (k, c) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
         let ok = |cmd: &mut Command| {
@@ -358,7 +388,8 @@ pub(crate) mod tests {
             .arg("-out")
             .arg(&c)
             .args(["-days", &days.to_string(), "-subj", "/CN=hafleet-test"])
-            .args(["-addext", &format!("subjectAltName={san}")]));
+            .args(["-addext", &format!("subjectAltName={san}")])
+            .args(more));
         (std::fs::read(&c).unwrap(), std::fs::read(&k).unwrap())
     }
 
@@ -405,6 +436,12 @@ pub(crate) mod tests {
         assert!(matches!(read_early.usable_at(later), Err(CertProblem::Expired(_))));
         assert!(matches!(read_early.usable_at(earlier), Err(CertProblem::NotYetValid(_))));
         assert_eq!(check(Some(&ip_crt), Some(&ip_key), t).unwrap_err(), CertProblem::NoNames);
+        let (sha1_crt, sha1_key) = openssl_cert_with(&["a.example.com"], "rsa", 30, &["-sha1"]);
+        let weak = check(Some(&sha1_crt), Some(&sha1_key), t).unwrap_err();
+        assert_eq!(
+            weak,
+            CertProblem::WeakSignature { index: 0, algorithm: "sha1WithRSAEncryption" }
+        );
         let mut broken = String::from_utf8(crt.clone()).unwrap();
         broken = broken.replacen("MII", "MIX", 1);
         let err = check(Some(broken.as_bytes()), Some(&key), t).unwrap_err();
