@@ -432,6 +432,21 @@ impl Known {
     }
 }
 
+/// Sets, for `host`, the earliest notAfter among the certificates of `version` (which it now
+/// runs); NaN when the version has none.
+fn tls_expiry_gauge(host: &str, version: &ConfigVersion) {
+    let earliest = version.bundle().and_then(|b| b.certs.iter().map(|c| c.not_after_unix).min());
+    hafleet_runtime::health::Health::global().gauge(
+        (
+            "hafleet_applier_tls_earliest_not_after_seconds",
+            "The earliest notAfter (Unix seconds) of the certificates each host serves, as last \
+             applied (NaN: none); alert on it minus time().",
+        ),
+        &[("host", host)],
+        earliest.map_or(f64::NAN, |t| t as f64),
+    );
+}
+
 /// Counts a report in the applier's metrics.
 fn count_report(r: &ApplyReport) {
     let m = hafleet_runtime::health::Health::global();
@@ -542,7 +557,8 @@ async fn apply_and_report(
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
-                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done")
+                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done");
+                tls_expiry_gauge(host.name.as_str(), version);
             }
             ApplyOutcome::Failed { stage, message, restored } => {
                 warn!(fleet = %version.fleet, host = %host.name, version = version.version, ?stage, restored, message = %message, "host failed")

@@ -213,11 +213,11 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     let dir = tempfile::tempdir().unwrap();
     let identity = hafleet_applier::tls::FleetIdentity::generate();
     let to: hafleet_watcher::tls::SealTo = identity.recipient().parse().unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
-        as i64;
     let sealed = |names: &[&str]| {
         let (crt, key) = openssl_cert(dir.path(), names);
-        hafleet_watcher::tls::check(Some(&crt), Some(&key), now).unwrap().seal(&to)
+        // Read after the certificate is made: its notBefore is the second it was made in.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        hafleet_watcher::tls::check(Some(&crt), Some(&key), now.as_secs() as i64).unwrap().seal(&to)
     };
     let (shop, wild) = (sealed(&["shop.example.com"]), sealed(&["*.example.org"]));
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json");

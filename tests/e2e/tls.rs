@@ -399,6 +399,8 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         &[
             ("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient())),
             ("HAFLEET_DEFAULT_CERTS", "edge=default/edge-default"),
+            // Every certificate here is valid for 30 days: all within 60 days of expiring.
+            ("HAFLEET_CERT_EXPIRY_WARNING_DAYS", "60"),
         ],
     )?;
     let default_fp = hafleet_proto::sha256_hex(&pem_der(&default_crt)?);
@@ -407,6 +409,31 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     }
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
     expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
+    let event =
+        crate::refusals::warning_event_in(&world.stack, "default", "shop", "CertificateExpiring")
+            .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("Secret default/shop-tls") && note.contains(&new_fp), "{note}");
+    // Each host's earliest notAfter is a metric of the applier.
+    let (_, metrics) =
+        hafleet_tests::http_get(world.stack.health_addr(Component::Applier), "health", "/metrics")
+            .await?;
+    for h in &world.stack.hosts {
+        let line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "hafleet_applier_tls_earliest_not_after_seconds{{host=\"{}\"}}",
+                    h.name()
+                ))
+            })
+            .with_context(|| format!("no expiry metric for {}:\n{metrics}", h.name()))?;
+        let value: f64 = line.rsplit(' ').next().unwrap_or_default().parse()?;
+        let in_days = (value
+            - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64())
+            / 86_400.0;
+        assert!((29.0..=31.0).contains(&in_days), "{line}");
+    }
 
     // No component logged a key, even with the keys going through the runtime API.
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {

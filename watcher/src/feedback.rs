@@ -349,7 +349,8 @@ pub mod adapter {
             for notice in notices {
                 for key in &notice.ingresses {
                     if let Some(ingress) = ingresses.get(&object_ref(key)) {
-                        warnings
+                        // Feedback is rate-limited and best effort: a lost one is not repeated.
+                        let _ = warnings
                             .post(&ingress, notice.warning, notice.reason, notice.note.clone())
                             .await;
                     }

@@ -219,12 +219,14 @@ impl Warnings {
         }
     }
 
-    pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) {
+    /// Posts a Warning Event; whether the API server took it.
+    pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) -> bool {
         self.post(ingress, true, reason, note).await
     }
 
     /// Posts an Event (Warning or Normal) on `ingress`; repeats are counted by the recorder.
-    pub async fn post(&self, ingress: &Ingress, warning: bool, reason: &str, note: String) {
+    /// Whether the API server took it (a failure is logged).
+    pub async fn post(&self, ingress: &Ingress, warning: bool, reason: &str, note: String) -> bool {
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -240,8 +242,12 @@ impl Warnings {
             action: "Route".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &ingress.object_ref(&())).await {
-            warn!(error = %e, "cannot post event");
+        match self.recorder.publish(&event, &ingress.object_ref(&())).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, reason, "cannot post event; it is posted again on the next pass");
+                false
+            }
         }
     }
 }

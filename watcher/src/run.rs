@@ -86,6 +86,10 @@ pub struct RunArgs {
     /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
     #[arg(long, env = "HAFLEET_DEFAULT_CERTS", value_delimiter = ' ', value_parser = parse_default_cert)]
     pub default_cert: Vec<(FleetName, (String, String))>,
+    /// Days before a served certificate's notAfter from which its Ingress gets a
+    /// CertificateExpiring Warning Event (it is still served until it expires, then refused).
+    #[arg(long, env = "HAFLEET_CERT_EXPIRY_WARNING_DAYS", default_value_t = 14)]
+    pub cert_expiry_warning_days: u32,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
     #[command(flatten)]
@@ -586,7 +590,8 @@ async fn sync(
             let ns = r.key.namespace.as_str();
             let tls = &mut state.tls;
             let mut lookup = |name: &str| tls.sealed(&r.fleet, ns, name, now_unix);
-            let (entries, said) = crate::tls::entries(ns, &spec, &hosts, &mut lookup);
+            let warn_after = now_unix + i64::from(args.cert_expiry_warning_days) * 86_400;
+            let (entries, said) = crate::tls::entries(ns, &spec, &hosts, &mut lookup, warn_after);
             r.tls = entries;
             told.entry(r.key.clone())
                 .or_default()
@@ -699,7 +704,8 @@ async fn sync(
 }
 
 /// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
-/// logging it as `what` and counting it.
+/// logging it as `what` and counting it. One the API server did not take is tried again on
+/// the next pass.
 async fn tell(
     warnings: &Warnings,
     warned: &mut BTreeSet<(IngressKey, String, String)>,
@@ -712,7 +718,9 @@ async fn tell(
     }
     warn!(ingress = %key, reason, note = %note, "{what}");
     hafleet_runtime::health::Health::global().count(WARNINGS, &[("reason", reason)], 1.0);
-    warnings.warn(ing, reason, note).await;
+    if !warnings.warn(ing, reason, note.clone()).await {
+        warned.remove(&(key.clone(), rv.to_owned(), note));
+    }
 }
 
 /// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than

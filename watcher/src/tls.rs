@@ -157,20 +157,22 @@ impl CheckedCert {
     /// its Secret does not change (a certificate issued a little ahead of this clock becomes
     /// usable by itself, and one expires by itself).
     pub fn usable_at(&self, now_unix: i64) -> Result<(), CertProblem> {
-        let at = |t: i64| {
-            time::OffsetDateTime::from_unix_timestamp(t)
-                .ok()
-                .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
-                .unwrap_or_else(|| format!("Unix time {t}"))
-        };
         if self.not_after_unix <= now_unix {
-            return Err(CertProblem::Expired(at(self.not_after_unix)));
+            return Err(CertProblem::Expired(rfc3339(self.not_after_unix)));
         }
         if self.not_before_unix > now_unix {
-            return Err(CertProblem::NotYetValid(at(self.not_before_unix)));
+            return Err(CertProblem::NotYetValid(rfc3339(self.not_before_unix)));
         }
         Ok(())
     }
+}
+
+/// Unix seconds as RFC 3339 (UTC), for notes.
+fn rfc3339(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| format!("Unix time {t}"))
 }
 
 fn pem_block(label: &str, der: &[u8]) -> String {
@@ -263,11 +265,15 @@ pub type Lookup<'a> = dyn FnMut(&str) -> Result<SealedCert, Option<String>> + 'a
 /// (reason, note) for its owner. An entry without hosts stands for every routed host its
 /// certificate covers. A Secret `lookup` cannot use gives an entry without a certificate (its
 /// hosts keep theirs) and a warning naming the Secret and why.
+///
+/// A certificate that expires before `warn_after_unix` gives a `CertificateExpiring` warning
+/// (it is still served).
 pub fn entries(
     namespace: &str,
     spec: &[SpecEntry],
     routed: &std::collections::BTreeSet<HttpHost>,
     lookup: &mut Lookup<'_>,
+    warn_after_unix: i64,
 ) -> (Vec<hafleet_proto::TlsEntry>, Vec<(&'static str, String)>) {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
@@ -322,6 +328,17 @@ pub fn entries(
                 hosts = covered;
                 if hosts.is_empty() {
                     continue;
+                }
+                if cert.not_after_unix < warn_after_unix {
+                    warnings.push((
+                        "CertificateExpiring",
+                        format!(
+                            "{at}: Secret {namespace}/{secret}'s certificate ({}) expires at {}; \
+                             renew it",
+                            cert.fingerprint,
+                            rfc3339(cert.not_after_unix)
+                        ),
+                    ));
                 }
                 Some(cert)
             }
@@ -526,7 +543,19 @@ pub(crate) mod tests {
             asked.push(name.to_owned());
             if name == "good" { Ok(sealed.clone()) } else { Err(Some("has no tls.key".to_owned())) }
         };
-        let (got, warnings) = entries("team", &spec, &routed, &mut lookup);
+        let soon = sealed.not_after_unix + 1;
+        let (got, warnings) = entries("team", &spec, &routed, &mut lookup, 0);
+        let (_, expiring) = entries("team", &spec[..1], &routed, &mut |_| Ok(sealed.clone()), soon);
+        assert_eq!(
+            expiring.iter().filter(|(r, _)| *r == "CertificateExpiring").count(),
+            1,
+            "{expiring:?}"
+        );
+        assert!(
+            expiring
+                .iter()
+                .any(|(_, n)| n.contains("Secret team/good's certificate") && n.contains("renew"))
+        );
         assert_eq!(asked, ["good", "bad", "good"]);
         assert_eq!(got.len(), 2, "{got:?}");
         let good = got.iter().find(|e| e.cert.is_some()).unwrap();

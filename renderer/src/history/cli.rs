@@ -390,8 +390,55 @@ pub(crate) fn print_bundle(bundle: &Bundle) {
     }
 }
 
-/// A unified diff of two bundles: the config, then each kind of map (`exact`, `prefix`), so a
-/// route change reads as one line in its map rather than as a renamed file.
+/// The certificate each TLS host is served with, by fingerprint: the hosts of the crt-list's
+/// lines (not their `!` exclusions), and `(default)` for the HTTPS bind's own certificate.
+fn tls_hosts(bundle: &Bundle) -> BTreeMap<String, String> {
+    let fingerprint = |path: &str| {
+        bundle.certs.iter().find(|c| c.relative_path() == path).map(|c| c.fingerprint.clone())
+    };
+    let mut hosts = BTreeMap::new();
+    for m in bundle.maps.iter().filter(|m| m.name.kind() == "crtlist") {
+        for line in m.content.lines() {
+            let mut words = line.split_whitespace();
+            let Some(fp) = words.next().and_then(fingerprint) else { continue };
+            for host in words.filter(|w| !w.starts_with('!')) {
+                hosts.insert(host.to_owned(), fp.clone());
+            }
+        }
+    }
+    let default =
+        bundle.config.split(" ssl crt ").nth(1).and_then(|rest| rest.split_whitespace().next());
+    if let Some(fp) = default.and_then(fingerprint) {
+        hosts.insert("(default)".to_owned(), fp);
+    }
+    hosts
+}
+
+/// What changed in the certificates served: `host: <old fingerprint> → <new fingerprint>` for
+/// a rotation, `+ host: <fingerprint>` and `- host: <fingerprint>` for hosts that got or lost
+/// one. Empty when nothing changed.
+fn tls_diff(ba: &Bundle, bb: &Bundle) -> String {
+    let (old, new) = (tls_hosts(ba), tls_hosts(bb));
+    let mut out = String::new();
+    let hosts: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for host in hosts {
+        match (old.get(host), new.get(host)) {
+            (Some(o), Some(n)) if o != n => out.push_str(&format!("  {host}: {o} → {n}\n")),
+            (None, Some(n)) => out.push_str(&format!("+ {host}: {n}\n")),
+            (Some(o), None) => out.push_str(&format!("- {host}: {o}\n")),
+            _ => {}
+        }
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("certificates (sha256 of each served certificate):\n{out}")
+    }
+}
+
+/// A unified diff of two bundles: the certificates that changed by host (if any), the config,
+/// then each kind of map (`exact`, `prefix`, …), so a route change reads as one line in its
+/// map rather than as a renamed file.
 pub fn diff((a, ba): (&str, &Bundle), (b, bb): (&str, &Bundle)) -> String {
     let by_kind = |bundle: &Bundle| -> BTreeMap<String, String> {
         bundle
@@ -403,7 +450,7 @@ pub fn diff((a, ba): (&str, &Bundle), (b, bb): (&str, &Bundle)) -> String {
             })
             .collect()
     };
-    let mut out = String::new();
+    let mut out = tls_diff(ba, bb);
     let mut one = |name: &str, x: &str, y: &str| {
         let d = similar::TextDiff::from_lines(x, y);
         let text = d
@@ -484,5 +531,58 @@ mod tests {
             colour("+a\n", true).contains("\x1b[32m"),
             std::env::var_os("NO_COLOR").is_none()
         );
+    }
+
+    #[test]
+    fn a_rotation_reads_as_one_line_per_host() {
+        let cert = |tag: &str| hafleet_proto::SealedCert {
+            fingerprint: hafleet_proto::sha256_hex(tag.as_bytes()),
+            names: vec![],
+            not_after_unix: 0,
+            chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]),
+            sealed_key:
+                "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
+                    .into(),
+            recipient: String::new(),
+        };
+        let (old, new, other, default) = (cert("old"), cert("new"), cert("other"), cert("default"));
+        let with = |lines: String,
+                    certs: Vec<hafleet_proto::SealedCert>,
+                    default: Option<&hafleet_proto::SealedCert>| {
+            let name = MapName::for_content("crtlist", &lines).unwrap();
+            let crt = default.map(|d| format!("crt {} ", d.relative_path())).unwrap_or_default();
+            Bundle {
+                config: format!(
+                    "frontend f\n    bind :443 ssl {crt}crt-list {}\n",
+                    name.relative_path()
+                ),
+                maps: vec![MapFile { name, content: lines }],
+                certs,
+            }
+        };
+        let a = with(
+            format!(
+                "{} a.example.com !x.example.com\n{} b.example.com\n",
+                old.relative_path(),
+                other.relative_path()
+            ),
+            vec![old.clone(), other.clone()],
+            None,
+        );
+        let b = with(
+            format!("{} a.example.com\n", new.relative_path()),
+            vec![new.clone(), default.clone()],
+            Some(&default),
+        );
+        let d = diff(("v1", &a), ("v2", &b));
+        assert!(d.starts_with("certificates"), "{d}");
+        assert!(
+            d.contains(&format!("  a.example.com: {} → {}\n", old.fingerprint, new.fingerprint)),
+            "{d}"
+        );
+        assert!(d.contains(&format!("- b.example.com: {}\n", other.fingerprint)), "{d}");
+        assert!(d.contains(&format!("+ (default): {}\n", default.fingerprint)), "{d}");
+        assert!(!d.contains("x.example.com:"), "exclusions are not hosts: {d}");
+        assert!(!diff(("v1", &a), ("v1", &a)).contains("certificates"));
     }
 }
