@@ -160,12 +160,17 @@ impl CheckedCert {
         if self.not_after_unix <= now_unix {
             return Err(CertProblem::Expired(rfc3339(self.not_after_unix)));
         }
-        if self.not_before_unix > now_unix {
+        // A certificate issued just now by a machine whose clock is a little ahead of this
+        // one is taken (clients allow the same skew).
+        if self.not_before_unix > now_unix + NOT_BEFORE_SKEW_SECS {
             return Err(CertProblem::NotYetValid(rfc3339(self.not_before_unix)));
         }
         Ok(())
     }
 }
+
+/// How far in the future a certificate's notBefore may be and still count as valid now.
+pub const NOT_BEFORE_SKEW_SECS: i64 = 300;
 
 /// Unix seconds as RFC 3339 (UTC), for notes.
 fn rfc3339(t: i64) -> String {
@@ -449,6 +454,8 @@ pub(crate) mod tests {
         assert!(matches!(check(Some(&crt), Some(&key), later), Err(CertProblem::Expired(_))));
         let earlier = t - 86_400;
         assert!(matches!(check(Some(&crt), Some(&key), earlier), Err(CertProblem::NotYetValid(_))));
+        let just_before = t - 60;
+        assert!(check(Some(&crt), Some(&key), just_before).is_ok(), "a minute of skew is taken");
         let read_early = check(Some(&crt), Some(&key), t).unwrap();
         assert!(matches!(read_early.usable_at(later), Err(CertProblem::Expired(_))));
         assert!(matches!(read_early.usable_at(earlier), Err(CertProblem::NotYetValid(_))));
