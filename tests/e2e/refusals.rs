@@ -142,6 +142,20 @@ async fn hosts_belong_to_the_oldest_ingress_s_namespace_and_losers_are_told() ->
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;
 
     // A younger Ingress of the owner's namespace on the same host and path loses, and is told.
+    // creationTimestamp counts whole seconds and a tie goes by name ("copy" sorts before
+    // "shop"): created within the second `shop` was, `copy` would be the older one. Since
+    // applies got faster, this test can get here within that second.
+    let created = |i: Ingress| i.metadata.creation_timestamp.map(|t| t.0.as_second());
+    let shop_created =
+        created(world.ingresses.get("shop").await?).context("shop's creationTimestamp")?;
+    // At most 2 s (the API server runs on this machine's clock).
+    for _ in 0..20 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        if now.as_secs() as i64 > shop_created {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     world.route("copy", "shop.example.com", "/", "api").await?;
     let event = warning_event(stack, "copy", "PathTaken").await?;
     let note = event.note.unwrap_or_default();

@@ -397,7 +397,17 @@ impl HaproxyHost {
             })
             .await?;
         self.haproxy = Some(child);
-        self.show_proc().context("master CLI after start")?;
+        // The socket file can exist a moment before the master answers on it (an empty
+        // answer): ask again, for at most a second.
+        let mut answer = self.show_proc();
+        for _ in 0..50 {
+            if answer.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            answer = self.show_proc();
+        }
+        answer.context("master CLI after start")?;
         Ok(())
     }
 
