@@ -9,7 +9,7 @@ use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 
 /// Runs `hafleet-renderer <args> --fleet edge` as the operator; returns (success, stdout, stderr).
-async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
+pub(crate) async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
     let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
         .args(args)
         .args(["--fleet", "edge"])
@@ -25,7 +25,7 @@ async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
     ))
 }
 
-async fn ok(world: &World, args: &[&str]) -> Result<String> {
+pub(crate) async fn ok(world: &World, args: &[&str]) -> Result<String> {
     let (success, stdout, stderr) = cli(world, args).await?;
     anyhow::ensure!(success, "hafleet-renderer {args:?} failed: {stderr}\n{}", world.stack.logs());
     Ok(stdout)

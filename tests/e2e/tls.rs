@@ -263,31 +263,7 @@ async fn expect_cert_everywhere(
 async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<()> {
     let mut world = World::start().await?;
     let stack_dir = world.stack.dir().to_owned();
-    kubectl_apply(
-        &world.stack.kube,
-        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
-    )
-    .await?;
-    let edge = FleetIdentity::generate();
-    let identity_file = stack_dir.join("edge.age");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&identity_file)?;
-        f.write_all(edge.to_file_text().as_bytes())?;
-    }
-    world.stack.restart_with(
-        Component::Watcher,
-        &[("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient()))],
-    )?;
-    world.stack.restart_with(
-        Component::Applier,
-        &[("HAFLEET_TLS_IDENTITY", identity_file.to_str().context("path")?)],
-    )?;
+    let edge = tls_on(&mut world).await?;
 
     let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
     let (shop_crt, shop_key) = openssl_cert(&["shop.example.com"])?;
@@ -444,6 +420,142 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
                 assert!(!log.contains(&line), "{c:?} logged a key's line");
             }
         }
+    }
+    Ok(())
+}
+
+/// Starts `world`'s watcher and applier with TLS on for fleet edge; returns edge's identity.
+async fn tls_on(world: &mut World) -> Result<FleetIdentity> {
+    kubectl_apply(
+        &world.stack.kube,
+        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
+    )
+    .await?;
+    let edge = FleetIdentity::generate();
+    let identity_file = write_identity(world.stack.dir(), "edge.age", &edge)?;
+    world.stack.restart_with(
+        Component::Watcher,
+        &[("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient()))],
+    )?;
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_TLS_IDENTITY", identity_file.to_str().context("path")?)],
+    )?;
+    Ok(edge)
+}
+
+/// Writes `identity` as an age identity file only its owner reads, as `keygen` does.
+fn write_identity(
+    dir: &std::path::Path,
+    name: &str,
+    identity: &FleetIdentity,
+) -> Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    f.write_all(identity.to_file_text().as_bytes())?;
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet_opens_a_key()
+-> Result<()> {
+    let mut world = World::start().await?;
+    tls_on(&mut world).await?;
+    let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
+    let (old_crt, old_key) = openssl_cert(&["shop.example.com"])?;
+    secrets.create(&PostParams::default(), &tls_secret("shop-tls", &old_crt, &old_key)?).await?;
+    world
+        .ingresses
+        .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
+        .await?;
+    let old_fp = hafleet_proto::sha256_hex(&pem_der(&old_crt)?);
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&old_fp)).await?;
+    let before = world.stack.latest_version().await?.context("a version")?.version;
+
+    let rotate = |name: &'static str| {
+        let secrets = secrets.clone();
+        async move {
+            let (crt, key) = openssl_cert(&["shop.example.com"])?;
+            let data = tls_secret(name, &crt, &key)?.data;
+            let patch = kube::api::Patch::Merge(json!({ "data": data }));
+            secrets.patch(name, &kube::api::PatchParams::default(), &patch).await?;
+            anyhow::Ok((hafleet_proto::sha256_hex(&pem_der(&crt)?), key))
+        }
+    };
+    let (new_fp, new_key) = rotate("shop-tls").await?;
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
+    let rotated = world.stack.latest_version().await?.context("a version")?.version;
+    world.report("lb-2", rotated).await?;
+
+    // The history names the certificates by fingerprint, the rotation by host; never a key.
+    let diff =
+        crate::history::ok(&world, &["history", "diff", &before.to_string(), &rotated.to_string()])
+            .await?;
+    assert!(diff.contains(&format!("shop.example.com: {old_fp} → {new_fp}")), "{diff}");
+    let shown = crate::history::ok(&world, &["history", "show", &before.to_string()]).await?;
+    assert!(shown.contains(&old_fp), "{shown}");
+    for text in [&diff, &shown] {
+        assert!(!text.contains("PRIVATE KEY") && !text.contains("AGE ENCRYPTED"), "{text}");
+        for line in key_lines(&old_key).iter().chain(&key_lines(&new_key)) {
+            assert!(!text.contains(line.as_str()), "a key's line in the history: {text}");
+        }
+    }
+
+    // Rolled back to the version of before the rotation: every host serves the old
+    // certificate again (its sealed key came back with the version), through the runtime API.
+    let reloads = |stack: &hafleet_tests::stack::Stack| -> Result<Vec<u32>> {
+        stack.hosts.iter().map(|h| h.reload_count()).collect()
+    };
+    let counted = reloads(&world.stack)?;
+    let out = crate::history::ok(&world, &["rollback", &before.to_string()]).await?;
+    assert!(out.contains("rolled back"), "{out}");
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&old_fp)).await?;
+    assert_eq!(reloads(&world.stack)?, counted, "a rollback of a rotation never reloads");
+    crate::history::ok(&world, &["resume"]).await?;
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
+
+    // An applier holding another fleet's identity opens none of edge's keys: the next
+    // rotation fails on each host before anything there changes, and says why.
+    let blue = FleetIdentity::generate();
+    let blue_file = write_identity(world.stack.dir(), "blue.age", &blue)?;
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_TLS_IDENTITY", blue_file.to_str().context("path")?)],
+    )?;
+    let (refused_fp, _) = rotate("shop-tls").await?;
+    let refused = {
+        let stack = &world.stack;
+        eventually(CONVERGE, "a version with the third certificate", || async {
+            match stack.latest_version().await? {
+                Some(v)
+                    if v.bundle()
+                        .is_some_and(|b| b.certs.iter().any(|c| c.fingerprint == refused_fp)) =>
+                {
+                    Ok(v.version)
+                }
+                other => anyhow::bail!("newest: {:?}", other.map(|v| v.version)),
+            }
+        })
+        .await?
+    };
+    // The canary fails and the rollout halts there: the other host is not even tried.
+    let report = world.report("lb-1", refused).await?;
+    match &report.outcome {
+        hafleet_proto::ApplyOutcome::Failed { stage, message, restored } => {
+            assert_eq!(*stage, hafleet_proto::ApplyStage::Upload, "{message}");
+            assert!(message.contains(&blue.recipient()), "{message}");
+            assert!(message.contains("does not open with this fleet's identity"), "{message}");
+            assert!(!restored, "nothing on the host was touched: {message}");
+        }
+        other => panic!("lb-1 applied a version it cannot open: {other:?}"),
+    }
+    let lb2 = world.stack.last_report("lb-2").await?.context("lb-2 has reports")?;
+    assert!(lb2.version < refused, "{lb2:?}");
+    for h in &world.stack.hosts {
+        let served = served_fingerprint(h.https_addr(), "shop.example.com").await?;
+        assert_eq!(served.as_deref(), Some(new_fp.as_str()), "{} keeps its certificate", h.name());
     }
     Ok(())
 }

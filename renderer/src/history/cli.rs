@@ -290,7 +290,13 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
             let bus = common.nats.connect().await?;
             let (summary, v) = version(&bus, &common, n).await?;
             if json {
-                let out = serde_json::json!({"summary": summary, "version": v});
+                let mut out = serde_json::json!({"summary": summary, "version": v});
+                // Sealed keys are of no use to a reader, and are not shown.
+                if let Some(certs) = out.pointer_mut("/version/body/bundle/certs") {
+                    for c in certs.as_array_mut().into_iter().flatten() {
+                        c["sealed_key"] = serde_json::Value::String("(sealed, not shown)".into());
+                    }
+                }
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
             }
@@ -388,6 +394,33 @@ pub(crate) fn print_bundle(bundle: &Bundle) {
         println!("----- {} -----", m.name.relative_path());
         print!("{}", m.content);
     }
+    print!("{}", certificates_text(bundle));
+}
+
+/// The version's certificate files, each by fingerprint, names and notAfter; never a key,
+/// not even sealed.
+fn certificates_text(bundle: &Bundle) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if bundle.certs.is_empty() {
+        return out;
+    }
+    out.push_str("----- certificates (keys sealed to the fleet, not shown) -----\n");
+    for c in &bundle.certs {
+        let not_after = time::OffsetDateTime::from_unix_timestamp(c.not_after_unix)
+            .ok()
+            .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+            .unwrap_or_else(|| c.not_after_unix.to_string());
+        let names: Vec<&str> = c.names.iter().map(|n| n.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "{} sha256:{} names:{} not-after:{not_after}",
+            c.relative_path(),
+            c.fingerprint,
+            names.join(",")
+        );
+    }
+    out
 }
 
 /// The certificate each TLS host is served with, by fingerprint: the hosts of the crt-list's
@@ -584,5 +617,24 @@ mod tests {
         assert!(d.contains(&format!("+ (default): {}\n", default.fingerprint)), "{d}");
         assert!(!d.contains("x.example.com:"), "exclusions are not hosts: {d}");
         assert!(!diff(("v1", &a), ("v1", &a)).contains("certificates"));
+        // show: each certificate file by fingerprint, names and notAfter; never a key.
+        let mut named = new.clone();
+        named.names = vec![hafleet_proto::HttpHost::new("a.example.com").unwrap()];
+        named.not_after_unix = 1_800_000_000;
+        let shown = certificates_text(&Bundle { certs: vec![named], ..b.clone() });
+        assert_eq!(
+            shown.lines().nth(1),
+            Some(
+                format!(
+                    "{} sha256:{} names:a.example.com not-after:2027-01-15T08:00:00Z",
+                    new.relative_path(),
+                    new.fingerprint
+                )
+                .as_str()
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("AGE"), "{shown}");
+        assert_eq!(certificates_text(&Bundle { certs: vec![], ..b }), "");
     }
 }
