@@ -9,42 +9,14 @@ use hafleet_applier::tls::FleetIdentity;
 use hafleet_proto::{RouteChange, RouteMessage};
 use hafleet_tests::eventually;
 use hafleet_tests::stack::{Component, kubectl_apply, workspace_file};
+use hafleet_tests::tls::{
+    fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret, write_identity,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
-
-/// A self-signed P-256 certificate for `names` and its key (SEC1 PEM), made by `openssl`.
-fn openssl_cert(names: &[&str]) -> Result<(Vec<u8>, Vec<u8>)> {
-    let dir = tempfile::tempdir()?;
-    let (k, c) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
-    let run = |args: &[&str]| -> Result<()> {
-        let out = std::process::Command::new("openssl").args(args).output()?;
-        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        Ok(())
-    };
-    let (ks, cs) = (k.to_str().context("path")?, c.to_str().context("path")?);
-    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", ks])?;
-    let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
-    let san = format!("subjectAltName={}", san.join(","));
-    let subj = format!("/CN={}", names[0]);
-    run(&[
-        "req", "-x509", "-new", "-key", ks, "-out", cs, "-days", "30", "-subj", &subj, "-addext",
-        &san,
-    ])?;
-    Ok((std::fs::read(c)?, std::fs::read(k)?))
-}
-
-fn tls_secret(name: &str, crt: &[u8], key: &[u8]) -> Result<Secret> {
-    use base64::Engine;
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-        "metadata": {"name": name},
-        "data": {"tls.crt": b64(crt), "tls.key": b64(key)}
-    }))?)
-}
 
 fn tls_ingress(name: &str, host: &str, secret: &str) -> Result<Ingress> {
     Ok(serde_json::from_value(json!({
@@ -93,8 +65,8 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
 
     let client = world.stack.kube.client().await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    let (crt, key) = openssl_cert(&["shop.example.com"])?;
-    let (_, other_key) = openssl_cert(&["shop.example.com"])?;
+    let (crt, key) = self_signed(&["shop.example.com"])?;
+    let (_, other_key) = self_signed(&["shop.example.com"])?;
     secrets.create(&PostParams::default(), &tls_secret("shop-tls", &crt, &key)?).await?;
     secrets.create(&PostParams::default(), &tls_secret("mismatched", &crt, &other_key)?).await?;
     // A Secret of that name exists, but in another namespace: never used.
@@ -135,8 +107,7 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
             }
         })
     };
-    let der = pem_der(&crt)?;
-    let cert = shop_cert(hafleet_proto::sha256_hex(&der)).await?;
+    let cert = shop_cert(fingerprint(&crt)?).await?;
     cert.check()?;
     assert_eq!(cert.names.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["shop.example.com"]);
     let file = edge.cert_file(&cert)?;
@@ -158,11 +129,11 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
 
     // A rotation, as cert-manager does it (the Secret's data replaced), publishes the new
     // certificate, its new key sealed too.
-    let (crt2, key2) = openssl_cert(&["shop.example.com"])?;
+    let (crt2, key2) = self_signed(&["shop.example.com"])?;
     let rotated = tls_secret("shop-tls", &crt2, &key2)?;
     let patch = kube::api::Patch::Merge(json!({"data": rotated.data}));
     secrets.patch("shop-tls", &kube::api::PatchParams::default(), &patch).await?;
-    let new = shop_cert(hafleet_proto::sha256_hex(&pem_der(&crt2)?)).await?;
+    let new = shop_cert(fingerprint(&crt2)?).await?;
     for line in key_lines(&key2) {
         assert!(edge.cert_file(&new)?.contains(&line), "the rotated key opens");
     }
@@ -183,60 +154,9 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
     Ok(())
 }
 
-fn pem_der(pem: &[u8]) -> Result<Vec<u8>> {
-    use base64::Engine;
-    let text = String::from_utf8_lossy(pem);
-    let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
-    Ok(base64::engine::general_purpose::STANDARD.decode(body)?)
-}
-
-/// The certificate `addr` serves for SNI `sni`, by fingerprint; `None` when the handshake
-/// fails (a name no certificate is listed for, with strict-sni).
-async fn served_fingerprint(addr: std::net::SocketAddr, sni: &str) -> Result<Option<String>> {
-    let out = tokio::process::Command::new("openssl")
-        .args(["s_client", "-connect", &addr.to_string(), "-servername", sni])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    // Refused means: connected, then the handshake failed (not: nothing listens there).
-    anyhow::ensure!(text.contains("CONNECTED"), "no TLS listener at {addr}");
-    let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Ok(None) };
-    let end = text[start..].find("-----END CERTIFICATE-----").context("a whole PEM block")?;
-    let pem = &text[start..start + end + "-----END CERTIFICATE-----".len()];
-    Ok(Some(hafleet_proto::sha256_hex(&pem_der(pem.as_bytes())?)))
-}
-
 /// GET / over HTTPS for `host`, the server's certificate checked against `ca` and `host`.
 async fn https_get(addr: std::net::SocketAddr, host: &str, ca: &std::path::Path) -> Result<String> {
     https_get_as(addr, host, host, ca).await
-}
-
-/// GET / with `Host: host` over a TLS connection made for `sni` (checked against `ca`).
-async fn https_get_as(
-    addr: std::net::SocketAddr,
-    sni: &str,
-    host: &str,
-    ca: &std::path::Path,
-) -> Result<String> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new("openssl")
-        .args(["s_client", "-quiet", "-verify_return_error", "-connect", &addr.to_string()])
-        .args(["-servername", sni, "-verify_hostname", sni, "-CAfile"])
-        .arg(ca)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    let mut stdin = child.stdin.take().context("stdin")?;
-    stdin.write_all(request.as_bytes()).await?;
-    let out = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait_with_output())
-        .await
-        .context("openssl s_client timed out")??;
-    drop(stdin);
-    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Waits until every host serves `sni` with the certificate `want` (`None`: refuses it).
@@ -263,11 +183,11 @@ async fn expect_cert_everywhere(
 async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<()> {
     let mut world = World::start().await?;
     let stack_dir = world.stack.dir().to_owned();
-    let edge = tls_on(&mut world).await?;
+    let edge = tls_on(&mut world.stack, &[]).await?;
 
     let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
-    let (shop_crt, shop_key) = openssl_cert(&["shop.example.com"])?;
-    let (wild_crt, wild_key) = openssl_cert(&["*.example.org"])?;
+    let (shop_crt, shop_key) = self_signed(&["shop.example.com"])?;
+    let (wild_crt, wild_key) = self_signed(&["*.example.org"])?;
     secrets.create(&PostParams::default(), &tls_secret("shop-tls", &shop_crt, &shop_key)?).await?;
     secrets.create(&PostParams::default(), &tls_secret("wild-tls", &wild_crt, &wild_key)?).await?;
     let ingresses = &world.ingresses;
@@ -282,8 +202,8 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     // certificate must not answer for it.
     world.route("under", "b.example.org", "/", "api").await?;
 
-    let shop_fp = hafleet_proto::sha256_hex(&pem_der(&shop_crt)?);
-    let wild_fp = hafleet_proto::sha256_hex(&pem_der(&wild_crt)?);
+    let shop_fp = fingerprint(&shop_crt)?;
+    let wild_fp = fingerprint(&wild_crt)?;
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&shop_fp)).await?;
     expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
     // No certificate is listed for it: refused, never another tenant's certificate.
@@ -333,23 +253,23 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         stack.hosts.iter().map(|h| h.reload_count()).collect()
     };
     let before = reloads(&world.stack)?;
-    let (new_crt, new_key) = openssl_cert(&["shop.example.com"])?;
+    let (new_crt, new_key) = self_signed(&["shop.example.com"])?;
     let rotated = tls_secret("shop-tls", &new_crt, &new_key)?;
     let patch = kube::api::Patch::Merge(json!({"data": rotated.data}));
     secrets.patch("shop-tls", &kube::api::PatchParams::default(), &patch).await?;
-    let new_fp = hafleet_proto::sha256_hex(&pem_der(&new_crt)?);
+    let new_fp = fingerprint(&new_crt)?;
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
     expect_cert_everywhere(&world.stack, "a.example.org", Some(&wild_fp)).await?;
     assert_eq!(reloads(&world.stack)?, before, "a rotation never reloads");
     // A new TLS host with a certificate of its own goes in the same way.
-    let (new_host_crt, new_host_key) = openssl_cert(&["new.example.com"])?;
+    let (new_host_crt, new_host_key) = self_signed(&["new.example.com"])?;
     secrets
         .create(&PostParams::default(), &tls_secret("new-tls", &new_host_crt, &new_host_key)?)
         .await?;
     ingresses
         .create(&PostParams::default(), &tls_ingress("new", "new.example.com", "new-tls")?)
         .await?;
-    let new_host_fp = hafleet_proto::sha256_hex(&pem_der(&new_host_crt)?);
+    let new_host_fp = fingerprint(&new_host_crt)?;
     expect_cert_everywhere(&world.stack, "new.example.com", Some(&new_host_fp)).await?;
     crate::expect_everywhere(&world.stack, "new.example.com", "/", 308, "").await?;
     assert_eq!(reloads(&world.stack)?, before, "a new certificate never reloads");
@@ -366,7 +286,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     }
     // A default certificate for the fleet: names without one of their own get it (not another
     // tenant's), from the next version on.
-    let (default_crt, default_key) = openssl_cert(&["edge-default.invalid"])?;
+    let (default_crt, default_key) = self_signed(&["edge-default.invalid"])?;
     secrets
         .create(&PostParams::default(), &tls_secret("edge-default", &default_crt, &default_key)?)
         .await?;
@@ -379,7 +299,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
             ("HAFLEET_CERT_EXPIRY_WARNING_DAYS", "60"),
         ],
     )?;
-    let default_fp = hafleet_proto::sha256_hex(&pem_der(&default_crt)?);
+    let default_fp = fingerprint(&default_crt)?;
     for sni in ["plain.example.com", "b.example.org", "unknown.example.net"] {
         expect_cert_everywhere(&world.stack, sni, Some(&default_fp)).await?;
     }
@@ -424,64 +344,30 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
     Ok(())
 }
 
-/// Starts `world`'s watcher and applier with TLS on for fleet edge; returns edge's identity.
-async fn tls_on(world: &mut World) -> Result<FleetIdentity> {
-    kubectl_apply(
-        &world.stack.kube,
-        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
-    )
-    .await?;
-    let edge = FleetIdentity::generate();
-    let identity_file = write_identity(world.stack.dir(), "edge.age", &edge)?;
-    world.stack.restart_with(
-        Component::Watcher,
-        &[("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient()))],
-    )?;
-    world.stack.restart_with(
-        Component::Applier,
-        &[("HAFLEET_TLS_IDENTITY", identity_file.to_str().context("path")?)],
-    )?;
-    Ok(edge)
-}
-
-/// Writes `identity` as an age identity file only its owner reads, as `keygen` does.
-fn write_identity(
-    dir: &std::path::Path,
-    name: &str,
-    identity: &FleetIdentity,
-) -> Result<std::path::PathBuf> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(name);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    f.write_all(identity.to_file_text().as_bytes())?;
-    Ok(path)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet_opens_a_key()
 -> Result<()> {
     let mut world = World::start().await?;
-    tls_on(&mut world).await?;
+    tls_on(&mut world.stack, &[]).await?;
     let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
-    let (old_crt, old_key) = openssl_cert(&["shop.example.com"])?;
+    let (old_crt, old_key) = self_signed(&["shop.example.com"])?;
     secrets.create(&PostParams::default(), &tls_secret("shop-tls", &old_crt, &old_key)?).await?;
     world
         .ingresses
         .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
         .await?;
-    let old_fp = hafleet_proto::sha256_hex(&pem_der(&old_crt)?);
+    let old_fp = fingerprint(&old_crt)?;
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&old_fp)).await?;
     let before = world.stack.latest_version().await?.context("a version")?.version;
 
     let rotate = |name: &'static str| {
         let secrets = secrets.clone();
         async move {
-            let (crt, key) = openssl_cert(&["shop.example.com"])?;
+            let (crt, key) = self_signed(&["shop.example.com"])?;
             let data = tls_secret(name, &crt, &key)?.data;
             let patch = kube::api::Patch::Merge(json!({ "data": data }));
             secrets.patch(name, &kube::api::PatchParams::default(), &patch).await?;
-            anyhow::Ok((hafleet_proto::sha256_hex(&pem_der(&crt)?), key))
+            anyhow::Ok((fingerprint(&crt)?, key))
         }
     };
     let (new_fp, new_key) = rotate("shop-tls").await?;

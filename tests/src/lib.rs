@@ -13,6 +13,7 @@ pub mod kube_env;
 pub mod nats;
 pub mod proc;
 pub mod stack;
+pub mod tls;
 
 #[cfg(test)]
 mod deploy_checks;

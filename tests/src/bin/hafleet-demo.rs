@@ -7,7 +7,11 @@ use hafleet_tests::cluster::{
     NODE_HEALTH_PORT, create_ingresses, create_services, ready_nodes, service_with_backends,
 };
 use hafleet_tests::stack::{Component, Stack};
-use hafleet_tests::{eventually, http_get};
+use hafleet_tests::tls::{
+    Ca, fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret,
+};
+use hafleet_tests::{eventually, http_get, http_get_full};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use std::fmt::Write as _;
@@ -46,16 +50,27 @@ struct Args {
 const FLEET: &str = "edge";
 const HOST: &str = "hello.local";
 
-/// An Ingress on `fleet` routing `host`, every path, to Service `service` port 80.
-fn ingress(name: &str, host: &str, service: &str) -> Ingress {
+/// The Secret holding hello's certificate, issued by the demo's CA.
+const HELLO_TLS: &str = "hello-tls";
+/// The Secret holding the fleet's default certificate (self-signed), served for names that
+/// have none of their own.
+const DEFAULT_TLS: &str = "edge-default-tls";
+
+/// An Ingress on `fleet` routing `host`, every path, to Service `service` port 80; served over
+/// HTTPS with the certificate in Secret `tls` (if given), HTTP redirected there.
+fn ingress(name: &str, host: &str, service: &str, tls: Option<&str>) -> Ingress {
+    let mut spec = serde_json::json!({"rules": [{"host": host, "http": {"paths": [{
+        "path": "/", "pathType": "Prefix",
+        "backend": {"service": {"name": service, "port": {"number": 80}}}
+    }]}}]});
+    if let Some(secret) = tls {
+        spec["tls"] = serde_json::json!([{"hosts": [host], "secretName": secret}]);
+    }
     serde_json::from_value(serde_json::json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
         "metadata": {"name": name, "annotations": {"hafleet.io/fleet": FLEET}},
-        "spec": {"rules": [{"host": host, "http": {"paths": [{
-            "path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": service, "port": {"number": 80}}}
-        }]}}]}
+        "spec": spec
     }))
     .expect("a valid Ingress")
 }
@@ -81,18 +96,41 @@ async fn run(args: &Args) -> Result<()> {
         Component::Renderer,
         &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
     )?;
+    // HTTPS: a CA of the demo's own issues hello's certificate; the fleet's default
+    // certificate, for names without one, is self-signed.
+    let ca = Ca::new("hafleet demo CA")?;
+    let ca_file = stack.dir().join("demo-ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()?)?;
+    let (hello_crt, hello_key) = ca.issue(&[HOST])?;
+    let (default_crt, default_key) = self_signed(&["edge-default.invalid"])?;
+    let client = stack.kube.client().await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), "default");
+    for (name, crt, key) in
+        [(HELLO_TLS, &hello_crt, &hello_key), (DEFAULT_TLS, &default_crt, &default_key)]
+    {
+        secrets
+            .create(&PostParams::default(), &tls_secret(name, crt, key)?)
+            .await
+            .with_context(|| format!("creating Secret {name}"))?;
+    }
     // `kubectl get ingress` shows where the fleet takes traffic: its HAProxy hosts.
     let addresses: Vec<String> =
         stack.hosts.iter().map(|h| h.http_addr().ip().to_string()).collect();
-    stack.restart_with(
-        Component::Watcher,
-        &[("HAFLEET_FLEET_ADDRESSES", &format!("{FLEET}={}", addresses.join(",")))],
-    )?;
+    let fleet_addresses = format!("{FLEET}={}", addresses.join(","));
+    let default_cert = format!("{FLEET}=default/{DEFAULT_TLS}");
+    tls_on(
+        &mut stack,
+        &[
+            ("HAFLEET_FLEET_ADDRESSES", fleet_addresses.as_str()),
+            ("HAFLEET_DEFAULT_CERTS", default_cert.as_str()),
+        ],
+    )
+    .await?;
     let (nodes, mut backends) = ready_nodes(&stack, args.nodes, true).await?;
     backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
-    let ingresses = Api::<Ingress>::namespaced(stack.kube.client().await?, "default");
+    let ingresses = Api::<Ingress>::namespaced(client, "default");
     ingresses
-        .create(&PostParams::default(), &ingress("hello", HOST, "hello"))
+        .create(&PostParams::default(), &ingress("hello", HOST, "hello", Some(HELLO_TLS)))
         .await
         .context("creating the sample Ingress")?;
     // The rest of the fleet: Services first, then their Ingresses.
@@ -108,9 +146,55 @@ async fn run(args: &Args) -> Result<()> {
         eprintln!("created in {:.1} s", started.elapsed().as_secs_f64());
     }
 
-    // hello and the last app through every HAProxy host; the first app is routed too, but
-    // nothing runs behind its NodePort: HAProxy answers 503 (an unknown host gets 404).
-    let mut expect = vec![(HOST.to_owned(), 200, "hello@node-".to_owned())];
+    // hello over HTTPS through every HAProxy host, its certificate checked against the
+    // demo's CA; over HTTP it is redirected. Names without a certificate get the default one.
+    let default_fp = fingerprint(&default_crt)?;
+    for h in &stack.hosts {
+        let addr = h.https_addr();
+        let answer = eventually(
+            Duration::from_secs(300),
+            &format!("{} serves {HOST} over HTTPS", h.name()),
+            || async {
+                let answer = https_get_as(addr, HOST, HOST, &ca_file).await?;
+                anyhow::ensure!(
+                    answer.starts_with("HTTP/1.1 200") && answer.contains("hello@node-"),
+                    "got {answer:?}"
+                );
+                Ok(answer)
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        println!(
+            "ok: GET https://{HOST}/ through HAProxy {} at {addr}, certificate checked against \
+             the demo CA -> 200 {}",
+            h.name(),
+            body.lines().next().unwrap_or_default().trim()
+        );
+        let unknown = served_fingerprint(addr, "unknown.local").await?;
+        anyhow::ensure!(
+            unknown.as_deref() == Some(default_fp.as_str()),
+            "{} serves unknown.local with {unknown:?}, not the default certificate",
+            h.name()
+        );
+        let redirect = http_get_full(h.http_addr(), HOST, "/").await?;
+        let location = redirect.headers.iter().find(|(k, _)| k == "location").map(|(_, v)| v);
+        anyhow::ensure!(
+            redirect.status == 308 && location.is_some_and(|l| l == "https://hello.local/"),
+            "{} answers http://{HOST}/ with {} {location:?}, not a redirect to HTTPS",
+            h.name(),
+            redirect.status
+        );
+    }
+    println!(
+        "ok: http://{HOST}/ is redirected to HTTPS (308); names without a certificate get the \
+         fleet's default one"
+    );
+
+    // The last app through every HAProxy host; the first app is routed too, but nothing runs
+    // behind its NodePort: HAProxy answers 503 (an unknown host gets 404).
+    let mut expect = vec![];
     if let Some(last) = last_app {
         expect.push((format!("app-{last}.local"), 200, format!("app-{last}@node-")));
         if last > 1 {
@@ -187,8 +271,10 @@ async fn run(args: &Args) -> Result<()> {
         // host:port of /metrics, /healthz and /readyz.
         writeln!(env, "export HAFLEET_{name}_METRICS={}", stack.health_addr(c))?;
     }
+    writeln!(env, "export HAFLEET_DEMO_CA={}", ca_file.display())?;
     for (i, h) in stack.hosts.iter().enumerate() {
         writeln!(env, "export HAFLEET_HOST_{}={}", i + 1, h.http_addr())?;
+        writeln!(env, "export HAFLEET_HOST_{}_TLS={}", i + 1, h.https_addr())?;
         writeln!(env, "export HAFLEET_HOST_{}_CONFIG={}", i + 1, h.config_path().display())?;
     }
     if let Some(parent) = args.env_file.parent() {
@@ -199,17 +285,21 @@ async fn run(args: &Args) -> Result<()> {
     std::fs::write(&partial, env)?;
     std::fs::rename(&partial, &args.env_file)?;
 
-    let first = stack.hosts[0].http_addr();
+    let first = stack.hosts[0].https_addr();
     println!(
         "\nhafleet is running. In another shell:\n\
          \n  source {env}\
-         \n  curl -H 'Host: {HOST}' http://$HAFLEET_HOST_1/        # through HAProxy {first}\
+         \n  curl --cacert $HAFLEET_DEMO_CA --resolve {HOST}:{port}:{ip} https://{HOST}:{port}/\
+         \n                                          # through HAProxy {first}, over HTTPS\
+         \n  curl -i -H 'Host: {HOST}' http://$HAFLEET_HOST_1/   # 308 to https://{HOST}/\
          \n  kubectl get ingress,svc,nodes\
          \n  kubectl apply -f your-ingress.yaml    # annotate it hafleet.io/fleet: {FLEET}\
          \n  cat $HAFLEET_HOST_1_CONFIG             # the live HAProxy config\
          \n  curl http://$HAFLEET_APPLIER_METRICS/metrics   # each binary's metrics\
          \n\nLogs of the three binaries: {dir}/*.log\nCtrl-C stops everything.",
         env = args.env_file.display(),
+        port = first.port(),
+        ip = first.ip(),
         dir = stack.dir().display(),
     );
     tokio::signal::ctrl_c().await?;

@@ -1,0 +1,232 @@
+//! Certificates for the HTTPS tests, the demo and the bench: made by `openssl` as an operator
+//! would (self-signed, or by a CA of their own), put in `kubernetes.io/tls` Secrets, and
+//! checked from the client side with `openssl s_client`.
+
+use crate::stack::{Component, Stack, kubectl_apply, workspace_file};
+use anyhow::{Context as _, Result};
+use hafleet_applier::tls::FleetIdentity;
+use k8s_openapi::api::core::v1::Secret;
+use std::path::{Path, PathBuf};
+
+fn openssl(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .context("running openssl (tests/setup.sh installs it)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.first().unwrap_or(&""),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn path_str(p: &Path) -> Result<&str> {
+    p.to_str().context("a UTF-8 temp path")
+}
+
+fn subject_alt_names(names: &[&str]) -> String {
+    let san: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    format!("subjectAltName={}", san.join(","))
+}
+
+/// A self-signed P-256 certificate for `names` (the first is the CN), valid for 30 days, and
+/// its key (SEC1 PEM).
+pub fn self_signed(names: &[&str]) -> Result<(Vec<u8>, Vec<u8>)> {
+    let dir = tempfile::tempdir()?;
+    let (k, c) = (dir.path().join("k.pem"), dir.path().join("c.pem"));
+    let (ks, cs) = (path_str(&k)?, path_str(&c)?);
+    openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", ks])?;
+    let subj = format!("/CN={}", names[0]);
+    let san = subject_alt_names(names);
+    openssl(&[
+        "req", "-x509", "-new", "-key", ks, "-out", cs, "-days", "30", "-subj", &subj, "-addext",
+        &san,
+    ])?;
+    Ok((std::fs::read(c)?, std::fs::read(k)?))
+}
+
+/// A certificate authority of one's own, as the demo makes: its certificate is what clients
+/// are given to trust (`curl --cacert`).
+pub struct Ca {
+    dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl Ca {
+    /// A P-256 CA named `name`, valid for 30 days.
+    pub fn new(name: &str) -> Result<Ca> {
+        let dir = tempfile::tempdir()?;
+        let (key, cert) = (dir.path().join("ca.key"), dir.path().join("ca.pem"));
+        openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", path_str(&key)?])?;
+        openssl(&[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            path_str(&key)?,
+            "-out",
+            path_str(&cert)?,
+            "-days",
+            "30",
+            "-subj",
+            &format!("/CN={name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ])?;
+        Ok(Ca { dir, cert, key })
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn cert_pem(&self) -> Result<Vec<u8>> {
+        Ok(std::fs::read(&self.cert)?)
+    }
+
+    /// A P-256 server certificate for `names` signed by this CA, valid for 30 days, and its
+    /// key.
+    pub fn issue(&self, names: &[&str]) -> Result<(Vec<u8>, Vec<u8>)> {
+        let d = self.dir.path();
+        let (k, csr, c, ext) =
+            (d.join("leaf.key"), d.join("leaf.csr"), d.join("leaf.pem"), d.join("leaf.ext"));
+        std::fs::write(
+            &ext,
+            format!(
+                "{}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+                 extendedKeyUsage=serverAuth\n",
+                subject_alt_names(names)
+            ),
+        )?;
+        openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", path_str(&k)?])?;
+        let subj = format!("/CN={}", names[0]);
+        openssl(&["req", "-new", "-key", path_str(&k)?, "-out", path_str(&csr)?, "-subj", &subj])?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            path_str(&csr)?,
+            "-CA",
+            path_str(&self.cert)?,
+            "-CAkey",
+            path_str(&self.key)?,
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-extfile",
+            path_str(&ext)?,
+            "-out",
+            path_str(&c)?,
+        ])?;
+        let (crt, key) = (std::fs::read(&c)?, std::fs::read(&k)?);
+        for f in [&k, &csr, &c] {
+            std::fs::remove_file(f)?;
+        }
+        Ok((crt, key))
+    }
+}
+
+/// A `kubernetes.io/tls` Secret `name` holding `crt` and `key`.
+pub fn tls_secret(name: &str, crt: &[u8], key: &[u8]) -> Result<Secret> {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name},
+        "data": {"tls.crt": b64(crt), "tls.key": b64(key)}
+    }))?)
+}
+
+/// The DER of the first PEM block of `pem`.
+pub fn pem_der(pem: &[u8]) -> Result<Vec<u8>> {
+    use base64::Engine;
+    let text = String::from_utf8_lossy(pem);
+    let body: String = text
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    Ok(base64::engine::general_purpose::STANDARD.decode(body)?)
+}
+
+/// The sha256 of the DER of `pem`'s (first) certificate: how hafleet names it.
+pub fn fingerprint(pem: &[u8]) -> Result<String> {
+    Ok(hafleet_proto::sha256_hex(&pem_der(pem)?))
+}
+
+/// The certificate `addr` serves for SNI `sni`, by fingerprint; `None` when the handshake
+/// fails (a name no certificate is listed for, with strict-sni).
+pub async fn served_fingerprint(addr: std::net::SocketAddr, sni: &str) -> Result<Option<String>> {
+    let out = tokio::process::Command::new("openssl")
+        .args(["s_client", "-connect", &addr.to_string(), "-servername", sni])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Refused means: connected, then the handshake failed (not: nothing listens there).
+    anyhow::ensure!(text.contains("CONNECTED"), "no TLS listener at {addr}");
+    let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Ok(None) };
+    Ok(Some(fingerprint(text[start..].as_bytes())?))
+}
+
+/// GET / with `Host: host` over a TLS connection made for `sni`, the server's certificate
+/// checked against `ca` and `sni`; the whole answer.
+pub async fn https_get_as(
+    addr: std::net::SocketAddr,
+    sni: &str,
+    host: &str,
+    ca: &Path,
+) -> Result<String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-connect", &addr.to_string()])
+        .args(["-servername", sni, "-verify_hostname", sni, "-CAfile"])
+        .arg(ca)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let mut stdin = child.stdin.take().context("stdin")?;
+    stdin.write_all(request.as_bytes()).await?;
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait_with_output())
+        .await
+        .context("openssl s_client timed out")??;
+    drop(stdin);
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Writes `identity` to `dir/name` as `hafleet-applier keygen` does: an age identity file
+/// only its owner reads.
+pub fn write_identity(dir: &Path, name: &str, identity: &FleetIdentity) -> Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    f.write_all(identity.to_file_text().as_bytes())?;
+    Ok(path)
+}
+
+/// Turns HTTPS on for `stack`'s fleet as the README says: the TLS RBAC component applied, a
+/// fleet identity made for its applier, the watcher sealing to its recipient. `watcher_env`
+/// is more of the watcher's settings (`HAFLEET_DEFAULT_CERTS`, say). Returns the identity.
+pub async fn tls_on(stack: &mut Stack, watcher_env: &[(&str, &str)]) -> Result<FleetIdentity> {
+    kubectl_apply(
+        &stack.kube,
+        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
+    )
+    .await?;
+    let identity = FleetIdentity::generate();
+    let file = write_identity(stack.dir(), &format!("{}.age", stack.fleet), &identity)?;
+    let seal_to = format!("{}={}", stack.fleet, identity.recipient());
+    let mut env = vec![("HAFLEET_SEAL_TO", seal_to.as_str())];
+    env.extend_from_slice(watcher_env);
+    stack.restart_with(Component::Watcher, &env)?;
+    stack.restart_with(Component::Applier, &[("HAFLEET_TLS_IDENTITY", path_str(&file)?)])?;
+    Ok(identity)
+}
