@@ -10,10 +10,10 @@
 //!            haproxy -c -f <config>.hafleet-new-<token>                    │ trip
 //!              (refused: Failed, live file untouched)                      │
 //!            show proc (before)                                            ┘
-//!              (a version that differs from the running config only in its map files:
-//!               the upload is a sed edit of the live file, checked by its sha256 (else the
-//!               whole config), and haproxy -c runs on a config that loads those maps alone,
-//!               as the config uses them)
+//!              (a version that differs from the running config only in its map files and
+//!               crt-list: the upload is a sed edit of the live file, checked by its sha256
+//!               (else the whole config), and haproxy -c runs on a config that loads those
+//!               maps alone, as the config uses them, and the new certificate files alone)
 //!            ── up to here: `prepare`, done for the first wave while the canary goes live;
 //!               from here: `finish` (a host prepared ahead first checks that its files are
 //!               as they were, else it is prepared again, and reads show proc anew)
@@ -190,10 +190,16 @@ mod scripts {
     /// stdin. Writes it under a temporary name and renames it to its own only if what landed
     /// has that sha256, so a file under a map's name is always that content.
     pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
-    /// $1 = live config path, $2 = certificate file name, $3 = token, $4 = the file's sha256;
-    /// the file (chain and private key) on stdin. As UPLOAD_MAP, into `hafleet-certs/`, which
-    /// only the SSH user may enter (0700), the file readable by it alone (0600).
-    pub const UPLOAD_CERT: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded certificate file $2 has another sha256" >&2; exit 1; fi; chmod 600 "$d/.$2.$3"; mv -f "$d/.$2.$3" "$d/$2""#;
+    /// $1 = live config path, $2 = token; certificate files (chain and private key) on stdin,
+    /// each a line `hafleet-cert <name> <sha256> <lines>` and then its `<lines>` lines (see
+    /// [`super::cert_stream`]). Writes them into a folder of this attempt's inside
+    /// `hafleet-certs/`, which only the SSH user may enter (0700), each readable by it alone
+    /// (0600); checks every sha256 (one `sha256sum -c`), and only then renames them all to
+    /// their own names, so a file under a certificate's name is always that content. A
+    /// handful of processes whatever the number of files: a host joining a fleet of 1,000
+    /// certificates takes them in one round trip. Folders that attempts which died left
+    /// behind are swept once an hour old.
+    pub const UPLOAD_CERTS: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; find "$d" -maxdepth 1 -name '.up-*' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true; u="$d/.up-$2"; rm -rf "$u"; mkdir "$u"; trap 'rm -rf "$u"' EXIT; awk -v u="$u" 'n == 0 { if ($1 != "hafleet-cert" || $2 !~ /^[0-9a-f]+\.pem$/ || $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) exit 3; f = u "/" $2; print $3 "  " $2 > (u "/.sums"); n = $4; next } { print > f; n--; if (n == 0) close(f) } END { if (n != 0) exit 4 }' || { echo "the certificate files did not arrive whole" >&2; exit 1; }; cd "$u"; sha256sum -c --quiet .sums >/dev/null 2>&1 || { echo "an uploaded certificate file has another sha256" >&2; exit 1; }; rm -f .sums; set -- *.pem; [ -f "$1" ] || exit 0; chmod 600 -- "$@"; mv -f -- "$@" "$d"/"#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
     /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
@@ -473,11 +479,15 @@ async fn stage(
     // A name of this attempt's own: a second applier (a rolling update, say) can never swap in
     // a file this one validated, or the other way round.
     let token = attempt_token(version.version);
-    // A version that changes only map files (the config is the loaded one but for their
-    // names) is checked by loading its maps alone: the rest passed `haproxy -c` and loaded.
-    let map_check = match runtime::maps_only(&change) {
-        true => version.bundle().and_then(runtime::map_check_config),
-        false => None,
+    // A version that changes only map files and certificates (the config is the loaded one
+    // but for their names) is checked by loading its maps and new certificate files alone:
+    // the rest passed `haproxy -c` and loaded.
+    let map_check = match (&change, runtime::files_only(&change)) {
+        (runtime::Plan::Runtime(steps), true) => version
+            .bundle()
+            .and_then(|b| runtime::map_check_config(b, &runtime::added_certs(steps))),
+        (_, true) => version.bundle().and_then(|b| runtime::map_check_config(b, &[])),
+        (_, false) => None,
     };
     let validate = UploadCheck {
         missing_maps: &missing_maps,
@@ -743,8 +753,9 @@ async fn session(
 struct UploadCheck<'a> {
     /// The version's map files the host does not have yet.
     missing_maps: &'a [&'a str],
-    /// A config that loads only the maps ([`runtime::map_check_config`]), for a version
-    /// whose config HAProxy runs but for its maps; `None`: `haproxy -c` on the whole config.
+    /// A config that loads only the maps and new certificate files
+    /// ([`runtime::map_check_config`]), for a version whose config HAProxy runs but for its
+    /// maps and crt-list; `None`: `haproxy -c` on the whole config.
     map_check: Option<&'a str>,
     /// The bundle whose config is the host's live file, if the applier holds it: a version
     /// that changes a few of its lines is sent as an edit of it.
@@ -856,7 +867,10 @@ async fn upload_and_validate(
                     format!("uploaded file has sha256 {landed} instead of {}", version.sha256),
                 ));
             }
-            info!("the config is the running one but for its maps: checking the maps alone");
+            info!(
+                "the config is the running one but for its maps and certificates: checking \
+                 those alone"
+            );
             let stdin = Some(maps.as_bytes());
             remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
         }
@@ -907,24 +921,58 @@ async fn upload_certs(
     identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<(), Failure> {
     let live = host.config_path.as_str();
-    for &name in missing {
-        let Some(path) = name.strip_prefix("../") else { continue };
-        let Some(cert) = bundle.certs.iter().find(|c| c.relative_path() == path) else { continue };
-        let Some(identity) = identity else {
-            return Err(fail(
-                ApplyStage::Upload,
-                "the version has TLS certificates and this applier has no --tls-identity to \
-                 open their keys",
-            ));
-        };
-        let file = identity.cert_file(cert).map_err(|e| fail(ApplyStage::Upload, e.to_string()))?;
-        let sha = hafleet_proto::sha256_hex(file.as_bytes());
-        let file_name = format!("{}.pem", cert.id());
-        let args = [live, file_name.as_str(), token, sha.as_str()];
-        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERT, &args, Some(file.as_bytes()))
+    let certs: Vec<&hafleet_proto::SealedCert> = missing
+        .iter()
+        .filter_map(|name| name.strip_prefix("../"))
+        .filter_map(|path| bundle.certs.iter().find(|c| c.relative_path() == path))
+        .collect();
+    if certs.is_empty() {
+        return Ok(());
+    }
+    let Some(identity) = identity else {
+        return Err(fail(
+            ApplyStage::Upload,
+            "the version has TLS certificates and this applier has no --tls-identity to open \
+             their keys",
+        ));
+    };
+    // At most CERTS_PER_UPLOAD keys opened in memory at once.
+    for batch in certs.chunks(CERTS_PER_UPLOAD) {
+        let mut files = Vec::with_capacity(batch.len());
+        for cert in batch {
+            let file =
+                identity.cert_file(cert).map_err(|e| fail(ApplyStage::Upload, e.to_string()))?;
+            files.push((format!("{}.pem", cert.id()), file));
+        }
+        let stream = cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))?;
+        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERTS, &[live, token], Some(&stream))
             .await?;
     }
     Ok(())
+}
+
+/// Certificate files sent in one UPLOAD_CERTS round trip, at most.
+const CERTS_PER_UPLOAD: usize = 1000;
+
+/// UPLOAD_CERTS's input: for each (name, content), `hafleet-cert <name> <sha256> <lines>` and
+/// the content. Contents are PEM text: lines ending in a newline, no carriage return.
+fn cert_stream(
+    files: &[(String, zeroize::Zeroizing<String>)],
+) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
+    let mut out = zeroize::Zeroizing::new(Vec::new());
+    for (name, content) in files {
+        let is_name = name.strip_suffix(".pem").is_some_and(|id| {
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        if !is_name || !content.ends_with('\n') || content.contains('\r') {
+            return Err(format!("certificate file {name} is not PEM lines"));
+        }
+        let sha = hafleet_proto::sha256_hex(content.as_bytes());
+        let lines = content.lines().count();
+        out.extend_from_slice(format!("hafleet-cert {name} {sha} {lines}\n").as_bytes());
+        out.extend_from_slice(content.as_bytes());
+    }
+    Ok(out)
 }
 
 /// `v<version>-<pid>-<nanoseconds>`: unique per attempt, and only `[a-z0-9-]`.
@@ -1350,6 +1398,63 @@ mod tests {
         assert!(line_patch(old, "global\n").is_none());
         assert!(line_patch(old, old.trim_end()).is_none());
         assert_eq!(line_patch(old, old).as_deref(), Some(""));
+    }
+
+    /// UPLOAD_CERTS run by `sh`: every file of the stream lands under its own name, 0600 in
+    /// a 0700 folder, byte for byte; a stream cut short or with a wrong sha256 lands nothing.
+    #[test]
+    fn certificate_files_land_whole_in_one_round_trip_or_not_at_all() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("haproxy.cfg");
+        let upload = |stream: &[u8]| {
+            let mut child = std::process::Command::new("sh")
+                .args(["-c", scripts::UPLOAD_CERTS, "hafleet"])
+                .arg(&live)
+                .arg("t1")
+                .stdin(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(stream).unwrap();
+            child.wait_with_output().unwrap()
+        };
+        let pem = |tag: &str| {
+            zeroize::Zeroizing::new(format!(
+                "-----BEGIN CERTIFICATE-----\n{tag}A==\n-----END CERTIFICATE-----\n\
+                 -----BEGIN PRIVATE KEY-----\n{tag}B==\n  x\\y \n-----END PRIVATE KEY-----\n"
+            ))
+        };
+        let files: Vec<(String, zeroize::Zeroizing<String>)> =
+            (0..300).map(|i| (format!("{i:04x}ab.pem"), pem(&i.to_string()))).collect();
+        let stream = cert_stream(&files).unwrap();
+        let certs = dir.path().join("hafleet-certs");
+        // Cut short, or one file changed on the way: nothing lands.
+        let out = upload(&stream[..stream.len() - 10]);
+        assert!(!out.status.success());
+        let mut bad = stream.to_vec();
+        let at = bad.iter().rposition(|b| *b == b'B').unwrap();
+        bad[at] = b'C';
+        let out = upload(&bad);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"));
+        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 0, "nothing left behind");
+        let out = upload(&stream);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::metadata(&certs).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), files.len());
+        for (name, content) in &files {
+            let path = certs.join(name);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), content.as_str());
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        // Names and contents the stream cannot carry are refused before anything is sent.
+        let one = |name: &str, content: &str| {
+            cert_stream(&[(name.to_owned(), zeroize::Zeroizing::new(content.to_owned()))])
+        };
+        assert!(one("../x.pem", "a\n").is_err());
+        assert!(one("ab.pem", "a").is_err());
+        assert!(one("ab.pem", "a\r\n").is_err());
     }
 
     /// MARK_LOADED run by `sh` on a real directory: it records the file and its reload

@@ -548,25 +548,30 @@ pub fn running_crt_list(show: &str) -> Option<String> {
 
 /// Whether `plan` changes map files only (or nothing HAProxy acts on): the next config is then
 /// the loaded one but for its map files' names and its comments.
-pub fn maps_only(plan: &Plan) -> bool {
+pub fn files_only(plan: &Plan) -> bool {
     match plan {
         Plan::Nothing => true,
-        Plan::Runtime(steps) => steps.iter().all(|s| matches!(s, Step::ReplaceMap { .. })),
+        Plan::Runtime(steps) => steps.iter().all(|s| {
+            matches!(s, Step::ReplaceMap { .. } | Step::AddCert { .. } | Step::RemoveCert { .. })
+        }),
         Plan::Reload(_) => false,
     }
 }
 
 /// A config for `haproxy -c` that loads every map file of `bundle` with each converter its
-/// config applies to that map, and nothing else. For a version whose config HAProxy already
-/// runs but for its maps ([`maps_only`]), checking this is checking the version: the rest of
-/// the config is what passed `haproxy -c` and loaded before. It takes milliseconds where the
-/// whole config of 10,000 backends takes most of a second.
+/// config applies to that map, and the certificate files `certs` (paths as the crt-list names
+/// them, relative to the config's folder), and nothing else. For a version whose config
+/// HAProxy already runs but for its maps and the certificates of its crt-list
+/// ([`files_only`]), checking this is checking the version: the rest of the config, and every
+/// other certificate file, is what passed `haproxy -c` and loaded before. It takes
+/// milliseconds where the whole config of 10,000 backends takes most of a second, and a
+/// crt-list of 1,000 certificates half a second.
 ///
 /// `None` (check the whole config) when the config names a map other than as the first
 /// argument of a `map*` converter, does not name one of the bundle's maps, or has no
 /// `default-path` (then relative map paths depend on HAProxy's working directory, which this
 /// check could not reproduce).
-pub fn map_check_config(bundle: &Bundle) -> Option<String> {
+pub fn map_check_config(bundle: &Bundle, certs: &[&str]) -> Option<String> {
     let default_path = bundle
         .config
         .lines()
@@ -608,6 +613,19 @@ pub fn map_check_config(bundle: &Bundle) -> Option<String> {
         out.push_str(&format!(
             "    http-request set-var(txn.hafleet_map_check) path,{converter}({path})\n"
         ));
+    }
+    if !certs.is_empty() {
+        // Each file loaded as HAProxy loads a crt-list's: chain, key, and that they match.
+        out.push_str("frontend hafleet_cert_check\n    bind 127.0.0.1:2 ssl");
+        for path in certs {
+            if !path.starts_with(&format!("{}/", hafleet_proto::tls::CERTS_DIR))
+                || path.contains(char::is_whitespace)
+            {
+                return None;
+            }
+            out.push_str(&format!(" crt {path}"));
+        }
+        out.push('\n');
     }
     Some(out)
 }
@@ -1116,13 +1134,13 @@ mod tests {
         let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
         let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
         let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
-        assert!(maps_only(&plan(&a, &b)));
-        assert!(maps_only(&plan(&a, &a)), "comments only");
+        assert!(files_only(&plan(&a, &b)));
+        assert!(files_only(&plan(&a, &a)), "comments only");
         let moved = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\n");
-        assert!(!maps_only(&plan(&a, &moved)), "servers change: the whole config is checked");
-        assert!(!maps_only(&Plan::Reload("x".into())));
+        assert!(!files_only(&plan(&a, &moved)), "servers change: the whole config is checked");
+        assert!(!files_only(&Plan::Reload("x".into())));
 
-        let check = map_check_config(&b).expect("the built-in shape has a quick check");
+        let check = map_check_config(&b, &[]).expect("the built-in shape has a quick check");
         for m in &b.maps {
             assert!(check.contains(&m.name.relative_path()), "{check}");
         }
@@ -1138,7 +1156,7 @@ mod tests {
         let mut regex = b.clone();
         regex.config = regex.config.replace("map_beg(", "map_reg(");
         regex.maps[1].content = "/( be_a\n".into();
-        let check = map_check_config(&regex).unwrap();
+        let check = map_check_config(&regex, &[]).unwrap();
         assert!(check.contains("map_reg("), "{check}");
         let err = haproxy_accepts(&check, &regex.maps).unwrap_err();
         assert!(err.contains("regex"), "{err}");
@@ -1149,18 +1167,18 @@ mod tests {
         let b = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
         let mut no_default_path = b.clone();
         no_default_path.config = no_default_path.config.replace("default-path config", "");
-        assert_eq!(map_check_config(&no_default_path), None);
+        assert_eq!(map_check_config(&no_default_path, &[]), None);
         let mut named_otherwise = b.clone();
         named_otherwise.config.push_str(&format!(
             "\nfrontend g\n    acl a path -f {}\n",
             b.maps[0].name.relative_path()
         ));
-        assert_eq!(map_check_config(&named_otherwise), None);
+        assert_eq!(map_check_config(&named_otherwise, &[]), None);
         let mut unused = b.clone();
         unused.config = unused
             .config
             .replace(&format!("path,map_beg({})", b.maps[1].name.relative_path()), "path");
-        assert_eq!(map_check_config(&unused), None, "a map the config does not name");
+        assert_eq!(map_check_config(&unused, &[]), None, "a map the config does not name");
     }
 
     #[test]
@@ -1323,7 +1341,7 @@ mod tests {
                 Step::RemoveCert { path: "hafleet-certs/aa.pem".into() },
             ]
         );
-        assert!(!maps_only(&Plan::Runtime(steps.clone())));
+        assert!(files_only(&Plan::Runtime(steps.clone())), "checked by loading the new file");
         let mut inputs =
             CertInputs { crt_list: "hafleet-maps/crtlist-x.map".into(), ..Default::default() };
         assert!(commands(&steps, &PreparedMaps::new(), &inputs).is_err(), "no file, no commands");
@@ -1396,8 +1414,14 @@ mod tests {
             exact.name.relative_path()
         ));
         b.maps.push(exact.clone());
-        let check = map_check_config(&b).expect("the crt-list does not stop the map-only check");
+        let check =
+            map_check_config(&b, &[]).expect("the crt-list does not stop the map-only check");
         assert!(check.contains(&format!("map_str({})", exact.name.relative_path())), "{check}");
         assert!(!check.contains("crt-list") && !check.contains("crtlist-"), "{check}");
+        // A rotation: only the new file is loaded, as a crt-list line loads it.
+        let check = map_check_config(&b, &["hafleet-certs/cc.pem"]).unwrap();
+        assert!(check.ends_with("bind 127.0.0.1:2 ssl crt hafleet-certs/cc.pem\n"), "{check}");
+        assert!(!check.contains("aa.pem"), "{check}");
+        assert_eq!(map_check_config(&b, &["../etc/x.pem"]), None);
     }
 }

@@ -55,7 +55,14 @@ enum Mode {
     /// `haproxy -c`, reload handler), side by side on the same hosts and config: from a
     /// version published (or the playbook started) to live on 1, 5 and 20 hosts.
     Applier(applier::ApplierArgs),
+    /// HTTPS: HAProxy alone with 10, 1,000 and 10,000 certificates (check, start, handshakes
+    /// per second), then the pipeline: a fleet of TLS Ingresses loaded, a host joining it,
+    /// and rotations to served on every host.
+    Tls(tls::TlsArgs),
 }
+
+#[path = "../bench/tls.rs"]
+mod tls;
 
 /// The pipeline bench's settings (the default mode).
 #[derive(Debug, clap::Args)]
@@ -189,6 +196,7 @@ async fn main() -> Result<()> {
         Some(Mode::Reload(args)) => reload::run(args).await,
         Some(Mode::Watcher(args)) => watcher::run(args).await,
         Some(Mode::Applier(args)) => applier::run(args).await,
+        Some(Mode::Tls(args)) => tls::run(args).await,
         None => pipeline(cli.pipeline).await,
     }
 }
