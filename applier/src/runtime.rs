@@ -616,16 +616,20 @@ pub fn map_check_config(bundle: &Bundle, certs: &[&str]) -> Option<String> {
     }
     if !certs.is_empty() {
         // Each file loaded as HAProxy loads a crt-list's: chain, key, and that they match.
-        out.push_str("frontend hafleet_cert_check\n    bind 127.0.0.1:2 ssl");
-        for path in certs {
-            if !path.starts_with(&format!("{}/", hafleet_proto::tls::CERTS_DIR))
-                || path.contains(char::is_whitespace)
-            {
-                return None;
+        // HAProxy reads at most 64 words a line: 30 files a bind line.
+        out.push_str("frontend hafleet_cert_check\n");
+        for chunk in certs.chunks(30) {
+            out.push_str("    bind 127.0.0.1:2 ssl");
+            for path in chunk {
+                if !path.starts_with(&format!("{}/", hafleet_proto::tls::CERTS_DIR))
+                    || path.contains(char::is_whitespace)
+                {
+                    return None;
+                }
+                out.push_str(&format!(" crt {path}"));
             }
-            out.push_str(&format!(" crt {path}"));
+            out.push('\n');
         }
-        out.push('\n');
     }
     Some(out)
 }
@@ -1423,5 +1427,52 @@ mod tests {
         assert!(check.ends_with("bind 127.0.0.1:2 ssl crt hafleet-certs/cc.pem\n"), "{check}");
         assert!(!check.contains("aa.pem"), "{check}");
         assert_eq!(map_check_config(&b, &["../etc/x.pem"]), None);
+    }
+
+    /// The check of new certificate files, run by the real `haproxy -c` on real files: a
+    /// hundred files pass (HAProxy reads at most 64 words a line), a key that is not the
+    /// certificate's fails.
+    #[test]
+    fn haproxy_checks_new_certificate_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = tls_bundle("hafleet-certs/c0.pem a.example.com\n");
+        std::fs::create_dir(dir.path().join(hafleet_proto::MAPS_DIR)).unwrap();
+        std::fs::write(dir.path().join(b.maps[0].name.relative_path()), &b.maps[0].content)
+            .unwrap();
+        let certs = dir.path().join(hafleet_proto::tls::CERTS_DIR);
+        std::fs::create_dir(&certs).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let key = |name: &str| {
+            let path = certs.join(name).to_str().unwrap().to_owned();
+            openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &path]);
+            std::fs::read_to_string(&path).unwrap()
+        };
+        let (k1, k2) = (key("k1"), key("k2"));
+        let crt = certs.join("crt").to_str().unwrap().to_owned();
+        let k1_path = certs.join("k1").to_str().unwrap().to_owned();
+        openssl(&["req", "-x509", "-new", "-key", &k1_path, "-out", &crt, "-subj", "/CN=a"]);
+        let crt = std::fs::read_to_string(&crt).unwrap();
+        let paths: Vec<String> = (0..100).map(|i| format!("hafleet-certs/c{i}.pem")).collect();
+        for p in &paths {
+            std::fs::write(dir.path().join(p), format!("{crt}{k1}")).unwrap();
+        }
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let check = dir.path().join("check.cfg");
+        std::fs::write(&check, map_check_config(&b, &refs).unwrap()).unwrap();
+        let haproxy_c = || {
+            std::process::Command::new("/usr/sbin/haproxy")
+                .arg("-c")
+                .arg("-f")
+                .arg(&check)
+                .output()
+                .expect("haproxy (tests/setup.sh installs it)")
+        };
+        let out = haproxy_c();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(dir.path().join(&paths[57]), format!("{crt}{k2}")).unwrap();
+        assert!(!haproxy_c().status.success(), "a key of another certificate");
     }
 }

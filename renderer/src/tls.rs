@@ -85,7 +85,8 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         }
         let wildcards: Vec<&&HttpHost> =
             listed.iter().filter(|h| h.as_str().starts_with("*.")).collect();
-        for exact in &routed {
+        // Only a wildcard line has exclusions (the walk over every routed host is for it).
+        for exact in routed.iter().filter(|_| !wildcards.is_empty()) {
             let caught = wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact));
             if caught
                 && !listed.contains(exact)
