@@ -27,3 +27,6 @@ bench:
 	target/release/hafleet-bench
 	target/release/hafleet-bench routing
 	target/release/hafleet-bench history
+	target/release/hafleet-bench reload
+	target/release/hafleet-bench watcher
+	target/release/hafleet-bench tls

@@ -53,7 +53,7 @@ mod scripts {
     // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
     macro_rules! live_state {
         () => {
-            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; shift; for m in "$@"; do [ -f "$d/$m" ] || echo "$m"; done"#
+            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; d="$(dirname "$1")/hafleet-maps"; while IFS= read -r m; do [ -z "$m" ] || [ -f "$d/$m" ] || echo "$m"; done"#
         };
     }
     macro_rules! mark_loaded {
@@ -89,9 +89,11 @@ mod scripts {
         };
     }
 
-    /// $1 = live config path, then the names of the version's map files. Prints the live
-    /// file's sha256 and the sha256 of the config HAProxy last loaded (from the marker), a
-    /// line each, empty if unknown; then the map names the host does not have yet, a line each.
+    /// $1 = live config path; on stdin the names of the version's map files (and its
+    /// certificate files, as `../hafleet-certs/<id>.pem`), a line each: 10,000 names are more
+    /// than a command line takes. Prints the live file's sha256 and the sha256 of the config
+    /// HAProxy last loaded (from the marker), a line each, empty if unknown; then the names the
+    /// host does not have yet, a line each.
     /// The live file is hashed unless it is the very file the marker records (same device,
     /// inode, size, modification and change times, as MARK_LOADED saw them when it marked it;
     /// any write or `touch` changes the change time): 25 ms saved per apply at 10,000
@@ -190,7 +192,8 @@ mod scripts {
     /// stdin. Writes it under a temporary name and renames it to its own only if what landed
     /// has that sha256, so a file under a map's name is always that content.
     pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
-    /// $1 = live config path, $2 = token; certificate files (chain and private key) on stdin,
+    /// $1 = live config path, $2 = token, $3 = how many files; certificate files (chain and
+    /// private key) on stdin,
     /// each a line `hafleet-cert <name> <sha256> <lines>` and then its `<lines>` lines (see
     /// [`super::cert_stream`]). Writes them into a folder of this attempt's inside
     /// `hafleet-certs/`, which only the SSH user may enter (0700), each readable by it alone
@@ -199,7 +202,7 @@ mod scripts {
     /// handful of processes whatever the number of files: a host joining a fleet of 1,000
     /// certificates takes them in one round trip. Folders that attempts which died left
     /// behind are swept once an hour old.
-    pub const UPLOAD_CERTS: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; find "$d" -maxdepth 1 -name '.up-*' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true; u="$d/.up-$2"; rm -rf "$u"; mkdir "$u"; trap 'rm -rf "$u"' EXIT; awk -v u="$u" 'n == 0 { if ($1 != "hafleet-cert" || $2 !~ /^[0-9a-f]+\.pem$/ || $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) exit 3; f = u "/" $2; print $3 "  " $2 > (u "/.sums"); n = $4; next } { print > f; n--; if (n == 0) close(f) } END { if (n != 0) exit 4 }' || { echo "the certificate files did not arrive whole" >&2; exit 1; }; cd "$u"; sha256sum -c --quiet .sums >/dev/null 2>&1 || { echo "an uploaded certificate file has another sha256" >&2; exit 1; }; rm -f .sums; set -- *.pem; [ -f "$1" ] || exit 0; chmod 600 -- "$@"; mv -f -- "$@" "$d"/"#;
+    pub const UPLOAD_CERTS: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; find "$d" -maxdepth 1 -name '.up-*' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true; u="$d/.up-$2"; rm -rf "$u"; mkdir "$u"; trap 'rm -rf "$u"' EXIT; trap 'exit 1' HUP INT TERM PIPE; awk -v u="$u" 'n == 0 { if ($1 != "hafleet-cert" || $2 !~ /^[0-9a-f]+\.pem$/ || $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) exit 3; f = u "/" $2; print $3 "  " $2 > (u "/.sums"); n = $4; next } { print > f; n--; if (n == 0) close(f) } END { if (n != 0) exit 4 }' || { echo "the certificate files did not arrive whole" >&2; exit 1; }; cd "$u"; sha256sum -c --quiet .sums >/dev/null 2>&1 || { echo "an uploaded certificate file has another sha256" >&2; exit 1; }; k=0; [ ! -f .sums ] || k=$(wc -l < .sums); [ "$k" -eq "$3" ] || { echo "$k of $3 certificate files arrived" >&2; exit 1; }; rm -f .sums; set -- *.pem; [ -f "$1" ] || exit 0; chmod 600 -- "$@"; mv -f -- "$@" "$d"/"#;
     /// $1 = master socket, $2 = master CLI command.
     pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
     /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
@@ -304,15 +307,18 @@ pub async fn prepare<'a>(
 ) -> Prepared<'a> {
     let started = std::time::Instant::now();
     let live = host.config_path.as_str();
-    let mut args = vec![live.to_owned()];
-    args.extend(version.bundle().iter().flat_map(|b| &b.maps).map(|m| m.name.to_string()));
+    let mut names = String::new();
+    for m in version.bundle().iter().flat_map(|b| &b.maps) {
+        names.push_str(m.name.as_str());
+        names.push('\n');
+    }
     // Certificate files are asked for as paths from the maps' folder.
-    args.extend(
-        version.bundle().iter().flat_map(|b| &b.certs).map(|c| format!("../{}", c.relative_path())),
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for c in version.bundle().iter().flat_map(|b| &b.certs) {
+        names.push_str(&format!("../{}\n", c.relative_path()));
+    }
+    let names = Some(names.as_bytes());
     let (conn, generation, state) =
-        match settings.ssh.take_running(host, scripts::LIVE_STATE, &args).await {
+        match settings.ssh.take_running(host, scripts::LIVE_STATE, &[live], names).await {
             Ok(c) => c,
             Err(e) => {
                 let step = Next::Done(Err(connect_failure(host, &e).await));
@@ -637,7 +643,7 @@ pub async fn drift_of(
     args.extend(maps.iter().map(|(name, _)| *name));
     let (conn, generation, out) = settings
         .ssh
-        .take_running(host, scripts::DRIFT_STATE, &args)
+        .take_running(host, scripts::DRIFT_STATE, &args, None)
         .await
         .map_err(|e| e.to_string())?;
     settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
@@ -945,8 +951,9 @@ async fn upload_certs(
             files.push((format!("{}.pem", cert.id()), file));
         }
         let stream = cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))?;
-        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERTS, &[live, token], Some(&stream))
-            .await?;
+        let count = files.len().to_string();
+        let args = [live, token, count.as_str()];
+        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERTS, &args, Some(&stream)).await?;
     }
     Ok(())
 }
@@ -959,7 +966,11 @@ const CERTS_PER_UPLOAD: usize = 1000;
 fn cert_stream(
     files: &[(String, zeroize::Zeroizing<String>)],
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
-    let mut out = zeroize::Zeroizing::new(Vec::new());
+    // Sized once: a Vec that grows leaves copies of the keys in the memory it gives back.
+    let headers: usize = files.iter().map(|(name, _)| name.len() + 64 + 40).sum();
+    let bodies: usize = files.iter().map(|(_, content)| content.len()).sum();
+    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(headers + bodies));
+    let capacity = out.capacity();
     for (name, content) in files {
         let is_name = name.strip_suffix(".pem").is_some_and(|id| {
             !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -972,6 +983,7 @@ fn cert_stream(
         out.extend_from_slice(format!("hafleet-cert {name} {sha} {lines}\n").as_bytes());
         out.extend_from_slice(content.as_bytes());
     }
+    debug_assert_eq!(out.capacity(), capacity, "never reallocated");
     Ok(out)
 }
 
@@ -1407,11 +1419,12 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("haproxy.cfg");
-        let upload = |stream: &[u8]| {
+        let upload = |stream: &[u8], count: usize| {
             let mut child = std::process::Command::new("sh")
                 .args(["-c", scripts::UPLOAD_CERTS, "hafleet"])
                 .arg(&live)
                 .arg("t1")
+                .arg(count.to_string())
                 .stdin(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -1431,15 +1444,20 @@ mod tests {
         let stream = cert_stream(&files).unwrap();
         let certs = dir.path().join("hafleet-certs");
         // Cut short, or one file changed on the way: nothing lands.
-        let out = upload(&stream[..stream.len() - 10]);
+        let out = upload(&stream[..stream.len() - 10], files.len());
         assert!(!out.status.success());
         let mut bad = stream.to_vec();
         let at = bad.iter().rposition(|b| *b == b'B').unwrap();
         bad[at] = b'C';
-        let out = upload(&bad);
+        let out = upload(&bad, files.len());
         assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"));
         assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 0, "nothing left behind");
-        let out = upload(&stream);
+        // Cut between two files: every file that came is whole, but one is missing.
+        let second = stream.windows(13).rposition(|w| w == b"hafleet-cert ").unwrap();
+        let out = upload(&stream[..second], files.len());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("299 of 300 certificate files"));
+        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 0, "nothing left behind");
+        let out = upload(&stream, files.len());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(std::fs::metadata(&certs).unwrap().permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_dir(&certs).unwrap().count(), files.len());
@@ -1539,6 +1557,28 @@ mod tests {
             String::from_utf8(out.stdout).unwrap()
         };
         assert_eq!(live_state(), format!("{sha}\n{sha}\n"));
+        // The names it is asked about come on stdin (10,000 would not fit a command line):
+        // it prints those the host lacks.
+        let mut asked = std::process::Command::new("sh")
+            .args(["-c", scripts::LIVE_STATE, "hafleet"])
+            .arg(&live)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let names: String = (0..10_000).map(|i| format!("../hafleet-certs/n{i}.pem\n")).collect();
+        let names = format!("exact-aaa.map\n../hafleet-certs/a1.pem\n{names}");
+        // Written while the answer is read, as the applier does: the answer is 300 KB.
+        let mut feed = asked.stdin.take().unwrap();
+        let feed = std::thread::spawn(move || {
+            use std::io::Write as _;
+            feed.write_all(names.as_bytes())
+        });
+        let asked = String::from_utf8(asked.wait_with_output().unwrap().stdout).unwrap();
+        feed.join().unwrap().unwrap();
+        let missing: Vec<&str> = asked.lines().skip(2).collect();
+        assert_eq!(missing.len(), 10_000, "only the files the host lacks");
+        assert_eq!(missing[0], "../hafleet-certs/n0.pem");
         let refresh = std::process::Command::new("sh")
             .args(["-c", scripts::REFRESH, "hafleet"])
             .arg(&live)

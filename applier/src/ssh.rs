@@ -166,13 +166,21 @@ impl HostConn {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().await?;
-        if let Some(bytes) = stdin {
-            let mut pipe = child.stdin().take().expect("stdin is piped");
-            pipe.write_all(bytes).await.map_err(openssh::Error::ChildIo)?;
-            pipe.shutdown().await.map_err(openssh::Error::ChildIo)?;
-            drop(pipe);
+        let pipe = stdin.map(|bytes| (child.stdin().take().expect("stdin is piped"), bytes));
+        // Fed while the output is read: a script that answers as it reads (LIVE_STATE's
+        // names) would otherwise fill its stdout while this side still writes its stdin.
+        let feed = async {
+            let Some((mut pipe, bytes)) = pipe else { return Ok(()) };
+            pipe.write_all(bytes).await?;
+            pipe.shutdown().await
+        };
+        let (fed, out) = tokio::join!(feed, child.wait_with_output());
+        let out = out?;
+        // A script that failed says why on stderr (it may stop reading at once); one that
+        // succeeded without reading all it was given is an error of its own.
+        if let (Err(e), true) = (fed, out.status.success()) {
+            return Err(openssh::Error::ChildIo(e));
         }
-        let out = child.wait_with_output().await?;
         tracing::debug!(
             ms = started.elapsed().as_secs_f64() * 1000.0,
             script = script.get(..48).unwrap_or(script),
@@ -221,7 +229,7 @@ impl ConnPool {
     }
 
     /// A working connection to `host`, the known_hosts generation it belongs to, and what
-    /// `script` (read-only: it may run twice) printed there. The pooled connection is used if
+    /// `script` (read-only: it may run twice, with `stdin` each time) printed there. The pooled connection is used if
     /// the host answers `script` over it within the connect timeout (so the check costs no
     /// round trip of its own); otherwise `script` runs on a new connection. `Err` only if no
     /// connection could be made.
@@ -230,12 +238,13 @@ impl ConnPool {
         host: &Host,
         script: &str,
         args: &[&str],
+        stdin: Option<&[u8]>,
     ) -> Result<(HostConn, u64, Result<RemoteOutput, openssh::Error>), openssh::Error> {
         let generation = self.known_hosts_generation().await;
         let pooled = self.conns.lock().await.remove(host.name.as_str());
         if let Some((conn_generation, conn)) = pooled {
             if conn_generation == generation {
-                let first = conn.run(script, args, None);
+                let first = conn.run(script, args, stdin);
                 if let Ok(Ok(out)) =
                     tokio::time::timeout(self.settings.connect_timeout, first).await
                 {
@@ -245,7 +254,7 @@ impl ConnPool {
             conn.close().await;
         }
         let conn = HostConn::connect(host, &self.settings).await?;
-        let out = conn.run(script, args, None).await;
+        let out = conn.run(script, args, stdin).await;
         Ok((conn, generation, out))
     }
 

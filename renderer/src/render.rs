@@ -191,7 +191,6 @@ impl Renderer {
         let mut model =
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
         model.tls = crate::tls::files(ingresses, default_cert);
-        model.notes.extend(model.tls.notes.iter().cloned());
         model
     }
 

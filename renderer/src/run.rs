@@ -23,7 +23,7 @@ use hafleet_proto::{Cause, ConfigVersion, DecodeError, FleetName, RouteMessage};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 /// Settings of `hafleet-renderer run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -580,11 +580,6 @@ pub(crate) fn make_versions(
                 info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256, bytes = v.size,
                       causes = v.causes.len(), notes = v.notes.len(), "new config version");
                 for note in &v.notes {
-                    // Which certificate each TLS host gets: the version's record, not a warning.
-                    if note.starts_with("tls ") {
-                        debug!(fleet = %v.fleet, version = v.version, note = %note, "certificate");
-                        continue;
-                    }
                     warn!(fleet = %v.fleet, version = v.version, note = %note, "route ignored");
                 }
                 versions.push(v);

@@ -26,8 +26,6 @@ pub struct TlsFiles {
     pub default_cert: Option<String>,
     pub crt_list: Option<MapFile>,
     pub redirect: Option<MapFile>,
-    /// `host: fingerprint (names, notAfter)` per TLS host, for the version's notes.
-    pub notes: Vec<String>,
 }
 
 /// The TLS files of a fleet's Ingresses.
@@ -64,16 +62,9 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         .collect();
     let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&HttpHost>)> = BTreeMap::new();
     let mut redirect: BTreeMap<&str, bool> = BTreeMap::new();
-    let mut notes = Vec::new();
     for (host, (cert, wants_redirect)) in &hosts {
         by_cert.entry(cert.id()).or_insert_with(|| (cert, Vec::new())).1.push(host);
         redirect.insert(host.as_str(), *wants_redirect);
-        notes.push(format!(
-            "tls {host}: {} ({}; notAfter {})",
-            cert.fingerprint,
-            cert.names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "),
-            cert.not_after_unix
-        ));
     }
     let mut crt_list = String::new();
     let mut certs = Vec::new();
@@ -105,14 +96,6 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
     {
         certs.push(d.clone());
     }
-    if let Some(d) = default_cert {
-        notes.push(format!(
-            "tls default: {} ({}; notAfter {})",
-            d.fingerprint,
-            d.names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "),
-            d.not_after_unix
-        ));
-    }
     certs.sort_by_key(SealedCert::id);
     let redirect: String =
         redirect.into_iter().map(|(h, on)| format!("{h} {}\n", u8::from(on))).collect();
@@ -125,7 +108,6 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         default_cert: default_cert.map(SealedCert::relative_path),
         crt_list: Some(file("crtlist", crt_list)),
         redirect: Some(file("redirect", redirect)),
-        notes,
     }
 }
 
@@ -209,8 +191,6 @@ mod tests {
             redirect, "a.example.com 0\nx.w.example.com 0\n",
             "the owner said ssl-redirect: false"
         );
-        assert_eq!(f.notes.len(), 2);
-        assert!(f.notes[0].starts_with(&format!("tls a.example.com: {}", a.fingerprint)));
     }
 
     #[test]

@@ -40,12 +40,27 @@ pub fn next_version(
         sha256,
         created_unix_ms: now_unix_ms,
         causes,
-        notes: model.notes,
+        notes: version_notes(model.notes),
         restores: None,
         size: bundle.size() as u64,
         body: Body::Inline { bundle },
         signature: None,
     }))
+}
+
+/// Most notes a version's message carries: each is a line of the config's `# Notes:` too,
+/// which keeps them all, but the message must stay within a NATS message however many routes
+/// are ignored (10,000 notes are about a megabyte).
+pub const MAX_VERSION_NOTES: usize = 200;
+
+/// `notes`, cut to [`MAX_VERSION_NOTES`] with a last line saying how many more the config has.
+fn version_notes(mut notes: Vec<String>) -> Vec<String> {
+    if notes.len() > MAX_VERSION_NOTES {
+        let more = notes.len() - MAX_VERSION_NOTES;
+        notes.truncate(MAX_VERSION_NOTES);
+        notes.push(format!("… and {more} more: the config's `# Notes:` lists them all"));
+    }
+    notes
 }
 
 #[cfg(test)]
@@ -80,5 +95,19 @@ mod tests {
         );
         // An Ingress without routes renders the same config: still no new version.
         assert!(next_version(&r, &fleet, &one, latest, 0, vec![], 3).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_version_carries_at_most_200_notes_and_says_how_many_more_the_config_has() {
+        let few: Vec<String> = (0..MAX_VERSION_NOTES).map(|i| format!("note {i}")).collect();
+        assert_eq!(version_notes(few.clone()), few);
+        let many: Vec<String> = (0..10_000).map(|i| format!("note {i}")).collect();
+        let kept = version_notes(many);
+        assert_eq!(kept.len(), MAX_VERSION_NOTES + 1);
+        assert_eq!(kept[MAX_VERSION_NOTES - 1], "note 199");
+        assert_eq!(
+            kept[MAX_VERSION_NOTES],
+            "… and 9800 more: the config's `# Notes:` lists them all"
+        );
     }
 }

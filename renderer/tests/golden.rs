@@ -264,7 +264,6 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
             "{}",
             crt_list.content
         );
-        assert!(bundle.config.contains(&format!("tls {host}: {}", cert.fingerprint)));
     }
     let redirect = bundle.maps.iter().find(|m| m.name.kind() == "redirect").unwrap();
     assert_eq!(redirect.content, "a.example.org 1\nshop.example.com 1\n");

@@ -17,6 +17,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn tls_ingress(name: &str, host: &str, secret: &str) -> Result<Ingress> {
     Ok(serde_json::from_value(json!({
@@ -381,8 +382,18 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
             .await?;
     assert!(diff.contains(&format!("shop.example.com: {old_fp} → {new_fp}")), "{diff}");
     let shown = crate::history::ok(&world, &["history", "show", &before.to_string()]).await?;
-    assert!(shown.contains(&old_fp), "{shown}");
-    for text in [&diff, &shown] {
+    let listed = shown.split("----- certificates").nth(1).context("a certificates section")?;
+    assert!(listed.contains(&format!(" sha256:{old_fp} ")), "{shown}");
+    assert!(!listed.contains(&new_fp), "only the certificates of that version: {shown}");
+    // As JSON the sealed keys are blanked too: a fingerprint, no key in any form.
+    let json =
+        crate::history::ok(&world, &["history", "show", &before.to_string(), "--json"]).await?;
+    let parsed: serde_json::Value = serde_json::from_str(&json)?;
+    let certs = parsed.pointer("/version/body/bundle/certs").context("certs in the JSON")?;
+    let certs = certs.as_array().context("a list")?;
+    assert!(certs.iter().any(|c| c["fingerprint"] == old_fp.as_str()), "{json}");
+    assert!(certs.iter().all(|c| c["sealed_key"] == "(sealed, not shown)"), "{json}");
+    for text in [&diff, &shown, &json] {
         assert!(!text.contains("PRIVATE KEY") && !text.contains("AGE ENCRYPTED"), "{text}");
         for line in key_lines(&old_key).iter().chain(&key_lines(&new_key)) {
             assert!(!text.contains(line.as_str()), "a key's line in the history: {text}");
@@ -437,6 +448,9 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
         }
         other => panic!("lb-1 applied a version it cannot open: {other:?}"),
     }
+    // Given time to go on (a rollout that went past its canary would reach lb-2 in well
+    // under a second), lb-2 is still not tried.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let lb2 = world.stack.last_report("lb-2").await?.context("lb-2 has reports")?;
     assert!(lb2.version < refused, "{lb2:?}");
     for h in &world.stack.hosts {

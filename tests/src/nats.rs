@@ -228,13 +228,16 @@ impl NatsServer {
             }
         };
         // Written aside and renamed into place: a running node reading its config (at start
-        // or on a reload) never sees a half-written file.
+        // or on a reload) never sees a half-written file. The file store's size is set: left
+        // unset, JetStream takes 75% of the disk's free space at start, and a busy disk
+        // (a build beside the tests) then refuses the renderer's streams (1 GiB and 2 GiB of
+        // retention) with "insufficient storage resources"; the tests store megabytes.
         let config = dir.join("nats.conf");
         let partial = dir.join("nats.conf.partial");
         std::fs::write(
             &partial,
             format!(
-                "{cluster}jetstream {{ store_dir: {store:?} }}\ninclude hafleet-permissions.conf\n\
+                "{cluster}jetstream {{ store_dir: {store:?}, max_file_store: 64GB }}\ninclude hafleet-permissions.conf\n\
                  {fleets}authorization {{\n  users = [\n{users}  ]\n}}\n",
                 store = dir.join("jetstream").display().to_string()
             ),
