@@ -77,7 +77,9 @@ impl FleetIdentity {
         };
         let reader = age::armor::ArmoredReader::new(cert.sealed_key.as_bytes());
         let decryptor = age::Decryptor::new(reader).map_err(|_| not_ours())?;
-        let mut key = Zeroizing::new(Vec::new());
+        // Room for any key the watcher seals (an RSA 4096 PEM is 3.3 KB) up front: a Vec
+        // that grows leaves copies of the key in the memory it gives back.
+        let mut key = Zeroizing::new(Vec::with_capacity(8192));
         let mut r = decryptor.decrypt(std::iter::once(&self.0 as _)).map_err(|_| not_ours())?;
         std::io::Read::read_to_end(&mut r, &mut key).map_err(|_| not_ours())?;
         let not_a_key = || UnsealError::NotAKey { fingerprint: cert.fingerprint.clone() };
