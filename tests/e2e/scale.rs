@@ -412,7 +412,8 @@ async fn the_demo_runs_on_a_nats_cluster() -> Result<()> {
 }
 
 /// The README's demo, as a new user runs it: it writes its env file, and with what that file
-/// names, HAProxy host 1 serves hello.local and the applier answers /metrics; Ctrl-C stops it.
+/// names, HAProxy host 1 serves hello.local (over HTTPS, from the demo's CA) and the applier
+/// answers /metrics; Ctrl-C stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
     let dir = hafleet_tests::TestDir::new("hafleet-demo-env")?;
@@ -434,9 +435,14 @@ async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
         let line = env.lines().find_map(|l| l.strip_prefix(&prefix));
         Ok(line.ok_or_else(|| anyhow::anyhow!("{name} missing:\n{env}"))?.to_owned())
     };
+    // hello.local has a certificate: plain HTTP redirects, HTTPS from the demo's CA serves.
     let host: std::net::SocketAddr = var("HAFLEET_HOST_1")?.parse()?;
-    let (status, body) = http_get(host, "hello.local", "/").await?;
-    assert!(status == 200 && body.starts_with("hello@node-"), "{status} {body}");
+    let (status, _) = http_get(host, "hello.local", "/").await?;
+    assert_eq!(status, 308, "plain HTTP for a TLS host redirects");
+    let tls: std::net::SocketAddr = var("HAFLEET_HOST_1_TLS")?.parse()?;
+    let ca = std::path::PathBuf::from(var("HAFLEET_DEMO_CA")?);
+    let answer = hafleet_tests::tls::https_get_as(tls, "hello.local", "hello.local", &ca).await?;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("hello@node-"), "{answer}");
     for (name, own) in [
         ("HAFLEET_WATCHER_METRICS", "hafleet_watcher_route_events_total"),
         ("HAFLEET_RENDERER_METRICS", "hafleet_renderer_versions_published_total"),
