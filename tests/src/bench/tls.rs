@@ -359,7 +359,20 @@ async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
     let reloads = |stack: &Stack| -> Result<Vec<u32>> {
         stack.hosts.iter().map(|h| h.reload_count()).collect()
     };
-    let before = reloads(&stack)?;
+    // Every host done with the newest version (a host whose apply the applier's restart cut
+    // reloads once more, and its master answers nothing while it re-executes).
+    let before = eventually(Duration::from_secs(300), "every host on the newest version", || {
+        let stack = &stack;
+        async move {
+            let newest = stack.latest_version().await?.context("a version")?.version;
+            for h in &stack.hosts {
+                let done = stack.last_report(h.name()).await?.map(|r| r.version);
+                anyhow::ensure!(done == Some(newest), "{}: {done:?} of {newest}", h.name());
+            }
+            reloads(stack)
+        }
+    })
+    .await?;
     let mut ms = Vec::with_capacity(a.rotations);
     for _ in 0..a.rotations {
         let (crt, key) = issuer.issue(&name(0))?;
