@@ -53,7 +53,7 @@ mod scripts {
     // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
     macro_rules! live_state {
         () => {
-            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; HAFLEET_D="$(dirname "$1")" awk 'BEGIN { c = "ls -1 \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"; while ((c | getline f) > 0) have[f] = 1; close(c); c = "ls -1 \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"; while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1; close(c) } $0 != "" && !($0 in have)'"#
+            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; HAFLEET_D="$(dirname "$1")" awk 'BEGIN { c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"; while ((c | getline f) > 0) have[f] = 1; close(c); c = "ls -1 -- \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"; while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1; close(c) } $0 != "" && !($0 in have)'"#
         };
     }
     macro_rules! mark_loaded {
@@ -939,6 +939,9 @@ async fn upload_certs(
     identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<(), Failure> {
     let live = host.config_path.as_str();
+    if !missing.iter().any(|name| name.starts_with("../")) {
+        return Ok(());
+    }
     let by_path = certs_by_path(Some(bundle));
     let certs: Vec<&hafleet_proto::SealedCert> = missing
         .iter()
@@ -1425,8 +1428,6 @@ mod tests {
         assert_eq!(line_patch(old, old).as_deref(), Some(""));
     }
 
-    /// UPLOAD_CERTS run by `sh`: every file of the stream lands under its own name, 0600 in
-    /// a 0700 folder, byte for byte; a stream cut short or with a wrong sha256 lands nothing.
     /// A host HAProxy never loaded a config of hafleet's on (a new one) has no marker: its
     /// second line is empty, in LIVE_STATE's answer and in REFRESH's alike, and the two agree
     /// (they did not, and every new host was prepared twice: two `haproxy -c` of the config).
@@ -1440,6 +1441,9 @@ mod tests {
         assert_ne!(shas("abc\n\n"), shas("abc\ndef\n"));
     }
 
+    /// UPLOAD_CERTS run by `sh`: every file of the stream lands under its own name, 0600 in
+    /// a 0700 folder, byte for byte; a stream cut short, cut between files or with a wrong
+    /// sha256 lands nothing.
     #[test]
     fn certificate_files_land_whole_in_one_round_trip_or_not_at_all() {
         use std::os::unix::fs::PermissionsExt;
@@ -1585,8 +1589,8 @@ mod tests {
         assert_eq!(live_state(), format!("{sha}\n{sha}\n"));
         // The names it is asked about come on stdin (10,000 would not fit a command line):
         // it prints those the host lacks.
-        // Its stdin is a socket, as sshd gives a command (not a pipe: /dev/fd/0 cannot be
-        // opened again on one).
+        // Its stdin is a socket, as sshd gives a command: a script that opened /dev/fd/N on
+        // its stdin (fine on a pipe) fails on one.
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let asked = std::process::Command::new("sh")
             .args(["-c", scripts::LIVE_STATE, "hafleet"])

@@ -423,6 +423,46 @@ impl ConfigVersion {
         Ok(v)
     }
 
+    /// This version with its explanation cut until its message takes at most `limit` bytes,
+    /// if it can be: first each cause's routes (10 of each kind, then a line saying how many
+    /// more), then the causes themselves (the first 100, then one saying how many more). A
+    /// batch of thousands of changes, each naming its routes, can be more than a NATS
+    /// message; the renderer's store keeps every cause. Neither the bundle nor the signature
+    /// changes (causes are not signed).
+    pub fn fitted(&self, limit: usize) -> ConfigVersion {
+        const ROUTES: usize = 10;
+        const CAUSES: usize = 100;
+        let mut v = self.clone();
+        if v.encode().len() <= limit {
+            return v;
+        }
+        let cut = |list: &mut Vec<String>| {
+            if list.len() > ROUTES {
+                let more = list.len() - ROUTES;
+                list.truncate(ROUTES);
+                list.push(format!("… and {more} more"));
+            }
+        };
+        for c in &mut v.causes {
+            cut(&mut c.added);
+            cut(&mut c.removed);
+        }
+        if v.encode().len() > limit && v.causes.len() > CAUSES {
+            let more = v.causes.len() - CAUSES;
+            let last = v.causes.last().map(|c| c.stream_seq).unwrap_or_default();
+            v.causes.truncate(CAUSES);
+            v.causes.push(Cause {
+                stream_seq: last,
+                ingress: None,
+                what: format!("… and {more} more"),
+                resource_version: None,
+                added: vec![],
+                removed: vec![],
+            });
+        }
+        v
+    }
+
     /// The bundle, if the message carries it.
     pub fn bundle(&self) -> Option<&Bundle> {
         match &self.body {
@@ -549,6 +589,36 @@ impl IngressKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A version explained by thousands of causes, each naming its routes, is cut to fit a
+    /// message; a small one is left as it is.
+    #[test]
+    fn a_version_whose_causes_are_more_than_a_message_is_cut_to_fit() {
+        let bundle = Bundle { config: "global\n".into(), maps: vec![], certs: vec![] };
+        let cause = |i: u64| Cause {
+            stream_seq: i,
+            ingress: Some(IngressKey::new("shop", &format!("web-{i}")).unwrap()),
+            what: "upsert".into(),
+            resource_version: Some(i.to_string()),
+            added: (0..50).map(|r| format!("h{r}.example.com/ (Prefix)")).collect(),
+            removed: vec!["old.example.com/ (Prefix)".into()],
+        };
+        let mut v = ConfigVersion::inline(FleetName::new("edge").unwrap(), 7, bundle);
+        v.causes = (0..5000).map(cause).collect();
+        let limit = 1024 * 1024;
+        assert!(v.encode().len() > 5 * limit);
+        let fitted = v.fitted(limit);
+        assert!(fitted.encode().len() <= limit);
+        assert_eq!((fitted.version, &fitted.sha256, &fitted.body), (7, &v.sha256, &v.body));
+        assert_eq!(fitted.causes.len(), 101);
+        assert_eq!(fitted.causes[0].added.len(), 11);
+        assert_eq!(fitted.causes[0].added[10], "… and 40 more");
+        assert_eq!(fitted.causes[0].removed, v.causes[0].removed);
+        assert_eq!(fitted.causes[100].what, "… and 4900 more");
+        assert_eq!(fitted.causes[100].stream_seq, 4999);
+        v.causes.truncate(3);
+        assert_eq!(v.fitted(limit), v);
+    }
 
     fn route() -> Route {
         Route {

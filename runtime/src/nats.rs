@@ -459,7 +459,7 @@ impl Bus {
         if encoded.len() <= self.payload_limit() {
             return self.publish(subject, &id, encoded).await;
         }
-        let by_ref = self.stash_bundle(v).await?;
+        let by_ref = self.stash_bundle(v).await?.fitted(self.payload_limit());
         self.publish(subject, &id, by_ref.encode()).await
     }
 

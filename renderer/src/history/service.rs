@@ -59,7 +59,12 @@ async fn answer(
             if reply.encode().len() <= ctx.bus.payload_limit() {
                 return Ok(reply);
             }
-            let stashed = ctx.bus.stash_bundle(&v).await?;
+            // Its causes cut too if they alone are more than a reply takes.
+            let stashed = ctx
+                .bus
+                .stash_bundle(&v)
+                .await?
+                .fitted(ctx.bus.payload_limit().saturating_sub(4096));
             Ok(HistoryReply::Version { summary, version: Box::new(stashed) })
         }
         HistoryRequest::Rollback { version } => {

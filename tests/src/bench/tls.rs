@@ -237,11 +237,11 @@ fn tls_ingress(i: usize) -> Result<Ingress> {
     }))?)
 }
 
-/// Waits (polling every 5 ms, at most `limit`) until every host of `hosts` serves `sni` with
-/// the certificate `fingerprint`.
 /// How long the pipeline's first load and a host's join may take at most.
 const LONG: Duration = Duration::from_secs(1800);
 
+/// Waits (polling every 5 ms, at most `limit`) until every host of `hosts` serves `sni` with
+/// the certificate `fingerprint`.
 async fn until_everywhere(
     tls: &tokio_rustls::TlsConnector,
     hosts: &[HaproxyHost],
