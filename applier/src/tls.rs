@@ -97,33 +97,22 @@ impl FleetIdentity {
 /// One PEM private key block (the labels the watcher writes) with base64 lines, and nothing
 /// else: a sealed payload cannot smuggle anything else into a file HAProxy reads.
 fn is_one_private_key(text: &str) -> bool {
-    let mut lines = text.lines();
-    let Some(label) = lines
+    let Some(label) = text
+        .lines()
         .next()
         .and_then(|l| l.strip_prefix("-----BEGIN "))
         .and_then(|l| l.strip_suffix("-----"))
     else {
         return false;
     };
-    if !["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"].contains(&label) {
-        return false;
-    }
-    let end = format!("-----END {label}-----");
-    let mut ended = false;
-    for line in lines {
-        if ended {
-            return false;
-        }
-        if line == end {
-            ended = true;
-        } else if line.is_empty()
-            || line.len() > 76
-            || !line.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
-        {
-            return false;
-        }
-    }
-    ended && text.ends_with('\n')
+    ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"].contains(&label)
+        && hafleet_proto::tls::is_one_block(
+            text,
+            &format!("-----BEGIN {label}-----"),
+            &format!("-----END {label}-----"),
+            76,
+        )
+        && text.ends_with('\n')
 }
 
 #[cfg(test)]

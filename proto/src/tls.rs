@@ -84,19 +84,48 @@ impl SealedCert {
 
 /// PEM for DER certificates: 64 base64 characters a line, as OpenSSL writes it.
 pub fn certificates_pem<'a>(ders: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let mut out = String::new();
-    for der in ders {
-        out.push_str(CERT_BEGIN);
-        out.push('\n');
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-        for line in b64.as_bytes().chunks(64) {
-            out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-            out.push('\n');
-        }
-        out.push_str(CERT_END);
+    ders.into_iter().map(|der| pem_block("CERTIFICATE", der)).collect()
+}
+
+/// One PEM block: `-----BEGIN <label>-----`, the base64 of `der` in lines of 64, the END
+/// line. Its base64 is zeroed when dropped and the text is sized once (no growth leaves a copy
+/// behind in freed memory), so it serves for private keys too.
+pub fn pem_block(label: &str, der: &[u8]) -> String {
+    let b64 = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(der));
+    let mut out = String::with_capacity(b64.len() + b64.len() / 64 + 2 * label.len() + 40);
+    out.push_str("-----BEGIN ");
+    out.push_str(label);
+    out.push_str("-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
         out.push('\n');
     }
+    out.push_str("-----END ");
+    out.push_str(label);
+    out.push_str("-----\n");
     out
+}
+
+/// Whether `text` is exactly one armored block: the line `begin`, base64 lines of at most
+/// `max_line` characters, the line `end`, and nothing after it. What a host's file may hold
+/// from a sealed payload or an opened key: nothing HAProxy would read as anything else.
+pub fn is_one_block(text: &str, begin: &str, end: &str, max_line: usize) -> bool {
+    let mut lines = text.lines();
+    if lines.next() != Some(begin) {
+        return false;
+    }
+    let mut ended = false;
+    for line in lines {
+        if ended {
+            return false;
+        }
+        if line == end {
+            ended = true;
+        } else if line.is_empty() || line.len() > max_line || !line.bytes().all(is_base64_byte) {
+            return false;
+        }
+    }
+    ended
 }
 
 /// The DER certificates of a PEM text that holds exactly CERTIFICATE blocks with base64
@@ -133,22 +162,7 @@ fn is_base64_byte(b: u8) -> bool {
 }
 
 fn is_age_armor(text: &str) -> bool {
-    let mut lines = text.lines();
-    if lines.next() != Some(AGE_BEGIN) {
-        return false;
-    }
-    let mut ended = false;
-    for line in lines {
-        if ended {
-            return false;
-        }
-        if line == AGE_END {
-            ended = true;
-        } else if line.is_empty() || line.len() > 64 || !line.bytes().all(is_base64_byte) {
-            return false;
-        }
-    }
-    ended
+    is_one_block(text, AGE_BEGIN, AGE_END, 64)
 }
 
 /// One `spec.tls` entry of an Ingress: these hosts are served with this certificate.

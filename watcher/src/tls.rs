@@ -8,8 +8,8 @@
 //! The key is re-encoded from its DER and sealed at once; its clear text never leaves this
 //! module but in the sealed form, and no error or `Debug` output quotes it.
 
-use base64::Engine;
-use hafleet_proto::{HttpHost, SealedCert, tls::certificates_pem};
+use hafleet_proto::tls::{certificates_pem, pem_block};
+use hafleet_proto::{HttpHost, SealedCert};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use std::fmt;
 use zeroize::Zeroizing;
@@ -178,19 +178,6 @@ fn rfc3339(t: i64) -> String {
         .ok()
         .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_else(|| format!("Unix time {t}"))
-}
-
-fn pem_block(label: &str, der: &[u8]) -> String {
-    let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(der));
-    // Sized once, so no growth leaves a copy of the key behind in freed memory.
-    let mut out = String::with_capacity(b64.len() + b64.len() / 64 + 2 * label.len() + 40);
-    out.push_str(&format!("-----BEGIN {label}-----\n"));
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 /// A fleet's public sealing key (an age X25519 recipient, `age1…`), as the platform team

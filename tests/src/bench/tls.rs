@@ -143,12 +143,7 @@ async fn handshakes(
             Ok::<u64, anyhow::Error>(done)
         });
     }
-    let started = Instant::now();
-    let mut total = 0;
-    while let Some(done) = tasks.join_next().await {
-        total += done??;
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    crate::per_second(tasks).await
 }
 
 /// `n` certificate files and a crt-list for them in `dir`; returns the crt-list's path.

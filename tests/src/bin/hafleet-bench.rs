@@ -174,6 +174,17 @@ async fn until_served(stack: &Stack, host: &str) -> Result<()> {
     Ok(())
 }
 
+/// What `tasks` (each counting what it did until its deadline) did per second, from now until
+/// the last one ends; the first that failed is the error.
+async fn per_second(mut tasks: tokio::task::JoinSet<Result<u64>>) -> Result<f64> {
+    let started = Instant::now();
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
 fn percentiles(label: &str, mut ms: Vec<f64>) -> String {
     ms.sort_by(|a, b| a.total_cmp(b));
     let at = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
@@ -486,12 +497,7 @@ mod routing {
                 Ok::<u64, anyhow::Error>(done)
             });
         }
-        let started = Instant::now();
-        let mut total = 0;
-        while let Some(done) = tasks.join_next().await {
-            total += done??;
-        }
-        Ok(total as f64 / started.elapsed().as_secs_f64())
+        crate::per_second(tasks).await
     }
 
     pub async fn run(a: RoutingArgs) -> Result<()> {
