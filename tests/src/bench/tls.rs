@@ -232,6 +232,20 @@ fn tls_ingress(i: usize) -> Result<Ingress> {
     }))?)
 }
 
+/// Waits until every host has reported the newest version and its master answers.
+async fn settled(stack: &Stack) -> Result<()> {
+    eventually(Duration::from_secs(300), "every host on the newest version", || async move {
+        let newest = stack.latest_version().await?.context("a version")?.version;
+        for h in &stack.hosts {
+            let done = stack.last_report(h.name()).await?.map(|r| r.version);
+            anyhow::ensure!(done == Some(newest), "{}: {done:?} of {newest}", h.name());
+            h.reload_count()?;
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// How long the pipeline's first load and a host's join may take at most.
 const LONG: Duration = Duration::from_secs(1800);
 
@@ -323,7 +337,10 @@ async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
         version.size as f64 / 1e6
     );
 
-    // A host joins the fleet: from the applier's start to it serving every certificate.
+    // A host joins the fleet: from the applier's start to it serving every certificate. The
+    // fleet is settled first, so that the restart cuts no apply short (a host whose apply it
+    // cut reloads once more, which the join would be timed with).
+    settled(&stack).await?;
     let joined = HaproxyHost::start(&format!("lb-{}", stack.hosts.len() + 1), &stack.keys).await?;
     stack.hosts.push(joined);
     let identity = stack.dir().join("edge.age");
@@ -354,20 +371,8 @@ async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
     let reloads = |stack: &Stack| -> Result<Vec<u32>> {
         stack.hosts.iter().map(|h| h.reload_count()).collect()
     };
-    // Every host done with the newest version (a host whose apply the applier's restart cut
-    // reloads once more, and its master answers nothing while it re-executes).
-    let before = eventually(Duration::from_secs(300), "every host on the newest version", || {
-        let stack = &stack;
-        async move {
-            let newest = stack.latest_version().await?.context("a version")?.version;
-            for h in &stack.hosts {
-                let done = stack.last_report(h.name()).await?.map(|r| r.version);
-                anyhow::ensure!(done == Some(newest), "{}: {done:?} of {newest}", h.name());
-            }
-            reloads(stack)
-        }
-    })
-    .await?;
+    settled(&stack).await?;
+    let before = reloads(&stack)?;
     let mut ms = Vec::with_capacity(a.rotations);
     for _ in 0..a.rotations {
         let (crt, key) = issuer.issue(&name(0))?;
