@@ -229,10 +229,10 @@ impl ConnPool {
     }
 
     /// A working connection to `host`, the known_hosts generation it belongs to, and what
-    /// `script` (read-only: it may run twice, with `stdin` each time) printed there. The pooled connection is used if
-    /// the host answers `script` over it within the connect timeout (so the check costs no
-    /// round trip of its own); otherwise `script` runs on a new connection. `Err` only if no
-    /// connection could be made.
+    /// `script` (read-only: it may run twice, with `stdin` each time) printed there. The
+    /// pooled connection is used if the host answers `script` over it within the connect
+    /// timeout (so the check costs no round trip of its own); otherwise `script` runs on a new
+    /// connection. `Err` only if no connection could be made.
     pub async fn take_running(
         &self,
         host: &Host,
