@@ -26,6 +26,9 @@ command -v curl >/dev/null || need_pkgs+=(curl)
 command -v openssl >/dev/null || need_pkgs+=(openssl)
 command -v socat >/dev/null || need_pkgs+=(socat)
 command -v kubectl >/dev/null || need_pkgs+=(kubernetes-client)
+# The image test builds and runs deploy/container with podman, on runc (see tests/e2e/image.rs).
+command -v podman >/dev/null || need_pkgs+=(podman)
+command -v runc >/dev/null || need_pkgs+=(runc)
 
 have_assets=false
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then

@@ -44,8 +44,11 @@ pub struct HeldSweep {
     pub since_unix_ms: u64,
     /// The Ingresses it would withdraw (fewer as they come back), with their routes.
     pub ingresses: Vec<(IngressKey, usize)>,
-    /// The fleet's routes when it was held.
+    /// The fleet's routes when it was held (of its cluster's Ingresses).
     pub fleet_routes: usize,
+    /// The cluster whose snapshot it is: only its Ingresses are withdrawn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::ClusterId>,
 }
 
 /// One line of a fleet's history.
@@ -86,9 +89,12 @@ pub enum HistoryReply {
         version: Option<u64>,
         pinned: Option<u64>,
     },
-    /// The sweep held for the fleet (`None`: none).
+    /// The sweeps held for the fleet: `sweep` (`None`: none) and, when several clusters feed
+    /// it, the other clusters' in `more`.
     Held {
         sweep: Option<HeldSweep>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        more: Vec<HeldSweep>,
     },
     /// A release was published to the routes stream at `stream_seq`; the renderer withdraws
     /// the Ingresses when it reaches it.

@@ -37,6 +37,22 @@ pub use values::*;
 /// config versions of schema 2 are still read.
 pub const SCHEMA_VERSION: u32 = 3;
 
+/// Schema of the route messages of a watcher with a cluster id (`--cluster-id`), and the
+/// newest route schema this build reads: 4 adds the cluster to Ingress keys, Services and the
+/// nodes, snapshot, default-certificate and confirm messages. A renderer that reads only
+/// schema 3 parks them instead of taking them for the unnamed cluster's (east's nodes would
+/// replace every node, east's `default/web` would overwrite the other's). A watcher without a
+/// cluster id still sends schema 3, the same bytes as before clusters.
+pub const CLUSTER_SCHEMA_VERSION: u32 = 4;
+
+/// The schema of a route message of `cluster`.
+pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {
+    match cluster {
+        Some(_) => CLUSTER_SCHEMA_VERSION,
+        None => SCHEMA_VERSION,
+    }
+}
+
 /// Hex sha256 of bytes, the one hash every component uses for configs and payloads.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;

@@ -3,7 +3,8 @@
 
 use crate::bundle::{Bundle, BundleError};
 use crate::values::{
-    Cidr, CookieName, FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName, PathKind,
+    Cidr, ClusterId, CookieName, FleetName, HostName, HttpHost, HttpPath, Namespace, ObjectName,
+    PathKind,
 };
 use crate::{InvalidValue, SCHEMA_VERSION};
 use serde::{Deserialize, Serialize};
@@ -14,8 +15,8 @@ use std::net::IpAddr;
 pub enum DecodeError {
     #[error("payload is not a valid message: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("schema {found} is not supported (this build reads schema {SCHEMA_VERSION})")]
-    Schema { found: u32 },
+    #[error("schema {found} is not supported (this build reads schema {reads} of it)")]
+    Schema { found: u32, reads: u32 },
     #[error("bundle of version {version} is not the one it names")]
     Bundle {
         version: u64,
@@ -27,15 +28,15 @@ pub enum DecodeError {
 /// Reads only `schema`, before the whole message: a message of a newer schema may not parse
 /// as this build's types at all, and must still be recognised as newer, not as junk. Every
 /// message type has a required `schema` field, so this is the only check needed. `oldest` is
-/// the oldest schema whose shape of this message this build still reads.
-fn check_schema_first(bytes: &[u8], oldest: u32) -> Result<(), DecodeError> {
+/// the oldest schema whose shape of this message this build still reads, `newest` the newest.
+fn check_schema_first(bytes: &[u8], oldest: u32, newest: u32) -> Result<(), DecodeError> {
     #[derive(Deserialize)]
     struct Probe {
         schema: Option<u32>,
     }
     match serde_json::from_slice::<Probe>(bytes) {
-        Ok(Probe { schema: Some(found) }) if !(oldest..=SCHEMA_VERSION).contains(&found) => {
-            Err(DecodeError::Schema { found })
+        Ok(Probe { schema: Some(found) }) if !(oldest..=newest).contains(&found) => {
+            Err(DecodeError::Schema { found, reads: newest })
         }
         _ => Ok(()),
     }
@@ -46,11 +47,20 @@ fn check_schema_first(bytes: &[u8], oldest: u32) -> Result<(), DecodeError> {
 pub struct IngressKey {
     pub namespace: Namespace,
     pub name: ObjectName,
+    /// The cluster it lives in, when several feed the fleets (`--cluster-id` of the watcher
+    /// that published it). `None`: a watcher without one (every message before clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
 }
 
 impl std::fmt::Display for IngressKey {
+    /// `namespace/name`, and `@cluster` when it has one.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        match &self.cluster {
+            Some(c) => write!(f, "@{c}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -61,6 +71,9 @@ pub struct ServiceRef {
     pub name: ObjectName,
     /// The Service's `port` (not the NodePort), after resolving a named port.
     pub port: u16,
+    /// The cluster the Service (and so its NodePort and nodes) is in; as [`IngressKey::cluster`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
 }
 
 /// One address HAProxy sends traffic to: a Ready node's InternalIP and the Service's NodePort.
@@ -209,6 +222,9 @@ pub struct NodeAddr {
 pub struct NodesUpdate {
     pub schema: u32,
     pub epoch: u64,
+    /// Whose nodes: a cluster's node set replaces that cluster's only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
     /// Sorted by name, each name once.
     pub nodes: Vec<NodeAddr>,
 }
@@ -260,6 +276,9 @@ pub struct RouteEvent {
 pub struct RoutesSnapshot {
     pub schema: u32,
     pub epoch: u64,
+    /// The cluster whose watcher sent it: it sweeps that cluster's Ingresses and no other's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
     pub live: Vec<(FleetName, IngressKey)>,
     /// Ingresses that exist and are meant for hafleet but are refused as they stand (a bad
     /// edit): they keep whatever routes they had, in whichever fleet.
@@ -282,6 +301,9 @@ pub struct SweepConfirm {
     pub snapshot_seq: u64,
     /// Who released it, for the version's causes: `operator` or `policy`.
     pub by: String,
+    /// The cluster of the snapshot held (its epochs are that cluster's watcher's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
 }
 
 /// A fleet's default certificate, published on `hafleet.routes.<fleet>` by a watcher with
@@ -290,6 +312,9 @@ pub struct SweepConfirm {
 pub struct DefaultCert {
     pub schema: u32,
     pub epoch: u64,
+    /// The cluster whose watcher sent it (its epoch is that watcher's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
     pub fleet: FleetName,
     /// `None`: the fleet has none (names without a certificate are refused).
     pub cert: Option<crate::SealedCert>,
@@ -307,6 +332,18 @@ pub enum RouteMessage {
 }
 
 impl RouteMessage {
+    /// The cluster whose watcher published it (for a confirm: the cluster of the snapshot
+    /// it releases). Epochs are per cluster: each cluster's watchers count their own.
+    pub fn cluster(&self) -> Option<&ClusterId> {
+        match self {
+            RouteMessage::Event(e) => e.ingress.cluster.as_ref(),
+            RouteMessage::Snapshot(s) => s.cluster.as_ref(),
+            RouteMessage::Nodes(n) => n.cluster.as_ref(),
+            RouteMessage::Confirm(c) => c.cluster.as_ref(),
+            RouteMessage::DefaultCert(d) => d.cluster.as_ref(),
+        }
+    }
+
     /// The epoch of the watcher run that published it.
     pub fn epoch(&self) -> u64 {
         match self {
@@ -323,7 +360,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1)?;
+        check_schema_first(bytes, 1, crate::CLUSTER_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -413,7 +450,7 @@ impl ConfigVersion {
     /// Decodes and, for an inline bundle, checks that it is the one the sha256 names (a
     /// bundle from the bundles stream is checked by [`ConfigVersion::with_bundle`]).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 2)?;
+        check_schema_first(bytes, 2, SCHEMA_VERSION)?;
         let v: ConfigVersion = serde_json::from_slice(bytes)?;
         if let Body::Inline { bundle } = &v.body {
             bundle
@@ -574,7 +611,7 @@ impl ApplyReport {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1)?;
+        check_schema_first(bytes, 1, SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -582,7 +619,21 @@ impl ApplyReport {
 /// Convenience for callers that build an [`IngressKey`] from raw strings.
 impl IngressKey {
     pub fn new(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
-        Ok(IngressKey { namespace: Namespace::new(namespace)?, name: ObjectName::new(name)? })
+        Ok(IngressKey {
+            namespace: Namespace::new(namespace)?,
+            name: ObjectName::new(name)?,
+            cluster: None,
+        })
+    }
+
+    /// The same Ingress, said to be in `cluster`.
+    pub fn in_cluster(self, cluster: Option<&ClusterId>) -> Self {
+        IngressKey { cluster: cluster.cloned(), ..self }
+    }
+
+    /// Whether it is in `cluster` (both none: the cluster of a watcher without an id).
+    pub fn is_in(&self, cluster: Option<&ClusterId>) -> bool {
+        self.cluster.as_ref() == cluster
     }
 }
 
@@ -630,6 +681,7 @@ mod tests {
                     namespace: Namespace::new("shop").unwrap(),
                     name: ObjectName::new("api").unwrap(),
                     port: 80,
+                    cluster: None,
                 },
                 node_port: Some(30080),
                 servers: vec![],
@@ -644,6 +696,7 @@ mod tests {
         RouteMessage::Nodes(NodesUpdate {
             schema: SCHEMA_VERSION,
             epoch: 7,
+            cluster: None,
             nodes: vec![NodeAddr {
                 name: ObjectName::new("node-1").unwrap(),
                 addr: "127.0.0.2".parse().unwrap(),
@@ -663,6 +716,44 @@ mod tests {
         })
     }
 
+    fn east(ns: &str, name: &str) -> IngressKey {
+        IngressKey::new(ns, name).unwrap().in_cluster(Some(&ClusterId::new("east").unwrap()))
+    }
+
+    /// A key in a cluster says so wherever it is written, and one in none is written as
+    /// before clusters (so old history reads, and renders, the same).
+    #[test]
+    fn an_ingress_key_names_its_cluster_only_when_it_has_one() {
+        let plain = IngressKey::new("shop", "web").unwrap();
+        assert_eq!(plain.to_string(), "shop/web");
+        assert_eq!(serde_json::to_string(&plain).unwrap(), r#"{"namespace":"shop","name":"web"}"#);
+        let key = east("shop", "web");
+        assert_eq!(key.to_string(), "shop/web@east");
+        assert!(key.is_in(Some(&ClusterId::new("east").unwrap())) && !key.is_in(None));
+        assert!(plain.is_in(None) && plain != key);
+        let json = serde_json::to_string(&key).unwrap();
+        assert_eq!(serde_json::from_str::<IngressKey>(&json).unwrap(), key);
+        let bad = r#"{"namespace":"shop","name":"web","cluster":"East_1"}"#;
+        assert!(serde_json::from_str::<IngressKey>(bad).is_err());
+        // A message naming a cluster is of a schema a renderer of before clusters refuses.
+        assert_eq!(crate::route_schema(None), SCHEMA_VERSION);
+        assert_eq!(crate::route_schema(key.cluster.as_ref()), crate::CLUSTER_SCHEMA_VERSION);
+        // What a build of before clusters checks (schemas up to 3) refuses such a message,
+        // and still takes one without a cluster.
+        let named = RouteMessage::Event(RouteEvent {
+            schema: crate::route_schema(key.cluster.as_ref()),
+            ingress: key,
+            ..match event(RouteChange::Delete) {
+                RouteMessage::Event(e) => e,
+                _ => unreachable!(),
+            }
+        });
+        let err = check_schema_first(&named.encode(), 1, SCHEMA_VERSION).unwrap_err();
+        assert!(matches!(err, DecodeError::Schema { found: 4, reads: 3 }), "{err}");
+        assert!(check_schema_first(&event(RouteChange::Delete).encode(), 1, 3).is_ok());
+        assert_eq!(RouteMessage::decode(&named.encode()).unwrap(), named);
+    }
+
     #[test]
     fn route_messages_round_trip() {
         for msg in [
@@ -672,8 +763,16 @@ mod tests {
             RouteMessage::Snapshot(RoutesSnapshot {
                 schema: SCHEMA_VERSION,
                 epoch: 7,
+                cluster: None,
                 live: vec![(FleetName::new("edge").unwrap(), IngressKey::new("a", "b").unwrap())],
                 keep: vec![IngressKey::new("a", "c").unwrap()],
+            }),
+            RouteMessage::Snapshot(RoutesSnapshot {
+                schema: SCHEMA_VERSION,
+                epoch: 7,
+                cluster: Some(ClusterId::new("east").unwrap()),
+                live: vec![(FleetName::new("edge").unwrap(), east("a", "b"))],
+                keep: vec![east("a", "c")],
             }),
         ] {
             assert_eq!(RouteMessage::decode(&msg.encode()).unwrap(), msg);
@@ -686,20 +785,17 @@ mod tests {
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
         json["schema"] = 99.into();
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(matches!(err, DecodeError::Schema { found: 99 }), "{err}");
+        assert!(matches!(err, DecodeError::Schema { found: 99, reads: 4 }), "{err}");
     }
 
     #[test]
     fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
         let mut json: serde_json::Value =
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-        json["schema"] = (SCHEMA_VERSION + 1).into();
+        json["schema"] = (crate::CLUSTER_SCHEMA_VERSION + 1).into();
         json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(
-            matches!(err, DecodeError::Schema { found } if found == SCHEMA_VERSION + 1),
-            "{err}"
-        );
+        assert!(matches!(err, DecodeError::Schema { found: 5, .. }), "{err}");
         assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
     }
 
@@ -771,7 +867,7 @@ mod tests {
         let mut json: serde_json::Value = serde_json::from_slice(&version("x\n").encode()).unwrap();
         json["schema"] = 1.into();
         let err = ConfigVersion::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(matches!(err, DecodeError::Schema { found: 1 }), "{err}");
+        assert!(matches!(err, DecodeError::Schema { found: 1, .. }), "{err}");
         json["schema"] = 2.into();
         assert!(ConfigVersion::decode(&serde_json::to_vec(&json).unwrap()).is_ok());
     }

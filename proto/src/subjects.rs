@@ -31,6 +31,24 @@ pub const ROUTES_SNAPSHOT_SUBJECT: &str = "hafleet.routes._snapshot";
 /// collide with a fleet's subject.
 pub const ROUTES_NODES_SUBJECT: &str = "hafleet.routes._nodes";
 
+/// Where a watcher of `cluster` publishes its node sets: [`ROUTES_NODES_SUBJECT`], and
+/// `.<cluster>` after it for a named cluster, so that each cluster's newest is found by
+/// subject (a watcher's epoch must be above its own cluster's last one).
+pub fn routes_nodes_subject(cluster: Option<&crate::ClusterId>) -> String {
+    match cluster {
+        Some(c) => format!("{ROUTES_NODES_SUBJECT}.{c}"),
+        None => ROUTES_NODES_SUBJECT.to_owned(),
+    }
+}
+
+/// Where a watcher of `cluster` publishes its snapshots, as [`routes_nodes_subject`].
+pub fn routes_snapshot_subject(cluster: Option<&crate::ClusterId>) -> String {
+    match cluster {
+        Some(c) => format!("{ROUTES_SNAPSHOT_SUBJECT}.{c}"),
+        None => ROUTES_SNAPSHOT_SUBJECT.to_owned(),
+    }
+}
+
 /// Subject of the renderer's releases of held sweeps ([`crate::SweepConfirm`]); like the
 /// snapshot's, it cannot collide with a fleet's subject.
 pub const ROUTES_CONFIRM_SUBJECT: &str = "hafleet.routes._confirm";

@@ -127,6 +127,15 @@ validated_string!(
 );
 
 validated_string!(
+    /// One Kubernetes cluster among several feeding the same fleets (`hafleet-watcher
+    /// --cluster-id`). An RFC 1123 label, so it is one token in message ids, sled keys and the
+    /// HAProxy names it qualifies (`be_shop_web_80:east`, server `node-1:east`).
+    ClusterId,
+    "cluster id",
+    check_label
+);
+
+validated_string!(
     /// A Kubernetes namespace (RFC 1123 label).
     Namespace,
     "namespace",

@@ -125,7 +125,7 @@ fn main() {
         let before_kib = status_kib("VmRSS:");
         let mut desired = Desired::new();
         desired.fleets.insert(fleet.clone(), common::fleet(a.ingresses));
-        desired.nodes = common::nodes(nodes);
+        desired.nodes = [(None, common::nodes(nodes))].into();
         let state_kib = status_kib("VmRSS:").saturating_sub(before_kib);
 
         // Full render: model, template, maps, sha256.
@@ -152,8 +152,11 @@ fn main() {
         let (mut build, mut render, mut hash) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
             let started = Instant::now();
-            let model =
-                hafleet_renderer::model::build(&fleet, desired.ingresses(&fleet), &desired.nodes);
+            let model = hafleet_renderer::model::build(
+                &fleet,
+                desired.ingresses(&fleet),
+                &desired.nodes[&None],
+            );
             build.push(ms(started));
             let renderer = Renderer::builtin();
             let started = Instant::now();
@@ -214,7 +217,8 @@ fn main() {
     let mut times = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
-        let mut desired = Desired { nodes: common::nodes(nodes), ..Desired::new() };
+        let mut desired =
+            Desired { nodes: [(None, common::nodes(nodes))].into(), ..Desired::new() };
         let mut out = Applied::default();
         for (seq, bytes) in encoded.iter().enumerate() {
             let msg = RouteMessage::decode(bytes).unwrap();

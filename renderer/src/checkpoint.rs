@@ -9,7 +9,7 @@
 //! checkpoint's.
 
 use crate::state::{Desired, IngressEntry};
-use hafleet_proto::{FleetName, IngressKey, NodeAddr};
+use hafleet_proto::{ClusterId, FleetName, IngressKey, NodeAddr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -30,18 +30,32 @@ pub struct Checkpoint {
     /// Every fleet's Ingresses (pairs: JSON object keys must be strings).
     pub fleets: Vec<(FleetName, Vec<(IngressKey, IngressEntry)>)>,
     /// The nodes routes went to (absent in checkpoints of builds whose route messages listed
-    /// servers themselves).
+    /// servers themselves): those of watchers without a cluster id.
     #[serde(default)]
     pub nodes: Vec<NodeAddr>,
-    /// The newest watcher epoch seen (0 in checkpoints of builds that did not fence).
+    /// The newest watcher epoch seen (0 in checkpoints of builds that did not fence), of
+    /// watchers without a cluster id.
     #[serde(default)]
     pub epoch: u64,
-    /// The sweeps held back by the guard (pairs, as `fleets`).
+    /// The nodes and newest watcher epoch of each named cluster (`--cluster-id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterPart>,
+    /// The sweeps held back by the guard (pairs, as `fleets`; each names its cluster).
     #[serde(default)]
     pub held: Vec<(FleetName, hafleet_proto::HeldSweep)>,
     /// Each fleet's default certificate (pairs, as `fleets`).
     #[serde(default)]
     pub default_certs: Vec<(FleetName, hafleet_proto::SealedCert)>,
+}
+
+/// What a checkpoint keeps of a named cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterPart {
+    pub cluster: ClusterId,
+    #[serde(default)]
+    pub nodes: Vec<NodeAddr>,
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +83,8 @@ impl Checkpoint {
                 (f.clone(), ingresses.iter().map(|(k, e)| (k.clone(), e.clone())).collect())
             })
             .collect();
+        let clusters: std::collections::BTreeSet<ClusterId> =
+            (desired.nodes.keys()).chain(desired.epochs.keys()).filter_map(|c| c.clone()).collect();
         Checkpoint {
             schema: CHECKPOINT_SCHEMA,
             seq,
@@ -76,9 +92,17 @@ impl Checkpoint {
             created_unix_ms,
             latest,
             fleets,
-            nodes: desired.nodes.clone(),
-            epoch: desired.epoch,
-            held: desired.held.iter().map(|(f, h)| (f.clone(), h.clone())).collect(),
+            nodes: desired.nodes.get(&None).cloned().unwrap_or_default(),
+            epoch: desired.epoch(None),
+            clusters: clusters
+                .into_iter()
+                .map(|cluster| ClusterPart {
+                    nodes: desired.nodes.get(&Some(cluster.clone())).cloned().unwrap_or_default(),
+                    epoch: desired.epoch(Some(&cluster)),
+                    cluster,
+                })
+                .collect(),
+            held: desired.held.iter().map(|((f, _), h)| (f.clone(), h.clone())).collect(),
             default_certs: desired
                 .default_certs
                 .iter()
@@ -94,9 +118,21 @@ impl Checkpoint {
                 .iter()
                 .map(|(f, ingresses)| (f.clone(), ingresses.iter().cloned().collect()))
                 .collect(),
-            nodes: self.nodes.clone(),
-            epoch: self.epoch,
-            held: self.held.iter().cloned().collect(),
+            // Nothing kept for the unnamed cluster when it has nothing: as a store that never
+            // heard of it.
+            nodes: std::iter::once((None, self.nodes.clone()))
+                .filter(|(_, n)| !n.is_empty())
+                .chain(self.clusters.iter().map(|c| (Some(c.cluster.clone()), c.nodes.clone())))
+                .collect(),
+            epochs: std::iter::once((None, self.epoch))
+                .filter(|(_, e)| *e > 0)
+                .chain(self.clusters.iter().map(|c| (Some(c.cluster.clone()), c.epoch)))
+                .collect(),
+            held: self
+                .held
+                .iter()
+                .map(|(f, h)| ((f.clone(), h.cluster.clone()), h.clone()))
+                .collect(),
             default_certs: self.default_certs.iter().cloned().collect(),
         }
     }
@@ -195,10 +231,27 @@ mod tests {
             .entry(fleet.clone())
             .or_default()
             .insert(IngressKey::new("shop", "web").unwrap(), entry);
-        desired.nodes = vec![NodeAddr {
+        let n1 = NodeAddr {
             name: hafleet_proto::ObjectName::new("n1").unwrap(),
             addr: "10.0.0.1".parse().unwrap(),
-        }];
+        };
+        desired.nodes.insert(None, vec![n1.clone()]);
+        // A named cluster's part: an Ingress of the same name, nodes, an epoch, a held sweep.
+        let east = hafleet_proto::ClusterId::new("east").unwrap();
+        let theirs = IngressKey::new("shop", "web").unwrap().in_cluster(Some(&east));
+        let entry = desired.fleets[&fleet].values().next().cloned().unwrap();
+        desired.fleets.get_mut(&fleet).unwrap().insert(theirs.clone(), entry);
+        desired.nodes.insert(Some(east.clone()), vec![n1]);
+        desired.epochs.insert(Some(east.clone()), 3);
+        let hold = hafleet_proto::HeldSweep {
+            snapshot_seq: 39,
+            epoch: 3,
+            since_unix_ms: 1,
+            ingresses: vec![(theirs, 1)],
+            fleet_routes: 1,
+            cluster: Some(east.clone()),
+        };
+        desired.held.insert((fleet.clone(), Some(east)), hold);
         let latest = BTreeMap::from([(fleet, 12)]);
         let c = Checkpoint::new(40, "t".into(), 5, latest, &desired);
         let bytes = c.encode();

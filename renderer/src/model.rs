@@ -10,9 +10,9 @@
 //!   of the newest route event that carries it (an older Ingress's may be stale), on the nodes
 //!   of the newest nodes message (a bounded subset of them for `Cluster` Services).
 
-use crate::state::IngressEntry;
+use crate::state::{IngressEntry, Nodes};
 use hafleet_proto::{
-    Backend, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
+    Backend, ClusterId, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, btree_map::Entry};
@@ -91,8 +91,18 @@ pub const NODES_BACKEND: &str = "hafleet_nodes";
 /// HAProxy proxy name of a Service port, and of the settings Ingresses route to it with:
 /// `be_<namespace>_<service>_<port>`, then, for settings other than the defaults, `_` and the
 /// first 8 hex digits of the sha256 of their JSON (each set of settings is its own HAProxy
-/// backend). Kubernetes names never contain `_`, so the parts cannot run into each other.
+/// backend), then, for a Service of a named cluster, `:<cluster>`. Kubernetes names and
+/// cluster ids never contain `_` or `:`, so the parts cannot run into each other.
 fn backend_name(b: &Backend) -> String {
+    let name = backend_name_in_cluster(b);
+    match &b.service.cluster {
+        Some(c) => format!("{name}:{c}"),
+        None => name,
+    }
+}
+
+/// [`backend_name`] without its cluster.
+fn backend_name_in_cluster(b: &Backend) -> String {
     let s = &b.service;
     // A backend only acts on `ssl-redirect: "true"`; "false" is about the Ingress's TLS hosts
     // (crate::tls), so it must not make a backend of its own (nor rename one).
@@ -192,27 +202,60 @@ pub struct Candidate<'a> {
 }
 
 /// The nodes that NodePort backends' servers come from, each name hashed once per render
-/// rather than once per backend.
+/// rather than once per backend: every cluster's, grouped by cluster, each group in name order.
 pub struct NodePool<'a> {
-    nodes: &'a [NodeAddr],
+    nodes: Vec<&'a NodeAddr>,
+    /// Each node's server name: its name, and `:<cluster>` after it in a named cluster (two
+    /// clusters may both have a `node-1`).
+    names: Vec<std::borrow::Cow<'a, str>>,
     hashes: Vec<u64>,
     /// Each node's address as a server line writes it before the port.
     written: Vec<String>,
+    /// Where each cluster's nodes are in `nodes`.
+    clusters: BTreeMap<Option<&'a ClusterId>, std::ops::Range<usize>>,
 }
 
 impl<'a> NodePool<'a> {
+    /// The nodes of one cluster, the one of watchers without `--cluster-id`.
     pub fn new(nodes: &'a [NodeAddr]) -> Self {
-        NodePool {
-            nodes,
-            hashes: nodes.iter().map(|n| fnv1a(n.name.as_str().as_bytes())).collect(),
-            written: nodes
-                .iter()
-                .map(|n| match n.addr {
+        Self::with(std::iter::once((None, nodes)))
+    }
+
+    /// Every cluster's nodes.
+    pub fn of(nodes: &'a Nodes) -> Self {
+        Self::with(nodes.iter().map(|(c, n)| (c.as_ref(), n.as_slice())))
+    }
+
+    fn with(groups: impl Iterator<Item = (Option<&'a ClusterId>, &'a [NodeAddr])>) -> Self {
+        let mut pool = NodePool {
+            nodes: vec![],
+            names: vec![],
+            hashes: vec![],
+            written: vec![],
+            clusters: BTreeMap::new(),
+        };
+        for (cluster, nodes) in groups {
+            let start = pool.nodes.len();
+            for n in nodes {
+                pool.nodes.push(n);
+                pool.names.push(match cluster {
+                    Some(c) => format!("{}:{c}", n.name).into(),
+                    None => n.name.as_str().into(),
+                });
+                pool.hashes.push(fnv1a(n.name.as_str().as_bytes()));
+                pool.written.push(match n.addr {
                     IpAddr::V4(ip) => format!("{ip}:"),
                     IpAddr::V6(ip) => format!("[{ip}]:"),
-                })
-                .collect(),
+                });
+            }
+            pool.clusters.insert(cluster, start..pool.nodes.len());
         }
+        pool
+    }
+
+    /// Where `cluster`'s nodes are (none: an empty range).
+    fn range(&self, cluster: Option<&ClusterId>) -> std::ops::Range<usize> {
+        self.clusters.get(&cluster).cloned().unwrap_or(0..0)
     }
 
     /// The servers a route message of schema 1 or 2 listed itself, with their nodes' hashes.
@@ -225,8 +268,8 @@ impl<'a> NodePool<'a> {
 
     /// The pool's `i`th node at `port`.
     fn at(&self, i: usize, port: u16) -> Candidate<'_> {
-        let n = &self.nodes[i];
-        Candidate { node: n.name.as_str(), addr: n.addr, port, written: Some(&self.written[i]) }
+        let n = self.nodes[i];
+        Candidate { node: &self.names[i], addr: n.addr, port, written: Some(&self.written[i]) }
     }
 }
 
@@ -245,33 +288,34 @@ pub fn subset<'a>(backend: &'a Backend, pool: &'a NodePool<'a>, k: usize) -> Vec
     }
 }
 
-/// [`pick`] for the pool's nodes at `port`, scoring node indices rather than candidates. The
-/// pool is in node-name order, so a tie (of two 64-bit scores) goes to the same node as in
-/// [`pick`].
+/// [`pick`] for the nodes of the backend's cluster in the pool at `port`, scoring node indices
+/// rather than candidates. The pool is in node-name order within a cluster, so a tie (of two
+/// 64-bit scores) goes to the same node as in [`pick`].
 fn pick_from_pool<'a>(
     backend: &Backend,
     pool: &'a NodePool<'a>,
     port: u16,
     k: usize,
 ) -> Vec<Candidate<'a>> {
-    let n = pool.nodes.len();
+    let range = pool.range(backend.service.cluster.as_ref());
     if backend.traffic_policy == TrafficPolicy::Local {
         // Only nodes with an endpoint of their own forward: those, all of them (a subset
         // could leave out the only one). Both lists are in node-name order.
         return match &backend.endpoint_nodes {
-            Some(on) => (0..n)
+            Some(on) => range
                 .filter(|i| on.contains(&pool.nodes[*i].name))
                 .map(|i| pool.at(i, port))
                 .collect(),
-            None => (0..n).map(|i| pool.at(i, port)).collect(),
+            None => range.map(|i| pool.at(i, port)).collect(),
         };
     }
-    if k == 0 || n <= k {
-        return (0..n).map(|i| pool.at(i, port)).collect();
+    if k == 0 || range.len() <= k {
+        return range.map(|i| pool.at(i, port)).collect();
     }
     let seed = seed(&backend.service);
+    let first = u32::try_from(range.start).expect("fewer than 2^32 nodes");
     let mut scored: Vec<(u64, u32)> =
-        pool.hashes.iter().zip(0u32..).map(|(node, i)| (mix(seed ^ node), i)).collect();
+        pool.hashes[range].iter().zip(first..).map(|(node, i)| (mix(seed ^ node), i)).collect();
     scored.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     let mut kept: Vec<u32> = scored[..k].iter().map(|(_, i)| *i).collect();
     kept.sort_unstable();
@@ -354,7 +398,7 @@ fn backend_model(
 /// Ingresses builds one Ingress's rules and one backend, not 10,000.
 #[derive(Debug, Default)]
 pub struct Memo {
-    nodes: Vec<NodeAddr>,
+    nodes: Nodes,
     options: Option<Options>,
     backends: HashMap<Backend, Arc<BackendModel>, foldhash::fast::RandomState>,
     rules: HashMap<IngressKey, RulesOf, foldhash::fast::RandomState>,
@@ -362,10 +406,10 @@ pub struct Memo {
 
 impl Memo {
     /// Forgets every backend unless `nodes` and `options` are those it was filled with.
-    fn check(&mut self, nodes: &[NodeAddr], options: &Options) {
-        if self.nodes != nodes || self.options.as_ref() != Some(options) {
+    fn check(&mut self, nodes: &Nodes, options: &Options) {
+        if self.nodes != *nodes || self.options.as_ref() != Some(options) {
             self.backends.clear();
-            self.nodes = nodes.to_vec();
+            self.nodes = nodes.clone();
             self.options = Some(options.clone());
         }
     }
@@ -383,7 +427,6 @@ fn backend_models(
     options: &Options,
     memo: &mut Memo,
 ) -> (Vec<Arc<BackendModel>>, Vec<ServerModel>) {
-    memo.check(pool.nodes, options);
     let mut listed: BTreeMap<&str, (u64, IpAddr)> = BTreeMap::new();
     for (seq, backend) in backends.values() {
         if tracks_nodes(backend, options) {
@@ -425,7 +468,7 @@ fn backend_models(
         Some(health) => {
             let mut all: BTreeMap<&str, IpAddr> =
                 listed.into_iter().map(|(name, (_, ip))| (name, ip)).collect();
-            all.extend(pool.nodes.iter().map(|n| (n.name.as_str(), n.addr)));
+            all.extend(pool.names.iter().zip(&pool.nodes).map(|(name, n)| (&**name, n.addr)));
             all.into_iter()
                 .map(|(name, ip)| ServerModel {
                     name: name.to_owned(),
@@ -483,22 +526,25 @@ pub fn build(
     build_with(fleet, ingresses, nodes, &Options::default())
 }
 
-/// Builds the model of one fleet whose NodePort backends go to `nodes`.
+/// Builds the model of one fleet whose NodePort backends go to `nodes` (of one cluster, the
+/// one of watchers without `--cluster-id`).
 pub fn build_with(
     fleet: &FleetName,
     ingresses: &BTreeMap<IngressKey, IngressEntry>,
     nodes: &[NodeAddr],
     options: &Options,
 ) -> RenderModel {
-    build_memo(fleet, ingresses, nodes, options, &mut Memo::default())
+    let nodes = Nodes::from([(None, nodes.to_vec())]);
+    build_memo(fleet, ingresses, &nodes, options, &mut Memo::default())
 }
 
-/// [`build_with`], taking what it can from `memo` (the same fleet's last build) and leaving in
-/// it what the next build can take.
+/// Builds the model of one fleet whose NodePort backends go to the nodes of their Service's
+/// cluster, taking what it can from `memo` (the same fleet's last build) and leaving in it
+/// what the next build can take.
 pub fn build_memo(
     fleet: &FleetName,
     ingresses: &BTreeMap<IngressKey, IngressEntry>,
-    nodes: &[NodeAddr],
+    nodes: &Nodes,
     options: &Options,
     memo: &mut Memo,
 ) -> RenderModel {
@@ -572,7 +618,8 @@ pub fn build_memo(
         }
     }
 
-    let (backends, nodes) = backend_models(backends, &NodePool::new(nodes), options, memo);
+    memo.check(nodes, options);
+    let (backends, nodes) = backend_models(backends, &NodePool::of(nodes), options, memo);
     RenderModel {
         fleet: fleet.to_string(),
         rules,
@@ -606,6 +653,7 @@ pub(crate) mod tests {
                     namespace: Namespace::new("default").unwrap(),
                     name: ObjectName::new(svc).unwrap(),
                     port: 80,
+                    cluster: None,
                 },
                 node_port: Some(30080),
                 servers: vec![],
@@ -682,6 +730,7 @@ pub(crate) mod tests {
                 namespace: Namespace::new("team").unwrap(),
                 name: ObjectName::new(format!("svc-{svc}")).unwrap(),
                 port: 80,
+                cluster: None,
             },
             node_port: Some(30080),
             servers: vec![],
@@ -773,6 +822,60 @@ pub(crate) mod tests {
         assert_eq!(checked, ["10.0.0.0:10256", "10.0.0.1:10256", "10.0.0.2:10256"]);
         let track = m.backends[0].servers[0].track.as_deref().unwrap();
         assert!(track.starts_with("hafleet_nodes/node-00"), "{track}");
+    }
+
+    /// Two clusters feeding one fleet, each with a Service `default/a:80` and a node named
+    /// `node-000`: two HAProxy backends, each on its own cluster's nodes (a subset of those
+    /// only), and every node of both checked once under a name of its own.
+    #[test]
+    fn a_clusters_services_go_to_its_own_nodes_under_names_of_their_own() {
+        let east = ClusterId::new("east").unwrap();
+        let options = Options {
+            servers_per_backend: 2,
+            node_health: Some(NodeHealth { port: 10256, path: HttpPath::new("/healthz").unwrap() }),
+        };
+        let f = FleetName::new("edge").unwrap();
+        let mut state =
+            fleet_of(vec![("one", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")])]);
+        let mut theirs = route(Some("b.com"), "/", PathKind::Prefix, "a");
+        theirs.backend.service.cluster = Some(east.clone());
+        let (key, mut entry) = state.iter().next().map(|(k, e)| (k.clone(), e.clone())).unwrap();
+        entry.routes = vec![theirs];
+        state.insert(key.in_cluster(Some(&east)), entry);
+        let east_nodes: Vec<NodeAddr> = nodes(0..3)
+            .into_iter()
+            .map(|n| NodeAddr { addr: "10.1.0.9".parse().unwrap(), ..n })
+            .collect();
+        let all: Nodes = [(None, nodes(0..5)), (Some(east.clone()), east_nodes)].into();
+        let m = build_memo(&f, &state, &all, &options, &mut Memo::default());
+        let names: Vec<&str> = m.backends.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["be_default_a_80", "be_default_a_80:east"]);
+        let rules: Vec<(&str, &str)> =
+            m.rules.iter().map(|r| (r.ingress.as_str(), r.backend.as_str())).collect();
+        assert_eq!(
+            rules,
+            [("default/one", "be_default_a_80"), ("default/one@east", "be_default_a_80:east")]
+        );
+        let ours = &m.backends[0].servers;
+        assert_eq!(ours.len(), 2, "a subset of its own cluster's five");
+        assert!(ours.iter().all(|s| s.addr.starts_with("10.0.0.") && !s.name.contains(':')));
+        let theirs = &m.backends[1].servers;
+        assert_eq!(theirs.len(), 2);
+        for s in theirs {
+            assert!(s.name.ends_with(":east") && s.addr.starts_with("10.1.0.9:"), "{s:?}");
+            assert_eq!(s.track.as_deref(), Some(format!("hafleet_nodes/{}", s.name).as_str()));
+        }
+        let checked: Vec<&str> = m.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(checked.len(), 8, "{checked:?}");
+        assert!(checked.contains(&"node-000") && checked.contains(&"node-000:east"));
+        // The unnamed cluster alone renders as before clusters: the same subsets, names.
+        let alone = build_with(
+            &f,
+            &fleet_of(vec![("one", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")])]),
+            &nodes(0..5),
+            &options,
+        );
+        assert_eq!(alone.backends[0], m.backends[0]);
     }
 
     #[test]

@@ -183,7 +183,7 @@ impl Renderer {
         &self,
         fleet: &hafleet_proto::FleetName,
         ingresses: &crate::state::Ingresses,
-        nodes: &[hafleet_proto::NodeAddr],
+        nodes: &crate::state::Nodes,
         default_cert: Option<&hafleet_proto::SealedCert>,
     ) -> RenderModel {
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -394,6 +394,7 @@ mod tests {
                         namespace: Namespace::new("team").unwrap(),
                         name: ObjectName::new(format!("svc-{i}")).unwrap(),
                         port: 80,
+                        cluster: None,
                     },
                     node_port: Some(30000 + (i % 2000) as u16),
                     servers: vec![],
@@ -460,7 +461,7 @@ mod tests {
             let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
                 for f in [&name, &other] {
                     let fresh = crate::model::build_with(f, ingresses, nodes, &options);
-                    let model = warm.model(f, ingresses, nodes, None);
+                    let model = warm.model(f, ingresses, &[(None, nodes.to_vec())].into(), None);
                     assert_eq!(model, fresh, "fleet {f}");
                     let fresh = Renderer::builtin().render(&fresh).unwrap();
                     assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");

@@ -187,9 +187,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
-    for (fleet, held) in &desired.held {
-        held_gauge(fleet, held.ingresses.len());
-        error!(fleet = %fleet, snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
+    for ((fleet, cluster), held) in &desired.held {
+        held_gauge(&desired, fleet);
+        error!(fleet = %fleet, cluster = cluster.as_ref().map(|c| c.as_str()),
+               snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
                "a sweep is held since before this start; see `hafleet-renderer sweep status`");
     }
     let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
@@ -412,30 +413,35 @@ fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
         return;
     }
     let now = hafleet_runtime::now_unix_ms();
-    for fleet in &out.held_changed {
-        let held = desired.held.get_mut(fleet);
+    for hold in &out.held_changed {
+        let (fleet, cluster) = hold;
+        held_gauge(desired, fleet);
+        let cluster = cluster.as_ref().map(|c| c.as_str());
+        let held = desired.held.get_mut(hold);
         let count = held.as_ref().map_or(0, |h| h.ingresses.len());
-        held_gauge(fleet, count);
         match held {
             Some(h) if h.since_unix_ms == 0 => {
                 h.since_unix_ms = now;
                 let routes: usize = h.ingresses.iter().map(|(_, n)| n).sum();
-                error!(fleet = %fleet, snapshot_seq = h.snapshot_seq, ingresses = count, routes,
+                error!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count, routes,
                        fleet_routes = h.fleet_routes,
                        "snapshot would withdraw too much of the fleet at once; held. Check the \
                         API server and the watcher, then `hafleet-renderer sweep status` and \
                         `sweep confirm` to withdraw them");
             }
-            Some(h) => info!(fleet = %fleet, snapshot_seq = h.snapshot_seq, ingresses = count,
-                             "held sweep narrowed: Ingresses came back or were deleted"),
-            None => info!(fleet = %fleet, "no sweep held any more"),
+            Some(h) => {
+                info!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count,
+                             "held sweep narrowed: Ingresses came back or were deleted")
+            }
+            None => info!(fleet = %fleet, cluster, "no sweep held any more"),
         }
     }
     out.writes.push(state::StateWrite::Held(desired.held.clone()));
 }
 
-/// Sets the metric of the Ingresses a held sweep keeps in `fleet`.
-fn held_gauge(fleet: &FleetName, count: usize) {
+/// Sets the metric of the Ingresses held sweeps keep in `fleet`.
+fn held_gauge(desired: &state::Desired, fleet: &FleetName) {
+    let count: usize = desired.held_in(fleet).map(|h| h.ingresses.len()).sum();
     const HELD: (&str, &str) = (
         "hafleet_renderer_sweep_held_ingresses",
         "Ingresses a held sweep keeps from being withdrawn, by fleet (0: none held).",
@@ -463,8 +469,8 @@ impl Releases {
     /// Publishes a release for each hold older than `after`.
     async fn due(&mut self, bus: &bus::Bus, desired: &state::Desired, after: Duration) {
         let now = hafleet_runtime::now_unix_ms();
-        self.sent.retain(|(f, seq)| desired.held.get(f).is_some_and(|h| h.snapshot_seq == *seq));
-        for (fleet, held) in &desired.held {
+        self.sent.retain(|(f, seq)| desired.held_in(f).any(|h| h.snapshot_seq == *seq));
+        for ((fleet, _), held) in &desired.held {
             let age = Duration::from_millis(now.saturating_sub(held.since_unix_ms));
             if held.since_unix_ms == 0 || age < after {
                 continue;
@@ -472,7 +478,7 @@ impl Releases {
             if !self.sent.insert((fleet.clone(), held.snapshot_seq)) {
                 continue;
             }
-            let epoch = desired.epoch;
+            let epoch = desired.epoch(held.cluster.as_ref());
             let sent =
                 crate::history::service::publish_confirm(bus, fleet, held, epoch, "policy").await;
             if let Err(e) = sent {

@@ -5,7 +5,8 @@
 //! the last one applied, so redelivery after a crash changes nothing (invariant 4).
 
 use hafleet_proto::{
-    Cause, FleetName, HeldSweep, IngressKey, NodeAddr, Route, RouteChange, RouteMessage, TlsEntry,
+    Cause, ClusterId, FleetName, HeldSweep, IngressKey, NodeAddr, Route, RouteChange, RouteMessage,
+    TlsEntry,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,18 +31,26 @@ pub type Ingresses = BTreeMap<IngressKey, IngressEntry>;
 
 static NO_INGRESSES: Ingresses = BTreeMap::new();
 
+/// Each cluster's nodes (`None`: the cluster of watchers without `--cluster-id`), as the
+/// newest nodes message of that cluster gave them: sorted by name, each once. A route's
+/// servers are nodes of its Service's cluster.
+pub type Nodes = BTreeMap<Option<ClusterId>, Vec<NodeAddr>>;
+
+/// A held sweep is a fleet's and a cluster's: each cluster's snapshot sweeps its own.
+pub type HoldKey = (FleetName, Option<ClusterId>);
+
 /// What every config is rendered from: each fleet's Ingresses and the nodes their routes go to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     pub fleets: BTreeMap<FleetName, Ingresses>,
-    /// The nodes of the newest nodes message, sorted by name, each once.
-    pub nodes: Vec<NodeAddr>,
-    /// The newest watcher epoch seen: messages of an older one (a deposed leader that resumed
-    /// after a pause) are fenced off.
-    pub epoch: u64,
-    /// Per fleet, the withdrawals of a snapshot that the [`SweepGuard`] held back; those
-    /// Ingresses stay in `fleets` (and live) until a [`RouteMessage::Confirm`] releases them.
-    pub held: BTreeMap<FleetName, HeldSweep>,
+    pub nodes: Nodes,
+    /// Per cluster, the newest watcher epoch seen: messages of an older one (a deposed leader
+    /// that resumed after a pause) are fenced off. Each cluster's watchers count their own.
+    pub epochs: BTreeMap<Option<ClusterId>, u64>,
+    /// Per fleet and cluster, the withdrawals of a snapshot that the [`SweepGuard`] held back;
+    /// those Ingresses stay in `fleets` (and live) until a [`RouteMessage::Confirm`] releases
+    /// them.
+    pub held: BTreeMap<HoldKey, HeldSweep>,
     /// Per fleet, the certificate HTTPS answers with for a name no Ingress has one for
     /// ([`RouteMessage::DefaultCert`]).
     pub default_certs: BTreeMap<FleetName, hafleet_proto::SealedCert>,
@@ -78,6 +87,16 @@ impl Desired {
     pub fn ingresses(&self, fleet: &FleetName) -> &Ingresses {
         self.fleets.get(fleet).unwrap_or(&NO_INGRESSES)
     }
+
+    /// The newest epoch seen of `cluster`'s watchers.
+    pub fn epoch(&self, cluster: Option<&ClusterId>) -> u64 {
+        self.epochs.get(&cluster.cloned()).copied().unwrap_or(0)
+    }
+
+    /// The sweeps held in `fleet`, one per cluster at most.
+    pub fn held_in<'a>(&'a self, fleet: &'a FleetName) -> impl Iterator<Item = &'a HeldSweep> {
+        self.held.iter().filter(move |((f, _), _)| f == fleet).map(|(_, h)| h)
+    }
 }
 
 /// One change to the stored state, for the store to write in the same transaction as versions.
@@ -85,12 +104,12 @@ impl Desired {
 pub enum StateWrite {
     Put(FleetName, IngressKey, IngressEntry),
     Remove(FleetName, IngressKey),
-    /// The node set, replaced whole.
-    Nodes(Vec<NodeAddr>),
-    /// The newest watcher epoch.
-    Epoch(u64),
+    /// A cluster's node set, replaced whole.
+    Nodes(Option<ClusterId>, Vec<NodeAddr>),
+    /// The newest watcher epoch of a cluster.
+    Epoch(Option<ClusterId>, u64),
     /// Every held sweep, replaced whole.
-    Held(BTreeMap<FleetName, HeldSweep>),
+    Held(BTreeMap<HoldKey, HeldSweep>),
     /// Every fleet's default certificate, replaced whole.
     DefaultCerts(BTreeMap<FleetName, hafleet_proto::SealedCert>),
 }
@@ -102,9 +121,9 @@ pub struct Applied {
     pub causes: BTreeMap<FleetName, Vec<Cause>>,
     /// Messages fenced off: (their epoch, the newest seen).
     pub fenced: Vec<(u64, u64)>,
-    /// Fleets whose held sweep began, changed or ended ([`Desired::held`]); the caller
-    /// stamps new ones with the time and writes [`StateWrite::Held`].
-    pub held_changed: BTreeSet<FleetName>,
+    /// Holds that began, changed or ended ([`Desired::held`]); the caller stamps new ones
+    /// with the time and writes [`StateWrite::Held`].
+    pub held_changed: BTreeSet<HoldKey>,
     /// Releases that matched no held sweep: (fleet, snapshot sequence).
     pub stale_confirms: Vec<(FleetName, u64)>,
 }
@@ -192,27 +211,38 @@ fn settle_tls(
 }
 
 /// Nodes in `new` and not in `old` or at another address, and names in `old` and not in
-/// `new`, as labels: `name (address)` and `name`.
-fn node_changes(old: &[NodeAddr], new: &[NodeAddr]) -> (Vec<String>, Vec<String>) {
+/// `new`, as labels: `name (address)` and `name`, with `@cluster` after the name in a cluster.
+fn node_changes(
+    old: &[NodeAddr],
+    new: &[NodeAddr],
+    cluster: Option<&ClusterId>,
+) -> (Vec<String>, Vec<String>) {
+    let at = cluster.map(|c| format!("@{c}")).unwrap_or_default();
     let before: BTreeMap<&str, &std::net::IpAddr> =
         old.iter().map(|n| (n.name.as_str(), &n.addr)).collect();
     let after: BTreeSet<&str> = new.iter().map(|n| n.name.as_str()).collect();
     let added = new
         .iter()
         .filter(|n| before.get(n.name.as_str()) != Some(&&n.addr))
-        .map(|n| format!("{} ({})", n.name, n.addr))
+        .map(|n| format!("{}{at} ({})", n.name, n.addr))
         .collect();
-    let removed =
-        before.keys().filter(|name| !after.contains(*name)).map(|name| name.to_string()).collect();
+    let removed = before
+        .keys()
+        .filter(|name| !after.contains(*name))
+        .map(|name| format!("{name}{at}"))
+        .collect();
     (added, removed)
 }
 
 /// Applies one message at stream sequence `seq` to `desired` (which must hold every fleet the
 /// store knows for snapshot sweeps and node changes to see them) and records what changed.
 ///
-/// A message from a watcher epoch older than the newest seen changes nothing: only the newest
-/// watcher (the Lease's holder) is listened to. Epochs only grow: a new leader takes one above
-/// the last one written in the Lease.
+/// A message from a watcher epoch older than the newest seen of its cluster changes nothing:
+/// only the newest watcher (the Lease's holder) of each cluster is listened to. Epochs only
+/// grow: a new leader takes one above the last one written in the Lease.
+///
+/// Each cluster's messages change that cluster's part of the state only: its nodes, its
+/// Ingresses (a snapshot sweeps no other cluster's) and its held sweeps.
 ///
 /// A snapshot whose withdrawals from a fleet trip `guard` withdraws nothing there: they are
 /// held ([`Desired::held`]) until a confirm for that snapshot, and an Ingress that comes back
@@ -225,26 +255,29 @@ pub fn apply(
     out: &mut Applied,
 ) {
     let epoch = msg.epoch();
-    if epoch < desired.epoch {
-        out.fenced.push((epoch, desired.epoch));
+    let cluster = msg.cluster();
+    let newest = desired.epoch(cluster);
+    if epoch < newest {
+        out.fenced.push((epoch, newest));
         return;
     }
-    if epoch > desired.epoch {
-        desired.epoch = epoch;
-        out.writes.push(StateWrite::Epoch(epoch));
+    if epoch > newest {
+        desired.epochs.insert(cluster.cloned(), epoch);
+        out.writes.push(StateWrite::Epoch(cluster.cloned(), epoch));
     }
     match msg {
         RouteMessage::Nodes(update) => {
             let mut nodes = update.nodes.clone();
             nodes.sort();
             nodes.dedup_by(|a, b| a.name == b.name);
-            if nodes == desired.nodes {
+            let old = desired.nodes.get(&update.cluster).map(Vec::as_slice).unwrap_or_default();
+            if nodes == old {
                 return;
             }
-            let (added, removed) = node_changes(&desired.nodes, &nodes);
-            desired.nodes = nodes.clone();
-            out.writes.push(StateWrite::Nodes(nodes));
-            // Every fleet routes to the same nodes: one cause each, one version each.
+            let (added, removed) = node_changes(old, &nodes, cluster);
+            desired.nodes.insert(update.cluster.clone(), nodes.clone());
+            out.writes.push(StateWrite::Nodes(update.cluster.clone(), nodes));
+            // Every fleet may route to these nodes: one cause each, one version each.
             for fleet in desired.fleets.keys() {
                 out.causes.entry(fleet.clone()).or_default().push(Cause {
                     stream_seq: seq,
@@ -257,14 +290,15 @@ pub fn apply(
             }
         }
         RouteMessage::Event(event) => {
-            if let Some(held) = desired.held.get_mut(&event.fleet) {
+            let hold = (event.fleet.clone(), event.ingress.cluster.clone());
+            if let Some(held) = desired.held.get_mut(&hold) {
                 let before = held.ingresses.len();
                 held.ingresses.retain(|(k, _)| *k != event.ingress);
                 if held.ingresses.len() != before {
-                    out.held_changed.insert(event.fleet.clone());
                     if held.ingresses.is_empty() {
-                        desired.held.remove(&event.fleet);
+                        desired.held.remove(&hold);
                     }
+                    out.held_changed.insert(hold);
                 }
             }
             let fleet = desired.fleets.entry(event.fleet.clone()).or_default();
@@ -331,8 +365,10 @@ pub fn apply(
             let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
             let moved_to: BTreeSet<&IngressKey> = snapshot.live.iter().map(|(_, k)| k).collect();
             for (fleet, ingresses) in desired.fleets.iter_mut() {
+                // Its own cluster's Ingresses only: another cluster's are not in its view.
                 let gone: Vec<(IngressKey, usize)> = ingresses
                     .iter()
+                    .filter(|(k, _)| k.is_in(cluster))
                     .filter(|(k, _)| !live.contains(&(fleet, *k)) && !keep.contains(k))
                     .map(|(k, e)| (k.clone(), e.routes.len()))
                     .collect();
@@ -342,24 +378,32 @@ pub fn apply(
                 withdraw(fleet, ingresses, moved.into_iter().map(|(k, _)| k), seq, "sweep", out);
                 // This snapshot says what the fleet holds now: an earlier hold is replaced
                 // (held since it began, for the release policy).
-                let earlier = desired.held.remove(fleet);
+                let hold = (fleet.clone(), cluster.cloned());
+                let earlier = desired.held.remove(&hold);
                 if earlier.is_some() {
-                    out.held_changed.insert(fleet.clone());
+                    out.held_changed.insert(hold.clone());
                 }
                 let routes: usize = gone.iter().map(|(_, n)| n).sum();
-                let fleet_routes: usize = ingresses.values().map(|e| e.routes.len()).sum();
+                // Of the routes this cluster gives the fleet: losing all of one cluster's is
+                // held however many other clusters give.
+                let fleet_routes: usize = ingresses
+                    .iter()
+                    .filter(|(k, _)| k.is_in(cluster))
+                    .map(|(_, e)| e.routes.len())
+                    .sum();
                 if guard.holds(routes, fleet_routes) {
                     desired.held.insert(
-                        fleet.clone(),
+                        hold.clone(),
                         HeldSweep {
                             snapshot_seq: seq,
                             epoch,
                             since_unix_ms: earlier.map_or(0, |h| h.since_unix_ms),
                             ingresses: gone,
                             fleet_routes,
+                            cluster: cluster.cloned(),
                         },
                     );
-                    out.held_changed.insert(fleet.clone());
+                    out.held_changed.insert(hold);
                     continue;
                 }
                 let keys = gone.into_iter().map(|(k, _)| k);
@@ -401,15 +445,16 @@ pub fn apply(
         }
         RouteMessage::Confirm(confirm) => {
             let fleet = &confirm.fleet;
+            let hold = (fleet.clone(), confirm.cluster.clone());
             let Some(held) =
-                desired.held.get(fleet).filter(|h| h.snapshot_seq == confirm.snapshot_seq)
+                desired.held.get(&hold).filter(|h| h.snapshot_seq == confirm.snapshot_seq)
             else {
                 out.stale_confirms.push((fleet.clone(), confirm.snapshot_seq));
                 return;
             };
             let keys: Vec<IngressKey> = held.ingresses.iter().map(|(k, _)| k.clone()).collect();
-            desired.held.remove(fleet);
-            out.held_changed.insert(fleet.clone());
+            desired.held.remove(&hold);
+            out.held_changed.insert(hold);
             let what = format!("sweep confirmed by {}", confirm.by);
             let ingresses = desired.fleets.entry(fleet.clone()).or_default();
             withdraw(fleet, ingresses, keys.into_iter(), seq, &what, out);
@@ -457,11 +502,12 @@ mod tests {
                     name: ObjectName::new("n1").unwrap(),
                     addr: "127.0.0.2".parse().unwrap(),
                 }],
+                cluster: None,
             })
         };
         apply_unguarded(&mut desired, 1, &nodes(10), &mut out);
-        assert_eq!(desired.epoch, 10);
-        assert!(out.writes.contains(&StateWrite::Epoch(10)));
+        assert_eq!(desired.epoch(None), 10);
+        assert!(out.writes.contains(&StateWrite::Epoch(None, 10)));
         let before = desired.clone();
         let mut out = Applied::default();
         let stale = RouteMessage::Snapshot(RoutesSnapshot {
@@ -469,6 +515,7 @@ mod tests {
             epoch: 9,
             live: vec![],
             keep: vec![],
+            cluster: None,
         });
         apply_unguarded(&mut desired, 2, &stale, &mut out);
         assert_eq!(desired, before, "an older watcher's sweep changes nothing");
@@ -476,7 +523,129 @@ mod tests {
         assert!(out.writes.is_empty() && out.causes.is_empty());
         let mut out = Applied::default();
         apply_unguarded(&mut desired, 3, &nodes(11), &mut out);
-        assert_eq!((desired.epoch, out.writes.as_slice()), (11, &[StateWrite::Epoch(11)][..]));
+        assert_eq!(
+            (desired.epoch(None), out.writes.as_slice()),
+            (11, &[StateWrite::Epoch(None, 11)][..])
+        );
+    }
+
+    fn east() -> ClusterId {
+        ClusterId::new("east").unwrap()
+    }
+
+    /// Ingress `name` of cluster `cluster` (an upsert of one route to Service `s` there), at
+    /// watcher epoch `epoch`.
+    fn clustered(name: &str, cluster: Option<&ClusterId>, epoch: u64) -> RouteMessage {
+        let mut route = crate::model::tests::route(
+            Some("a.example"),
+            "/",
+            hafleet_proto::PathKind::Prefix,
+            "s",
+        );
+        route.backend.service.cluster = cluster.cloned();
+        let upsert = RouteChange::Upsert { routes: vec![route], tls: vec![] };
+        match event(name, upsert) {
+            RouteMessage::Event(e) => RouteMessage::Event(RouteEvent {
+                ingress: e.ingress.in_cluster(cluster),
+                epoch,
+                ..e
+            }),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Two clusters feed one fleet: each has its own epochs, nodes, Ingresses (the same
+    /// namespace/name in both is two Ingresses) and snapshots, which sweep its own only; its
+    /// guard counts its own routes.
+    #[test]
+    fn each_cluster_fences_sweeps_and_holds_its_own_part_of_a_fleet() {
+        let east = east();
+        let mut d = Desired::new();
+        let mut out = Applied::default();
+        // The unnamed cluster's watcher runs at a later epoch than east's: east is not fenced.
+        for i in 0..12 {
+            apply_unguarded(&mut d, i + 1, &clustered(&format!("w{i}"), None, 50), &mut out);
+        }
+        apply_unguarded(&mut d, 20, &clustered("w0", Some(&east), 7), &mut out);
+        apply_unguarded(&mut d, 21, &clustered("e1", Some(&east), 7), &mut out);
+        assert!(out.fenced.is_empty(), "{:?}", out.fenced);
+        assert_eq!((d.epoch(None), d.epoch(Some(&east))), (50, 7));
+        assert_eq!(d.ingresses(&fleet()).len(), 14, "default/w0 of each cluster is its own");
+        // Nodes: each cluster's set replaces its own.
+        let nodes = |cluster: Option<&ClusterId>, names: &[&str]| {
+            RouteMessage::Nodes(NodesUpdate {
+                schema: SCHEMA_VERSION,
+                epoch: if cluster.is_some() { 7 } else { 50 },
+                cluster: cluster.cloned(),
+                nodes: names
+                    .iter()
+                    .map(|n| NodeAddr {
+                        name: ObjectName::new(*n).unwrap(),
+                        addr: "127.0.0.2".parse().unwrap(),
+                    })
+                    .collect(),
+            })
+        };
+        apply_unguarded(&mut d, 22, &nodes(None, &["n1", "n2"]), &mut out);
+        let mut out = Applied::default();
+        apply_unguarded(&mut d, 23, &nodes(Some(&east), &["n1"]), &mut out);
+        assert_eq!((d.nodes[&None].len(), d.nodes[&Some(east.clone())].len()), (2, 1));
+        assert_eq!(out.causes[&fleet()][0].added, ["n1@east (127.0.0.2)"]);
+        // East's older epoch is fenced within east only.
+        let mut out = Applied::default();
+        apply_unguarded(&mut d, 24, &clustered("e2", Some(&east), 6), &mut out);
+        assert_eq!(out.fenced, [(6, 7)]);
+        // East's snapshot, empty (its API server restored from an empty backup): it would
+        // withdraw both its Ingresses, all of its routes though 2 of the fleet's 14: held,
+        // and the unnamed cluster's twelve are not touched.
+        let guard = SweepGuard { percent: 50, min_routes: 2 };
+        let empty = RouteMessage::Snapshot(RoutesSnapshot {
+            schema: SCHEMA_VERSION,
+            epoch: 7,
+            live: vec![],
+            keep: vec![],
+            cluster: Some(east.clone()),
+        });
+        let mut out = Applied::default();
+        apply(&mut d, 25, &empty, &guard, &mut out);
+        assert_eq!(d.ingresses(&fleet()).len(), 14);
+        let hold = (fleet(), Some(east.clone()));
+        let held = &d.held[&hold];
+        assert_eq!((held.ingresses.len(), held.fleet_routes), (2, 2));
+        assert_eq!(held.cluster.as_ref(), Some(&east));
+        assert!(held.ingresses.iter().all(|(k, _)| k.is_in(Some(&east))));
+        // The unnamed cluster's snapshot that lists its own sweeps nothing of east's, and
+        // leaves east's hold alone.
+        let own: Vec<_> = d
+            .ingresses(&fleet())
+            .keys()
+            .filter(|k| k.is_in(None))
+            .map(|k| (fleet(), k.clone()))
+            .collect();
+        let snap = RouteMessage::Snapshot(RoutesSnapshot {
+            schema: SCHEMA_VERSION,
+            epoch: 50,
+            live: own,
+            keep: vec![],
+            cluster: None,
+        });
+        let mut out = Applied::default();
+        apply(&mut d, 26, &snap, &guard, &mut out);
+        assert!(out.causes.is_empty() && d.held.contains_key(&hold));
+        // Released by a confirm of east's hold: east's two go, nobody else's.
+        let confirm = RouteMessage::Confirm(hafleet_proto::SweepConfirm {
+            schema: SCHEMA_VERSION,
+            epoch: 7,
+            fleet: fleet(),
+            snapshot_seq: 25,
+            by: "operator".into(),
+            cluster: Some(east.clone()),
+        });
+        let mut out = Applied::default();
+        apply(&mut d, 27, &confirm, &guard, &mut out);
+        assert!(d.held.is_empty());
+        assert_eq!(d.ingresses(&fleet()).len(), 12);
+        assert!(d.ingresses(&fleet()).keys().all(|k| k.is_in(None)));
     }
 
     /// [`apply`] with the default guard.
@@ -529,7 +698,7 @@ mod tests {
 
     /// The writes of routes and nodes, less the epoch's (the first message of an epoch).
     fn route_writes(out: &Applied) -> Vec<&StateWrite> {
-        out.writes.iter().filter(|w| !matches!(w, StateWrite::Epoch(_))).collect()
+        out.writes.iter().filter(|w| !matches!(w, StateWrite::Epoch(..))).collect()
     }
 
     #[test]
@@ -559,6 +728,7 @@ mod tests {
             epoch: 2,
             live: vec![(fleet(), IngressKey::new("default", "b").unwrap())],
             keep: vec![IngressKey::new("default", "kept").unwrap()],
+            cluster: None,
         });
         let mut out = Applied::default();
         apply_unguarded(&mut d, 4, &snap, &mut out);
@@ -604,6 +774,7 @@ mod tests {
                 .map(|i| (fleet(), IngressKey::new("default", &format!("i{i}")).unwrap()))
                 .collect(),
             keep: vec![],
+            cluster: None,
         })
     }
 
@@ -622,10 +793,10 @@ mod tests {
         apply(&mut d, 32, &snapshot_keeping(4), &guard, &mut out);
         assert_eq!(d.ingresses(&fleet()).len(), 20, "nothing withdrawn");
         assert!(out.causes.is_empty(), "no version");
-        let held = &d.held[&fleet()];
+        let held = &d.held[&(fleet(), None)];
         assert_eq!((held.snapshot_seq, held.epoch, held.ingresses.len()), (32, 2, 16));
         assert_eq!(held.fleet_routes, 20);
-        assert!(out.held_changed.contains(&fleet()));
+        assert!(out.held_changed.contains(&(fleet(), None)));
 
         // An Ingress that comes back leaves the hold; one deleted explicitly goes.
         let mut out = Applied::default();
@@ -638,7 +809,7 @@ mod tests {
             &mut out,
         );
         apply(&mut d, 34, &epoch_2(event("i6", RouteChange::Delete)), &guard, &mut out);
-        assert_eq!(d.held[&fleet()].ingresses.len(), 14);
+        assert_eq!(d.held[&(fleet(), None)].ingresses.len(), 14);
         assert_eq!(d.ingresses(&fleet()).len(), 19);
 
         // A release naming another snapshot changes nothing; the right one withdraws the rest.
@@ -649,6 +820,7 @@ mod tests {
                 fleet: fleet(),
                 snapshot_seq,
                 by: "operator".into(),
+                cluster: None,
             })
         };
         let mut out = Applied::default();
@@ -676,15 +848,16 @@ mod tests {
                 .map(|i| (core.clone(), IngressKey::new("default", &format!("i{i}")).unwrap()))
                 .collect(),
             keep: vec![],
+            cluster: None,
         });
         apply(&mut d, 21, &moved, &guard, &mut Applied::default());
         assert!(d.held.is_empty() && d.ingresses(&fleet()).is_empty());
 
         let mut d = fleet_of(20, &guard);
         apply(&mut d, 21, &snapshot_keeping(0), &guard, &mut Applied::default());
-        d.held.get_mut(&fleet()).unwrap().since_unix_ms = 1234;
+        d.held.get_mut(&(fleet(), None)).unwrap().since_unix_ms = 1234;
         apply(&mut d, 22, &snapshot_keeping(1), &guard, &mut Applied::default());
-        let held = &d.held[&fleet()];
+        let held = &d.held[&(fleet(), None)];
         assert_eq!((held.snapshot_seq, held.since_unix_ms, held.ingresses.len()), (22, 1234, 19));
     }
 
@@ -693,7 +866,7 @@ mod tests {
         let guard = SweepGuard { percent: 50, min_routes: 10 };
         let mut d = fleet_of(20, &guard);
         apply(&mut d, 21, &snapshot_keeping(0), &guard, &mut Applied::default());
-        assert_eq!(d.held[&fleet()].ingresses.len(), 20);
+        assert_eq!(d.held[&(fleet(), None)].ingresses.len(), 20);
         // The API server is back but for three Ingresses: those three are swept at once.
         let mut out = Applied::default();
         apply(&mut d, 22, &snapshot_keeping(17), &guard, &mut out);
@@ -721,6 +894,7 @@ mod tests {
                     addr: a.parse().unwrap(),
                 })
                 .collect(),
+            cluster: None,
         })
     }
 
@@ -734,7 +908,10 @@ mod tests {
         }
         let mut out = Applied::default();
         apply_unguarded(&mut d, 200, &nodes(&[("n2", "10.0.0.2"), ("n1", "10.0.0.1")]), &mut out);
-        assert_eq!(d.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(
+            d.nodes[&None].iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["n1", "n2"]
+        );
         assert_eq!(out.writes.len(), 1);
         assert_eq!(out.causes[&fleet()].len(), 1);
         assert_eq!(out.causes[&fleet()][0].added, ["n1 (10.0.0.1)", "n2 (10.0.0.2)"]);
@@ -816,6 +993,7 @@ mod tests {
                 epoch: 1,
                 fleet: fleet.clone(),
                 cert,
+                cluster: None,
             })
         };
         let first = sealed("d", &["d.invalid"], "age1one");

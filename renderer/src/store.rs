@@ -117,6 +117,42 @@ fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
 }
 
+/// An Ingress's row: `fleet\0namespace\0name`, and `\0cluster` for one of a named cluster.
+fn ingress_row(fleet: &FleetName, key: &IngressKey) -> Vec<u8> {
+    let mut parts = vec![fleet.as_str(), key.namespace.as_str(), key.name.as_str()];
+    parts.extend(key.cluster.as_ref().map(|c| c.as_str()));
+    join(&parts)
+}
+
+/// Where a cluster's nodes, or its newest epoch (`what`: [`NODES`] or [`EPOCH`]), are kept:
+/// `what` itself for watchers without a cluster id, `what\0cluster` for a named one.
+fn cluster_key(what: &[u8], cluster: &Option<hafleet_proto::ClusterId>) -> Vec<u8> {
+    let mut key = what.to_vec();
+    if let Some(c) = cluster {
+        key.push(0);
+        key.extend_from_slice(c.as_str().as_bytes());
+    }
+    key
+}
+
+/// The clusters kept under `what` ([`cluster_key`]) and their values.
+fn by_cluster(
+    meta: &sled::Tree,
+    what: &[u8],
+) -> Result<Vec<(Option<hafleet_proto::ClusterId>, sled::IVec)>, StoreError> {
+    let mut all: Vec<_> = meta.get(what)?.map(|v| (None, v)).into_iter().collect();
+    let mut prefix = what.to_vec();
+    prefix.push(0);
+    for item in meta.scan_prefix(&prefix) {
+        let (key, value) = item?;
+        let name = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+        if let Ok(cluster) = hafleet_proto::ClusterId::new(name) {
+            all.push((Some(cluster), value));
+        }
+    }
+    Ok(all)
+}
+
 fn version_key(fleet: &FleetName, version: u64) -> Vec<u8> {
     let mut key = join(&[fleet.as_str(), ""]);
     key.extend_from_slice(&version.to_be_bytes());
@@ -291,10 +327,16 @@ impl Store {
             else {
                 continue;
             };
+            let cluster = match parts.next().map(hafleet_proto::ClusterId::new) {
+                Some(Ok(c)) => Some(c),
+                Some(Err(_)) => continue,
+                None => None,
+            };
             let (Ok(fleet), Ok(ingress)) = (FleetName::new(fleet), IngressKey::new(ns, name))
             else {
                 continue;
             };
+            let ingress = ingress.in_cluster(cluster.as_ref());
             let entry: IngressEntry = decode(&key, &value)?;
             desired.fleets.entry(fleet).or_default().insert(ingress, entry);
         }
@@ -303,13 +345,15 @@ impl Store {
         for fleet in self.fleets_with_versions()?.into_iter().chain(self.floored_fleets()?) {
             desired.fleets.entry(fleet).or_default();
         }
-        desired.epoch = self.meta.get(EPOCH)?.map(|v| be_u64(&v)).unwrap_or(0);
-        if let Some(nodes) = self.meta.get(NODES)? {
-            desired.nodes = decode(NODES, &nodes)?;
+        for (cluster, epoch) in by_cluster(&self.meta, EPOCH)? {
+            desired.epochs.insert(cluster, be_u64(&epoch));
+        }
+        for (cluster, nodes) in by_cluster(&self.meta, NODES)? {
+            desired.nodes.insert(cluster, decode(NODES, &nodes)?);
         }
         if let Some(held) = self.meta.get(HELD)? {
             let pairs: Vec<(FleetName, hafleet_proto::HeldSweep)> = decode(HELD, &held)?;
-            desired.held = pairs.into_iter().collect();
+            desired.held = pairs.into_iter().map(|(f, h)| ((f, h.cluster.clone()), h)).collect();
         }
         if let Some(certs) = self.meta.get(DEFAULT_CERTS)? {
             let pairs: Vec<(FleetName, hafleet_proto::SealedCert)> = decode(DEFAULT_CERTS, &certs)?;
@@ -411,25 +455,21 @@ impl Store {
                 for write in writes {
                     match write {
                         StateWrite::Put(fleet, key, entry) => {
-                            let k =
-                                join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
                             let v = serde_json::to_vec(entry).expect("entries serialize");
-                            ingresses.insert(k, v)?;
+                            ingresses.insert(ingress_row(fleet, key), v)?;
                         }
                         StateWrite::Remove(fleet, key) => {
-                            let k =
-                                join(&[fleet.as_str(), key.namespace.as_str(), key.name.as_str()]);
-                            ingresses.remove(k)?;
+                            ingresses.remove(ingress_row(fleet, key))?;
                         }
-                        StateWrite::Nodes(nodes) => {
+                        StateWrite::Nodes(cluster, nodes) => {
                             let v = serde_json::to_vec(nodes).expect("nodes serialize");
-                            meta.insert(NODES, v)?;
+                            meta.insert(cluster_key(NODES, cluster), v)?;
                         }
-                        StateWrite::Epoch(epoch) => {
-                            meta.insert(EPOCH, &epoch.to_be_bytes())?;
+                        StateWrite::Epoch(cluster, epoch) => {
+                            meta.insert(cluster_key(EPOCH, cluster), &epoch.to_be_bytes())?;
                         }
                         StateWrite::Held(held) => {
-                            let pairs: Vec<_> = held.iter().collect();
+                            let pairs: Vec<_> = held.iter().map(|((f, _), h)| (f, h)).collect();
                             let v = serde_json::to_vec(&pairs).expect("holds serialize");
                             meta.insert(HELD, v)?;
                         }
@@ -550,9 +590,9 @@ impl Store {
                     .iter()
                     .map(|(key, entry)| StateWrite::Put(fleet.clone(), key.clone(), entry.clone()))
             })
+            .chain(desired.nodes.iter().map(|(c, n)| StateWrite::Nodes(c.clone(), n.clone())))
+            .chain(desired.epochs.iter().map(|(c, e)| StateWrite::Epoch(c.clone(), *e)))
             .chain([
-                StateWrite::Nodes(desired.nodes.clone()),
-                StateWrite::Epoch(desired.epoch),
                 StateWrite::Held(desired.held.clone()),
                 StateWrite::DefaultCerts(desired.default_certs.clone()),
             ])
@@ -632,6 +672,13 @@ mod tests {
         }
     }
 
+    fn node_2() -> hafleet_proto::NodeAddr {
+        hafleet_proto::NodeAddr {
+            name: hafleet_proto::ObjectName::new("n2").unwrap(),
+            addr: "10.0.0.2".parse().unwrap(),
+        }
+    }
+
     #[test]
     fn a_commit_survives_reopening_the_store() {
         let dir = tempfile::tempdir().unwrap();
@@ -650,11 +697,19 @@ mod tests {
                 name: hafleet_proto::ObjectName::new("n1").unwrap(),
                 addr: "10.0.0.1".parse().unwrap(),
             };
+            // The same namespace/name in a named cluster is another Ingress, with nodes and an
+            // epoch of its own.
+            let east = Some(hafleet_proto::ClusterId::new("east").unwrap());
+            let theirs = key.clone().in_cluster(east.as_ref());
             store
                 .commit(
                     &[
-                        StateWrite::Put(fleet.clone(), key.clone(), entry),
-                        StateWrite::Nodes(vec![node]),
+                        StateWrite::Put(fleet.clone(), key.clone(), entry.clone()),
+                        StateWrite::Put(fleet.clone(), theirs, IngressEntry { seq: 2, ..entry }),
+                        StateWrite::Nodes(None, vec![node.clone()]),
+                        StateWrite::Nodes(east.clone(), vec![node, node_2()]),
+                        StateWrite::Epoch(None, 40),
+                        StateWrite::Epoch(east, 9),
                     ],
                     &[version(&fleet, 1), version(&fleet, 2)],
                     17,
@@ -666,7 +721,12 @@ mod tests {
         assert_eq!(store.applied_seq().unwrap(), 17);
         let desired = store.desired().unwrap();
         assert!(desired.ingresses(&fleet).contains_key(&key));
-        assert_eq!(desired.nodes[0].name.as_str(), "n1");
+        assert_eq!(desired.nodes[&None][0].name.as_str(), "n1");
+        let east = hafleet_proto::ClusterId::new("east").unwrap();
+        let theirs = &desired.ingresses(&fleet)[&key.clone().in_cluster(Some(&east))];
+        assert_eq!((desired.ingresses(&fleet).len(), theirs.seq), (2, 2));
+        assert_eq!(desired.nodes[&Some(east.clone())].len(), 2);
+        assert_eq!((desired.epoch(None), desired.epoch(Some(&east))), (40, 9));
         assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 2);
         let unpublished: Vec<u64> =
             store.unpublished().unwrap().iter().map(|v| v.version).collect();

@@ -249,7 +249,9 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     first.tls = vec![entry(&["shop.example.com"], &shop), entry(&["a.example.org"], &wild)];
     let fleet = FleetName::new("edge").unwrap();
     let renderer = Renderer::builtin();
-    let bundle = renderer.render(&renderer.model(&fleet, &ingresses, &nodes, None)).unwrap();
+    let bundle = renderer
+        .render(&renderer.model(&fleet, &ingresses, &[(None, nodes.clone())].into(), None))
+        .unwrap();
     bundle.verify(&bundle.sha256()).unwrap();
     assert_eq!(bundle.certs.len(), 2);
     let crt_list = bundle.maps.iter().find(|m| m.name.kind() == "crtlist").unwrap();
@@ -281,7 +283,9 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
             (k, e)
         })
         .collect();
-    let bundle = renderer.render(&renderer.model(&fleet, &plain, &nodes, Some(&default))).unwrap();
+    let bundle = renderer
+        .render(&renderer.model(&fleet, &plain, &[(None, nodes.clone())].into(), Some(&default)))
+        .unwrap();
     assert!(bundle.config.contains(&format!("ssl crt {} crt-list", default.relative_path())));
     assert!(!bundle.config.contains("strict-sni"));
     assert_eq!(bundle.certs, vec![default]);

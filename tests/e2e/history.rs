@@ -223,9 +223,10 @@ async fn a_mass_deletion_is_held_until_an_operator_confirms_it() -> Result<()> {
     world.stack.start_component(Component::Watcher)?;
     let held = eventually(CONVERGE, "the renderer holds the sweep", || async {
         let out = ok(&world, &["sweep", "status", "--json"]).await?;
-        let held: serde_json::Value = serde_json::from_str(&out)?;
-        anyhow::ensure!(!held.is_null(), "nothing held yet");
-        Ok(held)
+        let holds: Vec<serde_json::Value> = serde_json::from_str(&out)?;
+        anyhow::ensure!(!holds.is_empty(), "nothing held yet");
+        anyhow::ensure!(holds.len() == 1, "one cluster, one hold: {out}");
+        Ok(holds[0].clone())
     })
     .await?;
     assert_eq!(held["ingresses"].as_array().map(Vec::len), Some(11), "{held}");
@@ -281,7 +282,8 @@ async fn a_held_sweep_is_released_by_the_release_policy() -> Result<()> {
     world.stack.start_component(Component::Watcher)?;
     eventually(CONVERGE, "the renderer holds the sweep", || async {
         let out = ok(&world, &["sweep", "status", "--json"]).await?;
-        anyhow::ensure!(out.trim() != "null", "nothing held yet");
+        let holds: Vec<serde_json::Value> = serde_json::from_str(&out)?;
+        anyhow::ensure!(!holds.is_empty(), "nothing held yet");
         Ok(())
     })
     .await?;

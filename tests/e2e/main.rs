@@ -6,10 +6,14 @@
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
-//! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream.
+//! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
+//! - `clusters`: several Kubernetes clusters feed one fleet;
+//! - `image`: the container image, built and run.
 
+mod clusters;
 mod docs;
 mod history;
+mod image;
 mod recovery;
 mod refusals;
 mod routing;

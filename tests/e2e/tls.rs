@@ -373,7 +373,8 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     };
     let (new_fp, new_key) = rotate("shop-tls").await?;
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
-    let rotated = world.stack.latest_version().await?.context("a version")?.version;
+    let rotated = world.stack.latest_version().await?.context("a version")?;
+    let (rotated, rotated_sha) = (rotated.version, rotated.sha256);
     world.report("lb-2", rotated).await?;
 
     // The history names the certificates by fingerprint, the rotation by host; never a key.
@@ -393,7 +394,19 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     let certs = certs.as_array().context("a list")?;
     assert!(certs.iter().any(|c| c["fingerprint"] == old_fp.as_str()), "{json}");
     assert!(certs.iter().all(|c| c["sealed_key"] == "(sealed, not shown)"), "{json}");
-    for text in [&diff, &shown, &json] {
+    // Replayed from the routes stream, the fleet's config is the rotated version's,
+    // certificates and all; as JSON too, with the sealed keys blanked.
+    let now = u64::MAX.to_string();
+    let replayed = crate::history::ok(&world, &["replay", "--until", &now]).await?;
+    let shown_now = crate::history::ok(&world, &["history", "show", &rotated.to_string()]).await?;
+    assert_eq!(replayed, shown_now);
+    assert!(replayed.contains(&format!(" sha256:{new_fp} ")), "{replayed}");
+    let replayed_json = crate::history::ok(&world, &["replay", "--until", &now, "--json"]).await?;
+    let parsed: serde_json::Value = serde_json::from_str(&replayed_json)?;
+    assert_eq!(parsed["sha256"], rotated_sha.as_str(), "{replayed_json}");
+    let certs = parsed.pointer("/bundle/certs").and_then(|c| c.as_array()).context("certs")?;
+    assert!(certs.iter().all(|c| c["sealed_key"] == "(sealed, not shown)"), "{replayed_json}");
+    for text in [&diff, &shown, &json, &replayed, &replayed_json] {
         assert!(!text.contains("PRIVATE KEY") && !text.contains("AGE ENCRYPTED"), "{text}");
         for line in key_lines(&old_key).iter().chain(&key_lines(&new_key)) {
             assert!(!text.contains(line.as_str()), "a key's line in the history: {text}");

@@ -50,6 +50,7 @@ pub async fn service_with_backends(
             namespace: Namespace::new("default")?,
             name: ObjectName::new(name)?,
             port: 80,
+            cluster: None,
         },
         node_port: Some(port),
         servers: vec![],

@@ -11,6 +11,7 @@
 //! - Reports older than the watcher's start (read to learn each fleet's hosts) tell nothing,
 //!   so a new leader does not repeat what the last one said.
 //! - A version caused by many Ingresses is told on the first [`MAX_INGRESSES`] of them.
+//! - Where several clusters feed a fleet, each watcher tells its own cluster's Ingresses only.
 
 use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, ConfigVersion, FleetName, IngressKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +40,8 @@ struct VersionState {
 /// What the watcher knows of each fleet's versions and hosts.
 #[derive(Debug, Default)]
 pub struct Feedback {
+    /// The watcher's `--cluster-id`: the causes of other clusters are not its to tell.
+    cluster: Option<hafleet_proto::ClusterId>,
     hosts: BTreeMap<FleetName, BTreeSet<String>>,
     versions: BTreeMap<FleetName, BTreeMap<u64, VersionState>>,
     /// Fresh reports of versions not seen yet (they come on another subject, and may overtake
@@ -50,6 +53,11 @@ pub struct Feedback {
 const KEEP_EARLY: usize = 1000;
 
 impl Feedback {
+    /// Feedback for the Ingresses of `cluster` (`None`: of watchers without a cluster id).
+    pub fn for_cluster(cluster: Option<hafleet_proto::ClusterId>) -> Self {
+        Feedback { cluster, ..Feedback::default() }
+    }
+
     /// Remembers which Ingresses caused `v`; returns what reports that came before it tell.
     pub fn on_version(&mut self, v: &ConfigVersion) -> Vec<Notice> {
         self.remember(v);
@@ -62,7 +70,11 @@ impl Feedback {
 
     fn remember(&mut self, v: &ConfigVersion) {
         let mut ingresses: Vec<IngressKey> = Vec::new();
-        for key in v.causes.iter().filter_map(|c| c.ingress.clone()) {
+        let own = v.causes.iter().filter_map(|c| c.ingress.as_ref());
+        // As the watcher's caches name them: without the cluster.
+        let own =
+            own.filter(|k| k.is_in(self.cluster.as_ref())).map(|k| k.clone().in_cluster(None));
+        for key in own {
             if !ingresses.contains(&key) {
                 ingresses.push(key);
             }
@@ -197,6 +209,24 @@ mod tests {
         assert_eq!(told[0].ingresses.len(), 2, "each Ingress once");
         // A retry's report does not say it again.
         assert!(f.on_report(&report("lb-2", 2, ApplyOutcome::Applied), true).is_empty());
+    }
+
+    /// A version made by Ingresses of two clusters: each cluster's watcher tells its own, by
+    /// the names its caches know them by.
+    #[test]
+    fn each_clusters_watcher_tells_its_own_ingresses_only() {
+        let east = hafleet_proto::ClusterId::new("east").unwrap();
+        let mut v = version(2, &["web", "api"]);
+        v.causes[1].ingress = v.causes[1].ingress.take().map(|k| k.in_cluster(Some(&east)));
+        for (cluster, want) in [(None, "shop/web"), (Some(east), "shop/api")] {
+            let mut f = Feedback::for_cluster(cluster);
+            learn_hosts(&mut f);
+            assert!(f.on_version(&v).is_empty());
+            f.on_report(&report("lb-1", 2, ApplyOutcome::Applied), true);
+            let told = f.on_report(&report("lb-2", 2, ApplyOutcome::Applied), true);
+            let named: Vec<String> = told[0].ingresses.iter().map(|k| k.to_string()).collect();
+            assert_eq!(named, [want]);
+        }
     }
 
     #[test]

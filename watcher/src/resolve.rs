@@ -310,6 +310,7 @@ fn backend(
             namespace: ns,
             name,
             port: port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0),
+            cluster: None,
         },
         node_port: None,
         servers: vec![],
@@ -361,7 +362,7 @@ fn backend(
         _ => None,
     };
     Ok(Backend {
-        service: ServiceRef { namespace: ns, name, port: service_port },
+        service: ServiceRef { namespace: ns, name, port: service_port, cluster: None },
         node_port: Some(node_port),
         servers: vec![],
         traffic_policy,
@@ -615,6 +616,7 @@ pub(crate) mod tests_support {
                     namespace: Namespace::new("default").unwrap(),
                     name: ObjectName::new("web").unwrap(),
                     port: 80,
+                    cluster: None,
                 },
                 node_port: Some(30080),
                 servers: vec![],

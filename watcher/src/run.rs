@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{
     FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteEvent, RouteMessage,
-    RoutesSnapshot, SCHEMA_VERSION,
+    RoutesSnapshot,
 };
 use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,6 +90,13 @@ pub struct RunArgs {
     /// CertificateExpiring Warning Event (it is still served until it expires, then refused).
     #[arg(long, env = "HAFLEET_CERT_EXPIRY_WARNING_DAYS", default_value_t = 14)]
     pub cert_expiry_warning_days: u32,
+    /// This cluster's id, when several clusters feed the same fleets (an RFC 1123 label, each
+    /// cluster its own): its Ingresses, Services and nodes are told apart from other
+    /// clusters' (HAProxy names its backends `be_…:<id>` and its servers `<node>:<id>`), and
+    /// its snapshots sweep only its own Ingresses. Unset: the one cluster. Setting or changing
+    /// it on a running pipeline makes its Ingresses new ones: the old ones are not swept.
+    #[arg(long, env = "HAFLEET_CLUSTER_ID")]
+    pub cluster_id: Option<hafleet_proto::ClusterId>,
     #[command(flatten)]
     pub lease: crate::lease::LeaseArgs,
     #[command(flatten)]
@@ -113,7 +120,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let routes = bus.ensure_stream(hafleet_proto::ROUTES).await?;
     // The renderer fences off messages of an epoch older than the newest it has seen: this
     // run's must be above every earlier run's, whatever this machine's clock says.
-    let last_epoch = newest_epoch(&routes).await?;
+    let last_epoch = newest_epoch(&routes, args.cluster_id.as_ref()).await?;
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
     let (caches, mut changes) =
@@ -121,6 +128,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let secrets_client = client.clone();
     let warnings = Warnings::new(client.clone());
     let mut state = State {
+        cluster: args.cluster_id.clone(),
         epoch: crate::lease::next_epoch(
             last_epoch,
             SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
@@ -192,8 +200,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // job, started again if NATS stops delivering (the streams may not exist yet).
     {
         let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
+        let cluster = args.cluster_id.clone();
         tokio::spawn(async move {
-            let mut told = crate::feedback::Feedback::default();
+            let mut told = crate::feedback::Feedback::for_cluster(cluster);
             loop {
                 let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
                 let run = crate::feedback::adapter::run(bus, store, warnings, &mut told);
@@ -251,28 +260,43 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The epoch of the newest message in the routes stream (`None` when it holds none), read
-/// from the stream's last message.
+/// The newest epoch this watcher's run must be above (`None` when the stream holds nothing
+/// to go by): of the stream's last message, and of the last node set and snapshot of its own
+/// cluster (the last message may be another cluster's, whose watcher's clock is behind).
 async fn newest_epoch(
     routes: &async_nats::jetstream::stream::Stream,
+    cluster: Option<&hafleet_proto::ClusterId>,
 ) -> anyhow::Result<Option<u64>> {
-    let last = routes.cached_info().state.last_sequence;
-    if last == 0 {
-        return Ok(None);
-    }
-    let read = || routes.get_raw_message(last);
-    match hafleet_runtime::nats::retrying("the routes stream's newest message", read).await {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound;
+    // No such message is an answer (dropped by retention, or none sent yet), not a failure
+    // to wait out.
+    let found = |got: Result<
+        async_nats::jetstream::message::StreamMessage,
+        async_nats::jetstream::stream::LastRawMessageError,
+    >| match got {
         Ok(m) => Ok(hafleet_proto::RouteMessage::decode(&m.payload).ok().map(|m| m.epoch())),
-        // Dropped by retention meanwhile: nothing older can matter more than the clock.
-        Err(e)
-            if e.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
-        {
-            Ok(None)
-        }
-        Err(e) => {
-            Err(anyhow::Error::new(e).context("cannot read the routes stream's newest message"))
-        }
+        Err(e) if e.kind() == NoMessageFound => Ok(None),
+        Err(e) => Err(e),
+    };
+    let mut newest = None;
+    let last = routes.cached_info().state.last_sequence;
+    if last > 0 {
+        let read = || async { found(routes.get_raw_message(last).await) };
+        newest = hafleet_runtime::nats::retrying("the routes stream's newest message", read)
+            .await
+            .context("cannot read the routes stream's newest message")?;
     }
+    for subject in [
+        hafleet_proto::routes_nodes_subject(cluster),
+        hafleet_proto::routes_snapshot_subject(cluster),
+    ] {
+        let read = || async { found(routes.get_last_raw_message_by_subject(&subject).await) };
+        let epoch = hafleet_runtime::nats::retrying("this cluster's newest message", read)
+            .await
+            .with_context(|| format!("cannot read the last message on {subject}"))?;
+        newest = newest.max(epoch);
+    }
+    Ok(newest)
 }
 
 const ROUTE_EVENTS: (&str, &str) = (
@@ -287,6 +311,9 @@ const LEADER: (&str, &str) = (
 );
 
 struct State {
+    /// `--cluster-id`: stamped on everything published, which this watcher's view of its one
+    /// cluster does not carry.
+    cluster: Option<hafleet_proto::ClusterId>,
     epoch: u64,
     seq: u64,
     published: Published,
@@ -449,7 +476,10 @@ fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
 impl State {
     fn next_msg_id(&mut self) -> String {
         self.seq += 1;
-        format!("watcher-{}-{}", self.epoch, self.seq)
+        match &self.cluster {
+            Some(c) => format!("watcher-{c}-{}-{}", self.epoch, self.seq),
+            None => format!("watcher-{}-{}", self.epoch, self.seq),
+        }
     }
 }
 
@@ -661,13 +691,20 @@ async fn sync(
                     r.created_unix,
                     &r.resource_version,
                     RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() },
-                    state.epoch,
+                    (state.epoch, state.cluster.as_ref()),
                 ),
             ),
             Action::Delete { fleet, key } => (
                 fleet.clone(),
                 key.clone(),
-                route_event(fleet, key, 0, "", RouteChange::Delete, state.epoch),
+                route_event(
+                    fleet,
+                    key,
+                    0,
+                    "",
+                    RouteChange::Delete,
+                    (state.epoch, state.cluster.as_ref()),
+                ),
             ),
         };
         let id = state.next_msg_id();
@@ -739,7 +776,8 @@ fn over_budget(
         ));
     }
     let change = RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() };
-    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, 0);
+    let at = (0, args.cluster_id.as_ref());
+    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
     let size = msg.encode().len();
     let limit = args.max_ingress_bytes.min(payload_limit);
     (size > limit).then(|| {
@@ -756,13 +794,19 @@ fn route_event(
     key: &IngressKey,
     created_unix: i64,
     resource_version: &str,
-    change: RouteChange,
-    epoch: u64,
+    mut change: RouteChange,
+    (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
 ) -> RouteMessage {
+    // The Ingress and the Services its routes go to are this cluster's.
+    if let RouteChange::Upsert { routes, .. } = &mut change {
+        for route in routes.iter_mut() {
+            route.backend.service.cluster = cluster.cloned();
+        }
+    }
     RouteMessage::Event(RouteEvent {
-        schema: SCHEMA_VERSION,
+        schema: hafleet_proto::route_schema(cluster),
         fleet: fleet.clone(),
-        ingress: key.clone(),
+        ingress: key.clone().in_cluster(cluster),
         created_unix,
         resource_version: resource_version.to_owned(),
         change,
@@ -795,8 +839,9 @@ async fn send_default_cert(
         return Ok(());
     }
     let msg = RouteMessage::DefaultCert(hafleet_proto::DefaultCert {
-        schema: SCHEMA_VERSION,
+        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
         epoch: state.epoch,
+        cluster: state.cluster.clone(),
         fleet: fleet.clone(),
         cert: Some(cert.clone()),
     });
@@ -810,14 +855,16 @@ async fn send_default_cert(
 /// Publishes the node set that every route's servers come from.
 async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyhow::Result<()> {
     let msg = RouteMessage::Nodes(NodesUpdate {
-        schema: SCHEMA_VERSION,
+        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
         epoch: state.epoch,
+        cluster: state.cluster.clone(),
         nodes: nodes.clone(),
     });
     let id = state.next_msg_id();
     state.nodes = None;
-    let seq =
-        bus.publish(hafleet_proto::ROUTES_NODES_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    let seq = bus
+        .publish(hafleet_proto::routes_nodes_subject(state.cluster.as_ref()), &id, msg.encode())
+        .await?;
     info!(nodes = nodes.len(), stream_seq = seq, "nodes published");
     state.nodes = Some(nodes);
     Ok(())
@@ -826,16 +873,23 @@ async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyho
 /// Publishes a snapshot: every Ingress this watcher knows, live or kept. The renderer sweeps
 /// whatever else it holds.
 async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
-    let live = state.published.iter().map(|(k, (f, _))| (f.clone(), k.clone())).collect();
+    let cluster = state.cluster.as_ref();
+    let live = state
+        .published
+        .iter()
+        .map(|(k, (f, _))| (f.clone(), k.clone().in_cluster(cluster)))
+        .collect();
     let msg = RouteMessage::Snapshot(RoutesSnapshot {
-        schema: SCHEMA_VERSION,
+        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
         epoch: state.epoch,
+        cluster: cluster.cloned(),
         live,
-        keep: state.kept.iter().cloned().collect(),
+        keep: state.kept.iter().map(|k| k.clone().in_cluster(cluster)).collect(),
     });
     let id = state.next_msg_id();
-    let seq =
-        bus.publish(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    let seq = bus
+        .publish(hafleet_proto::routes_snapshot_subject(state.cluster.as_ref()), &id, msg.encode())
+        .await?;
     info!(
         epoch = state.epoch,
         ingresses = state.published.len(),

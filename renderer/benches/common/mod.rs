@@ -16,6 +16,7 @@ pub fn routes(i: usize) -> Vec<Route> {
             namespace: Namespace::new("team").unwrap(),
             name: ObjectName::new(format!("svc-{i}")).unwrap(),
             port: 80,
+            cluster: None,
         },
         node_port: Some(30000 + (i % 2000) as u16),
         servers: vec![],

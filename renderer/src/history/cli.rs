@@ -97,37 +97,42 @@ pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
     match command {
         SweepCommand::Status { common, json } => {
             let bus = common.nats.connect().await?;
-            let HistoryReply::Held { sweep } =
+            let HistoryReply::Held { sweep, more } =
                 ask(&bus, &common, HistoryRequest::HeldSweep).await?
             else {
                 bail!("unexpected answer from the renderer");
             };
+            let holds: Vec<_> = sweep.into_iter().chain(more).collect();
             if json {
-                println!("{}", serde_json::to_string_pretty(&sweep)?);
+                println!("{}", serde_json::to_string_pretty(&holds)?);
                 return Ok(());
             }
-            let Some(held) = sweep else {
+            if holds.is_empty() {
                 println!("fleet {}: no sweep held", common.fleet);
-                return Ok(());
-            };
-            let routes: usize = held.ingresses.iter().map(|(_, n)| n).sum();
-            println!(
-                "fleet {}: the snapshot at sequence {} (watcher epoch {}) would withdraw {} \
-                 Ingresses ({routes} of {} routes) at once; held since {}.",
-                common.fleet,
-                held.snapshot_seq,
-                held.epoch,
-                held.ingresses.len(),
-                held.fleet_routes,
-                hafleet_runtime::rfc3339_of_unix_ms(held.since_unix_ms),
-            );
-            for (key, n) in &held.ingresses {
-                println!("  {key}  ({n} routes)");
             }
-            println!(
-                "If they are really gone: hafleet-renderer sweep confirm --fleet {} --snapshot {}",
-                common.fleet, held.snapshot_seq
-            );
+            for held in holds {
+                let routes: usize = held.ingresses.iter().map(|(_, n)| n).sum();
+                let of = held.cluster.as_ref().map(|c| format!(" of cluster {c}"));
+                println!(
+                    "fleet {}: the snapshot{} at sequence {} (watcher epoch {}) would withdraw \
+                     {} Ingresses ({routes} of {} routes) at once; held since {}.",
+                    common.fleet,
+                    of.unwrap_or_default(),
+                    held.snapshot_seq,
+                    held.epoch,
+                    held.ingresses.len(),
+                    held.fleet_routes,
+                    hafleet_runtime::rfc3339_of_unix_ms(held.since_unix_ms),
+                );
+                for (key, n) in &held.ingresses {
+                    println!("  {key}  ({n} routes)");
+                }
+                println!(
+                    "If they are really gone: hafleet-renderer sweep confirm --fleet {} \
+                     --snapshot {}",
+                    common.fleet, held.snapshot_seq
+                );
+            }
             Ok(())
         }
         SweepCommand::Confirm { common, snapshot } => {
@@ -291,12 +296,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
             let (summary, v) = version(&bus, &common, n).await?;
             if json {
                 let mut out = serde_json::json!({"summary": summary, "version": v});
-                // Sealed keys are of no use to a reader, and are not shown.
-                if let Some(certs) = out.pointer_mut("/version/body/bundle/certs") {
-                    for c in certs.as_array_mut().into_iter().flatten() {
-                        c["sealed_key"] = serde_json::Value::String("(sealed, not shown)".into());
-                    }
-                }
+                hide_sealed_keys(&mut out, "/version/body/bundle/certs");
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
             }
@@ -386,8 +386,18 @@ pub async fn rollback_or_resume(common: Common, to: Option<u64>) -> anyhow::Resu
     Ok(())
 }
 
+/// Blanks the sealed key of each certificate in the array at `pointer` of `json`: of no use
+/// to a reader, and not shown.
+pub(crate) fn hide_sealed_keys(json: &mut serde_json::Value, pointer: &str) {
+    if let Some(certs) = json.pointer_mut(pointer) {
+        for c in certs.as_array_mut().into_iter().flatten() {
+            c["sealed_key"] = serde_json::Value::String("(sealed, not shown)".into());
+        }
+    }
+}
+
 /// A bundle as `history show` and `replay` print it: the config, then each map file under a
-/// line naming it.
+/// line naming it, then its certificates (never a key).
 pub(crate) fn print_bundle(bundle: &Bundle) {
     print!("{}", bundle.config);
     for m in &bundle.maps {

@@ -101,8 +101,9 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let Some(ingresses) = desired.fleets.get(&common.fleet) else {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
-    let model =
-        crate::model::build_with(&common.fleet, ingresses, &desired.nodes, renderer.options());
+    // As the renderer builds a version: its certificates and default certificate included.
+    let default_cert = desired.default_certs.get(&common.fleet);
+    let model = renderer.model(&common.fleet, ingresses, &desired.nodes, default_cert);
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
     let started =
@@ -113,10 +114,11 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         &sha256[..12]
     );
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "fleet": common.fleet, "until_seq": until, "from_seq": from, "events": events,
             "sha256": sha256, "bundle": bundle,
         });
+        super::cli::hide_sealed_keys(&mut out, "/bundle/certs");
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else if args.diff {
         let newest = super::cli::newest(&bus, common).await?;

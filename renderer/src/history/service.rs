@@ -127,22 +127,25 @@ async fn answer(
             Ok(HistoryReply::Done { version: number, pinned: None })
         }
         HistoryRequest::HeldSweep => {
-            Ok(HistoryReply::Held { sweep: ctx.desired.held.get(fleet).cloned() })
+            let mut held = ctx.desired.held_in(fleet).cloned();
+            Ok(HistoryReply::Held { sweep: held.next(), more: held.collect() })
         }
         HistoryRequest::ConfirmSweep { snapshot_seq } => {
-            let held = ctx.desired.held.get(fleet);
-            if held.map(|h| h.snapshot_seq) != Some(snapshot_seq) {
-                let now = match held {
-                    Some(h) => format!("the sweep held is the snapshot at {}", h.snapshot_seq),
-                    None => "no sweep is held".to_owned(),
+            let held = ctx.desired.held_in(fleet).find(|h| h.snapshot_seq == snapshot_seq);
+            let Some(held) = held else {
+                let seqs: Vec<String> =
+                    ctx.desired.held_in(fleet).map(|h| h.snapshot_seq.to_string()).collect();
+                let now = match seqs.as_slice() {
+                    [] => "no sweep is held".to_owned(),
+                    [one] => format!("the sweep held is the snapshot at {one}"),
+                    _ => format!("the sweeps held are the snapshots at {}", seqs.join(", ")),
                 };
                 return Ok(error(
                     HistoryErrorKind::NoSuchSweep,
                     format!("fleet {fleet}: no sweep held for snapshot {snapshot_seq}; {now}"),
                 ));
-            }
-            let held = held.expect("checked above");
-            let epoch = ctx.desired.epoch;
+            };
+            let epoch = ctx.desired.epoch(held.cluster.as_ref());
             let stream_seq = publish_confirm(ctx.bus, fleet, held, epoch, "operator").await?;
             Ok(HistoryReply::Confirmed { stream_seq })
         }
@@ -152,7 +155,7 @@ async fn answer(
 /// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
 /// names the hold, so a second release of the same hold (by the operator and the policy, say)
 /// is dropped by the stream as a duplicate. It carries `epoch`, the newest watcher epoch the
-/// renderer has seen: it is not fenced off while that watcher runs, and a watcher that starts
+/// renderer has seen of the hold's cluster: it is not fenced off while that watcher runs, and a watcher that starts
 /// after it, reading the stream's newest message, still picks an epoch above it.
 pub async fn publish_confirm(
     bus: &Bus,
@@ -162,11 +165,12 @@ pub async fn publish_confirm(
     by: &str,
 ) -> anyhow::Result<u64> {
     let msg = hafleet_proto::RouteMessage::Confirm(hafleet_proto::SweepConfirm {
-        schema: hafleet_proto::SCHEMA_VERSION,
+        schema: hafleet_proto::route_schema(held.cluster.as_ref()),
         epoch,
         fleet: fleet.clone(),
         snapshot_seq: held.snapshot_seq,
         by: by.to_owned(),
+        cluster: held.cluster.clone(),
     });
     let id = format!("confirm-{fleet}-{}", held.snapshot_seq);
     let seq =

@@ -337,6 +337,7 @@ fn fleet(
                     namespace: Namespace::new("bench")?,
                     name: ObjectName::new(name)?,
                     port: 80,
+                    cluster: None,
                 },
                 node_port: Some(node_port),
                 servers: vec![],
@@ -794,6 +795,7 @@ mod history {
                 namespace: Namespace::new("bench")?,
                 name: ObjectName::new(format!("svc-{i}"))?,
                 port: 80,
+                cluster: None,
             },
             node_port: Some(30000 + (i % 2000) as u16),
             servers: vec![],
@@ -919,6 +921,7 @@ mod history {
                     })
                 })
                 .collect::<Result<_>>()?,
+            cluster: None,
         });
         js.publish(hafleet_proto::ROUTES_NODES_SUBJECT, nodes.encode().into()).await?.await?;
 
