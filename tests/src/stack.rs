@@ -134,7 +134,9 @@ impl Stack {
     /// [`Stack::start`] on a NATS cluster of `nats_nodes` servers (1: a single server); the
     /// components create their streams with as many replicas (at most 3).
     pub async fn start_on(fleet: &str, hosts: usize, nats_nodes: usize) -> Result<Stack> {
-        const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        // Health ports on an address of their own: a port picked on 127.0.0.1 can be taken,
+        // before the component binds it, by the source port of any client connection there.
+        let health_ip = crate::random_loopback_ip();
         let dir = TestDir::new("hafleet-stack")?;
         let nats = async {
             match nats_nodes {
@@ -168,11 +170,7 @@ impl Stack {
             watcher: None,
             renderer: None,
             applier: None,
-            health: [
-                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
-                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
-                (std::net::Ipv4Addr::LOCALHOST, crate::free_port(LOCAL)).into(),
-            ],
+            health: [health_ip; 3].map(|ip| (ip, crate::free_port(ip.into())).into()),
         };
         stack.start_component(Component::Renderer)?;
         stack.start_component(Component::Applier)?;
