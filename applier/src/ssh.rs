@@ -167,14 +167,7 @@ impl HostConn {
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().await?;
         let pipe = stdin.map(|bytes| (child.stdin().take().expect("stdin is piped"), bytes));
-        // Fed while the output is read: a script that answers as it reads (LIVE_STATE's
-        // names) would otherwise fill its stdout while this side still writes its stdin.
-        let feed = async {
-            let Some((mut pipe, bytes)) = pipe else { return Ok(()) };
-            pipe.write_all(bytes).await?;
-            pipe.shutdown().await
-        };
-        let (fed, out) = tokio::join!(feed, child.wait_with_output());
+        let (fed, out) = fed_while(pipe, child.wait_with_output()).await;
         let out = out?;
         // A script that failed says why on stderr (it may stop reading at once); one that
         // succeeded without reading all it was given is an error of its own.
@@ -292,5 +285,84 @@ impl ConnPool {
         for conn in all {
             conn.close().await;
         }
+    }
+}
+
+/// Writes `bytes` to `stdin` and closes it while `done` (the command's end, its output read)
+/// runs, and gives how the writing went with `done`'s result. Fed while the output is read: a
+/// script that answers as it reads (LIVE_STATE's names) would otherwise fill its stdout while
+/// this side still writes its stdin. Once the command has ended, the writing is not waited
+/// for: a write still blocked then never ends if something else keeps the pipe open (an ssh
+/// master, say), so it counts as input the command did not read.
+async fn fed_while<W, T>(
+    stdin: Option<(W, &[u8])>,
+    done: impl std::future::Future<Output = T>,
+) -> (std::io::Result<()>, T)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let feed = async {
+        let Some((mut pipe, bytes)) = stdin else { return Ok(()) };
+        pipe.write_all(bytes).await?;
+        pipe.shutdown().await
+    };
+    tokio::pin!(feed, done);
+    tokio::select! {
+        biased;
+        fed = &mut feed => (fed, done.await),
+        out = &mut done => {
+            // What the feed can still finish at once (closing the pipe after its last write)
+            // it finishes here: a timeout of zero polls it once.
+            let fed = match tokio::time::timeout(Duration::ZERO, &mut feed).await {
+                Ok(fed) => fed,
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the remote command ended before reading all its input",
+                )),
+            };
+            (fed, out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fed_while;
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    /// A command that reads all it is given, and one that ends without reading while a
+    /// process it left behind keeps its stdin open (as an ssh master may): the first is fed
+    /// whole; the second's end is not held up by the blocked write, which counts as unread.
+    #[tokio::test]
+    async fn a_command_that_ends_without_reading_does_not_hold_the_call() {
+        let input = vec![b'x'; 1 << 20];
+        let run = |script: &str| {
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c").arg(script).stdin(Stdio::piped()).stdout(Stdio::piped());
+            cmd.stderr(Stdio::null()).kill_on_drop(true);
+            cmd.spawn().unwrap()
+        };
+        let mut reads = run("wc -c");
+        let pipe = reads.stdin.take().map(|p| (p, input.as_slice()));
+        let (fed, out) = fed_while(pipe, reads.wait_with_output()).await;
+        assert!(fed.is_ok());
+        assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout).trim(), "1048576");
+
+        // The left-behind reader holds stdin for 30 s and nothing else; the bound below only
+        // tells a hang (30 s) from an answer.
+        // (sh gives a background job /dev/null as stdin unless told otherwise.)
+        let mut leaves = run("exec 3<&0; sleep 30 <&3 >/dev/null 2>&1 & echo $!; exit 0");
+        let pipe = leaves.stdin.take().map(|p| (p, input.as_slice()));
+        let call = fed_while(pipe, leaves.wait_with_output());
+        let (fed, out) = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("the call waited for the blocked write");
+        let out = out.unwrap();
+        let sleeper = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let _ = std::process::Command::new("kill").arg(&sleeper).status();
+        assert!(out.status.success());
+        let err = fed.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe, "{err}");
     }
 }
