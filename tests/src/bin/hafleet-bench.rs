@@ -588,6 +588,9 @@ mod reload {
         /// Runs of each timed step.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Nodes listed per backend, as the renderer's `--servers-per-backend`.
+        #[arg(long, default_value_t = model::DEFAULT_SERVERS_PER_BACKEND)]
+        servers_per_backend: usize,
     }
 
     fn nodes(n: usize) -> Vec<NodeAddr> {
@@ -599,7 +602,8 @@ mod reload {
             .collect()
     }
 
-    fn render(n: usize, nodes: &[NodeAddr], extra: bool) -> Result<Bundle> {
+    fn render(a: &ReloadArgs, nodes: &[NodeAddr], extra: bool) -> Result<Bundle> {
+        let n = a.ingresses;
         let mut ingresses = crate::fleet(n, |i| (format!("svc-{i}"), 30000 + (i % 2700) as u16))?;
         if extra {
             // One more route, on the first Ingress's Service: map entries only.
@@ -609,7 +613,7 @@ mod reload {
             ingresses.insert(hafleet_proto::IngressKey::new("bench", "extra")?, entry);
         }
         let options = model::Options {
-            servers_per_backend: 10,
+            servers_per_backend: a.servers_per_backend,
             node_health: Some(model::NodeHealth { port: 10256, path: HttpPath::new("/healthz")? }),
         };
         let model = model::build_with(&FleetName::new("bench")?, &ingresses, nodes, &options);
@@ -675,7 +679,7 @@ mod reload {
             if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
         let all = nodes(a.nodes);
         let started = Instant::now();
-        let base = render(a.ingresses, &all, false)?;
+        let base = render(&a, &all, false)?;
         let render_ms = started.elapsed().as_secs_f64() * 1000.0;
         let dir = TestDir::new("hafleet-bench-reload")?;
         let config = crate::write_bundle(dir.path(), &base)?;
@@ -728,17 +732,17 @@ mod reload {
         }
 
         // A node drained: every backend whose subset held it moves to another node.
-        let drained = render(a.ingresses, &all[1..], false)?;
+        let drained = render(&a, &all[1..], false)?;
         let (drain_commands, drain_ms) = runtime_change(&socket, &base, &drained)?;
         // A route added on a running backend: the map of prefix rules replaced whole.
-        let routed = render(a.ingresses, &all[1..], true)?;
+        let routed = render(&a, &all[1..], true)?;
         let (map_commands, map_ms) = runtime_change(&socket, &drained, &routed)?;
         child.kill();
 
         println!(
-            "{} Ingresses (one Service each) on {} nodes, node health checks, 10 servers per backend; \
-             rendered in {render_ms:.0} ms\n",
-            a.ingresses, a.nodes
+            "{} Ingresses (one Service each) on {} nodes, node health checks, {} servers per \
+             backend; rendered in {render_ms:.0} ms\n",
+            a.ingresses, a.nodes, a.servers_per_backend
         );
         println!("| measure | value |\n|---|---|");
         println!(
