@@ -181,6 +181,27 @@ impl HistoryReply {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("replies serialize")
     }
+
+    /// The `Version` reply for `version`, its causes cut ([`ConfigVersion::fitted`]) so that
+    /// the whole reply is at most `limit` bytes; `None` if even the cut one is larger. What
+    /// the reply holds around the version (its summary, the tags) is measured, not guessed:
+    /// the version is serialized inside the reply as it is alone.
+    pub fn version_within(
+        summary: VersionSummary,
+        version: &ConfigVersion,
+        limit: usize,
+    ) -> Option<HistoryReply> {
+        let whole = HistoryReply::Version { summary, version: Box::new(version.clone()) };
+        let size = whole.encode().len();
+        if size <= limit {
+            return Some(whole);
+        }
+        let HistoryReply::Version { summary, .. } = whole else { unreachable!("built above") };
+        let around = size - version.encode().len();
+        let fitted = version.fitted(limit.checked_sub(around)?);
+        let reply = HistoryReply::Version { summary, version: Box::new(fitted) };
+        (reply.encode().len() <= limit).then_some(reply)
+    }
 }
 
 #[cfg(test)]
@@ -212,6 +233,39 @@ mod tests {
         let many: Vec<Cause> =
             (0..7).map(|i| cause(&format!("i{i}"), "upsert", &["x/ (Prefix)"])).collect();
         assert!(one_line(&many, None).ends_with("shop/i4 updated, and 2 more"));
+    }
+
+    /// A version with thousands of causes is cut so that the reply, summary and all, fits
+    /// the limit to the byte; one that fits is left whole; a limit below the summary alone
+    /// gives no reply.
+    #[test]
+    fn a_version_reply_fits_its_limit_exactly() {
+        let bundle = crate::Bundle { config: "global\n".into(), maps: vec![], certs: vec![] };
+        let mut v =
+            ConfigVersion::inline(crate::FleetName::new("edge").unwrap(), 7, bundle.clone());
+        let added: Vec<String> = (0..50).map(|r| format!("h{r}.example.com/ (Prefix)")).collect();
+        let added: Vec<&str> = added.iter().map(String::as_str).collect();
+        v.causes = (0..5000).map(|i| cause(&format!("web-{i}"), "upsert", &added)).collect();
+        let summary = VersionSummary::of(&v, false);
+        let limit = 256 * 1024;
+        let reply = HistoryReply::version_within(summary.clone(), &v, limit).unwrap();
+        assert!(reply.encode().len() <= limit);
+        let HistoryReply::Version { version, summary: s } = &reply else { panic!("{reply:?}") };
+        assert_eq!((&s.sha256, version.causes.len()), (&v.sha256, 101));
+        // The version is cut to the limit less exactly what the reply holds around it.
+        let around = reply.encode().len() - version.encode().len();
+        assert_eq!(**version, v.fitted(limit - around));
+        assert!(around < 1024, "{around}");
+
+        let mut small = v.clone();
+        small.causes.truncate(2);
+        let whole = HistoryReply::version_within(summary.clone(), &small, limit).unwrap();
+        assert_eq!(
+            whole,
+            HistoryReply::Version { summary: summary.clone(), version: Box::new(small) }
+        );
+
+        assert_eq!(HistoryReply::version_within(summary, &v, 100), None);
     }
 
     #[test]

@@ -56,6 +56,10 @@ async fn an_8_mb_config_goes_live_on_both_hosts_through_the_bundles_stream() -> 
         assert_eq!(live.len(), config.len(), "{}", h.name());
         assert!(live == *config, "{} runs other bytes", h.name());
     }
+    // history show answers for it too: the reply, more than NATS takes with the bundle in it,
+    // names the bundle, and the CLI prints the config from there whole.
+    let shown = crate::history::ok(&world, &["history", "show", &version.to_string()]).await?;
+    assert!(shown.contains(config.as_str()), "history show printed {} bytes", shown.len());
     world.route("blog", "blog.example.com", "/", "api").await?;
     expect_everywhere(stack, "blog.example.com", "/", 200, "api@").await?;
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;

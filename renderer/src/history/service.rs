@@ -53,19 +53,21 @@ async fn answer(
             else {
                 return Ok(no_such(version));
             };
-            // A bundle too large for a reply goes to the object store; the reply names it.
-            let reply =
+            let limit = ctx.bus.payload_limit();
+            let whole =
                 HistoryReply::Version { summary: summary.clone(), version: Box::new(v.clone()) };
-            if reply.encode().len() <= ctx.bus.payload_limit() {
-                return Ok(reply);
+            if whole.encode().len() <= limit {
+                return Ok(whole);
             }
-            // Its causes cut too if they alone are more than a reply takes.
-            let stashed = ctx
-                .bus
-                .stash_bundle(&v)
-                .await?
-                .fitted(ctx.bus.payload_limit().saturating_sub(4096));
-            Ok(HistoryReply::Version { summary, version: Box::new(stashed) })
+            // A bundle too large for a reply goes to the object store (the reply names it),
+            // and its causes are cut too if they alone are more than a reply takes.
+            let stashed = ctx.bus.stash_bundle(&v).await?;
+            Ok(HistoryReply::version_within(summary, &stashed, limit).unwrap_or_else(|| {
+                error(
+                    HistoryErrorKind::Internal,
+                    format!("version {version}'s record does not fit a reply of {limit} bytes"),
+                )
+            }))
         }
         HistoryRequest::Rollback { version } => {
             let Some(old) = store.version(fleet, version)? else { return Ok(no_such(version)) };
