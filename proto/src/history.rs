@@ -191,12 +191,12 @@ impl HistoryReply {
         version: &ConfigVersion,
         limit: usize,
     ) -> Option<HistoryReply> {
-        let whole = HistoryReply::Version { summary, version: Box::new(version.clone()) };
+        let whole =
+            HistoryReply::Version { summary: summary.clone(), version: Box::new(version.clone()) };
         let size = whole.encode().len();
         if size <= limit {
             return Some(whole);
         }
-        let HistoryReply::Version { summary, .. } = whole else { unreachable!("built above") };
         let around = size - version.encode().len();
         let fitted = version.fitted(limit.checked_sub(around)?);
         let reply = HistoryReply::Version { summary, version: Box::new(fitted) };

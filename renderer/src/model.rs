@@ -130,11 +130,12 @@ fn duration(ms: u32) -> String {
     }
 }
 
-/// The default of `--servers-per-backend`. Three nodes per `Cluster` Service: any node forwards
-/// its traffic, a node that leaves the Ready set is replaced by the next in the Service's
-/// rendezvous order (through the runtime API when node health checks are on), and HAProxy 2.6's reload time grows with the
-/// number of servers (BENCHMARKS.md: at 10,000 Services a reload takes 0.6 s with 3, 1.2 s
-/// with 10). Raise it where one Service's traffic needs more entry nodes.
+/// The default of `--servers-per-backend`. Three nodes per `Cluster` Service: any node
+/// forwards its traffic, a node that leaves the Ready set is replaced by the next in the
+/// Service's rendezvous order (through the runtime API when node health checks are on), and
+/// HAProxy 2.6's reload time grows with the number of servers (BENCHMARKS.md: at 10,000
+/// Services a reload takes 0.6 s with 3, 1.2 s with 10). Raise it where one Service's
+/// traffic needs more entry nodes.
 pub const DEFAULT_SERVERS_PER_BACKEND: usize = 3;
 
 /// Settings that change what a model holds. Replay must use the renderer's.
