@@ -35,17 +35,19 @@ pub const ROUTES_NODES_SUBJECT: &str = "hafleet.routes._nodes";
 /// `.<cluster>` after it for a named cluster, so that each cluster's newest is found by
 /// subject (a watcher's epoch must be above its own cluster's last one).
 pub fn routes_nodes_subject(cluster: Option<&crate::ClusterId>) -> String {
-    match cluster {
-        Some(c) => format!("{ROUTES_NODES_SUBJECT}.{c}"),
-        None => ROUTES_NODES_SUBJECT.to_owned(),
-    }
+    of_cluster(ROUTES_NODES_SUBJECT, cluster)
 }
 
 /// Where a watcher of `cluster` publishes its snapshots, as [`routes_nodes_subject`].
 pub fn routes_snapshot_subject(cluster: Option<&crate::ClusterId>) -> String {
+    of_cluster(ROUTES_SNAPSHOT_SUBJECT, cluster)
+}
+
+/// `subject`, and `.<cluster>` after it for a named cluster.
+fn of_cluster(subject: &str, cluster: Option<&crate::ClusterId>) -> String {
     match cluster {
-        Some(c) => format!("{ROUTES_SNAPSHOT_SUBJECT}.{c}"),
-        None => ROUTES_SNAPSHOT_SUBJECT.to_owned(),
+        Some(c) => format!("{subject}.{c}"),
+        None => subject.to_owned(),
     }
 }
 

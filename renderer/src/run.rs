@@ -423,15 +423,15 @@ fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
             Some(h) if h.since_unix_ms == 0 => {
                 h.since_unix_ms = now;
                 let routes: usize = h.ingresses.iter().map(|(_, n)| n).sum();
-                error!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count, routes,
-                       fleet_routes = h.fleet_routes,
+                error!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count,
+                       routes, fleet_routes = h.fleet_routes,
                        "snapshot would withdraw too much of the fleet at once; held. Check the \
                         API server and the watcher, then `hafleet-renderer sweep status` and \
                         `sweep confirm` to withdraw them");
             }
             Some(h) => {
                 info!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count,
-                             "held sweep narrowed: Ingresses came back or were deleted")
+                      "held sweep narrowed: Ingresses came back or were deleted")
             }
             None => info!(fleet = %fleet, cluster, "no sweep held any more"),
         }

@@ -157,8 +157,9 @@ async fn answer(
 /// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
 /// names the hold, so a second release of the same hold (by the operator and the policy, say)
 /// is dropped by the stream as a duplicate. It carries `epoch`, the newest watcher epoch the
-/// renderer has seen of the hold's cluster: it is not fenced off while that watcher runs, and a watcher that starts
-/// after it, reading the stream's newest message, still picks an epoch above it.
+/// renderer has seen of the hold's cluster: it is not fenced off while that watcher runs, and
+/// a watcher that starts after it, reading the stream's newest message, still picks an epoch
+/// above it.
 pub async fn publish_confirm(
     bus: &Bus,
     fleet: &FleetName,
