@@ -138,6 +138,15 @@ fn duration(ms: u32) -> String {
 /// traffic needs more entry nodes.
 pub const DEFAULT_SERVERS_PER_BACKEND: usize = 3;
 
+/// The default of `--node-health-port`: kube-proxy's health port. kube-proxy answers
+/// `/healthz` there on every node, and cloud load balancers check it for
+/// `externalTrafficPolicy: Cluster` Services (Kubernetes 1.28 and later have it answer 503 on
+/// a node being deleted or drained by the cluster autoscaler).
+pub const DEFAULT_NODE_HEALTH_PORT: u16 = 10256;
+
+/// The default of `--node-health-path`.
+pub const DEFAULT_NODE_HEALTH_PATH: &str = "/healthz";
+
 /// Settings that change what a model holds. Replay must use the renderer's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -158,7 +167,14 @@ pub struct NodeHealth {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { servers_per_backend: DEFAULT_SERVERS_PER_BACKEND, node_health: None }
+        Options {
+            servers_per_backend: DEFAULT_SERVERS_PER_BACKEND,
+            node_health: Some(NodeHealth {
+                port: DEFAULT_NODE_HEALTH_PORT,
+                path: hafleet_proto::HttpPath::new(DEFAULT_NODE_HEALTH_PATH)
+                    .expect("the default path passes the allowlist"),
+            }),
+        }
     }
 }
 

@@ -454,7 +454,8 @@ mod tests {
                 path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
             }),
         };
-        for options in [crate::model::Options::default(), health] {
+        let no_health = crate::model::Options { node_health: None, ..Default::default() };
+        for options in [no_health, health] {
             let warm = Renderer::builtin().with_options(options.clone());
             let mut ingresses = fleet(50);
             let mut nodes_now = nodes(3);

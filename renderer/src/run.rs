@@ -85,13 +85,17 @@ pub struct RenderArgs {
     #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
           default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
     pub servers_per_backend: usize,
-    /// Check each node's health once, on this port of the node (kube-proxy answers on 10256),
-    /// and have the servers of `Cluster` backends track it (`track`) instead of checking each
-    /// Service on each node. 0 (the default): every server checks its own NodePort.
-    #[arg(long, env = "HAFLEET_NODE_HEALTH_PORT", default_value_t = 0)]
+    /// Check each node's health once per HAProxy host, on this port of the node (kube-proxy's
+    /// `/healthz` answers on 10256, the default), and have the servers of `Cluster` backends
+    /// track it (`track`) instead of checking each Service on each node. HAProxy hosts must
+    /// reach it: a node whose check fails takes no `Cluster` traffic. 0: every server checks
+    /// its own NodePort (for clusters whose nodes do not serve kube-proxy's health port).
+    #[arg(long, env = "HAFLEET_NODE_HEALTH_PORT",
+          default_value_t = crate::model::DEFAULT_NODE_HEALTH_PORT)]
     pub node_health_port: u16,
     /// The path node health checks ask for.
-    #[arg(long, env = "HAFLEET_NODE_HEALTH_PATH", default_value = "/healthz")]
+    #[arg(long, env = "HAFLEET_NODE_HEALTH_PATH",
+          default_value = crate::model::DEFAULT_NODE_HEALTH_PATH)]
     pub node_health_path: hafleet_proto::HttpPath,
     /// Mass-deletion guard: a snapshot of the watcher (after its restart, or a resync that
     /// loses many Ingresses at once) that would withdraw more than this percentage of a

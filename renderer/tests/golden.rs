@@ -25,8 +25,12 @@ enum FixtureFile {
     IngressesOnly(Vec<Fixture>),
 }
 
+/// Renders with node health checks off (`--node-health-port 0`): the settings these snapshots
+/// were first taken with, before node health checks became the default (the snapshot below
+/// with them is the default's).
 fn render_fixture(name: &str) -> Bundle {
-    render_fixture_with(name, Renderer::builtin())
+    let options = model::Options { node_health: None, ..Default::default() };
+    render_fixture_with(name, Renderer::builtin().with_options(options))
 }
 
 fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
@@ -107,13 +111,15 @@ fn shop_fleet_from_schema_2_messages() {
 
 #[test]
 fn shop_fleet_with_node_health_checks() {
-    let options = model::Options {
-        node_health: Some(model::NodeHealth {
+    // The default settings: each node checked once on kube-proxy's port.
+    let options = model::Options::default();
+    assert_eq!(
+        options.node_health,
+        Some(model::NodeHealth {
             port: 10256,
             path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
-        }),
-        ..Default::default()
-    };
+        })
+    );
     let bundle = render_fixture_with("shop.json", Renderer::builtin().with_options(options));
     let text = snapshot_text(&bundle);
     // Cluster servers track their node; each node is checked once.

@@ -45,6 +45,7 @@ async fn two_clusters_feed_one_fleet_and_each_snapshot_sweeps_only_its_own() -> 
     east.use_watcher_service_account_token().await?;
     let ip = random_loopback_ip();
     east.create_ready_node("node-1", ip).await?;
+    let _east_health = hafleet_tests::cluster::node_health(ip, "node-1").await?;
     let port = u16::try_from(east.create_nodeport_service("default", "web", 80).await?)?;
     let _east_web = HttpBackend::start(ip, port, "east-web@node-1").await?;
     let east_ingresses: Api<Ingress> = Api::namespaced(east.client().await?, "default");

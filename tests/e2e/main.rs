@@ -115,13 +115,15 @@ pub async fn expect_on(
     Ok(())
 }
 
-/// A stack for fleet `edge` with two HAProxy hosts, two Ready nodes, and Services `web` and
-/// `api` served on both nodes.
+/// A stack for fleet `edge` with two HAProxy hosts, two Ready nodes that answer for their
+/// health as kube-proxy does, and Services `web` and `api` served on both nodes.
 pub struct World {
     pub stack: Stack,
     pub ingresses: Api<Ingress>,
     /// `web@node-1`, `web@node-2`, `api@node-1`, `api@node-2`.
     pub backends: Vec<HttpBackend>,
+    /// Each node's health port: `healthy@node-1`, `healthy@node-2`.
+    pub node_health: Vec<HttpBackend>,
 }
 
 impl World {
@@ -142,13 +144,15 @@ impl World {
     async fn on(stack: Stack) -> Result<World> {
         let nodes: Vec<(String, Ipv4Addr)> =
             (1..=2).map(|i| (format!("node-{i}"), random_loopback_ip())).collect();
+        let mut node_health = Vec::with_capacity(nodes.len());
         for (name, ip) in &nodes {
             stack.kube.create_ready_node(name, *ip).await?;
+            node_health.push(hafleet_tests::cluster::node_health(*ip, name).await?);
         }
         let mut backends = service_on_two_nodes(&stack, "web", &nodes).await?;
         backends.extend(service_on_two_nodes(&stack, "api", &nodes).await?);
         let ingresses = Api::namespaced(stack.kube.client().await?, "default");
-        Ok(World { stack, ingresses, backends })
+        Ok(World { stack, ingresses, backends, node_health })
     }
 
     /// Creates an Ingress on fleet `edge`.

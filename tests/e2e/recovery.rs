@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result};
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::proc::tcp_accepts;
 use hafleet_tests::stack::Component;
-use hafleet_tests::{HttpBackend, eventually, http_get, wait_for};
+use hafleet_tests::{eventually, http_get, wait_for};
 use kube::api::DeleteParams;
 use std::time::Duration;
 
@@ -195,18 +195,15 @@ async fn a_host_whose_sshd_goes_down_is_skipped_and_catches_up() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is_drained()
--> Result<()> {
+async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turned_off() -> Result<()>
+{
+    // Node health checks are on by default: each node of the world answers on kube-proxy's
+    // health port, 10256.
     let mut world = World::start().await?;
-    // What kube-proxy answers on each node: its health, on one port for every node.
-    let port = 10256;
-    let ip = |i: usize| match world.backends[i].addr().ip() {
-        std::net::IpAddr::V4(ip) => ip,
-        other => panic!("IPv4 nodes expected, got {other}"),
-    };
-    let health1 = HttpBackend::start(ip(0), port, "healthy@node-1").await?;
-    let health2 = HttpBackend::start(ip(1), port, "healthy@node-2").await?;
-    world.stack.restart_with(Component::Renderer, &[("HAFLEET_NODE_HEALTH_PORT", "10256")])?;
+    let health2 = world.node_health.pop().expect("node-2's health");
+    let health1 = world.node_health.pop().expect("node-1's health");
+    assert_eq!((health1.name(), health2.name()), ("healthy@node-1", "healthy@node-2"));
+    assert_eq!(health2.addr().port(), 10256);
     world.route("shop", "shop.example.com", "/", "web").await?;
     world.route("blog", "blog.example.com", "/", "api").await?;
     let stack = &world.stack;
@@ -230,21 +227,46 @@ async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is
 
     // node-2 stops answering for its health: every Service's servers on it are drained at once.
     drop(health2);
+    let only_node_1 = |addr| async move {
+        for (host, service) in [("shop.example.com", "web"), ("blog.example.com", "api")] {
+            for _ in 0..4 {
+                let (status, body) = http_get(addr, host, "/").await?;
+                anyhow::ensure!(
+                    status == 200 && body.starts_with(&format!("{service}@node-1")),
+                    "{host}: {status} {body}"
+                );
+            }
+        }
+        Ok(())
+    };
+    for h in &stack.hosts {
+        let what = format!("node-2 drained on {}", h.name());
+        eventually(CONVERGE, &what, || only_node_1(h.http_addr())).await?;
+        // ...and stays drained: its health check keeps failing.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        only_node_1(h.http_addr()).await?;
+    }
+
+    // Turned off (for nodes without kube-proxy's health port), each server checks its own
+    // NodePort again: node-2's still answer, so it serves again, health port or not.
+    world.stack.restart_with(Component::Renderer, &[("HAFLEET_NODE_HEALTH_PORT", "0")])?;
+    let stack = &world.stack;
     for h in &stack.hosts {
         let addr = h.http_addr();
-        eventually(CONVERGE, &format!("node-2 drained on {}", h.name()), || async move {
-            for (host, service) in [("shop.example.com", "web"), ("blog.example.com", "api")] {
-                for _ in 0..4 {
-                    let (status, body) = http_get(addr, host, "/").await?;
-                    anyhow::ensure!(
-                        status == 200 && body.starts_with(&format!("{service}@node-1")),
-                        "{host}: {status} {body}"
-                    );
-                }
+        eventually(CONVERGE, &format!("node-2 back on {}", h.name()), || async move {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..8 {
+                let (status, body) = http_get(addr, "shop.example.com", "/").await?;
+                anyhow::ensure!(status == 200, "{status} {body}");
+                seen.insert(body.split_whitespace().next().unwrap_or_default().to_owned());
             }
+            anyhow::ensure!(seen.iter().any(|b| b.starts_with("web@node-2")), "{seen:?}");
             Ok(())
         })
         .await?;
+        let config = h.live_config();
+        assert!(!config.contains("hafleet_nodes"), "{config}");
+        assert_eq!(config.matches(" track ").count(), 0, "{config}");
     }
     Ok(())
 }
@@ -255,16 +277,7 @@ async fn with_node_health_checks_each_node_is_checked_once_and_a_failing_node_is
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> Result<()> {
     let mut world = World::start().await?;
-    let ip = |i: usize| match world.backends[i].addr().ip() {
-        std::net::IpAddr::V4(ip) => ip,
-        other => panic!("IPv4 nodes expected, got {other}"),
-    };
-    let _health1 = HttpBackend::start(ip(0), 10256, "healthy@node-1").await?;
-    let _health2 = HttpBackend::start(ip(1), 10256, "healthy@node-2").await?;
-    world.stack.restart_with(
-        Component::Renderer,
-        &[("HAFLEET_NODE_HEALTH_PORT", "10256"), ("HAFLEET_SERVERS_PER_BACKEND", "1")],
-    )?;
+    world.stack.restart_with(Component::Renderer, &[("HAFLEET_SERVERS_PER_BACKEND", "1")])?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     let stack = &world.stack;
     expect_everywhere(stack, "shop.example.com", "/", 200, "web@").await?;

@@ -10,29 +10,29 @@ use hafleet_proto::{Backend, Namespace, NodeAddr, ObjectName, ServiceRef, Traffi
 use hafleet_renderer::model::{DEFAULT_SERVERS_PER_BACKEND, NodePool, subset};
 use std::net::IpAddr;
 
-/// Where nodes answer for their health (kube-proxy's `/healthz` port), for a renderer run with
-/// `--node-health-port` this.
-pub const NODE_HEALTH_PORT: u16 = 10256;
+/// Where nodes answer for their health: kube-proxy's `/healthz` port, which the renderer checks
+/// by default (`--node-health-port`).
+pub const NODE_HEALTH_PORT: u16 = hafleet_renderer::model::DEFAULT_NODE_HEALTH_PORT;
 
-/// Creates `count` Ready nodes `node-1`… on random loopback addresses; with `health`, each
-/// answers 200 at [`NODE_HEALTH_PORT`] (the returned processes; keep them).
-pub async fn ready_nodes(
-    stack: &Stack,
-    count: usize,
-    health: bool,
-) -> Result<(Vec<NodeAddr>, Vec<HttpBackend>)> {
+/// Creates `count` Ready nodes `node-1`… on random loopback addresses, each answering 200 at
+/// [`NODE_HEALTH_PORT`] as kube-proxy would (the returned processes; keep them).
+pub async fn ready_nodes(stack: &Stack, count: usize) -> Result<(Vec<NodeAddr>, Vec<HttpBackend>)> {
     let mut nodes = Vec::with_capacity(count);
-    let mut processes = Vec::new();
+    let mut processes = Vec::with_capacity(count);
     for i in 1..=count {
         let ip = random_loopback_ip();
         let name = format!("node-{i}");
         stack.kube.create_ready_node(&name, ip).await?;
-        if health {
-            processes.push(HttpBackend::start(ip, NODE_HEALTH_PORT, "healthz").await?);
-        }
+        processes.push(node_health(ip, &name).await?);
         nodes.push(NodeAddr { name: ObjectName::new(name)?, addr: ip.into() });
     }
     Ok((nodes, processes))
+}
+
+/// What kube-proxy answers on node `name` at `ip`: its health, at [`NODE_HEALTH_PORT`], with
+/// body `healthy@<name>` (keep the process; dropping it fails the node's health check).
+pub async fn node_health(ip: std::net::Ipv4Addr, name: &str) -> Result<HttpBackend> {
+    HttpBackend::start(ip, NODE_HEALTH_PORT, &format!("healthy@{name}")).await
 }
 
 /// Creates NodePort Service `name` in `default` and starts its backend process (answering

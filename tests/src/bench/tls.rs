@@ -279,7 +279,7 @@ async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
     let n = a.pipeline_certs;
     let mut stack = Stack::start("edge", a.hosts).await?;
     hafleet_tests::tls::tls_on(&mut stack, &[]).await?;
-    let (nodes, _processes) = ready_nodes(&stack, 2, false).await?;
+    let (nodes, _processes) = ready_nodes(&stack, 2).await?;
     let _backends = service_with_backends(&stack, "web", &nodes).await?;
     let client = stack.kube.client().await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");

@@ -20,7 +20,7 @@ use clap::Parser;
 use hafleet_proto::IngressKey;
 use hafleet_renderer::state::IngressEntry;
 use hafleet_tests::cluster::{
-    NODE_HEALTH_PORT, create_ingresses, create_services, ready_nodes, service_with_backends,
+    create_ingresses, create_services, ready_nodes, service_with_backends,
 };
 use hafleet_tests::http_get;
 use hafleet_tests::stack::Stack;
@@ -89,10 +89,6 @@ struct Args {
     /// of 10) run a backend process for it.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// Run the renderer with node health checks (`--node-health-port 10256`; every node
-    /// answers there), so HAProxy checks each node once, not every server.
-    #[arg(long)]
-    node_health: bool,
 }
 
 fn ingress(name: &str, host: &str) -> Ingress {
@@ -213,14 +209,8 @@ async fn main() -> Result<()> {
 }
 
 async fn pipeline(args: Args) -> Result<()> {
-    let mut stack = Stack::start("edge", args.hosts).await?;
-    if args.node_health {
-        stack.restart_with(
-            hafleet_tests::stack::Component::Renderer,
-            &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
-        )?;
-    }
-    let (nodes, mut backends) = ready_nodes(&stack, args.nodes, args.node_health).await?;
+    let stack = Stack::start("edge", args.hosts).await?;
+    let (nodes, mut backends) = ready_nodes(&stack, args.nodes).await?;
     backends.extend(service_with_backends(&stack, "web", &nodes).await?);
     let api: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "default");
 
@@ -572,7 +562,7 @@ mod reload {
 
     use anyhow::{Context, Result};
     use hafleet_applier::{plan, runtime};
-    use hafleet_proto::{Bundle, FleetName, HttpPath, NodeAddr, ObjectName};
+    use hafleet_proto::{Bundle, FleetName, NodeAddr, ObjectName};
     use hafleet_renderer::{model, render::Renderer};
     use hafleet_tests::{ChildGuard, TestDir};
     use std::io::Write as _;
@@ -612,10 +602,8 @@ mod reload {
             entry.routes[0].host = Some(hafleet_proto::HttpHost::new("extra.example.com")?);
             ingresses.insert(hafleet_proto::IngressKey::new("bench", "extra")?, entry);
         }
-        let options = model::Options {
-            servers_per_backend: a.servers_per_backend,
-            node_health: Some(model::NodeHealth { port: 10256, path: HttpPath::new("/healthz")? }),
-        };
+        let options =
+            model::Options { servers_per_backend: a.servers_per_backend, ..Default::default() };
         let model = model::build_with(&FleetName::new("bench")?, &ingresses, nodes, &options);
         Ok(Renderer::builtin().render(&model)?)
     }
@@ -1049,7 +1037,7 @@ mod watcher {
             stack.kill(c);
         }
         let started = Instant::now();
-        let (_nodes, _processes) = ready_nodes(&stack, a.nodes, false).await?;
+        let (_nodes, _processes) = ready_nodes(&stack, a.nodes).await?;
         create_services(&stack, (0..a.ingresses).map(|i| format!("svc-{i}"))).await?;
         let ingresses = (0..a.ingresses)
             .map(|i| (format!("ing-{i}"), format!("ing-{i}.example.com"), format!("svc-{i}")));

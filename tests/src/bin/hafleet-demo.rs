@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use hafleet_tests::cluster::{
-    NODE_HEALTH_PORT, create_ingresses, create_services, ready_nodes, service_with_backends,
+    create_ingresses, create_services, ready_nodes, service_with_backends,
 };
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::tls::{
@@ -33,7 +33,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     hosts: usize,
     /// How many Ready nodes the cluster has. Each answers for its health as kube-proxy would,
-    /// and the renderer runs with node health checks.
+    /// where the renderer checks it by default.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
     /// How many Ingresses the fleet serves: `hello.local`, and `app-<i>.local` for the rest,
@@ -92,10 +92,6 @@ async fn run(args: &Args) -> Result<()> {
     anyhow::ensure!(args.nodes >= 1 && args.ingresses >= 1, "--nodes and --ingresses start at 1");
     let nats_nodes = if args.nats_cluster { 3 } else { 1 };
     let mut stack = Stack::start_on(FLEET, args.hosts, nats_nodes).await?;
-    stack.restart_with(
-        Component::Renderer,
-        &[("HAFLEET_NODE_HEALTH_PORT", &NODE_HEALTH_PORT.to_string())],
-    )?;
     // HTTPS: a CA of the demo's own issues hello's certificate; the fleet's default
     // certificate, for names without one, is self-signed.
     let ca = Ca::new("hafleet demo CA")?;
@@ -126,7 +122,7 @@ async fn run(args: &Args) -> Result<()> {
         ],
     )
     .await?;
-    let (nodes, mut backends) = ready_nodes(&stack, args.nodes, true).await?;
+    let (nodes, mut backends) = ready_nodes(&stack, args.nodes).await?;
     backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
     let ingresses = Api::<Ingress>::namespaced(client, "default");
     ingresses
