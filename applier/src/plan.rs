@@ -37,14 +37,60 @@ pub struct HostFiles {
     /// The master's reload count when the applier marked the config loaded, and now.
     pub reloads_marked: Option<u64>,
     pub reloads_now: Option<u64>,
+    /// How the running worker sees the nodes it checks, when it checks them.
+    pub nodes: Option<NodeChecks>,
+}
+
+/// How a host's HAProxy sees the nodes it health-checks (the `hafleet_nodes` backend).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeChecks {
+    /// Nodes whose check fails (`DOWN`, also while going back up).
+    pub down: usize,
+    /// Nodes checked (servers not in maintenance).
+    pub checked: usize,
+    /// One failing node and why, e.g. `node-2: L4CON Connection refused`.
+    pub example: Option<String>,
+}
+
+impl NodeChecks {
+    /// Reads `show stat hafleet_nodes 4 -1` (CSV, its header first; columns found by name);
+    /// `None` when it is not that, e.g. `No such proxy.` (node health checks off).
+    pub fn parse(csv: &str) -> Option<NodeChecks> {
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next()?.strip_prefix("# ")?.split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name);
+        let (px, sv, status) = (col("pxname")?, col("svname")?, col("status")?);
+        let (check, last) = (col("check_status"), col("last_chk"));
+        let mut checks = NodeChecks { down: 0, checked: 0, example: None };
+        for fields in lines.map(|l| l.split(',').collect::<Vec<_>>()) {
+            let field = |i: Option<usize>| i.and_then(|i| fields.get(i).copied()).unwrap_or("");
+            let state = field(Some(status));
+            if field(Some(px)) != "hafleet_nodes"
+                || matches!(field(Some(sv)), "" | "BACKEND" | "FRONTEND")
+                || state.starts_with("MAINT")
+            {
+                continue;
+            }
+            checks.checked += 1;
+            if state.starts_with("DOWN") {
+                checks.down += 1;
+                let why = format!("{} {}", field(check), field(last));
+                checks
+                    .example
+                    .get_or_insert_with(|| format!("{}: {}", field(Some(sv)), why.trim()));
+            }
+        }
+        Some(checks)
+    }
 }
 
 impl HostFiles {
     /// Reads DRIFT_STATE's output: the two sha256 lines (empty if unknown), the reload count
     /// the marker recorded (empty if none), then `<map name> <sha256 or ->` per map, then
-    /// `show proc` after a `--` line.
+    /// `show proc` after a `--` line, then the node checks' `show stat` after another.
     pub fn parse(out: &str) -> HostFiles {
-        let (files, proc) = out.split_once("\n--\n").unwrap_or((out, ""));
+        let (files, rest) = out.split_once("\n--\n").unwrap_or((out, ""));
+        let (proc, stat) = rest.split_once("\n--\n").unwrap_or((rest, ""));
         let mut lines = files.lines().map(str::trim);
         let mut line = || lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
         let (live, loaded, marked) = (line(), line(), line());
@@ -60,6 +106,7 @@ impl HostFiles {
             maps,
             reloads_marked: marked.and_then(|m| m.strip_prefix("reloads ")?.parse().ok()),
             reloads_now: parse_show_proc(proc).map(|p| p.reloads),
+            nodes: NodeChecks::parse(stat),
         }
     }
 }
@@ -355,5 +402,28 @@ mod tests {
         assert_eq!(canary_verdict(&failed(ApplyStage::Verify)), CanaryVerdict::Failed);
         assert_eq!(canary_verdict(&ApplyOutcome::Applied), CanaryVerdict::Passed);
         assert_eq!(canary_verdict(&ApplyOutcome::Unchanged), CanaryVerdict::Passed);
+    }
+
+    #[test]
+    fn node_checks_count_the_failing_nodes_of_a_real_show_stat() {
+        // `show stat hafleet_nodes 4 -1` of HAProxy 2.6.12, its columns as it prints them.
+        let header = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight,act,bck,chkfail,chkdown,lastchg,downtime,qlimit,pid,iid,sid,throttle,lbtot,tracked,type,rate,rate_lim,rate_max,check_status,check_code,check_duration,hrsp_1xx,hrsp_2xx,hrsp_3xx,hrsp_4xx,hrsp_5xx,hrsp_other,hanafail,req_rate,req_rate_max,req_tot,cli_abrt,srv_abrt,comp_in,comp_out,comp_byp,comp_rsp,lastsess,last_chk,last_agt,qtime,ctime,rtime,ttime,agent_status,agent_code,agent_duration,check_desc,agent_desc,check_rise,check_fall,check_health,agent_rise,agent_fall,agent_health,addr,cookie,mode,algo,conn_rate,conn_rate_max,conn_tot,intercepted,dcon,dses,wrew,connect,reuse,cache_lookups,cache_hits,srv_icur,src_ilim,qtime_max,ctime_max,rtime_max,ttime_max,eint,idle_conn_cur,safe_conn_cur,used_conn_cur,need_conn_est,uweight,agg_server_status,agg_server_check_status,agg_check_status,-,ssl_sess,ssl_reused_sess,ssl_failed_handshake,h2_headers_rcvd,h2_data_rcvd,h2_settings_rcvd,h2_rst_stream_rcvd,h2_goaway_rcvd,h2_detected_conn_protocol_errors,h2_detected_strm_protocol_errors,h2_rst_stream_resp,h2_goaway_resp,h2_open_connections,h2_backend_open_streams,h2_total_connections,h2_backend_total_streams,h1_open_connections,h1_open_streams,h1_total_connections,h1_total_streams,h1_bytes_in,h1_bytes_out,h1_spliced_bytes_in,h1_spliced_bytes_out,";
+        let down = "hafleet_nodes,node-1,0,0,0,0,,0,0,0,,0,,0,0,0,0,DOWN,1,1,0,1,1,5,5,,1,3,1,,0,,2,0,,0,L4CON,,0,0,0,0,0,0,0,,,,0,0,0,,,,,-1,Connection refused,,0,0,0,0,,,,Layer4 connection problem,,2,2,0,,,,127.100.67.98:10256,,http,,,,,,,,0,0,0,,,0,,0,0,0,0,0,0,0,0,1,1,,,,-,0,0,0,,,,,,,,,,,,,,,,,,,,,,";
+        let up = "hafleet_nodes,node-2,0,0,0,0,,0,0,0,,0,,0,0,0,0,UP,1,1,0,1,1,5,5,,1,3,1,,0,,2,0,,0,L7OK,,0,0,0,0,0,0,0,,,,0,0,0,,,,,-1,HTTP status check returned code <200>,,0,0,0,0,,,,Layer4 connection problem,,2,2,0,,,,127.100.67.98:10256,,http,,,,,,,,0,0,0,,,0,,0,0,0,0,0,0,0,0,1,1,,,,-,0,0,0,,,,,,,,,,,,,,,,,,,,,,";
+        let maint = "hafleet_nodes,node-3,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT,1,1,0,1,1,5,5,,1,3,1,,0,,2,0,,0,L4CON,,0,0,0,0,0,0,0,,,,0,0,0,,,,,-1,Connection refused,,0,0,0,0,,,,Layer4 connection problem,,2,2,0,,,,127.100.67.98:10256,,http,,,,,,,,0,0,0,,,0,,0,0,0,0,0,0,0,0,1,1,,,,-,0,0,0,,,,,,,,,,,,,,,,,,,,,,";
+        let csv = format!("{header}\n{down}\n{up}\n{maint}\n\n");
+        let checks = NodeChecks::parse(&csv).expect("a show stat");
+        assert_eq!(checks.down, 1);
+        assert_eq!(checks.checked, 2, "the node in maintenance is not checked");
+        assert_eq!(checks.example.as_deref(), Some("node-1: L4CON Connection refused"));
+        let all_up = NodeChecks::parse(&format!("{header}\n{up}\n")).expect("a show stat");
+        assert_eq!((all_up.down, all_up.checked, all_up.example), (0, 1, None));
+        // Node health checks off: the backend does not exist.
+        assert_eq!(NodeChecks::parse("No such proxy.\n"), None);
+        assert_eq!(NodeChecks::parse(""), None);
+        // DRIFT_STATE's output carries it after show proc.
+        let out = format!("aaa\nbbb\nreloads 3\n--\n#<PID> <type>\n--\n{header}\n{down}\n");
+        assert_eq!(HostFiles::parse(&out).nodes.map(|n| (n.down, n.checked)), Some((1, 1)));
+        assert_eq!(HostFiles::parse("aaa\nbbb\n\n--\n#<PID>\n").nodes, None);
     }
 }

@@ -121,9 +121,10 @@ mod scripts {
     pub const MARK_LOADED: &str = mark_loaded!();
     /// $1 = live config path, $2 = master socket, then map names. Prints the live file's
     /// sha256, the loaded marker's sha256 and reload count (a line each, empty if unknown),
-    /// then `<name> <sha256>` for each map (`-` if missing), then `--` and `show proc`.
-    /// Changes nothing.
-    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; shift 2; for m in "$@"; do if [ -f "$d/$m" ]; then printf '%s %s\n' "$m" "$(sha256sum "$d/$m" | cut -d' ' -f1)"; else printf '%s -\n' "$m"; fi; done; echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s" || true"#;
+    /// then `<name> <sha256>` for each map (`-` if missing), then `--` and `show proc`, then
+    /// `--` and the current worker's `show stat` of its node checks (`hafleet_nodes`; `No such
+    /// proxy.` with node health checks off). Changes nothing.
+    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; shift 2; for m in "$@"; do if [ -f "$d/$m" ]; then printf '%s %s\n' "$m" "$(sha256sum "$d/$m" | cut -d' ' -f1)"; else printf '%s -\n' "$m"; fi; done; echo --; p=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s") || true; printf '%s\n' "$p"; echo --; w=$(printf '%s\n' "$p" | awk '$2 == "worker" && $3 == "0" { print $1; exit }'); [ -z "$w" ] || printf '@!%s show stat hafleet_nodes 4 -1\n' "$w" | socat -t 5 stdio "unix-connect:$s" || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -629,13 +630,15 @@ async fn go_live(
     }
 }
 
-/// How `host`'s files differ from `version` (`Ok(None)`: they do not); `Err` when the host
-/// cannot be read (a drift check skips it: the retry loop deals with unreachable hosts).
+/// How `host`'s files differ from `version` (`None`: they do not), and how its HAProxy sees
+/// the nodes it checks (`None`: node health checks off, or no worker answered); `Err` when
+/// the host cannot be read (a drift check skips it: the retry loop deals with unreachable
+/// hosts).
 pub async fn drift_of(
     host: &Host,
     version: &ConfigVersion,
     settings: &RolloutSettings,
-) -> Result<Option<String>, String> {
+) -> Result<(Option<String>, Option<plan::NodeChecks>), String> {
     let maps: Vec<(&str, &str)> = version
         .bundle()
         .iter()
@@ -654,7 +657,8 @@ pub async fn drift_of(
     if !out.success {
         return Err(out.stderr);
     }
-    Ok(plan::drift(&version.sha256, &maps, &plan::HostFiles::parse(&out.stdout)))
+    let files = plan::HostFiles::parse(&out.stdout);
+    Ok((plan::drift(&version.sha256, &maps, &files), files.nodes))
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts

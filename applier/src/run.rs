@@ -379,10 +379,15 @@ async fn check_drift(
     let checked: Vec<usize> = in_sync.iter().copied().collect();
     for (i, host) in checked.into_iter().map(|i| (i, &hosts[i])) {
         let found = match rollout::drift_of(host, version, settings).await {
-            Ok(Some(found)) => found,
-            Ok(None) => {
-                reported.remove(&i);
-                continue;
+            Ok((found, nodes)) => {
+                node_checks_seen(host.name.as_str(), nodes.as_ref());
+                match found {
+                    Some(found) => found,
+                    None => {
+                        reported.remove(&i);
+                        continue;
+                    }
+                }
             }
             Err(e) => {
                 debug!(host = %host.name, error = %e, "drift check skipped: host not readable");
@@ -415,6 +420,50 @@ async fn check_drift(
             }
             DriftPolicy::Report => {}
         }
+    }
+}
+
+/// Sets `host`'s node-check gauges from what its drift check read, and warns when every node
+/// it checks fails: then every `Cluster` Service answers 503 there, and the likely cause is a
+/// host that cannot reach the nodes' health port, not the nodes.
+fn node_checks_seen(host: &str, nodes: Option<&crate::plan::NodeChecks>) {
+    let m = hafleet_runtime::health::Health::global();
+    let (down, checked) = nodes.map_or((f64::NAN, f64::NAN), |n| (n.down as f64, n.checked as f64));
+    m.gauge(
+        (
+            "hafleet_applier_nodes_checked",
+            "Nodes each host health-checks (NaN: node health checks off), as its last drift \
+             check read them.",
+        ),
+        &[("host", host)],
+        checked,
+    );
+    m.gauge(
+        (
+            "hafleet_applier_nodes_down",
+            "Nodes whose health check fails on each host, as its last drift check read them; \
+             alert when it equals hafleet_applier_nodes_checked.",
+        ),
+        &[("host", host)],
+        down,
+    );
+    match nodes {
+        Some(n) if n.checked > 0 && n.down == n.checked => warn!(
+            host = %host,
+            down = n.down,
+            example = n.example.as_deref().unwrap_or_default(),
+            "every node's health check fails on this host, so every Cluster Service answers 503 \
+             there: can it reach the nodes' health port (the renderer's --node-health-port; 0 \
+             turns node health checks off)?"
+        ),
+        Some(n) if n.down > 0 => debug!(
+            host = %host,
+            down = n.down,
+            checked = n.checked,
+            example = n.example.as_deref().unwrap_or_default(),
+            "nodes failing their health check"
+        ),
+        _ => {}
     }
 }
 

@@ -198,8 +198,9 @@ async fn a_host_whose_sshd_goes_down_is_skipped_and_catches_up() -> Result<()> {
 async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turned_off() -> Result<()>
 {
     // Node health checks are on by default: each node of the world answers on kube-proxy's
-    // health port, 10256.
+    // health port, 10256. The applier reads how each host sees them at each drift check.
     let mut world = World::start().await?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
     let health2 = world.node_health.pop().expect("node-2's health");
     let health1 = world.node_health.pop().expect("node-1's health");
     assert_eq!((health1.name(), health2.name()), ("healthy@node-1", "healthy@node-2"));
@@ -246,6 +247,47 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
         tokio::time::sleep(Duration::from_secs(3)).await;
         only_node_1(h.http_addr()).await?;
     }
+    let metrics = || async move {
+        let (status, body) =
+            http_get(stack.health_addr(Component::Applier), "health", "/metrics").await?;
+        anyhow::ensure!(status == 200, "{status}");
+        anyhow::Ok(body)
+    };
+    let nodes_seen = |down: u32| async move {
+        eventually(CONVERGE, &format!("{down} of 2 nodes down"), || async move {
+            let text = metrics().await?;
+            for host in ["lb-1", "lb-2"] {
+                for line in [
+                    format!("hafleet_applier_nodes_checked{{host=\"{host}\"}} 2\n"),
+                    format!("hafleet_applier_nodes_down{{host=\"{host}\"}} {down}\n"),
+                ] {
+                    anyhow::ensure!(text.contains(&line), "{line:?} not in\n{text}");
+                }
+            }
+            Ok(())
+        })
+        .await
+    };
+    nodes_seen(1).await?;
+    let every_node_fails = "every node's health check fails on this host";
+    let applier_log = || std::fs::read_to_string(stack.log_path(Component::Applier));
+    assert!(!applier_log()?.contains(every_node_fails), "one of two nodes fails");
+
+    // Every node fails (as when the hosts cannot reach the health port): every Cluster
+    // Service answers 503, and the applier says why, for each host.
+    drop(health1);
+    nodes_seen(2).await?;
+    for h in &stack.hosts {
+        let (status, body) = http_get(h.http_addr(), "shop.example.com", "/").await?;
+        assert_eq!(status, 503, "{}: {body}", h.name());
+        let log = applier_log()?;
+        let warned = log.lines().any(|l| {
+            l.contains(every_node_fails)
+                && l.contains(&format!("host={}", h.name()))
+                && l.contains("Connection refused")
+        });
+        assert!(warned, "no warning for {}:\n{log}", h.name());
+    }
 
     // Turned off (for nodes without kube-proxy's health port), each server checks its own
     // NodePort again: node-2's still answer, so it serves again, health port or not.
@@ -268,6 +310,14 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
         assert!(!config.contains("hafleet_nodes"), "{config}");
         assert_eq!(config.matches(" track ").count(), 0, "{config}");
     }
+    eventually(CONVERGE, "no node checks to count", || async {
+        let (_, text) =
+            http_get(stack.health_addr(Component::Applier), "health", "/metrics").await?;
+        let line = "hafleet_applier_nodes_checked{host=\"lb-1\"} NaN\n";
+        anyhow::ensure!(text.contains(line), "{line:?} not in\n{text}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
