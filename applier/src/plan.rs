@@ -63,10 +63,10 @@ impl NodeChecks {
         let (check, last) = (col("check_status"), col("last_chk"));
         let mut checks = NodeChecks { down: 0, checked: 0, example: None };
         for fields in lines.map(|l| l.split(',').collect::<Vec<_>>()) {
-            let field = |i: Option<usize>| i.and_then(|i| fields.get(i).copied()).unwrap_or("");
-            let state = field(Some(status));
-            if field(Some(px)) != "hafleet_nodes"
-                || matches!(field(Some(sv)), "" | "BACKEND" | "FRONTEND")
+            let at = |i: usize| fields.get(i).copied().unwrap_or("");
+            let state = at(status);
+            if at(px) != "hafleet_nodes"
+                || matches!(at(sv), "" | "BACKEND" | "FRONTEND")
                 || state.starts_with("MAINT")
             {
                 continue;
@@ -74,10 +74,8 @@ impl NodeChecks {
             checks.checked += 1;
             if state.starts_with("DOWN") {
                 checks.down += 1;
-                let why = format!("{} {}", field(check), field(last));
-                checks
-                    .example
-                    .get_or_insert_with(|| format!("{}: {}", field(Some(sv)), why.trim()));
+                let why = format!("{} {}", check.map_or("", at), last.map_or("", at));
+                checks.example.get_or_insert_with(|| format!("{}: {}", at(sv), why.trim()));
             }
         }
         Some(checks)

@@ -63,6 +63,13 @@ pub async fn service_on_two_nodes(
     Ok(backends)
 }
 
+/// What component `c` of `stack` answers at `/metrics` (an error unless 200).
+pub async fn metrics(stack: &Stack, c: Component) -> Result<String> {
+    let (status, body) = http_get(stack.health_addr(c), "health", "/metrics").await?;
+    anyhow::ensure!(status == 200, "{c:?} /metrics: {status}");
+    Ok(body)
+}
+
 /// Waits until every HAProxy host's live config lists (`want`) or no longer lists a server on
 /// `node`.
 pub async fn node_listed_everywhere(stack: &Stack, node: &str, want: bool) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Any component killed (SIGKILL) and restarted, the pipeline converges to what the cluster's
 //! Ingresses say (invariant 3).
 
-use crate::{CONVERGE, World, expect_everywhere, expect_on};
+use crate::{CONVERGE, World, expect_everywhere, expect_on, metrics};
 use anyhow::{Context as _, Result};
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::proc::tcp_accepts;
@@ -247,15 +247,9 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
         tokio::time::sleep(Duration::from_secs(3)).await;
         only_node_1(h.http_addr()).await?;
     }
-    let metrics = || async move {
-        let (status, body) =
-            http_get(stack.health_addr(Component::Applier), "health", "/metrics").await?;
-        anyhow::ensure!(status == 200, "{status}");
-        anyhow::Ok(body)
-    };
     let nodes_seen = |down: u32| async move {
         eventually(CONVERGE, &format!("{down} of 2 nodes down"), || async move {
-            let text = metrics().await?;
+            let text = metrics(stack, Component::Applier).await?;
             for host in ["lb-1", "lb-2"] {
                 for line in [
                     format!("hafleet_applier_nodes_checked{{host=\"{host}\"}} 2\n"),
@@ -311,8 +305,7 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
         assert_eq!(config.matches(" track ").count(), 0, "{config}");
     }
     eventually(CONVERGE, "no node checks to count", || async {
-        let (_, text) =
-            http_get(stack.health_addr(Component::Applier), "health", "/metrics").await?;
+        let text = metrics(stack, Component::Applier).await?;
         let line = "hafleet_applier_nodes_checked{host=\"lb-1\"} NaN\n";
         anyhow::ensure!(text.contains(line), "{line:?} not in\n{text}");
         Ok(())
@@ -521,11 +514,7 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     }
     // Each one's metrics count what it did: the route event, the version, the applies.
     let stack = &world.stack;
-    let metrics = |c| async move {
-        let (status, body) = http_get(stack.health_addr(c), "health", "/metrics").await?;
-        anyhow::ensure!(status == 200, "{status}");
-        anyhow::Ok(body)
-    };
+    let metrics = |c| metrics(stack, c);
     // Each counts right after its publish is acked, which may be a moment after the next
     // component acted on it: read until counted.
     let counted = |c, needles: &'static [&'static str]| async move {
