@@ -5,24 +5,28 @@
 //!              │ file only (stopped between swap and reload) ──▶ reload, verify, mark
 //!              │ neither
 //!              ▼
-//!            upload the map files the host lacks to hafleet-maps/ (named by their sha256)
-//!            upload to <config>.hafleet-new-<token>, check its sha256      ┐ one round
+//!            upload the map files the host lacks to hafleet-maps/ (named   ┐
+//!              by their sha256), each checked                              │
+//!            upload to <config>.hafleet-new-<token>, check its sha256      │ one round
 //!            haproxy -c -f <config>.hafleet-new-<token>                    │ trip
 //!              (refused: Failed, live file untouched)                      │
 //!            show proc (before)                                            ┘
 //!              (a version that differs from the running config only in its map files and
 //!               crt-list: the upload is a sed edit of the live file, checked by its sha256
 //!               (else the whole config), and haproxy -c runs on a config that loads those
-//!               maps alone, as the config uses them, and the new certificate files alone)
+//!               maps alone, as the config uses them, and the new certificate files alone;
+//!               the maps go in a round trip of their own)
 //!            ── up to here: `prepare`, done for the first wave while the canary goes live;
 //!               from here: `finish` (a host prepared ahead first checks that its files are
-//!               as they were, else it is prepared again, and reads show proc anew)
+//!               as they were, else it is prepared again, and reads show proc anew: in the
+//!               reload's own round trip when the change needs one)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
 //!            command? ──yes──▶ no reload
 //!              │ no (then the swap above is in the reload's round trip)
 //!              ▼
-//!            reload on the master CLI; show proc on the host until a new worker runs
+//!            show proc (before); reload on the master CLI; show proc on the host until a new
+//!            worker runs
 //!            (then from the applier, until the reload timeout);
 //!            the host's HTTP probes pass within the deadline (from the applier);
 //!            record the live sha256 in <config>.hafleet-loaded and the file as last-good;
@@ -49,11 +53,21 @@ mod scripts {
     pub const EXIT_UPLOAD: i32 = 64;
     pub const EXIT_SWAP: i32 = 65;
     pub const EXIT_ASK_RELOAD: i32 = 66;
+    /// The host's live file or loaded marker is not what it was when it was prepared:
+    /// nothing was done.
+    pub const EXIT_STALE: i32 = 67;
+    /// The master's `show proc` could not be read before the reload: nothing was done.
+    pub const EXIT_NO_PROC: i32 = 68;
 
     // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
+    macro_rules! live_shas {
+        () => {
+            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo;"#
+        };
+    }
     macro_rules! live_state {
         () => {
-            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo; HAFLEET_D="$(dirname "$1")" awk 'BEGIN { c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"; while ((c | getline f) > 0) have[f] = 1; close(c); c = "ls -1 -- \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"; while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1; close(c) } $0 != "" && !($0 in have)'"#
+            concat!(live_shas!(), r#" HAFLEET_D="$(dirname "$1")" awk 'BEGIN { c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"; while ((c | getline f) > 0) have[f] = 1; close(c); c = "ls -1 -- \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"; while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1; close(c) } $0 != "" && !($0 in have)'"#)
         };
     }
     macro_rules! mark_loaded {
@@ -61,9 +75,31 @@ mod scripts {
             r#"set -e; s1=$(stat -c '%d %i %s %y %z' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$(stat -c '%i %s %y' "$1")" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%d %i %s %y %z' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; c="$(dirname "$1")/hafleet-certs"; if [ -d "$c" ]; then oldc=$(find "$c" -maxdepth 1 -type f -mmin +60) || true; if [ -n "$oldc" ]; then lists=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/crtlist-[0-9a-f]*\.map' | sort -u) || true; keepc=$( { cat "$1" "$1.hafleet-last-good" 2>/dev/null; for l in $lists; do cat "$(dirname "$1")/$l" 2>/dev/null; done; } | grep -o 'hafleet-certs/[0-9a-f]*\.pem' | sort -u) || true; printf '%s\n' "$oldc" | while read -r f; do case "$keepc" in *"hafleet-certs/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true; fi; fi; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
         };
     }
+    macro_rules! sweep_uploads {
+        () => {
+            r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; "#
+        };
+    }
+    macro_rules! uploaded {
+        () => {
+            r#"sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; "#
+        };
+    }
     macro_rules! upload {
         () => {
-            r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; cat > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; "#
+            concat!(sweep_uploads!(), r#"cat > "$1.hafleet-new-$2" || exit 64; "#, uploaded!())
+        };
+    }
+    // Uses $1 (live config path), $2 (token), $want (1: a config follows the maps) and
+    // $count (how many map files). Unpacks a stream of [`super::file_stream`]: each map into
+    // a name of this attempt's, the config (if $want) to this attempt's upload; checks every
+    // map's sha256 (one `sha256sum -c`) and renames them to their own names only if all are
+    // whole. The awk program refuses a record it cannot read (3), data cut short or a missing
+    // config (4), and data past the config (5). Exits EXIT_UPLOAD on any failure, leaving
+    // no map of its own behind.
+    macro_rules! unpack {
+        () => {
+            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; awk -v d="$d" -v t="$2" -v cfg="$1.hafleet-new-$2" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if ($1 == "hafleet-config" && NF == 3 && want) { f = cfg; done = 1 } else if ($1 == "hafleet-map" && NF == 5 && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t) } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || { rm -f "$d"/.*."$2" "$1.hafleet-new-$2"; echo "the map files and config did not arrive whole" >&2; exit 64; }; k=0; [ ! -f "$d/.sums.$2" ] || k=$(wc -l < "$d/.sums.$2"); if [ "$k" -ne "$count" ] || ! ( cd "$d" && sha256sum -c --quiet ".sums.$2" >/dev/null 2>&1 ); then rm -f "$d"/.*."$2" "$1.hafleet-new-$2"; echo "$k of $count map files arrived, or one has another sha256" >&2; exit 64; fi; while read -r s f; do n="${f#.}"; mv -f "$d/$f" "$d/${n%.$2}" || exit 64; done < "$d/.sums.$2"; rm -f "$d/.sums.$2"; "#
         };
     }
     macro_rules! validate {
@@ -74,6 +110,13 @@ mod scripts {
     macro_rules! swap {
         () => {
             r#"if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then { cp -p "$1" "$1.hafleet-last-good-$2" && mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; } || exit 65; fi; mv -f "$1.hafleet-new-$2" "$1" || exit 65"#
+        };
+    }
+    // Uses $sock. Reads `show proc` (exit EXIT_NO_PROC if it cannot) and prints it and `--`;
+    // sets $r and $f, the master's reload and failed-reload counts, and $pids, its workers.
+    macro_rules! read_before {
+        () => {
+            r#"b=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" 2>&1); r=$(printf '%s\n' "$b" | awk '$2 == "master" && $4 == "[failed:" { print $3 " " $5; exit }'); [ -n "$r" ] || { printf 'cannot read `show proc` from the master socket %s: %s\n' "$sock" "$b" >&2; exit 68; }; f="${r#* }"; f="${f%]}"; r="${r%% *}"; pids=$(printf '%s\n' "$b" | awk '$2 == "worker" { printf "%s ", $1 }'); printf '%s\n--\n' "$b"; "#
         };
     }
     // Uses $live, $sock, $r, $f, $pids, $looks, $secs and $mark (see RELOAD_WAIT). The mark
@@ -101,11 +144,11 @@ mod scripts {
     /// backends. Drift checks always hash.
     pub const LIVE_STATE: &str = live_state!();
     /// $1 = live config path, $2 = master socket. LIVE_STATE's two sha256 lines, `--`, then
-    /// `show proc`: what a host prepared ahead checks when its turn comes, in one round trip.
+    /// `show proc`: what a host prepared ahead for the runtime API checks when its turn
+    /// comes, in one round trip (one prepared for a reload checks in the reload's).
     pub const REFRESH: &str = concat!(
-        r#"sock="$2"; set -- "$1"; "#,
-        live_state!(),
-        r#"; echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" || true"#
+        live_shas!(),
+        r#" echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$2" || true"#
     );
     /// $1 = live config path, $2 = expected sha256 or empty, $3 = the master's reload count
     /// after our reload, or empty, $4 = the stat (`%i %s %y`) of the upload that became the
@@ -141,14 +184,20 @@ mod scripts {
     /// version that needs a reload is uploaded whole): it is on the path of every map change.
     pub const UPLOAD_PATCH: &str = r#"umask 027; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
     /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
-    /// config's sha256; the config on stdin. UPLOAD, checked against $5 (exit EXIT_UPLOAD
-    /// otherwise), then validates the upload with `haproxy -c` (its output on stderr; a
-    /// refused upload is removed) and prints `show proc` for the reload check to come (not
-    /// being able to is not the config's fault: it shows as an unreadable `show proc`, a
-    /// failure that may pass). One round trip.
+    /// config's sha256, $6 = how many map files come before it; on stdin the config alone
+    /// ($6 = 0), or a [`super::file_stream`] of the map files the host lacks and the config.
+    /// UPLOAD (and UPLOAD_MAPS), checked against $5 (exit EXIT_UPLOAD otherwise), then
+    /// validates the upload with `haproxy -c` (its output on stderr; a refused upload is
+    /// removed) and prints `show proc` for the reload check to come (not being able to is not
+    /// the config's fault: it shows as an unreadable `show proc`, a failure that may pass).
+    /// One round trip.
     pub const UPLOAD_VALIDATE: &str = concat!(
-        r#"bin="$1"; shift; "#,
-        upload!(),
+        r#"bin="$1"; shift; want=1; count="$5"; "#,
+        sweep_uploads!(),
+        r#"if [ "$count" -gt 0 ]; then "#,
+        unpack!(),
+        r#"else cat > "$1.hafleet-new-$2" || exit 64; fi; "#,
+        uploaded!(),
         r#"if [ "$sha" != "$4" ]; then rm -f "$1.hafleet-new-$2"; echo "uploaded file has sha256 $sha instead of $4" >&2; exit 64; fi; echo "hafleet-stat $up"; set -- "$bin" "$1" "$2" "$3"; "#,
         validate!()
     );
@@ -162,38 +211,48 @@ mod scripts {
     /// (MARK_LOADED); on a host hafleet never verified a config on, the file HAProxy was
     /// started with is kept as last-known-good first.
     pub const SWAP: &str = swap!();
-    /// $1 = live config path, $2 = master socket, $3 and $4 = the master's reload and
-    /// failed-reload counts before, $5 = the pids of the workers before (space-separated),
-    /// $6 = most looks, $7 = most seconds to look for, $8 = the sha256 to mark loaded, or
-    /// empty.
-    /// Asks the master to reload (exit EXIT_ASK_RELOAD if it cannot), then looks at `show proc`
-    /// every 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and either a
-    /// reload failed or a worker that was not there runs, or $6 looks or $7 seconds went by
-    /// (each look is cut after a second); prints the last `show proc` (whether the reload is
-    /// ours is decided by the applier, from it).
+    /// $1 = live config path, $2 = master socket, $3 = most looks, $4 = most seconds to look
+    /// for, $5 = the sha256 to mark loaded, or empty, $6 = the upload's stat, or empty.
+    /// Reads `show proc` (exit EXIT_NO_PROC if it cannot) and prints it and `--`; asks the
+    /// master to reload (exit EXIT_ASK_RELOAD if it cannot), then looks at `show proc` every
+    /// 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and either a reload
+    /// failed or a worker that was not there runs, or $3 looks or $4 seconds went by (each
+    /// look is cut after a second); prints the last `show proc` (whether the reload is ours
+    /// is decided by the applier, from the two).
     ///
-    /// With $8, when the reload is provably ours, it runs MARK_LOADED for that sha256 (with
-    /// the new reload count, and $9, the upload's stat) in the same round trip and prints `hafleet-marked-loaded` (for a
-    /// host without probes, where loading is passing). A mark that fails prints nothing and
-    /// fails nothing: the applier then marks as usual, and fails loudly.
+    /// With $5, when the reload is provably ours, it runs MARK_LOADED for that sha256 (with
+    /// the new reload count, and $6) in the same round trip and prints
+    /// `hafleet-marked-loaded` (for a host without probes, where loading is passing). A mark
+    /// that fails prints nothing and fails nothing: the applier then marks as usual, and fails
+    /// loudly.
     pub const RELOAD_WAIT: &str = concat!(
-        r#"live="$1" sock="$2" r="$3" f="$4" pids="$5" looks="$6" secs="$7" mark="$8" upstat="$9"; "#,
+        r#"live="$1" sock="$2" looks="$3" secs="$4" mark="$5" upstat="$6"; "#,
+        read_before!(),
         reload_and_wait!()
     );
-    /// $1 = live config path, $2 = token, then RELOAD_WAIT's arguments from $2 on: SWAP (exit
-    /// EXIT_SWAP if it fails, nothing else done), then RELOAD_WAIT, in one round trip.
+    /// $1 = live config path, $2 = token, $3 to $7 = RELOAD_WAIT's $2 to $6, $8 and $9 = the
+    /// live and loaded sha256 lines LIVE_STATE printed when the host was prepared. Checks
+    /// they still are (exit EXIT_STALE if not), reads `show proc`, does SWAP (exit EXIT_SWAP
+    /// if it fails), then RELOAD_WAIT's reload, in one round trip: a host prepared while the
+    /// canary went live needs no round trip of its own to read them again. Before the swap,
+    /// a failure has done nothing.
     pub const SWAP_RELOAD: &str = concat!(
-        r#"live="$1" sock="$3" r="$4" f="$5" pids="$6" looks="$7" secs="$8" mark="$9" upstat="${10}"; "#,
+        r#"live="$1" sock="$3" looks="$4" secs="$5" mark="$6" upstat="$7" was="$8 $9 "; now=$( { "#,
+        live_shas!(),
+        r#" } | tr '\n' ' '); [ "$now" = "$was" ] || { echo "the host's config changed since it was prepared" >&2; exit 67; }; "#,
+        read_before!(),
         swap!(),
         "; ",
         reload_and_wait!()
     );
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
-    /// $1 = live config path, $2 = map name, $3 = token, $4 = the map's sha256; the map on
-    /// stdin. Writes it under a temporary name and renames it to its own only if what landed
-    /// has that sha256, so a file under a map's name is always that content.
-    pub const UPLOAD_MAP: &str = r#"set -e; umask 027; d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d"; cat > "$d/.$2.$3"; sha=$(sha256sum "$d/.$2.$3" | cut -d' ' -f1); if [ "$sha" != "$4" ]; then rm -f "$d/.$2.$3"; echo "uploaded map $2 has sha256 $sha" >&2; exit 1; fi; mv -f "$d/.$2.$3" "$d/$2""#;
+    /// $1 = live config path, $2 = token, $3 = how many map files; on stdin a
+    /// [`super::file_stream`] of them. Writes each under a temporary name and renames them to
+    /// their own only once every one has arrived with the sha256 its name promises, so a file
+    /// under a map's name is always that content. One round trip whatever the number of maps.
+    pub const UPLOAD_MAPS: &str =
+        concat!(r#"umask 027; want=0; count="$3"; "#, unpack!(), r#"exit 0"#);
     /// $1 = live config path, $2 = token, $3 = how many files; certificate files (chain and
     /// private key) on stdin,
     /// each a line `hafleet-cert <name> <sha256> <lines>` and then its `<lines>` lines (see
@@ -235,6 +294,15 @@ struct Failure {
     stage: ApplyStage,
     message: String,
     restored: bool,
+    /// The exit code of the script that failed, if one did.
+    code: Option<i32>,
+}
+
+impl Failure {
+    /// Failed before it changed anything on the host (the swap, or what comes before it).
+    fn changed_nothing(&self) -> bool {
+        matches!(self.code, Some(scripts::EXIT_SWAP | scripts::EXIT_STALE | scripts::EXIT_NO_PROC))
+    }
 }
 
 fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
@@ -247,7 +315,7 @@ fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
         message.truncate(cut);
         message.push('…');
     }
-    Failure { stage, message, restored: false }
+    Failure { stage, message, restored: false, code: None }
 }
 
 /// What an apply asked of HAProxy.
@@ -269,7 +337,8 @@ pub async fn apply_host(
     settings: &RolloutSettings,
 ) -> (ApplyOutcome, Effort) {
     let prepared = prepare(host, version, known, settings).await;
-    finish(prepared, version, settings).await
+    let (result, effort) = finish(prepared, version, settings).await;
+    (result.unwrap_or_else(failed), effort)
 }
 
 /// A host made ready for a version by [`prepare`]: connected, its state read, the version's
@@ -284,6 +353,13 @@ pub struct Prepared<'a> {
     pub started: std::time::Instant,
     /// The live and loaded sha256 lines LIVE_STATE printed when it was prepared.
     state: String,
+}
+
+impl Prepared<'_> {
+    /// Staged for a change that needs a reload.
+    fn reloads(&self) -> bool {
+        matches!(&self.step, Next::Staged { change: runtime::Plan::Reload(_), .. })
+    }
 }
 
 /// What [`finish`] has left to do.
@@ -348,9 +424,10 @@ fn shas(state: &str) -> String {
     format!("{}\n{}", lines.next().unwrap_or_default(), lines.next().unwrap_or_default())
 }
 
-/// A host prepared ahead, made current when the rollout turns to it: its files must still be
-/// what they were (else it is prepared again), and its `show proc` is read again, so that the
-/// reload check and the runtime API's worker are those of now, not of before the canary.
+/// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
+/// files must still be what they were (else it is prepared again), and its `show proc` is
+/// read again, so that the runtime API's worker is that of now, not of before the canary. (A
+/// host prepared for a reload checks both in the reload's round trip: SWAP_RELOAD.)
 async fn refresh<'a>(
     mut prepared: Prepared<'a>,
     version: &ConfigVersion,
@@ -385,30 +462,27 @@ async fn refresh<'a>(
 
 /// Puts a prepared host live (see [`prepare`]) and gives its connection back.
 #[tracing::instrument(skip_all, fields(host = %prepared.host.name, version = version.version))]
-pub async fn finish(
+async fn finish(
     prepared: Prepared<'_>,
     version: &ConfigVersion,
     settings: &RolloutSettings,
-) -> (ApplyOutcome, Effort) {
-    let Prepared { host, conn, step, .. } = prepared;
+) -> (Result<ApplyOutcome, Failure>, Effort) {
+    let Prepared { host, conn, step, state, .. } = prepared;
     let mut effort = Effort::default();
     let Some((conn, generation)) = conn else {
         let Next::Done(result) = step else { unreachable!("only a failure has no connection") };
-        return (result.unwrap_or_else(failed), effort);
+        return (result, effort);
     };
     let result = match step {
         Next::Done(result) => result,
         Next::ReloadOnly => reload_only(&conn, host, version, settings, &mut effort).await,
         Next::Staged { token, uploaded, change } => {
             let staged = (token.as_str(), uploaded, &change);
-            go_live(&conn, host, version, staged, settings, &mut effort).await
+            go_live(&conn, host, version, staged, &state, settings, &mut effort).await
         }
     };
     settings.ssh.give_back(host, conn, generation, result.is_ok()).await;
-    match result {
-        Ok(outcome) => (outcome, effort),
-        Err(f) => (failed(f), effort),
-    }
+    (result, effort)
 }
 
 /// Drops a prepared host that must not go live (its rollout halted): removes its upload and
@@ -524,12 +598,15 @@ async fn reload_only(
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     info!("live file is this version but HAProxy never loaded it; reloading");
-    let before = show_proc(conn, host).await.map_err(|m| fail(ApplyStage::Verify, m))?;
     effort.reloads += 1;
     let mark = mark_with_reload(host, version);
-    let ask = ReloadAsk { swap_token: None, mark, stat: None };
-    let (after, marked) = match reload(conn, host, &before, settings.reload_timeout, ask).await {
+    let ask = ReloadAsk { swap: None, mark, stat: None };
+    let (after, marked) = match reload(conn, host, settings.reload_timeout, ask).await {
         Ok(done) => done,
+        Err(failure) if failure.changed_nothing() => {
+            effort.reloads -= 1;
+            return Err(failure);
+        }
         Err(mut failure) => {
             // The live file is one HAProxy will not load: put last-known-good back, so a host
             // restart does not start HAProxy on it.
@@ -552,6 +629,7 @@ async fn go_live(
     host: &Host,
     version: &ConfigVersion,
     (token, uploaded, change): (&str, Uploaded, &runtime::Plan),
+    prepared_state: &str,
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
@@ -601,12 +679,13 @@ async fn go_live(
     }
 
     effort.reloads += 1;
+    let (live_sha, loaded_sha) = prepared_state.split_once('\n').unwrap_or((prepared_state, ""));
     let ask = ReloadAsk {
-        swap_token: swap_with_reload.then_some(token),
+        swap: swap_with_reload.then_some((token, live_sha, loaded_sha)),
         mark: mark_with_reload(host, version),
         stat: stat.as_deref(),
     };
-    match reload(conn, host, &before, settings.reload_timeout, ask).await {
+    match reload(conn, host, settings.reload_timeout, ask).await {
         Ok((after, marked)) => {
             probed(conn, host, settings, effort).await?;
             if !marked {
@@ -615,7 +694,7 @@ async fn go_live(
             }
             Ok(ApplyOutcome::Applied)
         }
-        Err(failure) if failure.stage == ApplyStage::Swap => {
+        Err(failure) if failure.changed_nothing() => {
             // Nothing changed: the live file is the one HAProxy runs.
             effort.reloads -= 1;
             let _ = conn.run(scripts::DISCARD, &[live, token], None).await;
@@ -830,13 +909,17 @@ async fn upload_and_validate(
     check: &UploadCheck<'_>,
     token: &str,
 ) -> Result<Uploaded, Failure> {
-    let missing_maps = check.missing_maps;
+    let missing = check.missing_maps;
     let live = host.config_path.as_str();
     let Some(bundle) = version.bundle() else {
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
-    upload_maps(conn, host, bundle, missing_maps, token).await?;
-    upload_certs(conn, host, bundle, missing_maps, token, check.tls_identity).await?;
+    let maps = missing_maps(bundle, missing);
+    // A config checked whole carries the maps in its own round trip.
+    if check.map_check.is_some() {
+        upload_maps(conn, host, &maps, token).await?;
+    }
+    upload_certs(conn, host, bundle, missing, token, check.tls_identity).await?;
     let config = Some(bundle.config.as_bytes());
     let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
     let stat;
@@ -888,8 +971,11 @@ async fn upload_and_validate(
             remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
         }
         None => {
-            let args = [args[0], args[1], args[2], args[3], &version.sha256];
-            let out = match conn.run(scripts::UPLOAD_VALIDATE, &args, config).await {
+            let count = maps.len().to_string();
+            let args = [args[0], args[1], args[2], args[3], &version.sha256, &count];
+            let stream = (!maps.is_empty()).then(|| file_stream(&maps, Some(&bundle.config)));
+            let stdin = stream.as_deref().or(config);
+            let out = match conn.run(scripts::UPLOAD_VALIDATE, &args, stdin).await {
                 // A dropped connection is an upload that may pass, not a refused config.
                 Err(e) => return Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
                 ran => outcome_of(ApplyStage::Validate, ran)?,
@@ -911,23 +997,56 @@ fn certs_by_path(
     bundle.iter().flat_map(|b| &b.certs).map(|c| (c.relative_path(), c)).collect()
 }
 
-/// Uploads the map files of `bundle` that the host does not have yet (`missing`), each checked
-/// on arrival.
+/// The map files of `bundle` that the host does not have yet (`missing` names them, among
+/// certificate files).
+fn missing_maps<'a>(bundle: &'a Bundle, missing: &[&str]) -> Vec<&'a hafleet_proto::MapFile> {
+    let missing: std::collections::HashSet<&str> = missing.iter().copied().collect();
+    bundle.maps.iter().filter(|m| missing.contains(m.name.as_str())).collect()
+}
+
+/// Uploads `maps` in one round trip (UPLOAD_MAPS), each checked on arrival.
 async fn upload_maps(
     conn: &HostConn,
     host: &Host,
-    bundle: &Bundle,
-    missing: &[&str],
+    maps: &[&hafleet_proto::MapFile],
     token: &str,
 ) -> Result<(), Failure> {
-    let live = host.config_path.as_str();
-    for &name in missing {
-        let Some(map) = bundle.maps.iter().find(|m| m.name.as_str() == name) else { continue };
-        let content = Some(map.content.as_bytes());
-        let args = [live, name, token, map.name.digest()];
-        remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAP, &args, content).await?;
+    if maps.is_empty() {
+        return Ok(());
     }
+    let stream = file_stream(maps, None);
+    let count = maps.len().to_string();
+    let args = [host.config_path.as_str(), token, count.as_str()];
+    remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAPS, &args, Some(&stream)).await?;
     Ok(())
+}
+
+/// What UPLOAD_MAPS and UPLOAD_VALIDATE unpack: for each map, `hafleet-map <name> <sha256>
+/// <lines> <1 if it ends in a newline, else 0>` and its content, then, with a config,
+/// `hafleet-config <lines> <1|0>` and the config. Lines are counted as awk reads them, so any
+/// text goes through whole; a map's sha256 is the one its name promises (the bundle was
+/// checked against it), and the config's is checked on arrival by the caller.
+fn file_stream(maps: &[&hafleet_proto::MapFile], config: Option<&str>) -> Vec<u8> {
+    fn record(out: &mut Vec<u8>, head: &str, content: &str) {
+        let lines = content.matches('\n').count()
+            + usize::from(!content.ends_with('\n') && !content.is_empty());
+        let newline = u8::from(content.ends_with('\n'));
+        out.extend_from_slice(format!("{head} {lines} {newline}\n").as_bytes());
+        out.extend_from_slice(content.as_bytes());
+        if !content.is_empty() && newline == 0 {
+            out.push(b'\n');
+        }
+    }
+    let size: usize = maps.iter().map(|m| m.content.len() + 160).sum();
+    let mut out = Vec::with_capacity(size + config.map_or(0, |c| c.len() + 32));
+    for map in maps {
+        let head = format!("hafleet-map {} {}", map.name.as_str(), map.name.digest());
+        record(&mut out, &head, &map.content);
+    }
+    if let Some(config) = config {
+        record(&mut out, "hafleet-config", config);
+    }
+    out
 }
 
 /// Writes the certificate files of `bundle` that the host does not have yet (`missing` names
@@ -1035,10 +1154,10 @@ fn outcome_of(
 ) -> Result<String, Failure> {
     match run {
         Ok(out) if out.success => Ok(out.stdout),
-        Ok(out) => Err(fail(
-            stage_of(out.code, stage),
-            format!("{}{}", out.stdout, out.stderr).trim().to_owned(),
-        )),
+        Ok(out) => Err(Failure {
+            code: out.code,
+            ..fail(stage_of(out.code, stage), format!("{}{}", out.stdout, out.stderr).trim())
+        }),
         Err(e) => Err(fail(stage, format!("ssh: {e}"))),
     }
 }
@@ -1047,7 +1166,8 @@ fn outcome_of(
 fn stage_of(code: Option<i32>, otherwise: ApplyStage) -> ApplyStage {
     match code {
         Some(scripts::EXIT_UPLOAD) => ApplyStage::Upload,
-        Some(scripts::EXIT_SWAP) => ApplyStage::Swap,
+        Some(scripts::EXIT_SWAP | scripts::EXIT_STALE) => ApplyStage::Swap,
+        Some(scripts::EXIT_NO_PROC) => ApplyStage::Verify,
         // Not being able to ask is a transient failure; only HAProxy refusing the config is a
         // Reload failure, which the same config would meet again.
         Some(scripts::EXIT_ASK_RELOAD) => ApplyStage::Verify,
@@ -1102,18 +1222,15 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
 async fn reload(
     conn: &HostConn,
     host: &Host,
-    before: &plan::ProcState,
     timeout: Duration,
     mut ask: ReloadAsk<'_>,
 ) -> Result<(plan::ProcState, bool), Failure> {
-    let mut before = before.clone();
     for _ in 0..3 {
-        match reload_once(conn, host, &before, timeout, ask).await? {
+        match reload_once(conn, host, timeout, ask).await? {
             Ok(done) => return Ok(done),
             Err(raced) => {
                 warn!(reloads = raced.reloads, "another reload came with ours; reloading again");
-                before = raced;
-                ask.swap_token = None;
+                ask.swap = None;
             }
         }
     }
@@ -1123,9 +1240,10 @@ async fn reload(
 /// What a reload's round trip does besides reloading.
 #[derive(Debug, Clone, Copy)]
 struct ReloadAsk<'a> {
-    /// Swap in this attempt's validated upload first; failing to is a `Swap` failure that
-    /// changed nothing.
-    swap_token: Option<&'a str>,
+    /// Swap in this attempt's validated upload (its token) first, if the live and loaded
+    /// sha256 lines are still those it was prepared on; failing either is a `Swap` failure
+    /// that changed nothing.
+    swap: Option<(&'a str, &'a str, &'a str)>,
     /// Once the reload is provably ours, mark the live file loaded if it has this sha256, as
     /// [`mark_loaded`] would (for a host without probes, where loading is passing them).
     mark: Option<&'a str>,
@@ -1145,14 +1263,10 @@ fn mark_with_reload<'a>(host: &Host, version: &'a ConfigVersion) -> Option<&'a s
 async fn reload_once(
     conn: &HostConn,
     host: &Host,
-    before: &plan::ProcState,
     timeout: Duration,
     ask: ReloadAsk<'_>,
 ) -> Result<Result<(plan::ProcState, bool), plan::ProcState>, Failure> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let (reloads, failed) = (before.reloads.to_string(), before.failed.to_string());
-    let pids: Vec<String> = before.workers.iter().map(|(pid, _)| pid.to_string()).collect();
-    let pids = pids.join(" ");
     // A reload usually completes within tens of milliseconds: the host itself looks every
     // 3 ms (one round trip in all), at most 150 times (about a second) and for at most the
     // reload timeout in whole seconds (1 to 10; a look that hangs is cut after a second);
@@ -1161,13 +1275,15 @@ async fn reload_once(
     let secs = timeout.as_secs().clamp(1, 10).to_string();
     let mark = ask.mark.unwrap_or_default();
     let stat = ask.stat.unwrap_or_default();
-    let wait = [host.master_socket.as_str(), &reloads, &failed, &pids, &looks, &secs, mark, stat];
+    let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat];
     let live = host.config_path.as_str();
-    let out = match ask.swap_token {
-        Some(token) => {
+    let out = match ask.swap {
+        Some((token, live_sha, loaded_sha)) => {
             let mut args = vec![live, token];
             args.extend(wait);
-            // Exit EXIT_SWAP says the swap failed; anything else comes after it.
+            args.extend([live_sha, loaded_sha]);
+            // Exit EXIT_STALE, EXIT_NO_PROC and EXIT_SWAP say nothing was done; anything
+            // else comes after the swap.
             remote(conn, ApplyStage::Verify, scripts::SWAP_RELOAD, &args, None).await?
         }
         None => {
@@ -1176,10 +1292,14 @@ async fn reload_once(
             remote(conn, ApplyStage::Verify, scripts::RELOAD_WAIT, &args, None).await?
         }
     };
+    // `show proc` before the reload, `--`, then after it.
+    let (before, out) = out.split_once("\n--\n").unwrap_or_default();
+    let before = parse_show_proc(host, before, "").map_err(|m| fail(ApplyStage::Verify, m))?;
+    let before = &before;
     // Only when the host saw the reload done, as below, and marked it.
     let mut marked = out.lines().any(|l| l == "hafleet-marked-loaded");
     // While the master re-executes, its socket may refuse connections: that is "pending".
-    let mut seen = plan::parse_show_proc(&out);
+    let mut seen = plan::parse_show_proc(out);
     let mut pause = Duration::from_millis(10);
     loop {
         if let Some(after) = seen.take() {
@@ -1214,9 +1334,8 @@ async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
     if remote(conn, ApplyStage::Swap, scripts::RESTORE, &[&host.config_path], None).await.is_err() {
         return false;
     }
-    let Ok(before) = show_proc(conn, host).await else { return false };
-    let ask = ReloadAsk { swap_token: None, mark: None, stat: None };
-    let restored = match reload(conn, host, &before, timeout, ask).await {
+    let ask = ReloadAsk { swap: None, mark: None, stat: None };
+    let restored = match reload(conn, host, timeout, ask).await {
         Ok((after, _)) => mark_loaded(conn, host, "", Some(after.reloads), None).await.is_ok(),
         Err(_) => false,
     };
@@ -1286,18 +1405,26 @@ async fn attempt_host<'a>(
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> HostResult {
-    let (prepared, started) = match prepared {
+    let (prepared, started, ahead) = match prepared {
+        // A reload checks, in its own round trip, that the host is as it was prepared.
+        Some(p) if p.reloads() => (p, std::time::Instant::now(), true),
         Some(p) => {
             let started = std::time::Instant::now();
-            (refresh(p, version, known, settings).await, started)
+            (refresh(p, version, known, settings).await, started, false)
         }
         None => {
             let p = prepare(&hosts[i], version, known, settings).await;
             let started = p.started;
-            (p, started)
+            (p, started, false)
         }
     };
-    let (outcome, effort) = finish(prepared, version, settings).await;
+    let (mut result, mut effort) = finish(prepared, version, settings).await;
+    if ahead && matches!(&result, Err(f) if f.code == Some(scripts::EXIT_STALE)) {
+        warn!(host = %hosts[i].name, "the host changed while the canary went live; preparing it again");
+        let p = prepare(&hosts[i], version, known, settings).await;
+        (result, effort) = finish(p, version, settings).await;
+    }
+    let outcome = result.unwrap_or_else(failed);
     let finished_unix_ms = hafleet_runtime::now_unix_ms();
     HostResult { host: i, outcome, took: started.elapsed(), finished_unix_ms, effort }
 }
@@ -1507,6 +1634,145 @@ mod tests {
         assert!(one("../x.pem", "a\n").is_err());
         assert!(one("ab.pem", "a").is_err());
         assert!(one("ab.pem", "a\r\n").is_err());
+    }
+
+    /// UPLOAD_VALIDATE (with `true` for HAProxy) and UPLOAD_MAPS run by `sh`: the map files
+    /// the host lacks and the config go in one stream and land byte for byte, whatever their
+    /// lines hold (an empty map, one without a final newline, lines that look like the
+    /// stream's own headers); a stream cut short, a map changed on the way or data past the
+    /// config leave no upload and no file of the stream's behind, and a file under a map's
+    /// name is always that map.
+    #[test]
+    fn maps_and_config_land_whole_in_one_round_trip_or_not_at_all() {
+        use hafleet_proto::{MapFile, MapName};
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("haproxy.cfg");
+        let run = |script: &str, args: &[&str], stream: &[u8]| {
+            let mut child = std::process::Command::new("sh")
+                .args(["-c", script, "hafleet"])
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(stream).unwrap();
+            child.wait_with_output().unwrap()
+        };
+        let map = |kind: &str, content: &str| MapFile {
+            name: MapName::for_content(kind, content).unwrap(),
+            content: content.to_owned(),
+        };
+        let maps = [
+            map("exact", "a.example.com/ be_a\nb.example.com/x be_b\n"),
+            map("prefix", ""),
+            map("crtlist", "hafleet-config 1 1\nhafleet-map x y 1 1\n  \\x\ty  "),
+        ];
+        let maps: Vec<&MapFile> = maps.iter().collect();
+        let config = "global\n\tdefault-path config\n\nbackend be_a\n    server s 1.2.3.4:80\n";
+        let sha = hafleet_proto::sha256_hex(config.as_bytes());
+        let live_s = live.to_str().unwrap();
+        let validate = |stream: &[u8]| {
+            let args = ["true", live_s, "t1", "/nonexistent.sock", &sha, "3"];
+            run(scripts::UPLOAD_VALIDATE, &args, stream)
+        };
+        let maps_dir = dir.path().join("hafleet-maps");
+        // Files of the stream's own: the upload, temporary map names, the list of sha256s.
+        let left = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .chain(std::fs::read_dir(&maps_dir).unwrap())
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
+                .collect();
+            names.sort();
+            names
+        };
+        let maps_whole = || {
+            for e in std::fs::read_dir(&maps_dir).unwrap() {
+                let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                let m = maps.iter().find(|m| m.name.as_str() == name).expect("a map's name");
+                assert_eq!(std::fs::read_to_string(maps_dir.join(&name)).unwrap(), m.content);
+            }
+        };
+        let stream = file_stream(&maps, Some(config));
+        // Cut short, a map changed on the way, or more after the config: nothing lands.
+        for bad in [
+            stream[..stream.len() - 3].to_vec(),
+            String::from_utf8(stream.clone()).unwrap().replacen("be_b", "be_c", 1).into_bytes(),
+            [stream.as_slice(), b"extra\n"].concat(),
+        ] {
+            let out = validate(&bad);
+            assert!(!out.status.success());
+            assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+            assert_eq!(left(), Vec::<String>::new(), "nothing left behind");
+            maps_whole();
+        }
+        let out = validate(&stream);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("hafleet-stat "));
+        let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
+        assert_eq!(std::fs::read_to_string(&upload).unwrap(), config);
+        for m in &maps {
+            assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
+        }
+        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"]);
+        maps_whole();
+        assert_eq!(std::fs::read_dir(&maps_dir).unwrap().count(), 3);
+        // The maps alone, in their own round trip, as a version checked by its maps sends them.
+        std::fs::remove_dir_all(&maps_dir).unwrap();
+        let out = run(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &file_stream(&maps, None));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for m in &maps {
+            assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
+        }
+        // Two of three announced: refused.
+        let out = run(scripts::UPLOAD_MAPS, &[live_s, "t3", "3"], &file_stream(&maps[..2], None));
+        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+    }
+
+    /// SWAP_RELOAD run by `sh`: a host whose live file or loaded marker is no longer what it
+    /// was prepared on, or whose master cannot say `show proc`, is left as it was, and the
+    /// exit code says so (the applier prepares a changed host again).
+    #[test]
+    fn a_reload_checks_the_host_is_as_prepared_and_changes_nothing_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("haproxy.cfg");
+        std::fs::write(&live, "old\n").unwrap();
+        std::fs::write(dir.path().join("haproxy.cfg.hafleet-new-t1"), "new\n").unwrap();
+        let old_sha = hafleet_proto::sha256_hex(b"old\n");
+        let swap_reload = |was_live: &str| {
+            let live = live.to_str().unwrap();
+            let args = [live, "t1", "/nonexistent.sock", "5", "1", "", "", was_live, ""];
+            let out = std::process::Command::new("sh")
+                .args(["-c", scripts::SWAP_RELOAD, "hafleet"])
+                .args(args)
+                .output()
+                .unwrap();
+            let failure = outcome_of(
+                ApplyStage::Verify,
+                Ok(crate::ssh::RemoteOutput {
+                    success: out.status.success(),
+                    code: out.status.code(),
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                }),
+            )
+            .unwrap_err();
+            assert!(failure.changed_nothing(), "{}", failure.message);
+            assert_eq!(std::fs::read_to_string(live).unwrap(), "old\n");
+            failure
+        };
+        let stale = swap_reload(&hafleet_proto::sha256_hex(b"other\n"));
+        assert_eq!((stale.code, stale.stage), (Some(scripts::EXIT_STALE), ApplyStage::Swap));
+        assert!(stale.message.contains("changed since it was prepared"), "{}", stale.message);
+        let no_proc = swap_reload(&old_sha);
+        assert_eq!(
+            (no_proc.code, no_proc.stage),
+            (Some(scripts::EXIT_NO_PROC), ApplyStage::Verify)
+        );
+        assert!(no_proc.message.contains("cannot read `show proc`"), "{}", no_proc.message);
     }
 
     /// MARK_LOADED run by `sh` on a real directory: it records the file and its reload
