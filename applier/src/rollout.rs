@@ -119,14 +119,14 @@ mod scripts {
             r#"b=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" 2>&1); r=$(printf '%s\n' "$b" | awk '$2 == "master" && $4 == "[failed:" { print $3 " " $5; exit }'); [ -n "$r" ] || { printf 'cannot read `show proc` from the master socket %s: %s\n' "$sock" "$b" >&2; exit 68; }; f="${r#* }"; f="${f%]}"; r="${r%% *}"; pids=$(printf '%s\n' "$b" | awk '$2 == "worker" { printf "%s ", $1 }'); printf '%s\n--\n' "$b"; "#
         };
     }
-    // Uses $live, $sock, $r, $f, $pids, $looks, $secs and $mark (see RELOAD_WAIT). The mark
+    // Uses $live, $sock, $r, $f, $pids, $first, $looks, $secs and $mark (see RELOAD_WAIT). The mark
     // runs in a subshell of its own, not in a condition, so that its `set -e` holds; its
     // failure only leaves the line out. The awk program
     // prints `done <reloads>` for exactly our reload (one more, none failed, a new worker),
     // `settled` for any other outcome, and nothing while the reload is pending.
     macro_rules! reload_and_wait {
         () => {
-            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; n=0; st=; end=$(( $(date +%s) + secs )); while :; do out=$(printf '%s\n' "show proc" | socat -t 1 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; [ "$n" -lt 10 ] || [ "$(date +%s)" -lt "$end" ] || break; sleep 0.003; done; printf '%s\n' "$out"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }" "$upstat"; "#,
+            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; [ "$first" = 0 ] || sleep "$first"; n=0; st=; end=$(( $(date +%s) + secs )); while :; do out=$(printf '%s\n' "show proc" | socat -t 1 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; [ "$n" -lt 10 ] || [ "$(date +%s)" -lt "$end" ] || break; sleep 0.003; done; printf '%s\n' "$out"; echo "hafleet-looks $n"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }" "$upstat"; "#,
             mark_loaded!(),
             r#" ) >/dev/null 2>&1; if [ $? -eq 0 ]; then echo hafleet-marked-loaded; fi; fi ;; esac; exit 0"#)
         };
@@ -212,13 +212,16 @@ mod scripts {
     /// started with is kept as last-known-good first.
     pub const SWAP: &str = swap!();
     /// $1 = live config path, $2 = master socket, $3 = most looks, $4 = most seconds to look
-    /// for, $5 = the sha256 to mark loaded, or empty, $6 = the upload's stat, or empty.
+    /// for, $5 = the sha256 to mark loaded, or empty, $6 = the upload's stat, or empty, $7 =
+    /// seconds to wait before the first look (`0`, or a decimal such as `0.450`).
     /// Reads `show proc` (exit EXIT_NO_PROC if it cannot) and prints it and `--`; asks the
-    /// master to reload (exit EXIT_ASK_RELOAD if it cannot), then looks at `show proc` every
-    /// 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and either a reload
-    /// failed or a worker that was not there runs, or $3 looks or $4 seconds went by (each
-    /// look is cut after a second); prints the last `show proc` (whether the reload is ours
-    /// is decided by the applier, from the two).
+    /// master to reload (exit EXIT_ASK_RELOAD if it cannot), waits $7, then looks at `show
+    /// proc` every 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and
+    /// either a reload failed or a worker that was not there runs, or $3 looks or $4 seconds
+    /// went by (each look is cut after a second); prints the last `show proc` (whether the
+    /// reload is ours is decided by the applier, from the two). A look costs about 5 ms of
+    /// the host's CPU (socat, awk, sleep): looking all through a reload that takes 600 ms
+    /// would take most of a core from HAProxy, which needs it to start the new worker.
     ///
     /// With $5, when the reload is provably ours, it runs MARK_LOADED for that sha256 (with
     /// the new reload count, and $6) in the same round trip and prints
@@ -226,18 +229,18 @@ mod scripts {
     /// that fails prints nothing and fails nothing: the applier then marks as usual, and fails
     /// loudly.
     pub const RELOAD_WAIT: &str = concat!(
-        r#"live="$1" sock="$2" looks="$3" secs="$4" mark="$5" upstat="$6"; "#,
+        r#"live="$1" sock="$2" looks="$3" secs="$4" mark="$5" upstat="$6" first="$7"; "#,
         read_before!(),
         reload_and_wait!()
     );
-    /// $1 = live config path, $2 = token, $3 to $7 = RELOAD_WAIT's $2 to $6, $8 and $9 = the
-    /// live and loaded sha256 lines LIVE_STATE printed when the host was prepared. Checks
+    /// $1 = live config path, $2 = token, $3 to $8 = RELOAD_WAIT's $2 to $7, $9 and ${10} =
+    /// the live and loaded sha256 lines LIVE_STATE printed when the host was prepared. Checks
     /// they still are (exit EXIT_STALE if not), reads `show proc`, does SWAP (exit EXIT_SWAP
     /// if it fails), then RELOAD_WAIT's reload, in one round trip: a host prepared while the
     /// canary went live needs no round trip of its own to read them again. Before the swap,
     /// a failure has done nothing.
     pub const SWAP_RELOAD: &str = concat!(
-        r#"live="$1" sock="$3" looks="$4" secs="$5" mark="$6" upstat="$7" was="$8 $9 "; now=$( { "#,
+        r#"live="$1" sock="$3" looks="$4" secs="$5" mark="$6" upstat="$7" first="$8" was="$9 ${10} "; now=$( { "#,
         live_shas!(),
         r#" } | tr '\n' ' '); [ "$now" = "$was" ] || { echo "the host's config changed since it was prepared" >&2; exit 67; }; "#,
         read_before!(),
@@ -287,6 +290,20 @@ pub struct RolloutSettings {
     pub fleet_hosts: usize,
     /// Opens the versions' certificate keys (`--tls-identity`).
     pub tls_identity: Option<std::sync::Arc<crate::tls::FleetIdentity>>,
+    /// How long each host's last reload took to show its new worker, by host name (see
+    /// [`first_look`]).
+    pub reload_times:
+        std::sync::Mutex<std::collections::HashMap<hafleet_proto::HostName, Duration>>,
+}
+
+/// How long a reload on `host` waits before its first look at `show proc`: two thirds of
+/// what the host's last reload took, so that a host whose reloads take 600 ms (10,000
+/// backends) spends the CPU of a few dozen looks, not of a hundred, while HAProxy parses.
+/// A reload faster than that is seen at most a third of the last one late, and teaches the
+/// next one. None known yet: look at once.
+fn first_look(settings: &RolloutSettings, host: &Host) -> Duration {
+    let times = settings.reload_times.lock().unwrap_or_else(|e| e.into_inner());
+    times.get(&host.name).map_or(Duration::ZERO, |last| *last * 2 / 3)
 }
 
 /// A failure on one host, before it becomes an [`ApplyOutcome`].
@@ -601,7 +618,7 @@ async fn reload_only(
     effort.reloads += 1;
     let mark = mark_with_reload(host, version);
     let ask = ReloadAsk { swap: None, mark, stat: None };
-    let (after, marked) = match reload(conn, host, settings.reload_timeout, ask).await {
+    let (after, marked) = match reload(conn, host, settings, ask).await {
         Ok(done) => done,
         Err(failure) if failure.changed_nothing() => {
             effort.reloads -= 1;
@@ -611,7 +628,7 @@ async fn reload_only(
             // The live file is one HAProxy will not load: put last-known-good back, so a host
             // restart does not start HAProxy on it.
             effort.reloads += 1;
-            failure.restored = restore(conn, host, settings.reload_timeout).await;
+            failure.restored = restore(conn, host, settings).await;
             return Err(failure);
         }
     };
@@ -685,7 +702,7 @@ async fn go_live(
         mark: mark_with_reload(host, version),
         stat: stat.as_deref(),
     };
-    match reload(conn, host, settings.reload_timeout, ask).await {
+    match reload(conn, host, settings, ask).await {
         Ok((after, marked)) => {
             probed(conn, host, settings, effort).await?;
             if !marked {
@@ -703,7 +720,7 @@ async fn go_live(
         Err(mut failure) => {
             warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
             effort.reloads += 1;
-            failure.restored = restore(conn, host, settings.reload_timeout).await;
+            failure.restored = restore(conn, host, settings).await;
             Err(failure)
         }
     }
@@ -758,7 +775,7 @@ async fn probed(
     warn!(%why, "probes failed; rolling back to last-known-good");
     let mut failure = fail(ApplyStage::Probe, why);
     effort.reloads += 1;
-    failure.restored = restore(conn, host, settings.reload_timeout).await;
+    failure.restored = restore(conn, host, settings).await;
     Err(failure)
 }
 
@@ -1222,11 +1239,11 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
 async fn reload(
     conn: &HostConn,
     host: &Host,
-    timeout: Duration,
+    settings: &RolloutSettings,
     mut ask: ReloadAsk<'_>,
 ) -> Result<(plan::ProcState, bool), Failure> {
     for _ in 0..3 {
-        match reload_once(conn, host, timeout, ask).await? {
+        match reload_once(conn, host, settings, ask).await? {
             Ok(done) => return Ok(done),
             Err(raced) => {
                 warn!(reloads = raced.reloads, "another reload came with ours; reloading again");
@@ -1263,10 +1280,18 @@ fn mark_with_reload<'a>(host: &Host, version: &'a ConfigVersion) -> Option<&'a s
 async fn reload_once(
     conn: &HostConn,
     host: &Host,
-    timeout: Duration,
+    settings: &RolloutSettings,
     ask: ReloadAsk<'_>,
 ) -> Result<Result<(plan::ProcState, bool), plan::ProcState>, Failure> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let timeout = settings.reload_timeout;
+    let asked = tokio::time::Instant::now();
+    let deadline = asked + timeout;
+    // Never past the reload timeout.
+    let first = first_look(settings, host).min(timeout / 2);
+    let first = match first.is_zero() {
+        true => "0".to_owned(),
+        false => format!("{}.{:03}", first.as_secs(), first.subsec_millis()),
+    };
     // A reload usually completes within tens of milliseconds: the host itself looks every
     // 3 ms (one round trip in all), at most 150 times (about a second) and for at most the
     // reload timeout in whole seconds (1 to 10; a look that hangs is cut after a second);
@@ -1275,7 +1300,7 @@ async fn reload_once(
     let secs = timeout.as_secs().clamp(1, 10).to_string();
     let mark = ask.mark.unwrap_or_default();
     let stat = ask.stat.unwrap_or_default();
-    let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat];
+    let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat, &first];
     let live = host.config_path.as_str();
     let out = match ask.swap {
         Some((token, live_sha, loaded_sha)) => {
@@ -1298,13 +1323,19 @@ async fn reload_once(
     let before = &before;
     // Only when the host saw the reload done, as below, and marked it.
     let mut marked = out.lines().any(|l| l == "hafleet-marked-loaded");
+    let looks = out.lines().find_map(|l| l.strip_prefix("hafleet-looks ")).unwrap_or_default();
+    tracing::debug!(first_look = %first, pending_looks = looks, ms = asked.elapsed().as_millis() as u64, "reload seen from the host");
     // While the master re-executes, its socket may refuse connections: that is "pending".
     let mut seen = plan::parse_show_proc(out);
     let mut pause = Duration::from_millis(10);
     loop {
         if let Some(after) = seen.take() {
             match plan::check_reload(before, &after) {
-                ReloadCheck::Done => return Ok(Ok((after, marked))),
+                ReloadCheck::Done => {
+                    let mut times = settings.reload_times.lock().unwrap_or_else(|e| e.into_inner());
+                    times.insert(host.name.clone(), asked.elapsed());
+                    return Ok(Ok((after, marked)));
+                }
                 ReloadCheck::Raced => return Ok(Err(after)),
                 ReloadCheck::Failed => {
                     return Err(fail(
@@ -1330,12 +1361,12 @@ async fn reload_once(
 }
 
 /// Puts last-known-good back and reloads onto it. True if HAProxy runs it again.
-async fn restore(conn: &HostConn, host: &Host, timeout: Duration) -> bool {
+async fn restore(conn: &HostConn, host: &Host, settings: &RolloutSettings) -> bool {
     if remote(conn, ApplyStage::Swap, scripts::RESTORE, &[&host.config_path], None).await.is_err() {
         return false;
     }
     let ask = ReloadAsk { swap: None, mark: None, stat: None };
-    let restored = match reload(conn, host, timeout, ask).await {
+    let restored = match reload(conn, host, settings, ask).await {
         Ok((after, _)) => mark_loaded(conn, host, "", Some(after.reloads), None).await.is_ok(),
         Err(_) => false,
     };
@@ -1744,7 +1775,7 @@ mod tests {
         let old_sha = hafleet_proto::sha256_hex(b"old\n");
         let swap_reload = |was_live: &str| {
             let live = live.to_str().unwrap();
-            let args = [live, "t1", "/nonexistent.sock", "5", "1", "", "", was_live, ""];
+            let args = [live, "t1", "/nonexistent.sock", "5", "1", "", "", "0", was_live, ""];
             let out = std::process::Command::new("sh")
                 .args(["-c", scripts::SWAP_RELOAD, "hafleet"])
                 .args(args)

@@ -143,6 +143,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         probe_timeout: Duration::from_secs(args.probe_timeout_secs),
         fleet_hosts: hosts.len(),
         tls_identity,
+        reload_times: Default::default(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;
