@@ -297,14 +297,22 @@ pub struct RolloutSettings {
 }
 
 /// How long a reload on `host` waits before its first look at `show proc`: two thirds of
-/// what the host's last reload took, so that a host whose reloads take 600 ms (10,000
-/// backends) spends the CPU of a few dozen looks, not of a hundred, while HAProxy parses.
-/// A reload faster than that is seen at most a third of the last one late, and teaches the
-/// next one. None known yet: look at once.
+/// what the host's last reload took (its whole round trip), so that a host whose reloads
+/// take 600 ms (10,000 backends) spends the CPU of a few dozen looks, not of a hundred,
+/// while HAProxy parses. A reload faster than that is seen at most a third of the last one
+/// late, and teaches the next one. None known yet, or a last reload under
+/// [`LOOK_AT_ONCE_UNDER`]: look at once (a few looks cost little, and a wait would be most
+/// of such a reload).
 fn first_look(settings: &RolloutSettings, host: &Host) -> Duration {
     let times = settings.reload_times.lock().unwrap_or_else(|e| e.into_inner());
-    times.get(&host.name).map_or(Duration::ZERO, |last| *last * 2 / 3)
+    match times.get(&host.name) {
+        Some(last) if *last >= LOOK_AT_ONCE_UNDER => *last * 2 / 3,
+        _ => Duration::ZERO,
+    }
 }
+
+/// Reloads faster than this are looked at from the start (see [`first_look`]).
+const LOOK_AT_ONCE_UNDER: Duration = Duration::from_millis(250);
 
 /// A failure on one host, before it becomes an [`ApplyOutcome`].
 struct Failure {
