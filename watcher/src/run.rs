@@ -495,6 +495,7 @@ async fn sync(
     if let Some(lease) = &state.leader {
         anyhow::ensure!(lease.holds(), "the lease may have run out: not publishing");
     }
+    let started = std::time::Instant::now();
     let services: Services = caches
         .services
         .state()
@@ -564,6 +565,7 @@ async fn sync(
             }
         }
     }
+    let resolved = started.elapsed();
     // Hosts kept to the namespace that owns them; the losers of conflicts told.
     let mut routed: Vec<&mut resolve::Resolved> = desired
         .values_mut()
@@ -667,6 +669,14 @@ async fn sync(
     state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
 
     let actions = index::diff(&state.published, &desired);
+    // What a pass costs before it publishes: every Ingress is resolved again on each one.
+    debug!(
+        ingresses = desired.len(),
+        changed = actions.len(),
+        resolve_ms = resolved.as_secs_f64() * 1000.0,
+        pass_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "pass over the cluster's objects"
+    );
     let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
     for (fleet, keys) in &bulk {
         warn!(fleet = %fleet, ingresses = keys.len(),
