@@ -1561,6 +1561,22 @@ mod tests {
         }
     }
 
+    /// Runs `script` with `sh` as the applier does (`$0` is `hafleet`), `stdin` written to it,
+    /// and returns what it did.
+    fn sh(script: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", script, "hafleet"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     /// UPLOAD_PATCH run by `sh` with a [`line_patch`] makes exactly the new config, whatever
     /// its lines hold (blanks, tabs, backslashes, sed's own escapes), or no patch is made.
     #[test]
@@ -1572,17 +1588,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("haproxy.cfg");
         std::fs::write(&live, old).unwrap();
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", scripts::UPLOAD_PATCH, "hafleet"])
-            .arg(&live)
-            .arg("t1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write as _;
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = sh(scripts::UPLOAD_PATCH, &[live.to_str().unwrap(), "t1"], script.as_bytes());
         assert!(out.status.success());
         let made = std::fs::read_to_string(dir.path().join("haproxy.cfg.hafleet-new-t1")).unwrap();
         assert_eq!(made, new);
@@ -1620,18 +1626,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("haproxy.cfg");
         let upload = |stream: &[u8], count: usize| {
-            let mut child = std::process::Command::new("sh")
-                .args(["-c", scripts::UPLOAD_CERTS, "hafleet"])
-                .arg(&live)
-                .arg("t1")
-                .arg(count.to_string())
-                .stdin(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use std::io::Write as _;
-            child.stdin.take().unwrap().write_all(stream).unwrap();
-            child.wait_with_output().unwrap()
+            let count = count.to_string();
+            sh(scripts::UPLOAD_CERTS, &[live.to_str().unwrap(), "t1", &count], stream)
         };
         let pem = |tag: &str| {
             zeroize::Zeroizing::new(format!(
@@ -1686,19 +1682,6 @@ mod tests {
         use hafleet_proto::{MapFile, MapName};
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("haproxy.cfg");
-        let run = |script: &str, args: &[&str], stream: &[u8]| {
-            let mut child = std::process::Command::new("sh")
-                .args(["-c", script, "hafleet"])
-                .args(args)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use std::io::Write as _;
-            child.stdin.take().unwrap().write_all(stream).unwrap();
-            child.wait_with_output().unwrap()
-        };
         let map = |kind: &str, content: &str| MapFile {
             name: MapName::for_content(kind, content).unwrap(),
             content: content.to_owned(),
@@ -1714,7 +1697,7 @@ mod tests {
         let live_s = live.to_str().unwrap();
         let validate = |stream: &[u8]| {
             let args = ["true", live_s, "t1", "/nonexistent.sock", &sha, "3"];
-            run(scripts::UPLOAD_VALIDATE, &args, stream)
+            sh(scripts::UPLOAD_VALIDATE, &args, stream)
         };
         let maps_dir = dir.path().join("hafleet-maps");
         // Files of the stream's own: the upload, temporary map names, the list of sha256s.
@@ -1761,13 +1744,13 @@ mod tests {
         assert_eq!(std::fs::read_dir(&maps_dir).unwrap().count(), 3);
         // The maps alone, in their own round trip, as a version checked by its maps sends them.
         std::fs::remove_dir_all(&maps_dir).unwrap();
-        let out = run(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &file_stream(&maps, None));
+        let out = sh(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &file_stream(&maps, None));
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         for m in &maps {
             assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
         }
         // Two of three announced: refused.
-        let out = run(scripts::UPLOAD_MAPS, &[live_s, "t3", "3"], &file_stream(&maps[..2], None));
+        let out = sh(scripts::UPLOAD_MAPS, &[live_s, "t3", "3"], &file_stream(&maps[..2], None));
         assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
     }
 
