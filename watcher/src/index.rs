@@ -20,7 +20,8 @@ pub enum Desired {
 
 /// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
 /// failed and may or may not have been stored, so whatever is desired must be sent again.
-pub type Published = BTreeMap<IngressKey, (FleetName, Option<(Vec<Route>, Vec<TlsEntry>)>)>;
+pub type Published =
+    BTreeMap<IngressKey, (FleetName, Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -118,7 +119,7 @@ mod tests {
             key: IngressKey::new("default", name).unwrap(),
             created_unix: 0,
             resource_version: "1".into(),
-            routes: vec![route; n_routes],
+            routes: std::sync::Arc::new(vec![route; n_routes]),
             warnings: vec![],
             sharing: Default::default(),
             tls: vec![],

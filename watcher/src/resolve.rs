@@ -33,7 +33,9 @@ pub struct Resolved {
     pub key: IngressKey,
     pub created_unix: i64,
     pub resource_version: String,
-    pub routes: Vec<Route>,
+    /// Shared, so that a pass that finds an Ingress unchanged copies and compares none of
+    /// its routes (`Arc`'s `==` compares the pointers first).
+    pub routes: std::sync::Arc<Vec<Route>>,
     /// Things worth telling the Ingress's owner that do not stop it from being routed.
     pub warnings: Vec<Warning>,
     /// Which other namespaces may route the hosts this Ingress's namespace owns
@@ -237,13 +239,132 @@ pub fn resolve(
             key,
             created_unix: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or(0),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
-            routes,
+            routes: std::sync::Arc::new(routes),
             warnings,
             sharing: settings.sharing,
             tls: Vec::new(),
         }),
         _ => Err(Refused::Invalid(errors)),
     }
+}
+
+/// Each Ingress's last resolution, reused on the next pass while nothing it was resolved from
+/// changed: the same Ingress object, and the same objects (or absence) for every Service it
+/// names, with the same endpoint nodes. The watch caches replace an object on every change and
+/// keep it otherwise, so "the same" is the same `Arc`: a pass over 10,000 Ingresses resolves
+/// only those whose inputs changed (see BENCHMARKS.md). One `Memo` serves one ingress class
+/// and one source of endpoints, as a watcher has.
+#[derive(Default)]
+pub struct Memo {
+    /// By the address of the Ingress object, which each entry holds so that the address stays
+    /// that object's.
+    entries: HashMap<usize, Memoized, foldhash::fast::RandomState>,
+    /// The pass under way: entries not resolved in it are forgotten at its end.
+    pass: u64,
+    /// How many Ingresses this pass resolved anew.
+    fresh: usize,
+}
+
+/// A Service an Ingress names: (namespace, name), the object (none: missing), and its
+/// endpoint nodes.
+type NamedService = ((String, String), Option<std::sync::Arc<Service>>, Option<BTreeSet<String>>);
+
+struct Memoized {
+    ingress: std::sync::Arc<Ingress>,
+    /// Each Service the Ingress names, as it was resolved with.
+    named: Vec<NamedService>,
+    result: Result<Resolved, Refused>,
+    /// The last pass that asked for it.
+    pass: u64,
+}
+
+impl Memo {
+    /// [`resolve`], or the same answer as last pass when its inputs have not changed.
+    pub fn resolve(
+        &mut self,
+        ingress: &std::sync::Arc<Ingress>,
+        ingress_class: Option<&str>,
+        services: &Services,
+        endpoints: Option<&Endpoints>,
+    ) -> Result<Resolved, Refused> {
+        let still = |m: &Memoized| {
+            std::sync::Arc::ptr_eq(&m.ingress, ingress)
+                && m.named.iter().all(|(key, then, nodes)| {
+                    let same = match (services.get(key), then) {
+                        (Some(now), Some(then)) => std::sync::Arc::ptr_eq(now, then),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    same && endpoints.and_then(|e| e.get(key)) == nodes.as_ref()
+                })
+        };
+        let at = std::sync::Arc::as_ptr(ingress) as usize;
+        let pass = self.pass;
+        match self.entries.get_mut(&at) {
+            Some(m) if still(m) => {
+                m.pass = pass;
+                m.result.clone()
+            }
+            _ => {
+                let named = named_services(ingress)
+                    .into_iter()
+                    .map(|key| {
+                        let service = services.get(&key).cloned();
+                        let nodes = endpoints.and_then(|e| e.get(&key)).cloned();
+                        (key, service, nodes)
+                    })
+                    .collect();
+                let result = resolve(ingress, ingress_class, services, endpoints);
+                self.fresh += 1;
+                let m = Memoized { ingress: ingress.clone(), named, result: result.clone(), pass };
+                self.entries.insert(at, m);
+                result
+            }
+        }
+    }
+
+    /// Starts a pass: what is not resolved again before [`Memo::end_pass`] is forgotten.
+    pub fn begin_pass(&mut self) {
+        self.pass += 1;
+        self.fresh = 0;
+    }
+
+    /// How many Ingresses the pass under way (or the last) resolved anew, not from memory.
+    pub fn fresh(&self) -> usize {
+        self.fresh
+    }
+
+    /// Forgets the Ingresses the pass did not resolve (deleted, or replaced by a newer object).
+    pub fn end_pass(&mut self) {
+        let pass = self.pass;
+        self.entries.retain(|_, m| m.pass == pass);
+    }
+
+    /// How many Ingresses are remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The Services (namespace, name) an Ingress's backends name, each once.
+fn named_services(ingress: &Ingress) -> Vec<(String, String)> {
+    let namespace = ingress.metadata.namespace.as_deref().unwrap_or("default");
+    let spec = ingress.spec.as_ref();
+    let rules = spec.and_then(|s| s.rules.as_deref()).unwrap_or_default();
+    let mut named: Vec<(String, String)> = rules
+        .iter()
+        .flat_map(|r| r.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default())
+        .map(|p| &p.backend)
+        .chain(spec.and_then(|s| s.default_backend.as_ref()))
+        .filter_map(|b| Some((namespace.to_owned(), b.service.as_ref()?.name.clone())))
+        .collect();
+    named.sort();
+    named.dedup();
+    named
 }
 
 /// The nodes routes go to: Ready, with an InternalIP and without the exclusion label, sorted
@@ -565,6 +686,75 @@ mod tests {
         // A Cluster Service does not name endpoints: every node forwards.
         let r = resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), Some(&eps));
         assert_eq!(r.unwrap().routes[0].backend.endpoint_nodes, None);
+    }
+
+    /// The memo answers as `resolve` would, and resolves anew exactly when the Ingress object,
+    /// a Service it names (changed, gone or come) or such a Service's endpoint nodes changed.
+    #[test]
+    fn the_memo_resolves_again_only_what_changed_and_forgets_what_went() {
+        use std::sync::Arc;
+        let mut memo = Memo::default();
+        let web = Arc::new(web_ingress("a.com", "/"));
+        let other = Arc::new(ingress(json!({
+            "metadata": {"name": "other", "namespace": "shop",
+                         "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"defaultBackend": {"service": {"name": "missing", "port": {"number": 80}}}}
+        })));
+        let mut s = services("NodePort");
+        let pass = |memo: &mut Memo,
+                    s: &Services,
+                    eps: Option<&Endpoints>,
+                    ings: &[&Arc<Ingress>]| {
+            memo.begin_pass();
+            let out: Vec<_> = ings.iter().map(|i| memo.resolve(i, None, s, eps)).collect();
+            memo.end_pass();
+            for (ing, got) in ings.iter().zip(&out) {
+                assert_eq!(got, &resolve(ing, None, s, eps), "the memo answers as resolve does");
+            }
+            (memo.fresh(), out)
+        };
+        assert_eq!(pass(&mut memo, &s, None, &[&web, &other]).0, 2);
+        assert_eq!(pass(&mut memo, &s, None, &[&web, &other]).0, 0, "nothing changed");
+
+        // The Service it names changes (a new object in the cache): resolved anew.
+        let key = ("shop".to_owned(), "web".to_owned());
+        let mut svc = (*s[&key]).clone();
+        svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].node_port = Some(30081);
+        s.insert(key.clone(), Arc::new(svc));
+        let (fresh, out) = pass(&mut memo, &s, None, &[&web, &other]);
+        assert_eq!(fresh, 1, "only the Ingress that names it");
+        assert_eq!(out[0].as_ref().unwrap().routes[0].backend.node_port, Some(30081));
+
+        // A Service it names that did not exist appears.
+        let mut missing = (*s[&key]).clone();
+        missing.metadata.name = Some("missing".into());
+        s.insert(("shop".to_owned(), "missing".to_owned()), Arc::new(missing));
+        let (fresh, out) = pass(&mut memo, &s, None, &[&web, &other]);
+        assert_eq!(fresh, 1);
+        assert!(out[1].as_ref().unwrap().warnings.is_empty(), "no longer BackendMissing");
+
+        // The Service goes Local: its endpoint nodes count, and a change of them too.
+        let mut local = (*s[&key]).clone();
+        local.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+        s.insert(key.clone(), Arc::new(local));
+        let mut eps = Endpoints::new();
+        eps.insert(key.clone(), ["n1".to_owned()].into());
+        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&web, &other]).0, 1);
+        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&web, &other]).0, 0);
+        eps.insert(key.clone(), ["n1".to_owned(), "n2".to_owned()].into());
+        let (fresh, out) = pass(&mut memo, &s, Some(&eps), &[&web, &other]);
+        assert_eq!(fresh, 1);
+        let on = out[0].as_ref().unwrap().routes[0].backend.endpoint_nodes.clone().unwrap();
+        assert_eq!(on.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+
+        // An edited Ingress is a new object: resolved anew, and the old one forgotten; an
+        // Ingress no longer listed is forgotten too.
+        let edited = Arc::new(web_ingress("b.com", "/"));
+        let (fresh, out) = pass(&mut memo, &s, Some(&eps), &[&edited]);
+        assert_eq!(fresh, 1);
+        assert_eq!(out[0].as_ref().unwrap().routes[0].host.as_ref().unwrap().as_str(), "b.com");
+        assert_eq!(memo.len(), 1, "web's old object and other are forgotten");
+        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&edited, &other]).0, 1, "other comes back");
     }
 
     /// A route must never stay on a NodePort its Service no longer has: Kubernetes may give

@@ -3,7 +3,8 @@
 //! ```text
 //! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet-ms without a change,
 //!   at most --debounce-ms) ──▶ Ready nodes changed? publish them
-//!   ──▶ resolve every Ingress from the caches ──▶ index::diff against what was published
+//!   ──▶ resolve every Ingress from the caches (resolve::Memo: anew only where an Ingress, a
+//!   Service it names or their endpoints changed) ──▶ index::diff against what was published
 //!   ──▶ publish (acked) ──▶ index::record
 //! ```
 //! Routes name NodePorts, not nodes: a node joining, leaving or going NotReady is one nodes
@@ -144,6 +145,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             client: Some(secrets_client),
             ..TlsState::default_for(args.seal_to.iter().cloned())
         },
+        memo: resolve::Memo::default(),
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -330,6 +332,8 @@ struct State {
     /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
     tls: TlsState,
+    /// Each Ingress's resolution, redone only when it or what it names changed.
+    memo: resolve::Memo,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
@@ -520,10 +524,13 @@ async fn sync(
     }
 
     let mut desired = BTreeMap::new();
-    // (Ingress, resourceVersion) of every Ingress that exists now.
+    // (Ingress, resourceVersion) of every Ingress that exists now, when some warning said
+    // before may be about one that changed or went (warnings said in this pass are current).
+    let prune_warned = !state.warned.is_empty();
     let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
     // The routed Ingresses' objects, to post Events on once tenants are kept apart.
     let mut objects = BTreeMap::new();
+    state.memo.begin_pass();
     for ing in caches.ingresses.state() {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
         let name = ing.metadata.name.as_deref().unwrap_or_default();
@@ -533,10 +540,12 @@ async fn sync(
             (Some(generation), _) => format!("g{generation}"),
             (None, rv) => rv.clone().unwrap_or_default(),
         };
-        if let Ok(key) = IngressKey::new(ns, name) {
+        if prune_warned && let Ok(key) = IngressKey::new(ns, name) {
             current.insert((key, rv.clone()));
         }
-        match resolve::resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref()) {
+        let resolved =
+            state.memo.resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref());
+        match resolved {
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)
@@ -565,6 +574,7 @@ async fn sync(
             }
         }
     }
+    state.memo.end_pass();
     let resolved = started.elapsed();
     // Hosts kept to the namespace that owns them; the losers of conflicts told.
     let mut routed: Vec<&mut resolve::Resolved> = desired
@@ -666,13 +676,16 @@ async fn sync(
     }
     state.kept = kept;
     // Forget warnings about objects that changed or went away, so the set stays bounded.
-    state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
+    if prune_warned {
+        state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
+    }
 
     let actions = index::diff(&state.published, &desired);
-    // What a pass costs before it publishes: every Ingress is resolved again on each one.
+    // What a pass costs before it publishes; only Ingresses whose inputs changed are resolved.
     debug!(
         ingresses = desired.len(),
         changed = actions.len(),
+        resolved_anew = state.memo.fresh(),
         resolve_ms = resolved.as_secs_f64() * 1000.0,
         pass_ms = started.elapsed().as_secs_f64() * 1000.0,
         "pass over the cluster's objects"
@@ -700,7 +713,7 @@ async fn sync(
                     &r.key,
                     r.created_unix,
                     &r.resource_version,
-                    RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() },
+                    RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() },
                     (state.epoch, state.cluster.as_ref()),
                 ),
             ),
@@ -785,7 +798,7 @@ fn over_budget(
             args.max_paths_per_ingress
         ));
     }
-    let change = RouteChange::Upsert { routes: r.routes.clone(), tls: r.tls.clone() };
+    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
     let at = (0, args.cluster_id.as_ref());
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
     let size = msg.encode().len();

@@ -17,8 +17,8 @@
 //! an Ingress that routed the host before the owner appeared, and keeps its other hosts routed.
 
 use crate::resolve::{Resolved, Warning};
-use hafleet_proto::{FleetName, IngressKey, PathKind};
-use std::collections::{BTreeMap, BTreeSet};
+use hafleet_proto::{IngressKey, PathKind};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The annotation with which a host's owning namespace lets other namespaces route it: a
 /// comma-separated list of namespaces, or `*` for every namespace.
@@ -71,80 +71,101 @@ fn host_of(route: &hafleet_proto::Route) -> &str {
     route.host.as_ref().map_or("", |h| h.as_str())
 }
 
+/// A Prefix route's path as a claim sees it: without trailing slashes (`/foo/` claims what
+/// `/foo` does), the root kept. Borrowed, as [`hafleet_proto::HttpPath::trimmed`] is not.
+fn claimed_path(route: &hafleet_proto::Route) -> &str {
+    let path = route.path.as_str();
+    match route.kind {
+        PathKind::Exact => path,
+        PathKind::Prefix => match path.trim_end_matches('/') {
+            "" => "/",
+            trimmed => trimmed,
+        },
+    }
+}
+
 /// With `namespaces_own_hosts`, drops from each Ingress of `routed` the routes for hosts
 /// another namespace owns and does not share; returns what to tell each Ingress (the routes
 /// dropped, and the conflicts it lost).
+///
+/// Runs on every watcher pass over every routed Ingress, so it decides on names borrowed from
+/// `routed` in hash maps first (nothing copied per route), and drops routes after.
 pub fn keep_apart(
     routed: &mut [&mut Resolved],
     namespaces_own_hosts: bool,
 ) -> BTreeMap<IngressKey, Vec<Warning>> {
+    type Hashed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
     let mut warnings: BTreeMap<IngressKey, Vec<Warning>> = BTreeMap::new();
     // Oldest first: the first to claim a host owns it, the first to claim a path wins it.
     routed.sort_by(|a, b| (a.created_unix, &a.key).cmp(&(b.created_unix, &b.key)));
-
-    // (fleet, host) → owning Ingress (the oldest that routes it); none when any namespace
-    // may route any host.
-    let mut owners: BTreeMap<(FleetName, String), IngressKey> = BTreeMap::new();
-    // (fleet, host) → whom the owning namespace's Ingresses that route it share it with.
-    let mut shared: BTreeMap<(FleetName, String), Sharing> = BTreeMap::new();
-    if namespaces_own_hosts {
-        for r in routed.iter() {
-            for route in &r.routes {
-                owners.entry((r.fleet.clone(), host_of(route).to_owned())).or_insert(r.key.clone());
+    // (index into `routed`, indices of the routes it loses) for each Ingress that loses any.
+    let mut drops: Vec<(usize, Vec<usize>)> = Vec::new();
+    {
+        let routed: &[&mut Resolved] = routed;
+        // (fleet, host) → the index of the owning Ingress (the oldest that routes it); none
+        // when any namespace may route any host.
+        let mut owners: Hashed<(&str, &str), usize> = Hashed::default();
+        // (fleet, host) → whom the owning namespace's Ingresses that route it share it with
+        // (absent: nobody).
+        let mut shared: Hashed<(&str, &str), Sharing> = Hashed::default();
+        if namespaces_own_hosts {
+            for (i, r) in routed.iter().enumerate() {
+                for route in r.routes.iter() {
+                    owners.entry((r.fleet.as_str(), host_of(route))).or_insert(i);
+                }
             }
-        }
-        for r in routed.iter() {
-            for route in &r.routes {
-                let at = (r.fleet.clone(), host_of(route).to_owned());
-                if owners.get(&at).is_some_and(|o| o.namespace == r.key.namespace) {
-                    shared.entry(at).or_default().widen(&r.sharing);
+            for r in routed.iter().filter(|r| r.sharing != Sharing::Nobody) {
+                for route in r.routes.iter() {
+                    let at = (r.fleet.as_str(), host_of(route));
+                    if owners.get(&at).is_some_and(|&o| routed[o].key.namespace == r.key.namespace)
+                    {
+                        shared.entry(at).or_default().widen(&r.sharing);
+                    }
                 }
             }
         }
-    }
 
-    let mut claims: BTreeMap<(FleetName, String, String, PathKind), IngressKey> = BTreeMap::new();
-    for r in routed.iter_mut() {
-        let mut taken: BTreeMap<String, IngressKey> = BTreeMap::new();
-        let key = r.key.clone();
-        let fleet = r.fleet.clone();
-        r.routes.retain(|route| {
-            let at = (fleet.clone(), host_of(route).to_owned());
-            let Some(owner) = owners.get(&at) else { return true };
-            let allowed = owner.namespace == key.namespace
-                || shared.get(&at).is_some_and(|s| s.allows(key.namespace.as_str()));
-            if !allowed {
-                taken.insert(at.1, owner.clone());
-            }
-            allowed
-        });
-        for (host, owner) in taken {
-            let (what, verb) = match host.is_empty() {
-                true => ("rules without a host".to_owned(), "belong"),
-                false => (format!("host {host}"), "belongs"),
-            };
-            warnings.entry(key.clone()).or_default().push(Warning {
-                reason: "HostTaken",
-                note: format!(
-                    "{what} on fleet {fleet} {verb} to namespace {} (Ingress {owner} is the \
-                     oldest that routes it); these routes are ignored unless an Ingress of {} \
-                     that routes it lists {} in {SHARE_ANNOTATION}",
-                    owner.namespace, owner.namespace, key.namespace
-                ),
-            });
-        }
-        for route in &r.routes {
-            let path = match route.kind {
-                PathKind::Prefix => route.path.trimmed().as_str().to_owned(),
-                PathKind::Exact => route.path.as_str().to_owned(),
-            };
-            let claim = (fleet.clone(), host_of(route).to_owned(), path, route.kind);
-            match claims.get(&claim) {
-                None => {
-                    claims.insert(claim, key.clone());
+        let mut claims: Hashed<(&str, &str, &str, PathKind), usize> = Hashed::default();
+        for (i, r) in routed.iter().enumerate() {
+            let (key, fleet) = (&r.key, &r.fleet);
+            // Host → owner, in host order (the order the Ingress is told in).
+            let mut taken: BTreeMap<&str, usize> = BTreeMap::new();
+            let mut lost = Vec::new();
+            for (j, route) in r.routes.iter().enumerate() {
+                let at = (fleet.as_str(), host_of(route));
+                let Some(&owner) = owners.get(&at) else { continue };
+                let allowed = routed[owner].key.namespace == key.namespace
+                    || shared.get(&at).is_some_and(|s| s.allows(key.namespace.as_str()));
+                if !allowed {
+                    taken.insert(at.1, owner);
+                    lost.push(j);
                 }
-                Some(winner) if *winner != key => {
-                    let host = if claim.1.is_empty() { "*" } else { claim.1.as_str() };
+            }
+            for (host, owner) in taken {
+                let owner = &routed[owner].key;
+                let (what, verb) = match host.is_empty() {
+                    true => ("rules without a host".to_owned(), "belong"),
+                    false => (format!("host {host}"), "belongs"),
+                };
+                warnings.entry(key.clone()).or_default().push(Warning {
+                    reason: "HostTaken",
+                    note: format!(
+                        "{what} on fleet {fleet} {verb} to namespace {} (Ingress {owner} is the \
+                         oldest that routes it); these routes are ignored unless an Ingress of \
+                         {} that routes it lists {} in {SHARE_ANNOTATION}",
+                        owner.namespace, owner.namespace, key.namespace
+                    ),
+                });
+            }
+            for (j, route) in r.routes.iter().enumerate() {
+                if lost.contains(&j) {
+                    continue;
+                }
+                let claim = (fleet.as_str(), host_of(route), claimed_path(route), route.kind);
+                let winner = *claims.entry(claim).or_insert(i);
+                if routed[winner].key != *key {
+                    let winner = &routed[winner].key;
+                    let host = if claim.1.is_empty() { "*" } else { claim.1 };
                     warnings.entry(key.clone()).or_default().push(Warning {
                         reason: "PathTaken",
                         note: format!(
@@ -154,9 +175,18 @@ pub fn keep_apart(
                         ),
                     });
                 }
-                Some(_) => {}
+            }
+            if !lost.is_empty() {
+                drops.push((i, lost));
             }
         }
+    }
+    for (i, lost) in drops {
+        let mut j = 0;
+        std::sync::Arc::make_mut(&mut routed[i].routes).retain(|_| {
+            j += 1;
+            !lost.contains(&(j - 1))
+        });
     }
     warnings
 }
@@ -165,7 +195,7 @@ pub fn keep_apart(
 mod tests {
     use super::*;
     use crate::resolve::tests_support::route;
-    use hafleet_proto::{HttpHost, HttpPath};
+    use hafleet_proto::{FleetName, HttpHost, HttpPath};
 
     fn ingress(ns: &str, name: &str, created: i64, hosts: &[Option<&str>]) -> Resolved {
         Resolved {
@@ -173,14 +203,16 @@ mod tests {
             key: IngressKey::new(ns, name).unwrap(),
             created_unix: created,
             resource_version: "1".into(),
-            routes: hosts
-                .iter()
-                .map(|h| {
-                    let mut r = route();
-                    r.host = h.map(|h| HttpHost::new(h).unwrap());
-                    r
-                })
-                .collect(),
+            routes: std::sync::Arc::new(
+                hosts
+                    .iter()
+                    .map(|h| {
+                        let mut r = route();
+                        r.host = h.map(|h| HttpHost::new(h).unwrap());
+                        r
+                    })
+                    .collect(),
+            ),
             warnings: vec![],
             sharing: Sharing::Nobody,
             tls: vec![],
@@ -235,8 +267,8 @@ mod tests {
         owner.sharing = Sharing::parse("team-b, team-x").unwrap();
         let mut b = ingress("team-b", "b", 20, &[Some("shop.com")]);
         let mut c = ingress("team-c", "c", 30, &[Some("shop.com")]);
-        b.routes[0].path = HttpPath::new("/b").unwrap();
-        c.routes[0].path = HttpPath::new("/c").unwrap();
+        std::sync::Arc::make_mut(&mut b.routes)[0].path = HttpPath::new("/b").unwrap();
+        std::sync::Arc::make_mut(&mut c.routes)[0].path = HttpPath::new("/c").unwrap();
         let warnings = keep_apart(&mut [&mut owner, &mut b, &mut c], true);
         assert_eq!(hosts(&b), ["shop.com"]);
         assert!(hosts(&c).is_empty());
@@ -248,6 +280,36 @@ mod tests {
         assert_eq!(hosts(&c), ["shop.com"]);
         assert!(Sharing::parse("Team-B").is_err());
         assert!(Sharing::parse("a;b").is_err());
+    }
+
+    #[test]
+    fn a_prefix_with_trailing_slashes_claims_what_it_would_without() {
+        let at = |ns: &str, name: &str, created: i64, path: &str, kind: PathKind| {
+            let mut r = ingress(ns, name, created, &[Some("shop.com")]);
+            let routes = std::sync::Arc::make_mut(&mut r.routes);
+            routes[0].path = HttpPath::new(path).unwrap();
+            routes[0].kind = kind;
+            r
+        };
+        let mut first = at("team-a", "first", 10, "/foo", PathKind::Prefix);
+        let mut slash = at("team-a", "slash", 20, "/foo//", PathKind::Prefix);
+        let mut exact = at("team-a", "exact", 30, "/foo/", PathKind::Exact);
+        let mut root = at("team-a", "root", 40, "/", PathKind::Prefix);
+        let mut slashes = at("team-a", "slashes", 50, "//", PathKind::Prefix);
+        let warnings =
+            keep_apart(&mut [&mut slashes, &mut root, &mut exact, &mut slash, &mut first], true);
+        let lost: Vec<(&str, &str)> = warnings
+            .iter()
+            .flat_map(|(k, w)| w.iter().map(move |w| (k.name.as_str(), w.reason)))
+            .collect();
+        assert_eq!(lost, [("slash", "PathTaken"), ("slashes", "PathTaken")], "{warnings:?}");
+        assert!(
+            warnings[&slash.key][0]
+                .note
+                .contains("shop.com/foo (Prefix) is already routed by team-a/first")
+        );
+        assert!(warnings[&slashes.key][0].note.contains("already routed by team-a/root"));
+        assert_eq!(hosts(&slash), ["shop.com"], "a lost path is told, its route stays");
     }
 
     #[test]

@@ -1,0 +1,155 @@
+//! One watcher pass at cluster scale, without I/O: `n` annotated Ingresses, each on its own
+//! host with its own NodePort Service. Times each part of a pass (the Services' index, the
+//! Ingresses resolved through the memo, tenancy, the diff against what was published) over
+//! repeated passes in which one Ingress changed, and, for comparison, resolving every Ingress
+//! anew as passes did before the memo. A bench binary; the report is a table for
+//! BENCHMARKS.md.
+//! Run: `cargo bench -p hafleet-watcher --bench pass` (`-- --ingresses N --passes N`).
+
+/// The allocator the watcher binary runs with (watcher/src/main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use hafleet_watcher::index::{self, Desired, Published};
+use hafleet_watcher::resolve::{self, Services};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::Ingress;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn arg(name: &str, default: usize) -> usize {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.windows(2)
+        .find(|w| w[0] == name)
+        .map(|w| w[1].parse().expect("a number"))
+        .unwrap_or(default)
+}
+
+fn ingress(i: usize, generation: i64) -> Arc<Ingress> {
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": format!("ing-{i}"), "namespace": "team",
+                "annotations": {"hafleet.io/fleet": "edge"},
+                "generation": generation, "resourceVersion": format!("{}", i * 10 + generation as usize),
+                "creationTimestamp": "2026-11-01T00:00:00Z",
+            },
+            "spec": {"rules": [{"host": format!("app-{i}.example.com"), "http": {"paths": [
+                {"path": format!("/v{generation}"), "pathType": "Prefix",
+                 "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}},
+                {"path": "/healthz", "pathType": "Exact",
+                 "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}},
+            ]}}]},
+        }))
+        .unwrap(),
+    )
+}
+
+fn service(i: usize) -> Arc<Service> {
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("svc-{i}"), "namespace": "team"},
+            "spec": {"type": "NodePort", "ports": [
+                {"port": 80, "targetPort": 8080, "nodePort": 30000 + (i % 2000)},
+            ]},
+        }))
+        .unwrap(),
+    )
+}
+
+fn ms(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1000.0
+}
+
+fn p50_p90(mut xs: Vec<f64>) -> String {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+    format!("{:.2} | {:.2}", at(0.5), at(0.9))
+}
+
+fn main() {
+    let n = arg("--ingresses", 10_000);
+    let passes = arg("--passes", 50);
+    let mut ingresses: Vec<Arc<Ingress>> = (0..n).map(|i| ingress(i, 1)).collect();
+    let services_store: Vec<Arc<Service>> = (0..n).map(service).collect();
+    let mut published = Published::new();
+    let mut memo = resolve::Memo::default();
+    let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for pass in 0..passes + 1 {
+        // One Ingress changed since the last pass, as when a user edits one.
+        ingresses[pass * 7919 % n] = ingress(pass * 7919 % n, 2 + pass as i64);
+        let started = Instant::now();
+        let t = Instant::now();
+        let services: Services = services_store
+            .iter()
+            .filter_map(|s| {
+                Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s.clone()))
+            })
+            .collect();
+        let index_ms = ms(t);
+        let t = Instant::now();
+        let mut fresh = 0;
+        for ing in &ingresses {
+            fresh += resolve::resolve(ing, None, &services, None).is_ok() as usize;
+        }
+        assert_eq!(fresh, n);
+        let every_ms = ms(t);
+        let t = Instant::now();
+        let mut desired = BTreeMap::new();
+        memo.begin_pass();
+        for ing in &ingresses {
+            if let Ok(r) = memo.resolve(ing, None, &services, None) {
+                desired.insert(r.key.clone(), Desired::Routed(r));
+            }
+        }
+        memo.end_pass();
+        let resolve_ms = ms(t);
+        assert_eq!(memo.fresh(), if pass == 0 { n } else { 1 }, "only the changed Ingress");
+        let t = Instant::now();
+        let mut routed: Vec<&mut resolve::Resolved> = desired
+            .values_mut()
+            .filter_map(|d| match d {
+                Desired::Routed(r) => Some(r),
+                Desired::Keep => None,
+            })
+            .collect();
+        let told = hafleet_watcher::tenancy::keep_apart(&mut routed, true);
+        assert!(told.is_empty());
+        let tenancy_ms = ms(t);
+        let t = Instant::now();
+        let actions = index::diff(&published, &desired);
+        let diff_ms = ms(t);
+        let pass_ms = ms(started) - every_ms;
+        for action in &actions {
+            index::record(&mut published, action);
+        }
+        if pass == 0 {
+            assert_eq!(actions.len(), n);
+            continue;
+        }
+        assert_eq!(actions.len(), 1, "one Ingress changed");
+        for (part, ms) in [
+            ("services index", index_ms),
+            ("resolve every Ingress (not in the pass)", every_ms),
+            ("resolve, memoized", resolve_ms),
+            ("tenancy", tenancy_ms),
+            ("diff", diff_ms),
+            ("pass", pass_ms),
+        ] {
+            times.entry(part).or_default().push(ms);
+        }
+    }
+    println!("{n} Ingresses, {passes} passes, one Ingress changed before each\n");
+    println!("| part | p50 ms | p90 ms |\n|---|---|---|");
+    for part in [
+        "services index",
+        "resolve every Ingress (not in the pass)",
+        "resolve, memoized",
+        "tenancy",
+        "diff",
+        "pass",
+    ] {
+        println!("| {part} | {} |", p50_p90(times.remove(part).unwrap()));
+    }
+}
