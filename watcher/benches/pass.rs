@@ -107,13 +107,7 @@ fn main() {
         let resolve_ms = ms(t);
         assert_eq!(memo.fresh(), if pass == 0 { n } else { 1 }, "only the changed Ingress");
         let t = Instant::now();
-        let mut routed: Vec<&mut resolve::Resolved> = desired
-            .values_mut()
-            .filter_map(|d| match d {
-                Desired::Routed(r) => Some(r),
-                Desired::Keep => None,
-            })
-            .collect();
+        let mut routed = index::routed_mut(&mut desired);
         let told = hafleet_watcher::tenancy::keep_apart(&mut routed, true);
         assert!(told.is_empty());
         let tenancy_ms = ms(t);

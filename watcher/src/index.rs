@@ -29,6 +29,17 @@ pub enum Action {
     Delete { fleet: FleetName, key: IngressKey },
 }
 
+/// The routed Ingresses of `desired`, to keep tenants apart and add certificates to.
+pub fn routed_mut(desired: &mut BTreeMap<IngressKey, Desired>) -> Vec<&mut Resolved> {
+    desired
+        .values_mut()
+        .filter_map(|d| match d {
+            Desired::Routed(r) => Some(r),
+            Desired::Keep => None,
+        })
+        .collect()
+}
+
 /// Whether exactly these routes, for this fleet, are what was last published for the Ingress.
 pub fn is_current(published: &Published, r: &Resolved) -> bool {
     matches!(published.get(&r.key), Some((fleet, Some((routes, tls))))

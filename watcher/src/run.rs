@@ -577,13 +577,7 @@ async fn sync(
     state.memo.end_pass();
     let resolved = started.elapsed();
     // Hosts kept to the namespace that owns them; the losers of conflicts told.
-    let mut routed: Vec<&mut resolve::Resolved> = desired
-        .values_mut()
-        .filter_map(|d| match d {
-            Desired::Routed(r) => Some(r),
-            Desired::Keep => None,
-        })
-        .collect();
+    let mut routed = index::routed_mut(&mut desired);
     let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
     let mut too_big: Vec<(IngressKey, String)> = Vec::new();
