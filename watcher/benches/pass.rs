@@ -73,7 +73,7 @@ fn main() {
     let passes = arg("--passes", 50);
     let mut ingresses: Vec<Arc<Ingress>> = (0..n).map(|i| ingress(i, 1)).collect();
     let services_store: Vec<Arc<Service>> = (0..n).map(service).collect();
-    let mut published = Published::new();
+    let mut published = Published::default();
     let mut memo = resolve::Memo::default();
     let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for pass in 0..passes + 1 {
@@ -96,7 +96,7 @@ fn main() {
         assert_eq!(fresh, n);
         let every_ms = ms(t);
         let t = Instant::now();
-        let mut desired = BTreeMap::new();
+        let mut desired = index::Wanted::default();
         memo.begin_pass();
         for ing in &ingresses {
             if let Ok(r) = memo.resolve(ing, None, &services, None) {

@@ -20,8 +20,16 @@ pub enum Desired {
 
 /// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
 /// failed and may or may not have been stored, so whatever is desired must be sent again.
-pub type Published =
-    BTreeMap<IngressKey, (FleetName, Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>)>;
+/// Hashed: every pass looks up every Ingress in it.
+pub type Published = std::collections::HashMap<
+    IngressKey,
+    (FleetName, Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>),
+    foldhash::fast::RandomState,
+>;
+
+/// What a pass wants for each Ingress. Hashed, as [`Published`] is; [`diff`] puts its
+/// actions in key order.
+pub type Wanted = std::collections::HashMap<IngressKey, Desired, foldhash::fast::RandomState>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -30,7 +38,7 @@ pub enum Action {
 }
 
 /// The routed Ingresses of `desired`, to keep tenants apart and add certificates to.
-pub fn routed_mut(desired: &mut BTreeMap<IngressKey, Desired>) -> Vec<&mut Resolved> {
+pub fn routed_mut(desired: &mut Wanted) -> Vec<&mut Resolved> {
     desired
         .values_mut()
         .filter_map(|d| match d {
@@ -46,25 +54,34 @@ pub fn is_current(published: &Published, r: &Resolved) -> bool {
         if fleet == &r.fleet && routes == &r.routes && tls == &r.tls)
 }
 
-/// The actions that bring `published` to `desired`, deletes first: a delete for what is gone
-/// or moved to another fleet, an upsert for every routed Ingress that is not current.
-pub fn diff(published: &Published, desired: &BTreeMap<IngressKey, Desired>) -> Vec<Action> {
-    let mut actions = Vec::new();
+/// The actions that bring `published` to `desired`, deletes first, each kind in key order: a
+/// delete for what is gone or moved to another fleet, an upsert for every routed Ingress that
+/// is not current.
+pub fn diff(published: &Published, desired: &Wanted) -> Vec<Action> {
+    let mut deletes = Vec::new();
     for (key, (fleet, _)) in published {
         match desired.get(key) {
             Some(Desired::Keep) => {}
             Some(Desired::Routed(r)) if &r.fleet == fleet => {}
-            _ => actions.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
+            _ => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
         }
     }
+    let mut upserts = Vec::new();
     for want in desired.values() {
         if let Desired::Routed(r) = want
             && !is_current(published, r)
         {
-            actions.push(Action::Upsert(r.clone()));
+            upserts.push(Action::Upsert(r.clone()));
         }
     }
-    actions
+    let key = |a: &Action| match a {
+        Action::Upsert(r) => r.key.clone(),
+        Action::Delete { key, .. } => key.clone(),
+    };
+    deletes.sort_by_cached_key(key);
+    upserts.sort_by_cached_key(key);
+    deletes.extend(upserts);
+    deletes
 }
 
 /// The deletions of `actions` that make a mass deletion: of a fleet from which they delete
@@ -137,7 +154,7 @@ mod tests {
         }
     }
 
-    fn apply(published: &mut Published, desired: &BTreeMap<IngressKey, Desired>) -> Vec<Action> {
+    fn apply(published: &mut Published, desired: &Wanted) -> Vec<Action> {
         let actions = diff(published, desired);
         for a in &actions {
             record(published, a);
@@ -147,8 +164,8 @@ mod tests {
 
     #[test]
     fn new_changed_unchanged_and_gone() {
-        let mut published = Published::new();
-        let mut desired = BTreeMap::new();
+        let mut published = Published::default();
+        let mut desired = Wanted::default();
         let a = resolved("a", "edge", 1);
         desired.insert(a.key.clone(), Desired::Routed(a.clone()));
         assert_eq!(apply(&mut published, &desired), [Action::Upsert(a.clone())]);
@@ -189,9 +206,9 @@ mod tests {
 
     #[test]
     fn an_invalid_edit_keeps_the_old_routes() {
-        let mut published = Published::new();
+        let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        let mut desired = BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]);
+        let mut desired = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
         apply(&mut published, &desired);
         desired.insert(a.key.clone(), Desired::Keep);
         assert!(apply(&mut published, &desired).is_empty());
@@ -200,9 +217,9 @@ mod tests {
 
     #[test]
     fn a_failed_publish_is_sent_again_whatever_it_was() {
-        let mut published = Published::new();
+        let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        let routed = BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]);
+        let routed = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
         apply(&mut published, &routed);
         // A delete that may have been stored, then the same Ingress back with the same routes.
         let delete = Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() };
@@ -210,18 +227,18 @@ mod tests {
         assert_eq!(diff(&published, &routed), [Action::Upsert(a.clone())]);
         // A delete that may have failed, and the Ingress still gone.
         record_unknown(&mut published, &delete);
-        assert_eq!(diff(&published, &BTreeMap::new()), [delete]);
+        assert_eq!(diff(&published, &Wanted::default()), [delete]);
     }
 
     #[test]
     fn moving_to_another_fleet_deletes_then_upserts() {
-        let mut published = Published::new();
+        let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        apply(&mut published, &BTreeMap::from([(a.key.clone(), Desired::Routed(a.clone()))]));
+        apply(&mut published, &Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]));
         let moved = resolved("a", "core", 1);
         let actions = apply(
             &mut published,
-            &BTreeMap::from([(a.key.clone(), Desired::Routed(moved.clone()))]),
+            &Wanted::from_iter([(a.key.clone(), Desired::Routed(moved.clone()))]),
         );
         assert_eq!(
             actions,

@@ -23,7 +23,7 @@ use hafleet_proto::{
     RoutesSnapshot,
 };
 use hafleet_runtime::nats::Bus;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, info, warn};
 
@@ -135,7 +135,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
         ),
         seq: 0,
-        published: Published::new(),
+        published: Published::default(),
         nodes: None,
         kept: BTreeSet::new(),
         snapshot_due: false,
@@ -523,13 +523,13 @@ async fn sync(
         send_nodes(bus, state, nodes).await?;
     }
 
-    let mut desired = BTreeMap::new();
+    let mut desired = index::Wanted::default();
     // (Ingress, resourceVersion) of every Ingress that exists now, when some warning said
     // before may be about one that changed or went (warnings said in this pass are current).
     let prune_warned = !state.warned.is_empty();
     let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
     // The routed Ingresses' objects, to post Events on once tenants are kept apart.
-    let mut objects = BTreeMap::new();
+    let mut objects: HashMap<IngressKey, _, foldhash::fast::RandomState> = HashMap::default();
     state.memo.begin_pass();
     for ing in caches.ingresses.state() {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
@@ -891,11 +891,13 @@ async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyho
 /// whatever else it holds.
 async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
     let cluster = state.cluster.as_ref();
-    let live = state
+    let mut live: Vec<(FleetName, IngressKey)> = state
         .published
         .iter()
         .map(|(k, (f, _))| (f.clone(), k.clone().in_cluster(cluster)))
         .collect();
+    // In the same order from one snapshot to the next (`published` is hashed).
+    live.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
     let msg = RouteMessage::Snapshot(RoutesSnapshot {
         schema: hafleet_proto::route_schema(state.cluster.as_ref()),
         epoch: state.epoch,
