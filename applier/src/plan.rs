@@ -109,9 +109,22 @@ impl HostFiles {
     }
 }
 
+/// How a host differs from its version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    /// Every finding, `; `-separated: for the log and the report.
+    pub found: String,
+    /// The version's map files that are missing there or hold other content, by name.
+    pub maps: Vec<String>,
+    /// Whether anything besides map files drifted (the live config, or what HAProxy loaded):
+    /// then only an apply repairs it. Map files alone are put back, without a reload (HAProxy
+    /// holds the maps it loaded; the files matter to the next reload or restart).
+    pub beyond_maps: bool,
+}
+
 /// How a host's files differ from the version `sha256` whose maps are `maps` (name, the
 /// sha256 its name promises); `None` when the host runs exactly that version.
-pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<String> {
+pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<Drift> {
     let mut found = Vec::new();
     match files.live.as_deref() {
         None => found.push("the live config is missing".to_owned()),
@@ -132,16 +145,19 @@ pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<S
             "HAProxy was reloaded outside hafleet (reload {now}, hafleet's last was {marked})"
         ));
     }
+    let beyond_maps = !found.is_empty();
+    let mut bad_maps = Vec::new();
     for (name, want) in maps {
         match files.maps.iter().find(|(n, _)| n == name).and_then(|(_, sha)| sha.as_deref()) {
             None => found.push(format!("map {name} is missing")),
             Some(sha) if sha != *want => {
                 found.push(format!("map {name} was changed (sha256 {})", short(sha)))
             }
-            Some(_) => {}
+            Some(_) => continue,
         }
+        bad_maps.push((*name).to_owned());
     }
-    (!found.is_empty()).then(|| found.join("; "))
+    (!found.is_empty()).then(|| Drift { found: found.join("; "), maps: bad_maps, beyond_maps })
 }
 
 fn short(sha: &str) -> &str {
@@ -353,17 +369,26 @@ mod tests {
         ));
         assert_eq!((same.reloads_marked, same.reloads_now), (Some(3), Some(3)));
         assert_eq!(drift("v1sha", &maps, &same), None);
+        let maps_only =
+            files(&format!("v1sha\nv1sha\nreloads 3\nexact-aa.map -\nprefix-bb.map 0b{}", proc(3)));
+        let found = drift("v1sha", &maps, &maps_only).unwrap();
+        assert_eq!(found.maps, ["exact-aa.map", "prefix-bb.map"]);
+        assert!(!found.beyond_maps, "{found:?}");
         let foreign = files(&format!(
             "v1sha\nv1sha\nreloads 3\nexact-aa.map aa\nprefix-bb.map bb{}",
             proc(4)
         ));
         let found = drift("v1sha", &maps, &foreign).unwrap();
+        assert!(found.beyond_maps && found.maps.is_empty(), "{found:?}");
+        let found = found.found;
         assert!(
             found.contains("reloaded outside hafleet (reload 4, hafleet's last was 3)"),
             "{found}"
         );
         let edited = files("0123456789abcdef\nv1sha\n\nexact-aa.map aa\nprefix-bb.map -\n");
         let found = drift("v1sha", &maps, &edited).unwrap();
+        assert!(found.beyond_maps && found.maps == ["prefix-bb.map"], "{found:?}");
+        let found = found.found;
         assert!(
             found.contains("live config has sha256 0123456789ab, not the version's v1sha"),
             "{found}"
@@ -371,9 +396,11 @@ mod tests {
         assert!(found.contains("HAProxy last loaded a config other than the live file"), "{found}");
         assert!(found.contains("map prefix-bb.map is missing"), "{found}");
         let changed = files("v1sha\nv1sha\n\nexact-aa.map ff\nprefix-bb.map bb\n");
-        assert!(drift("v1sha", &maps, &changed).unwrap().contains("map exact-aa.map was changed"));
+        let found = drift("v1sha", &maps, &changed).unwrap();
+        assert!(found.found.contains("map exact-aa.map was changed"), "{found:?}");
+        assert!(!found.beyond_maps && found.maps == ["exact-aa.map"], "{found:?}");
         let gone = files("\n\n\n");
-        assert!(drift("v1sha", &[], &gone).unwrap().contains("the live config is missing"));
+        assert!(drift("v1sha", &[], &gone).unwrap().found.contains("the live config is missing"));
     }
 
     #[test]

@@ -742,7 +742,7 @@ pub async fn drift_of(
     host: &Host,
     version: &ConfigVersion,
     settings: &RolloutSettings,
-) -> Result<(Option<String>, Option<plan::NodeChecks>), String> {
+) -> Result<(Option<plan::Drift>, Option<plan::NodeChecks>), String> {
     let maps: Vec<(&str, &str)> = version
         .bundle()
         .iter()
@@ -763,6 +763,48 @@ pub async fn drift_of(
     }
     let files = plan::HostFiles::parse(&out.stdout);
     Ok((plan::drift(&version.sha256, &maps, &files), files.nodes))
+}
+
+/// Puts the map files `names` of `version` back on `host` as the version has them, in one
+/// round trip (UPLOAD_MAPS): each is checked on arrival and renamed over what is there only
+/// once all arrived whole, so HAProxy never finds a map file half written or missing. The
+/// repair of a drift in map files alone: HAProxy holds the maps it loaded, so nothing reloads.
+/// `Applied`, or where it failed.
+pub async fn put_back_maps(
+    host: &Host,
+    version: &ConfigVersion,
+    names: &[String],
+    settings: &RolloutSettings,
+) -> ApplyOutcome {
+    match upload_named_maps(host, version, names, settings).await {
+        Ok(()) => ApplyOutcome::Applied,
+        Err(f) => failed(f),
+    }
+}
+
+async fn upload_named_maps(
+    host: &Host,
+    version: &ConfigVersion,
+    names: &[String],
+    settings: &RolloutSettings,
+) -> Result<(), Failure> {
+    let bundle = version.bundle().ok_or_else(|| {
+        fail(ApplyStage::Upload, "the applier does not hold the version's map files")
+    })?;
+    let maps: Vec<&hafleet_proto::MapFile> =
+        bundle.maps.iter().filter(|m| names.iter().any(|n| n == m.name.as_str())).collect();
+    if maps.is_empty() {
+        return Ok(());
+    }
+    let stream = file_stream(&maps, None);
+    let token = attempt_token(version.version);
+    let count = maps.len().to_string();
+    let args = [host.config_path.as_str(), token.as_str(), count.as_str()];
+    let running = settings.ssh.take_running(host, scripts::UPLOAD_MAPS, &args, Some(&stream));
+    let (conn, generation, out) =
+        running.await.map_err(|e| fail(ApplyStage::Upload, format!("ssh: {e}")))?;
+    settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
+    outcome_of(ApplyStage::Upload, out).map(|_| ())
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts

@@ -379,11 +379,11 @@ async fn check_drift(
 ) {
     let checked: Vec<usize> = in_sync.iter().copied().collect();
     for (i, host) in checked.into_iter().map(|i| (i, &hosts[i])) {
-        let found = match rollout::drift_of(host, version, settings).await {
-            Ok((found, nodes)) => {
+        let drift = match rollout::drift_of(host, version, settings).await {
+            Ok((drift, nodes)) => {
                 node_checks_seen(host.name.as_str(), nodes.as_ref());
-                match found {
-                    Some(found) => found,
+                match drift {
+                    Some(drift) => drift,
                     None => {
                         reported.remove(&i);
                         continue;
@@ -395,17 +395,40 @@ async fn check_drift(
                 continue;
             }
         };
+        let found = &drift.found;
         match policy {
             DriftPolicy::Repair => {
                 warn!(host = %host.name, version = version.version, %found, "drift; repairing");
-                let one = std::slice::from_ref(host);
-                let rolled =
-                    apply_and_report(bus, one, version, known, settings, Some(&found)).await;
-                if rolled.live.is_empty() {
-                    in_sync.remove(&i);
+                // Map files first, renamed over in place: an apply finds missing files, not
+                // changed ones.
+                let started = std::time::Instant::now();
+                let outcome = match drift.maps.is_empty() {
+                    true => ApplyOutcome::Applied,
+                    false => rollout::put_back_maps(host, version, &drift.maps, settings).await,
+                };
+                if drift.beyond_maps {
+                    let one = std::slice::from_ref(host);
+                    let rolled =
+                        apply_and_report(bus, one, version, known, settings, Some(found)).await;
+                    if rolled.live.is_empty() {
+                        in_sync.remove(&i);
+                    }
+                    continue;
                 }
+                match &outcome {
+                    ApplyOutcome::Failed { message, .. } => {
+                        warn!(host = %host.name, version = version.version, %message, "map files not put back; the next drift check tries again")
+                    }
+                    _ => {
+                        info!(host = %host.name, version = version.version, maps = drift.maps.len(), "map files put back; no reload")
+                    }
+                }
+                let now = (hafleet_runtime::now_unix_ms(), started.elapsed(), Default::default());
+                let report =
+                    report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
+                send_report(bus, &report).await;
             }
-            DriftPolicy::Report if reported.get(&i) != Some(&found) => {
+            DriftPolicy::Report if reported.get(&i) != Some(found) => {
                 warn!(host = %host.name, version = version.version, %found, "drift; reporting only");
                 let outcome = ApplyOutcome::Failed {
                     stage: ApplyStage::Drift,
@@ -414,9 +437,9 @@ async fn check_drift(
                 };
                 let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
                 let report =
-                    report_of(host, version, outcome, now, Some(&found), settings.fleet_hosts);
+                    report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
                 if send_report(bus, &report).await {
-                    reported.insert(i, found);
+                    reported.insert(i, found.clone());
                 }
             }
             DriftPolicy::Report => {}

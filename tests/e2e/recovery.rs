@@ -451,6 +451,56 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
     Ok(())
 }
 
+/// A host whose map files are deleted or edited by hand gets them back from the drift check
+/// (`repair`, the default), without a reload: HAProxy holds the maps it loaded, only the files
+/// are wrong, and a later reload or restart would load them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let version = world.stack.latest_version().await?.expect("a version").version;
+    for h in &world.stack.hosts {
+        world.report(h.name(), version).await?;
+    }
+    let lb2 = &world.stack.hosts[1];
+    let dir = lb2.config_path().parent().context("config dir")?.join("hafleet-maps");
+    let mut maps: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
+    maps.retain(|p| p.extension().is_some_and(|x| x == "map"));
+    maps.sort();
+    anyhow::ensure!(maps.len() >= 2, "a version has at least two map files: {maps:?}");
+    let (gone, edited) = (&maps[0], &maps[1]);
+    let (gone_text, edited_text) = (std::fs::read(gone)?, std::fs::read(edited)?);
+    std::fs::remove_file(gone)?;
+    let mut evil = edited_text.clone();
+    evil.extend_from_slice(b"evil.example.com be_evil\n");
+    std::fs::write(edited, &evil)?;
+    let stack = &world.stack;
+    let (gone_text, edited_text) = (&gone_text, &edited_text);
+    let repaired = eventually(CONVERGE, "lb-2's map files put back", || async move {
+        let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.drift.is_some(), "{r:?}");
+        anyhow::ensure!(std::fs::read(gone).ok().as_ref() == Some(gone_text), "still gone");
+        anyhow::ensure!(std::fs::read(edited)? == *edited_text, "still edited");
+        Ok(r)
+    })
+    .await?;
+    let found = repaired.drift.clone().unwrap_or_default();
+    let name = |p: &std::path::Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(found.contains(&format!("map {} is missing", name(gone))), "{found}");
+    assert!(found.contains(&format!("map {} was changed", name(edited))), "{found}");
+    assert_eq!(repaired.outcome, ApplyOutcome::Applied, "{repaired:?}");
+    assert_eq!(repaired.reloads, 0, "the files only: {repaired:?}");
+    // Checked again: nothing left to find, and the site still served.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = stack.last_report("lb-2").await?.context("no report")?;
+    assert_eq!(after.finished_unix_ms, repaired.finished_unix_ms, "repaired once: {after:?}");
+    expect_on(std::slice::from_ref(lb2), stack, "shop.example.com", "/", 200, "web@").await?;
+    Ok(())
+}
+
 /// Two watchers with leader election: one publishes, the other stands by with warm caches;
 /// the leader SIGKILLed, the standby takes the lease within its duration and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
