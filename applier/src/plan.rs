@@ -114,16 +114,27 @@ impl HostFiles {
 pub struct Drift {
     /// Every finding, `; `-separated: for the log and the report.
     pub found: String,
-    /// The version's map files that are missing there or hold other content, by name.
-    pub maps: Vec<String>,
-    /// Whether anything besides map files drifted (the live config, or what HAProxy loaded):
-    /// then only an apply repairs it. Map files alone are put back, without a reload (HAProxy
-    /// holds the maps it loaded; the files matter to the next reload or restart).
-    pub beyond_maps: bool,
+    /// The version's map and certificate files that are missing there or hold other
+    /// content, as drift checks name them (`../hafleet-certs/<id>.pem` for certificates).
+    pub files: Vec<String>,
+    /// Whether anything besides those files drifted (the live config, or what HAProxy
+    /// loaded): then only an apply repairs it. Files alone are put back, without a reload
+    /// (HAProxy holds the maps and certificates it loaded; the files matter to the next
+    /// reload or restart).
+    pub beyond_files: bool,
 }
 
-/// How a host's files differ from the version `sha256` whose maps are `maps` (name, the
-/// sha256 its name promises); `None` when the host runs exactly that version.
+/// How a drift finding names a file: `map <name>`, or `certificate file hafleet-certs/<id>.pem`.
+fn file_named(name: &str) -> String {
+    match name.strip_prefix("../") {
+        Some(cert) => format!("certificate file {cert}"),
+        None => format!("map {name}"),
+    }
+}
+
+/// How a host's files differ from the version `sha256` whose other files are `maps` (maps
+/// and certificate files: the name, the sha256 it must have); `None` when the host runs
+/// exactly that version.
 pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<Drift> {
     let mut found = Vec::new();
     match files.live.as_deref() {
@@ -145,19 +156,20 @@ pub fn drift(sha256: &str, maps: &[(&str, &str)], files: &HostFiles) -> Option<D
             "HAProxy was reloaded outside hafleet (reload {now}, hafleet's last was {marked})"
         ));
     }
-    let beyond_maps = !found.is_empty();
-    let mut bad_maps = Vec::new();
+    let beyond_files = !found.is_empty();
+    let mut bad = Vec::new();
     for (name, want) in maps {
+        let what = file_named(name);
         match files.maps.iter().find(|(n, _)| n == name).and_then(|(_, sha)| sha.as_deref()) {
-            None => found.push(format!("map {name} is missing")),
+            None => found.push(format!("{what} is missing")),
             Some(sha) if sha != *want => {
-                found.push(format!("map {name} was changed (sha256 {})", short(sha)))
+                found.push(format!("{what} was changed (sha256 {})", short(sha)))
             }
             Some(_) => continue,
         }
-        bad_maps.push((*name).to_owned());
+        bad.push((*name).to_owned());
     }
-    (!found.is_empty()).then(|| Drift { found: found.join("; "), maps: bad_maps, beyond_maps })
+    (!found.is_empty()).then(|| Drift { found: found.join("; "), files: bad, beyond_files })
 }
 
 fn short(sha: &str) -> &str {
@@ -372,14 +384,14 @@ mod tests {
         let maps_only =
             files(&format!("v1sha\nv1sha\nreloads 3\nexact-aa.map -\nprefix-bb.map 0b{}", proc(3)));
         let found = drift("v1sha", &maps, &maps_only).unwrap();
-        assert_eq!(found.maps, ["exact-aa.map", "prefix-bb.map"]);
-        assert!(!found.beyond_maps, "{found:?}");
+        assert_eq!(found.files, ["exact-aa.map", "prefix-bb.map"]);
+        assert!(!found.beyond_files, "{found:?}");
         let foreign = files(&format!(
             "v1sha\nv1sha\nreloads 3\nexact-aa.map aa\nprefix-bb.map bb{}",
             proc(4)
         ));
         let found = drift("v1sha", &maps, &foreign).unwrap();
-        assert!(found.beyond_maps && found.maps.is_empty(), "{found:?}");
+        assert!(found.beyond_files && found.files.is_empty(), "{found:?}");
         let found = found.found;
         assert!(
             found.contains("reloaded outside hafleet (reload 4, hafleet's last was 3)"),
@@ -387,7 +399,7 @@ mod tests {
         );
         let edited = files("0123456789abcdef\nv1sha\n\nexact-aa.map aa\nprefix-bb.map -\n");
         let found = drift("v1sha", &maps, &edited).unwrap();
-        assert!(found.beyond_maps && found.maps == ["prefix-bb.map"], "{found:?}");
+        assert!(found.beyond_files && found.files == ["prefix-bb.map"], "{found:?}");
         let found = found.found;
         assert!(
             found.contains("live config has sha256 0123456789ab, not the version's v1sha"),
@@ -398,7 +410,7 @@ mod tests {
         let changed = files("v1sha\nv1sha\n\nexact-aa.map ff\nprefix-bb.map bb\n");
         let found = drift("v1sha", &maps, &changed).unwrap();
         assert!(found.found.contains("map exact-aa.map was changed"), "{found:?}");
-        assert!(!found.beyond_maps && found.maps == ["exact-aa.map"], "{found:?}");
+        assert!(!found.beyond_files && found.files == ["exact-aa.map"], "{found:?}");
         let gone = files("\n\n\n");
         assert!(drift("v1sha", &[], &gone).unwrap().found.contains("the live config is missing"));
     }

@@ -71,7 +71,8 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", default_value_t = 10)]
     pub probe_timeout_secs: u64,
     /// Seconds between checks that each host still runs the version it was given: its live
-    /// config, the config HAProxy last loaded, and its map files. 0: never check.
+    /// config, the config HAProxy last loaded, its map files and its certificate files. 0:
+    /// never check.
     #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", default_value_t = 30)]
     pub drift_check_secs: u64,
     /// What to do with a host that drifted: `repair` puts the version back (through the
@@ -144,6 +145,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         fleet_hosts: hosts.len(),
         tls_identity,
         reload_times: Default::default(),
+        cert_shas: Default::default(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;
@@ -399,14 +401,14 @@ async fn check_drift(
         match policy {
             DriftPolicy::Repair => {
                 warn!(host = %host.name, version = version.version, %found, "drift; repairing");
-                // Map files first, renamed over in place: an apply finds missing files, not
-                // changed ones.
+                // Map and certificate files first, renamed over in place: an apply finds
+                // missing files, not changed ones.
                 let started = std::time::Instant::now();
-                let outcome = match drift.maps.is_empty() {
+                let outcome = match drift.files.is_empty() {
                     true => ApplyOutcome::Applied,
-                    false => rollout::put_back_maps(host, version, &drift.maps, settings).await,
+                    false => rollout::put_back_files(host, version, &drift.files, settings).await,
                 };
-                if drift.beyond_maps {
+                if drift.beyond_files {
                     let one = std::slice::from_ref(host);
                     let rolled =
                         apply_and_report(bus, one, version, known, settings, Some(found)).await;
@@ -417,10 +419,10 @@ async fn check_drift(
                 }
                 match &outcome {
                     ApplyOutcome::Failed { message, .. } => {
-                        warn!(host = %host.name, version = version.version, %message, "map files not put back; the next drift check tries again")
+                        warn!(host = %host.name, version = version.version, %message, "files not put back; the next drift check tries again")
                     }
                     _ => {
-                        info!(host = %host.name, version = version.version, maps = drift.maps.len(), "map files put back; no reload")
+                        info!(host = %host.name, version = version.version, files = drift.files.len(), "files put back; no reload")
                     }
                 }
                 let now = (hafleet_runtime::now_unix_ms(), started.elapsed(), Default::default());

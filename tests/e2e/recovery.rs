@@ -366,10 +366,9 @@ async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> 
     Ok(())
 }
 
-/// A host whose config is edited by hand is put back to its version (`--drift-policy repair`,
-/// the default), or only reported, once (`report`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says() -> Result<()> {
+/// A stack whose applier checks for drift every second, with `shop.example.com` live and
+/// reported on every host.
+async fn shop_checked_for_drift_every_second() -> Result<World> {
     let mut world = World::start().await?;
     world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
     world.route("shop", "shop.example.com", "/", "web").await?;
@@ -378,6 +377,14 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
     for h in &world.stack.hosts {
         world.report(h.name(), version).await?;
     }
+    Ok(world)
+}
+
+/// A host whose config is edited by hand is put back to its version (`--drift-policy repair`,
+/// the default), or only reported, once (`report`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says() -> Result<()> {
+    let mut world = shop_checked_for_drift_every_second().await?;
     let lb2 = &world.stack.hosts[1];
     let file = |h: &hafleet_tests::HaproxyHost| std::fs::read_to_string(h.config_path());
     let good = file(lb2)?;
@@ -456,14 +463,7 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
 /// are wrong, and a later reload or restart would load them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -> Result<()> {
-    let mut world = World::start().await?;
-    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
-    world.route("shop", "shop.example.com", "/", "web").await?;
-    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
-    let version = world.stack.latest_version().await?.expect("a version").version;
-    for h in &world.stack.hosts {
-        world.report(h.name(), version).await?;
-    }
+    let world = shop_checked_for_drift_every_second().await?;
     let lb2 = &world.stack.hosts[1];
     let dir = lb2.config_path().parent().context("config dir")?.join("hafleet-maps");
     let mut maps: Vec<std::path::PathBuf> =

@@ -472,3 +472,72 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     }
     Ok(())
 }
+
+/// A certificate file edited or deleted on a host is found by the drift check (with
+/// `--tls-identity` the applier knows what each file must hold) and put back, without a
+/// reload: HAProxy holds the certificates it loaded, and a later reload or restart reads the
+/// files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_file_edited_or_deleted_on_a_host_is_put_back_without_a_reload() -> Result<()>
+{
+    let mut world = World::start().await?;
+    tls_on(&mut world.stack, &[]).await?;
+    let identity = world.stack.dir().join(format!("{}.age", world.stack.fleet));
+    let identity = identity.to_str().context("identity path")?.to_owned();
+    world.stack.restart_with(
+        Component::Applier,
+        &[("HAFLEET_TLS_IDENTITY", identity.as_str()), ("HAFLEET_DRIFT_CHECK_SECS", "1")],
+    )?;
+    let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
+    let (crt, key) = self_signed(&["shop.example.com"])?;
+    secrets.create(&PostParams::default(), &tls_secret("shop-tls", &crt, &key)?).await?;
+    world
+        .ingresses
+        .create(&PostParams::default(), &tls_ingress("shop", "shop.example.com", "shop-tls")?)
+        .await?;
+    let fp = fingerprint(&crt)?;
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&fp)).await?;
+    let version = world.stack.latest_version().await?.context("a version")?.version;
+    for h in &world.stack.hosts {
+        world.report(h.name(), version).await?;
+    }
+
+    let lb2 = &world.stack.hosts[1];
+    let dir = lb2.dir().join(hafleet_proto::tls::CERTS_DIR);
+    let files: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
+    let [file] = files.as_slice() else { anyhow::bail!("one certificate file: {files:?}") };
+    let good = std::fs::read(file)?;
+    let name = format!(
+        "{}/{}",
+        hafleet_proto::tls::CERTS_DIR,
+        file.file_name().unwrap().to_string_lossy()
+    );
+    let reloads = lb2.reload_count()?;
+    let stack = &world.stack;
+    let (good, file) = (&good, file);
+    for (how, finding) in [("edited", "was changed"), ("deleted", "is missing")] {
+        let before = stack.last_report("lb-2").await?.context("no report")?.finished_unix_ms;
+        match how {
+            "edited" => std::fs::write(file, b"-----BEGIN CERTIFICATE-----\nnot this\n")?,
+            _ => std::fs::remove_file(file)?,
+        }
+        let repaired = eventually(CONVERGE, &format!("the {how} file put back"), || async move {
+            let r = stack.last_report("lb-2").await?.context("no report")?;
+            anyhow::ensure!(r.finished_unix_ms > before && r.drift.is_some(), "{r:?}");
+            anyhow::ensure!(std::fs::read(file).ok().as_ref() == Some(good), "not put back");
+            Ok(r)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+        let found = repaired.drift.clone().unwrap_or_default();
+        assert!(found.contains(&format!("certificate file {name} {finding}")), "{found}");
+        assert_eq!(repaired.outcome, hafleet_proto::ApplyOutcome::Applied, "{repaired:?}");
+        assert_eq!(repaired.reloads, 0, "{repaired:?}");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(file)?.permissions().mode() & 0o777, 0o600);
+    }
+    assert_eq!(lb2.reload_count()?, reloads, "no reload on lb-2");
+    expect_cert_everywhere(&world.stack, "shop.example.com", Some(&fp)).await?;
+    Ok(())
+}
