@@ -164,13 +164,15 @@ mod scripts {
     pub const MARK_LOADED: &str = mark_loaded!();
     /// $1 = live config path, $2 = master socket; on stdin the names of the version's map
     /// files and certificate files (`../hafleet-certs/<id>.pem`), a line each, as LIVE_STATE
-    /// takes them. Prints the live file's sha256, the loaded marker's sha256 and reload count
-    /// (a line each, empty if unknown), then `<name> <sha256>` for each file (`-` if missing;
-    /// no line at all if the maps folder is gone), hashed by one `sha256sum` (with 10,000
-    /// certificate files of 4 KB the script took 0.32 to 0.35 s here), then
+    /// takes them (read whole into a temporary file first, then gone through twice: the
+    /// hashes, then the missing names, one writer at a time). Prints the live file's sha256,
+    /// the loaded marker's sha256 and reload count (a line each, empty if unknown), then
+    /// `<name> <sha256>` for each file (`-` if missing; no line at all if the maps folder is
+    /// gone, which reads as missing), hashed by one `sha256sum` (with 10,000
+    /// certificate files of 4 KB the script took 0.47 to 0.48 s here), then
     /// `--` and `show proc`, then `--` and the current worker's `show stat` of its node checks
     /// (`hafleet_nodes`; `No such proxy.` with node health checks off). Changes nothing.
-    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; ( cd "$d" 2>/dev/null || exit 0; while IFS= read -r m; do [ -n "$m" ] || continue; if [ -f "$m" ]; then printf '%s\0' "$m"; else printf '%s -\n' "$m" >&3; fi; done | xargs -0 -r sha256sum -- | awk '{ print $2, $1 }' ) 3>&1; echo --; p=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s") || true; printf '%s\n' "$p"; echo --; w=$(printf '%s\n' "$p" | awk '$2 == "worker" && $3 == "0" { print $1; exit }'); [ -z "$w" ] || printf '@!%s show stat hafleet_nodes 4 -1\n' "$w" | socat -t 5 stdio "unix-connect:$s" || true"#;
+    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; n=$(mktemp) || exit 1; cat > "$n"; ( cd "$d" 2>/dev/null || exit 0; while IFS= read -r m; do [ -n "$m" ] && [ -f "$m" ] && printf '%s\0' "$m"; done < "$n" | xargs -0 -r sha256sum -- | awk '{ print $2, $1 }'; while IFS= read -r m; do [ -n "$m" ] && [ ! -f "$m" ] && printf '%s -\n' "$m"; done < "$n" ); rm -f "$n"; echo --; p=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s") || true; printf '%s\n' "$p"; echo --; w=$(printf '%s\n' "$p" | awk '$2 == "worker" && $3 == "0" { print $1; exit }'); [ -z "$w" ] || printf '@!%s show stat hafleet_nodes 4 -1\n' "$w" | socat -t 5 stdio "unix-connect:$s" || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
     /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
@@ -301,6 +303,8 @@ pub struct RolloutSettings {
     /// path: what a drift check compares the hosts' files with. Opening a key takes an age
     /// decryption, so each is worked out once.
     pub cert_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The files the newest version's drift checks expect, by the version's sha256.
+    pub drift_files: std::sync::Mutex<Option<(String, ExpectedFiles)>>,
 }
 
 /// How long a reload on `host` waits before its first look at `show proc`: two thirds of
@@ -770,9 +774,25 @@ pub async fn drift_of(
 
 /// The files besides the config a host of `version` holds, as drift checks name them (maps
 /// by name, certificate files as `../hafleet-certs/<id>.pem`), each with the sha256 it must
-/// have. A certificate file's is known only by opening its key: without `--tls-identity`
-/// (or a key that does not open) certificate files are not checked.
-fn expected_files(version: &ConfigVersion, settings: &RolloutSettings) -> Vec<(String, String)> {
+/// have; worked out once per version. A certificate file's is known only by opening its key
+/// (once per certificate): without `--tls-identity` (or a key that does not open)
+/// certificate files are not checked.
+fn expected_files(version: &ConfigVersion, settings: &RolloutSettings) -> ExpectedFiles {
+    let mut cached = settings.drift_files.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((sha, files)) = cached.as_ref()
+        && *sha == version.sha256
+    {
+        return files.clone();
+    }
+    let files = std::sync::Arc::new(work_out_files(version, settings));
+    *cached = Some((version.sha256.clone(), files.clone()));
+    files
+}
+
+/// What a drift check expects of a host's files: (name, sha256).
+type ExpectedFiles = std::sync::Arc<Vec<(String, String)>>;
+
+fn work_out_files(version: &ConfigVersion, settings: &RolloutSettings) -> Vec<(String, String)> {
     let Some(bundle) = version.bundle() else { return Vec::new() };
     let mut files: Vec<(String, String)> = bundle
         .maps
@@ -819,28 +839,22 @@ pub async fn put_back_files(
         return failed(fail(ApplyStage::Upload, "the applier does not hold the version's files"));
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let maps = missing_maps(bundle, &names);
-    let token = attempt_token(version.version);
-    let stream = file_stream(&maps, None);
-    let count = maps.len().to_string();
-    let args = [host.config_path.as_str(), token.as_str(), count.as_str()];
-    // With no map to put back, a no-op round trip to hold a connection for the certificates.
-    let (script, args, stdin) = match maps.is_empty() {
-        false => (scripts::UPLOAD_MAPS, &args[..], Some(stream.as_slice())),
-        true => ("true", &[][..], None),
-    };
-    let running = settings.ssh.take_running(host, script, args, stdin).await;
-    let (conn, generation, out) = match running {
+    // A connection from the pool (a no-op checks it), then the uploads on it: each writes
+    // under this attempt's own token, never run twice.
+    let (conn, generation, out) = match settings.ssh.take_running(host, "true", &[], None).await {
         Ok(running) => running,
         Err(e) => return failed(fail(ApplyStage::Upload, format!("ssh: {e}"))),
     };
-    let healthy = out.is_ok();
     let mut done = outcome_of(ApplyStage::Upload, out).map(|_| ());
+    let token = attempt_token(version.version);
+    if done.is_ok() {
+        done = upload_maps(&conn, host, &missing_maps(bundle, &names), &token).await;
+    }
     if done.is_ok() {
         let identity = settings.tls_identity.as_deref();
         done = upload_certs(&conn, host, bundle, &names, &token, identity).await;
     }
-    settings.ssh.give_back(host, conn, generation, healthy).await;
+    settings.ssh.give_back(host, conn, generation, done.is_ok()).await;
     match done {
         Ok(()) => ApplyOutcome::Applied,
         Err(f) => failed(f),
@@ -1692,8 +1706,15 @@ mod tests {
             ]
         );
         assert_eq!(found.live, sha("global\n"));
-        // No maps folder at all: every file is missing, as drift reads it.
+        // No maps folder at all: every file is missing, as drift reads it; the names are read
+        // all the same (10,000 of them fill more than a pipe: unread, the sender would hang).
         std::fs::remove_dir_all(&maps).unwrap();
+        let many: String =
+            (0..10_000).map(|i| format!("../hafleet-certs/{i:064x}.pem\n")).collect();
+        let out = sh(scripts::DRIFT_STATE, &[live, socket.to_str().unwrap()], many.as_bytes());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let found = plan::HostFiles::parse(&String::from_utf8_lossy(&out.stdout));
+        assert!(found.maps.is_empty(), "{:?}", found.maps);
         let out = sh(scripts::DRIFT_STATE, &[live, socket.to_str().unwrap()], names.as_bytes());
         let found = plan::HostFiles::parse(&String::from_utf8_lossy(&out.stdout));
         assert!(found.maps.is_empty(), "{:?}", found.maps);

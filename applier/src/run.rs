@@ -146,6 +146,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls_identity,
         reload_times: Default::default(),
         cert_shas: Default::default(),
+        drift_files: Default::default(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;
@@ -408,7 +409,10 @@ async fn check_drift(
                     true => ApplyOutcome::Applied,
                     false => rollout::put_back_files(host, version, &drift.files, settings).await,
                 };
-                if drift.beyond_files {
+                let put_back = !matches!(outcome, ApplyOutcome::Failed { .. });
+                // An apply uploads missing files only: after a failed put-back it could load a
+                // changed one.
+                if drift.beyond_files && put_back {
                     let one = std::slice::from_ref(host);
                     let rolled =
                         apply_and_report(bus, one, version, known, settings, Some(found)).await;
@@ -419,7 +423,7 @@ async fn check_drift(
                 }
                 match &outcome {
                     ApplyOutcome::Failed { message, .. } => {
-                        warn!(host = %host.name, version = version.version, %message, "files not put back; the next drift check tries again")
+                        warn!(host = %host.name, version = version.version, %message, "files not put back; the host waits for the next version")
                     }
                     _ => {
                         info!(host = %host.name, version = version.version, files = drift.files.len(), "files put back; no reload")
@@ -429,6 +433,9 @@ async fn check_drift(
                 let report =
                     report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
                 send_report(bus, &report).await;
+                if !put_back {
+                    in_sync.remove(&i);
+                }
             }
             DriftPolicy::Report if reported.get(&i) != Some(found) => {
                 warn!(host = %host.name, version = version.version, %found, "drift; reporting only");

@@ -27,7 +27,8 @@ pub struct HostStatus {
     pub last_message: Option<String>,
     pub last_unix_ms: u64,
     /// What the applier's drift check last said about the host: `none reported`, `drifted:
-    /// …` (found and left as it is, `--drift-policy report`) or `repaired: …`.
+    /// …` (found and left as it is, `--drift-policy report`), `repaired: …` or `repair
+    /// failed: …`.
     pub drift: String,
 }
 
@@ -64,6 +65,7 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
             (ApplyOutcome::Failed { stage: ApplyStage::Drift, .. }, Some(found)) => {
                 format!("drifted: {found}")
             }
+            (ApplyOutcome::Failed { .. }, Some(found)) => format!("repair failed: {found}"),
             (_, Some(found)) => format!("repaired: {found}"),
             (_, None) => "none reported".to_owned(),
         },
@@ -217,6 +219,10 @@ mod tests {
             (s.version, s.drift.as_str()),
             (Some(3), "repaired: the live config has sha256 abc")
         );
+        let mut failed_repair = report(3, failed(ApplyStage::Upload, false));
+        failed_repair.drift = Some("map exact-aa.map was changed".into());
+        let s = of_host("lb-1", &[ok(3), failed_repair]).unwrap();
+        assert_eq!(s.drift, "repair failed: map exact-aa.map was changed");
         assert_eq!(of_host("lb-1", &[ok(3)]).unwrap().drift, "none reported");
         assert_eq!(time_of(1_795_480_113_000), "2026-11-24T00:28:33Z");
         assert_eq!(time_of(0), "1970-01-01T00:00:00Z");

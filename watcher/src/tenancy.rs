@@ -137,6 +137,7 @@ pub fn keep_apart(
             let (key, fleet) = (&r.key, &r.fleet);
             // Host → owner, in host order (the order the Ingress is told in).
             let mut taken: BTreeMap<&str, usize> = BTreeMap::new();
+            // The indices of its routes it loses, ascending.
             let mut lost = Vec::new();
             for (j, route) in r.routes.iter().enumerate() {
                 let at = (fleet.as_str(), host_of(route));
@@ -165,7 +166,7 @@ pub fn keep_apart(
                 });
             }
             for (j, route) in r.routes.iter().enumerate() {
-                if lost.contains(&j) {
+                if lost.binary_search(&j).is_ok() {
                     continue;
                 }
                 let claim = (fleet.as_str(), host_of(route), claimed_path(route), route.kind);
@@ -192,7 +193,7 @@ pub fn keep_apart(
         let mut j = 0;
         std::sync::Arc::make_mut(&mut routed[i].routes).retain(|_| {
             j += 1;
-            !lost.contains(&(j - 1))
+            lost.binary_search(&(j - 1)).is_err()
         });
     }
     warnings
