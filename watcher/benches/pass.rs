@@ -6,10 +6,6 @@
 //! BENCHMARKS.md.
 //! Run: `cargo bench -p hafleet-watcher --bench pass` (`-- --ingresses N --passes N`).
 
-/// The allocator the watcher binary runs with (watcher/src/main.rs).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use hafleet_watcher::index::{self, Desired, Published};
 use hafleet_watcher::resolve::{self, Services};
 use k8s_openapi::api::core::v1::Service;
