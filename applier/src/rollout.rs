@@ -582,7 +582,23 @@ async fn stage(
     let (live_sha, loaded_sha) = (sha(), sha());
     let missing_maps: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
     match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
-        HostPlan::Unchanged => return Ok(Next::Done(Ok(ApplyOutcome::Unchanged))),
+        HostPlan::Unchanged => {
+            // HAProxy runs this version, but files it loaded may be gone from the disk (a
+            // restore, a hand): put them back, so that its next reload or restart finds them.
+            // Nothing reloads.
+            let Some(bundle) = version.bundle().filter(|_| !missing_maps.is_empty()) else {
+                return Ok(Next::Done(Ok(ApplyOutcome::Unchanged)));
+            };
+            let token = attempt_token(version.version);
+            let maps = crate::rollout::missing_maps(bundle, &missing_maps);
+            upload_maps(conn, host, &maps, &token).await?;
+            upload_certs(conn, host, bundle, &missing_maps, &token, tls_identity).await?;
+            info!(
+                files = missing_maps.len(),
+                "files of the version were missing; put back, no reload"
+            );
+            return Ok(Next::Done(Ok(ApplyOutcome::Applied)));
+        }
         HostPlan::ReloadOnly => return Ok(Next::ReloadOnly),
         HostPlan::Full => {}
     }

@@ -501,6 +501,51 @@ async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -
     Ok(())
 }
 
+/// With drift checks off, a map file deleted on a host comes back with the next apply there
+/// (here the restarted applier's catch-up), without a reload: the config is the version's,
+/// and HAProxy holds the map it loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Result<()> {
+    let mut world = World::start().await?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "0")])?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let version = world.stack.latest_version().await?.expect("a version").version;
+    for h in &world.stack.hosts {
+        world.report(h.name(), version).await?;
+    }
+    let lb2 = &world.stack.hosts[1];
+    let dir = lb2.config_path().parent().context("config dir")?.join("hafleet-maps");
+    let mut maps: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
+    maps.retain(|p| p.extension().is_some_and(|x| x == "map"));
+    maps.sort();
+    let gone = maps.first().context("a map file")?.clone();
+    let text = std::fs::read(&gone)?;
+    std::fs::remove_file(&gone)?;
+    let reloads = lb2.reload_count()?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "0")])?;
+    let stack = &world.stack;
+    let (gone, text) = (&gone, &text);
+    let report = eventually(CONVERGE, "lb-2's map file put back", || async move {
+        let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.outcome == ApplyOutcome::Applied, "{r:?}");
+        anyhow::ensure!(std::fs::read(gone).ok().as_ref() == Some(text), "still gone");
+        Ok(r)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+    assert_eq!(report.reloads, 0, "{report:?}");
+    assert_eq!(stack.hosts[1].reload_count()?, reloads, "no reload on lb-2");
+    eventually(CONVERGE, "lb-1, which had every file, unchanged", || async move {
+        let r = stack.last_report("lb-1").await?.context("no report")?;
+        anyhow::ensure!(r.outcome == ApplyOutcome::Unchanged, "{r:?}");
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
 /// Two watchers with leader election: one publishes, the other stands by with warm caches;
 /// the leader SIGKILLed, the standby takes the lease within its duration and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
