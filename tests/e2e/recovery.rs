@@ -366,11 +366,12 @@ async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> 
     Ok(())
 }
 
-/// A stack whose applier checks for drift every second, with `shop.example.com` live and
-/// reported on every host.
-async fn shop_checked_for_drift_every_second() -> Result<World> {
+/// A stack whose applier checks for drift every `drift_check_secs` (0: never), with
+/// `shop.example.com` live and reported on every host.
+async fn shop_live_with_drift_checks_every(drift_check_secs: &str) -> Result<World> {
     let mut world = World::start().await?;
-    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
+    let env = [("HAFLEET_DRIFT_CHECK_SECS", drift_check_secs)];
+    world.stack.restart_with(Component::Applier, &env)?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     let version = world.stack.latest_version().await?.expect("a version").version;
@@ -380,11 +381,21 @@ async fn shop_checked_for_drift_every_second() -> Result<World> {
     Ok(world)
 }
 
+/// The map files on `host`, sorted.
+fn map_files(host: &hafleet_tests::HaproxyHost) -> Result<Vec<std::path::PathBuf>> {
+    let dir = host.config_path().parent().context("config dir")?.join("hafleet-maps");
+    let mut maps: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
+    maps.retain(|p| p.extension().is_some_and(|x| x == "map"));
+    maps.sort();
+    Ok(maps)
+}
+
 /// A host whose config is edited by hand is put back to its version (`--drift-policy repair`,
 /// the default), or only reported, once (`report`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says() -> Result<()> {
-    let mut world = shop_checked_for_drift_every_second().await?;
+    let mut world = shop_live_with_drift_checks_every("1").await?;
     let lb2 = &world.stack.hosts[1];
     let file = |h: &hafleet_tests::HaproxyHost| std::fs::read_to_string(h.config_path());
     let good = file(lb2)?;
@@ -463,13 +474,9 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
 /// are wrong, and a later reload or restart would load them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -> Result<()> {
-    let world = shop_checked_for_drift_every_second().await?;
+    let world = shop_live_with_drift_checks_every("1").await?;
     let lb2 = &world.stack.hosts[1];
-    let dir = lb2.config_path().parent().context("config dir")?.join("hafleet-maps");
-    let mut maps: Vec<std::path::PathBuf> =
-        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
-    maps.retain(|p| p.extension().is_some_and(|x| x == "map"));
-    maps.sort();
+    let maps = map_files(lb2)?;
     anyhow::ensure!(maps.len() >= 2, "a version has at least two map files: {maps:?}");
     let (gone, edited) = (&maps[0], &maps[1]);
     let (gone_text, edited_text) = (std::fs::read(gone)?, std::fs::read(edited)?);
@@ -506,21 +513,9 @@ async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -
 /// and HAProxy holds the map it loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Result<()> {
-    let mut world = World::start().await?;
-    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "0")])?;
-    world.route("shop", "shop.example.com", "/", "web").await?;
-    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
-    let version = world.stack.latest_version().await?.expect("a version").version;
-    for h in &world.stack.hosts {
-        world.report(h.name(), version).await?;
-    }
+    let mut world = shop_live_with_drift_checks_every("0").await?;
     let lb2 = &world.stack.hosts[1];
-    let dir = lb2.config_path().parent().context("config dir")?.join("hafleet-maps");
-    let mut maps: Vec<std::path::PathBuf> =
-        std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
-    maps.retain(|p| p.extension().is_some_and(|x| x == "map"));
-    maps.sort();
-    let gone = maps.first().context("a map file")?.clone();
+    let gone = map_files(lb2)?.first().context("a map file")?.clone();
     let text = std::fs::read(&gone)?;
     std::fs::remove_file(&gone)?;
     let reloads = lb2.reload_count()?;
