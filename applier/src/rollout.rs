@@ -580,23 +580,18 @@ async fn stage(
     let mut lines = state.lines().map(str::trim);
     let mut sha = || lines.next().filter(|s| !s.is_empty());
     let (live_sha, loaded_sha) = (sha(), sha());
-    let missing_maps: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    let missing: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
     match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
         HostPlan::Unchanged => {
             // HAProxy runs this version, but files it loaded may be gone from the disk (a
             // restore, a hand): put them back, so that its next reload or restart finds them.
             // Nothing reloads.
-            let Some(bundle) = version.bundle().filter(|_| !missing_maps.is_empty()) else {
+            let Some(bundle) = version.bundle().filter(|_| !missing.is_empty()) else {
                 return Ok(Next::Done(Ok(ApplyOutcome::Unchanged)));
             };
             let token = attempt_token(version.version);
-            let maps = crate::rollout::missing_maps(bundle, &missing_maps);
-            upload_maps(conn, host, &maps, &token).await?;
-            upload_certs(conn, host, bundle, &missing_maps, &token, tls_identity).await?;
-            info!(
-                files = missing_maps.len(),
-                "files of the version were missing; put back, no reload"
-            );
+            put_files(conn, host, bundle, &missing, &token, tls_identity).await?;
+            info!(files = missing.len(), "files of the version were missing; put back, no reload");
             return Ok(Next::Done(Ok(ApplyOutcome::Applied)));
         }
         HostPlan::ReloadOnly => return Ok(Next::ReloadOnly),
@@ -626,7 +621,7 @@ async fn stage(
         (_, false) => None,
     };
     let validate = UploadCheck {
-        missing_maps: &missing_maps,
+        missing_maps: &missing,
         map_check: map_check.as_deref(),
         live: loaded,
         tls_identity,
@@ -862,19 +857,30 @@ pub async fn put_back_files(
         Err(e) => return failed(fail(ApplyStage::Upload, format!("ssh: {e}"))),
     };
     let mut done = outcome_of(ApplyStage::Upload, out).map(|_| ());
-    let token = attempt_token(version.version);
     if done.is_ok() {
-        done = upload_maps(&conn, host, &missing_maps(bundle, &names), &token).await;
-    }
-    if done.is_ok() {
-        let identity = settings.tls_identity.as_deref();
-        done = upload_certs(&conn, host, bundle, &names, &token, identity).await;
+        let (token, identity) = (attempt_token(version.version), settings.tls_identity.as_deref());
+        done = put_files(&conn, host, bundle, &names, &token, identity).await;
     }
     settings.ssh.give_back(host, conn, generation, done.is_ok()).await;
     match done {
         Ok(()) => ApplyOutcome::Applied,
         Err(f) => failed(f),
     }
+}
+
+/// Writes the map and certificate files of `bundle` that `names` lists (LIVE_STATE's and
+/// DRIFT_STATE's names) on `host`, each checked on arrival and renamed over in place: maps in
+/// one round trip, then certificates opened with `identity`.
+async fn put_files(
+    conn: &HostConn,
+    host: &Host,
+    bundle: &Bundle,
+    names: &[&str],
+    token: &str,
+    identity: Option<&crate::tls::FleetIdentity>,
+) -> Result<(), Failure> {
+    upload_maps(conn, host, &missing_maps(bundle, names), token).await?;
+    upload_certs(conn, host, bundle, names, token, identity).await
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts
