@@ -2,11 +2,13 @@
 //! fleet and puts it live on every HAProxy host of the fleet over SSH, safely: validate, atomic
 //! swap, reload, verify, roll back on any failure, report per host.
 //!
-//! Pure decisions: [`inventory`] (what hosts and how), [`plan`] (waves, reading the master CLI).
+//! Pure decisions: [`inventory`] (what hosts and how), [`plan`] (waves, reading the master CLI),
+//! [`patch`] (a file sent as an edit of the host's).
 //! Adapters: [`ssh`] (openssh) and [`bus`] (NATS). Steps: [`rollout`]. Wiring: [`run`].
 
 pub mod bus;
 pub mod inventory;
+pub mod patch;
 pub mod permissions;
 pub mod plan;
 pub mod probe;

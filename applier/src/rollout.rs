@@ -11,11 +11,12 @@
 //!            haproxy -c -f <config>.hafleet-new-<token>                    │ trip
 //!              (refused: Failed, live file untouched)                      │
 //!            show proc (before)                                            ┘
-//!              (a version that differs from the running config only in its map files and
-//!               crt-list: the upload is a sed edit of the live file, checked by its sha256
-//!               (else the whole config), and haproxy -c runs on a config that loads those
-//!               maps alone, as the config uses them, and the new certificate files alone;
-//!               the maps go in a round trip of their own)
+//!              (maps and config go as `sed` edits of the host's own where the applier holds
+//!               the version its live file is (crate::patch), each checked by its sha256;
+//!               whole otherwise, or again whole when an edit does not come out right.
+//!               A version that differs from the running config only in its map files and
+//!               crt-list: haproxy -c runs on a config that loads those maps alone, as the
+//!               config uses them, and the new certificate files alone)
 //!            ── up to here: `prepare`, done for the first wave while the canary goes live;
 //!               from here: `finish` (a host prepared ahead first checks that its files are
 //!               as they were, else it is prepared again, and reads show proc anew: in the
@@ -85,21 +86,18 @@ mod scripts {
             r#"sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; "#
         };
     }
-    macro_rules! upload {
-        () => {
-            concat!(sweep_uploads!(), r#"cat > "$1.hafleet-new-$2" || exit 64; "#, uploaded!())
-        };
-    }
     // Uses $1 (live config path), $2 (token), $want (1: a config follows the maps) and
-    // $count (how many map files). Unpacks a stream of [`super::file_stream`]: each map into
-    // a name of this attempt's, the config (if $want) to this attempt's upload; checks every
-    // map's sha256 (one `sha256sum -c`) and renames them to their own names only if all are
-    // whole. The awk program refuses a record it cannot read (3), data cut short or a missing
-    // config (4), and data past the config (5). Exits EXIT_UPLOAD on any failure, leaving
-    // no map of its own behind.
+    // $count (how many map files). Unpacks a stream of [`super::Outgoing::stream`]: each map
+    // into a name of this attempt's, the config (if $want) to this attempt's upload; a file
+    // sent as an edit is made by `sed` from the host's own (a map from the map it names, the
+    // config from the live file). Then checks every map's sha256 (one `sha256sum -c`) and
+    // renames them to their own names only if all are whole (the caller checks the config's).
+    // The awk program refuses a record it cannot read (3), data cut short or a missing config
+    // (4), and data past the config (5). Exits EXIT_UPLOAD on any failure, leaving no file of
+    // its own behind.
     macro_rules! unpack {
         () => {
-            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; awk -v d="$d" -v t="$2" -v cfg="$1.hafleet-new-$2" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if ($1 == "hafleet-config" && NF == 3 && want) { f = cfg; done = 1 } else if ($1 == "hafleet-map" && NF == 5 && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t) } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || { rm -f "$d"/.*."$2" "$1.hafleet-new-$2"; echo "the map files and config did not arrive whole" >&2; exit 64; }; k=0; [ ! -f "$d/.sums.$2" ] || k=$(wc -l < "$d/.sums.$2"); if [ "$k" -ne "$count" ] || ! ( cd "$d" && sha256sum -c --quiet ".sums.$2" >/dev/null 2>&1 ); then rm -f "$d"/.*."$2" "$1.hafleet-new-$2"; echo "$k of $count map files arrived, or one has another sha256" >&2; exit 64; fi; while read -r s f; do n="${f#.}"; mv -f "$d/$f" "$d/${n%.$2}" || exit 64; done < "$d/.sums.$2"; rm -f "$d/.sums.$2"; "#
+            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; u="$1.hafleet-new-$2"; t="$2"; drop() { rm -f "$d"/.*."$t" "$d"/.*."$t".sed "$u" "$u.sed"; echo "$*" >&2; exit 64; }; awk -v d="$d" -v t="$t" -v cfg="$u" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) { f = cfg; if ($1 == "hafleet-config-edit") f = cfg ".sed"; done = 1 } else if (($1 == "hafleet-map" && NF == 5 || $1 == "hafleet-map-edit" && NF == 6 && $4 ~ /^[a-z]+-[0-9a-f]+\.map$/) && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t); if (NF == 6) { f = f ".sed"; print $2, $4 > (d "/.edits." t) } } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || drop "the map files and config did not arrive whole"; if [ -f "$d/.edits.$t" ]; then while read -r m b; do sed -f "$d/.$m.$t.sed" "$d/$b" > "$d/.$m.$t" 2>/dev/null; rm -f "$d/.$m.$t.sed"; done < "$d/.edits.$t"; rm -f "$d/.edits.$t"; fi; if [ -f "$u.sed" ]; then sed -f "$u.sed" "$1" > "$u" 2>/dev/null; rm -f "$u.sed"; fi; k=0; [ ! -f "$d/.sums.$t" ] || k=$(wc -l < "$d/.sums.$t"); if [ "$k" -ne "$count" ] || { [ "$k" -gt 0 ] && ! ( cd "$d" && sha256sum -c --quiet ".sums.$t" >/dev/null 2>&1 ); }; then drop "$k of $count map files arrived, or one has another sha256"; fi; if [ "$k" -gt 0 ]; then while read -r s f; do n="${f#.}"; mv -f "$d/$f" "$d/${n%.$t}" || exit 64; done < "$d/.sums.$t"; fi; rm -f "$d/.sums.$t"; "#
         };
     }
     macro_rules! validate {
@@ -175,33 +173,33 @@ mod scripts {
     pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; n=$(mktemp) || exit 1; cat > "$n"; ( cd "$d" 2>/dev/null || exit 0; while IFS= read -r m; do [ -n "$m" ] && [ -f "$m" ] && printf '%s\0' "$m"; done < "$n" | xargs -0 -r sha256sum -- | awk '{ print $2, $1 }'; while IFS= read -r m; do [ -n "$m" ] && [ ! -f "$m" ] && printf '%s -\n' "$m"; done < "$n" ); rm -f "$n"; echo --; p=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s") || true; printf '%s\n' "$p"; echo --; w=$(printf '%s\n' "$p" | awk '$2 == "worker" && $3 == "0" { print $1; exit }'); [ -z "$w" ] || printf '@!%s show stat hafleet_nodes 4 -1\n' "$w" | socat -t 5 stdio "unix-connect:$s" || true"#;
     /// $1 = live config path, $2 = token. Removes this attempt's upload.
     pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
-    /// $1 = live config path, $2 = this attempt's token; the config on stdin. Writes it next to
-    /// the live file (same file system, so the later rename is atomic) under a name no other
-    /// attempt uses, and prints the sha256 of what landed.
-    /// Uploads left by attempts that died more than an hour ago are swept first.
-    pub const UPLOAD: &str = concat!(upload!(), r#"echo "$sha"; echo "hafleet-stat $up""#);
-    /// $1 = live config path, $2 = this attempt's token; a `sed` script on stdin. Writes the
-    /// live file edited by it under this attempt's name, and prints its sha256 and stat as
-    /// UPLOAD does: for a version that changes a few lines of a config of megabytes (its map
-    /// names), a few hundred bytes sent instead of the config. Whoever calls it checks the
-    /// sha256, and uploads the whole config if it is not the version's or the edit failed.
-    /// It leaves the sweep of uploads that attempts which died left behind to UPLOAD (every
-    /// version that needs a reload is uploaded whole): it is on the path of every map change.
-    pub const UPLOAD_PATCH: &str = r#"umask 027; sed -f /dev/stdin "$1" > "$1.hafleet-new-$2" || exit 64; sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; echo "$sha"; echo "hafleet-stat $up""#;
+    /// $1 = live config path, $2 = this attempt's token, $3 = how many map files; on stdin an
+    /// [`super::Outgoing::stream`] of the map files the host lacks and the config, each whole
+    /// or as an edit of the host's own. Writes the config next to the live file (same file
+    /// system, so the later rename is atomic) under a name no other attempt uses, the maps as
+    /// UPLOAD_MAPS does, and prints the config's sha256 and stat. For a version that changes a
+    /// few lines of a config of megabytes (its map names) and a few entries of its maps, a
+    /// few hundred bytes are sent instead of megabytes. Whoever calls it checks the sha256.
+    /// It leaves the sweep of uploads that attempts which died left behind to UPLOAD_VALIDATE:
+    /// it is on the path of every map change.
+    pub const UPLOAD_FILES: &str = concat!(
+        r#"umask 027; want=1; count="$3"; "#,
+        unpack!(),
+        uploaded!(),
+        r#"echo "$sha"; echo "hafleet-stat $up""#
+    );
     /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
-    /// config's sha256, $6 = how many map files come before it; on stdin the config alone
-    /// ($6 = 0), or a [`super::file_stream`] of the map files the host lacks and the config.
-    /// UPLOAD (and UPLOAD_MAPS), checked against $5 (exit EXIT_UPLOAD otherwise), then
-    /// validates the upload with `haproxy -c` (its output on stderr; a refused upload is
-    /// removed) and prints `show proc` for the reload check to come (not being able to is not
-    /// the config's fault: it shows as an unreadable `show proc`, a failure that may pass).
-    /// One round trip.
+    /// config's sha256, $6 = how many map files come before it; on stdin an
+    /// [`super::Outgoing::stream`] of the map files the host lacks and the config (each whole
+    /// or as an edit). UPLOAD_FILES's upload after a sweep of what attempts that died left,
+    /// checked against $5 (exit EXIT_UPLOAD otherwise), then validates the upload with
+    /// `haproxy -c` (its output on stderr; a refused upload is removed) and prints `show
+    /// proc` for the reload check to come (not being able to is not the config's fault: it
+    /// shows as an unreadable `show proc`, a failure that may pass). One round trip.
     pub const UPLOAD_VALIDATE: &str = concat!(
         r#"bin="$1"; shift; want=1; count="$5"; "#,
         sweep_uploads!(),
-        r#"if [ "$count" -gt 0 ]; then "#,
         unpack!(),
-        r#"else cat > "$1.hafleet-new-$2" || exit 64; fi; "#,
         uploaded!(),
         r#"if [ "$sha" != "$4" ]; then rm -f "$1.hafleet-new-$2"; echo "uploaded file has sha256 $sha instead of $4" >&2; exit 64; fi; echo "hafleet-stat $up"; set -- "$bin" "$1" "$2" "$3"; "#,
         validate!()
@@ -255,8 +253,8 @@ mod scripts {
     );
     /// $1 = live config path. Puts last-known-good back, atomically.
     pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
-    /// $1 = live config path, $2 = token, $3 = how many map files; on stdin a
-    /// [`super::file_stream`] of them. Writes each under a temporary name and renames them to
+    /// $1 = live config path, $2 = token, $3 = how many map files; on stdin an
+    /// [`super::Outgoing::stream`] of them. Writes each under a temporary name and renames them to
     /// their own only once every one has arrived with the sha256 its name promises, so a file
     /// under a map's name is always that content. One round trip whatever the number of maps.
     pub const UPLOAD_MAPS: &str =
@@ -361,6 +359,9 @@ pub struct Effort {
     pub reloads: u32,
     /// Runtime API commands sent instead of a reload.
     pub runtime_commands: u32,
+    /// Bytes of the version's files sent to the host: config, maps (as edits where it could)
+    /// and certificate files.
+    pub sent_bytes: u64,
 }
 
 /// Puts `version` live on one host and says how it went. `known` are versions the applier
@@ -681,7 +682,8 @@ async fn go_live(
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
-    let Uploaded { before, stat } = uploaded;
+    let Uploaded { before, stat, sent } = uploaded;
+    effort.sent_bytes += sent;
     // A change that needs a reload swaps in the same round trip as the reload (below).
     let swap_with_reload = matches!(change, runtime::Plan::Reload(_));
     if !swap_with_reload {
@@ -880,7 +882,7 @@ async fn put_files(
     identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<(), Failure> {
     upload_maps(conn, host, &missing_maps(bundle, names), token).await?;
-    upload_certs(conn, host, bundle, names, token, identity).await
+    upload_certs(conn, host, bundle, names, token, identity).await.map(|_| ())
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts
@@ -1006,41 +1008,13 @@ struct Uploaded {
     /// The upload's stat (`%i %s %y`): a rename keeps it, so the live file having it later
     /// is the upload itself, and marking it loaded need not hash it again.
     stat: Option<String>,
+    /// Bytes sent (see [`Effort::sent_bytes`]).
+    sent: u64,
 }
 
 /// The stat an upload script printed (`hafleet-stat …`).
 fn uploaded_stat(out: &str) -> Option<String> {
     out.lines().find_map(|l| l.strip_prefix("hafleet-stat ")).map(str::to_owned)
-}
-
-/// A `sed` script that turns `old` into `new`, when they have the same number of lines and
-/// at most 1,000 differ (`c` commands by line number; every backslash doubled, so GNU sed's
-/// escapes never apply, and a leading blank escaped so it is kept). `None` otherwise, or when
-/// either has a carriage return or lacks a final newline.
-pub(crate) fn line_patch(old: &str, new: &str) -> Option<String> {
-    if old.contains('\r') || new.contains('\r') || !old.ends_with('\n') || !new.ends_with('\n') {
-        return None;
-    }
-    let mut script = String::new();
-    let (mut a, mut b) = (old.lines(), new.lines());
-    let mut changed = 0;
-    for n in 1.. {
-        match (a.next(), b.next()) {
-            (None, None) => break,
-            (Some(x), Some(y)) if x == y => {}
-            (Some(_), Some(y)) => {
-                changed += 1;
-                if changed > 1000 {
-                    return None;
-                }
-                let text = y.replace('\\', "\\\\");
-                let lead = if text.starts_with([' ', '\t']) { "\\" } else { "" };
-                script.push_str(&format!("{n}c\\\n{lead}{text}\n"));
-            }
-            _ => return None,
-        }
-    }
-    Some(script)
 }
 
 /// Uploads the version under this attempt's name, checks what landed, validates it with
@@ -1058,46 +1032,19 @@ async fn upload_and_validate(
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
     let maps = missing_maps(bundle, missing);
-    // A config checked whole carries the maps in its own round trip.
-    if check.map_check.is_some() {
-        upload_maps(conn, host, &maps, token).await?;
-    }
-    upload_certs(conn, host, bundle, missing, token, check.tls_identity).await?;
-    let config = Some(bundle.config.as_bytes());
-    let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
-    let stat;
+    let certs = upload_certs(conn, host, bundle, missing, token, check.tls_identity).await?;
+    // The maps and the config in one round trip, as edits of the host's own where the applier
+    // holds the bundle its live file is.
+    let diffed = std::time::Instant::now();
+    let outgoing = Outgoing::edited(&maps, &bundle.config, check.live);
+    tracing::debug!(diff_ms = diffed.elapsed().as_secs_f64() * 1e3, "files to send worked out");
+    let count = maps.len().to_string();
+    let (stat, sent);
     let proc = match check.map_check {
-        Some(maps) => {
-            let patched = match check.live.and_then(|b| line_patch(&b.config, &bundle.config)) {
-                Some(script) => {
-                    let stdin = Some(script.as_bytes());
-                    let patch = [live, token];
-                    let edited =
-                        remote(conn, ApplyStage::Upload, scripts::UPLOAD_PATCH, &patch, stdin)
-                            .await;
-                    match edited {
-                        Ok(out) if out.lines().next() == Some(version.sha256.as_str()) => Some(out),
-                        Ok(_) => {
-                            warn!(
-                                "the edited live file is not the version's config; uploading it whole"
-                            );
-                            None
-                        }
-                        Err(f) => {
-                            warn!(error = %f.message, "editing the live file failed; uploading it whole");
-                            None
-                        }
-                    }
-                }
-                None => None,
-            };
-            let landed = match patched {
-                Some(out) => out,
-                None => {
-                    remote(conn, ApplyStage::Upload, scripts::UPLOAD, &[live, token], config)
-                        .await?
-                }
-            };
+        Some(map_check) => {
+            let args = [live, token, &count];
+            let (landed, bytes) = send(conn, scripts::UPLOAD_FILES, &args, &outgoing).await?;
+            sent = certs + bytes;
             stat = uploaded_stat(&landed);
             let landed = landed.lines().next().unwrap_or_default();
             if landed != version.sha256 {
@@ -1110,25 +1057,27 @@ async fn upload_and_validate(
                 "the config is the running one but for its maps and certificates: checking \
                  those alone"
             );
-            let stdin = Some(maps.as_bytes());
+            let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
+            let stdin = Some(map_check.as_bytes());
             remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
         }
         None => {
-            let count = maps.len().to_string();
-            let args = [args[0], args[1], args[2], args[3], &version.sha256, &count];
-            let stream = (!maps.is_empty()).then(|| file_stream(&maps, Some(&bundle.config)));
-            let stdin = stream.as_deref().or(config);
-            let out = match conn.run(scripts::UPLOAD_VALIDATE, &args, stdin).await {
-                // A dropped connection is an upload that may pass, not a refused config.
-                Err(e) => return Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
-                ran => outcome_of(ApplyStage::Validate, ran)?,
-            };
+            let args = [
+                host.haproxy_bin.as_str(),
+                live,
+                token,
+                &host.master_socket,
+                &version.sha256,
+                &count,
+            ];
+            let (out, bytes) = send(conn, scripts::UPLOAD_VALIDATE, &args, &outgoing).await?;
+            sent = certs + bytes;
             stat = uploaded_stat(&out);
             out
         }
     };
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
-    Ok(Uploaded { before, stat })
+    Ok(Uploaded { before, stat, sent })
 }
 
 /// The certificates of `bundle` by their file's path. Built once per use: a path is a sha256
@@ -1147,7 +1096,7 @@ fn missing_maps<'a>(bundle: &'a Bundle, missing: &[&str]) -> Vec<&'a hafleet_pro
     bundle.maps.iter().filter(|m| missing.contains(m.name.as_str())).collect()
 }
 
-/// Uploads `maps` in one round trip (UPLOAD_MAPS), each checked on arrival.
+/// Uploads `maps` whole in one round trip (UPLOAD_MAPS), each checked on arrival.
 async fn upload_maps(
     conn: &HostConn,
     host: &Host,
@@ -1157,39 +1106,145 @@ async fn upload_maps(
     if maps.is_empty() {
         return Ok(());
     }
-    let stream = file_stream(maps, None);
+    let stream = Outgoing::whole(maps, None).stream();
     let count = maps.len().to_string();
     let args = [host.config_path.as_str(), token, count.as_str()];
     remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAPS, &args, Some(&stream)).await?;
     Ok(())
 }
 
-/// What UPLOAD_MAPS and UPLOAD_VALIDATE unpack: for each map, `hafleet-map <name> <sha256>
-/// <lines> <1 if it ends in a newline, else 0>` and its content, then, with a config,
-/// `hafleet-config <lines> <1|0>` and the config. Lines are counted as awk reads them, so any
-/// text goes through whole; a map's sha256 is the one its name promises (the bundle was
-/// checked against it), and the config's is checked on arrival by the caller.
-fn file_stream(maps: &[&hafleet_proto::MapFile], config: Option<&str>) -> Vec<u8> {
-    fn record(out: &mut Vec<u8>, head: &str, content: &str) {
-        let lines = content.matches('\n').count()
-            + usize::from(!content.ends_with('\n') && !content.is_empty());
-        let newline = u8::from(content.ends_with('\n'));
-        out.extend_from_slice(format!("{head} {lines} {newline}\n").as_bytes());
-        out.extend_from_slice(content.as_bytes());
-        if !content.is_empty() && newline == 0 {
-            out.push(b'\n');
+/// Runs `script` (UPLOAD_FILES or UPLOAD_VALIDATE) with `outgoing` on stdin. Files sent as
+/// edits that do not come out as the version's on the host (its own file was not the one the
+/// edit was made from) are sent again whole, at once: the same round trip again. Returns the
+/// script's output and the bytes sent.
+async fn send(
+    conn: &HostConn,
+    script: &str,
+    args: &[&str],
+    outgoing: &Outgoing<'_>,
+) -> Result<(String, u64), Failure> {
+    let run = |stream: Vec<u8>| async move {
+        match conn.run(script, args, Some(&stream)).await {
+            // A dropped connection is an upload that may pass, not a refused config.
+            Err(e) => Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+            ran => outcome_of(ApplyStage::Validate, ran),
+        }
+    };
+    let stream = outgoing.stream();
+    let bytes = stream.len() as u64;
+    tracing::debug!(bytes, edits = outgoing.has_edits(), "files sent");
+    if !outgoing.has_edits() {
+        return Ok((run(stream).await?, bytes));
+    }
+    match run(stream).await {
+        Err(f) if f.code == Some(scripts::EXIT_UPLOAD) => {
+            warn!(error = %f.message, "files sent as edits did not come out as the version's; sending them whole");
+            let whole = outgoing.whole_again().stream();
+            let more = whole.len() as u64;
+            Ok((run(whole).await?, bytes + more))
+        }
+        done => Ok((done?, bytes)),
+    }
+}
+
+/// A version's files on their way to a host: the map files it lacks and the config, each
+/// whole or as an edit of the host's own (a map of the same kind, the live file), where the
+/// applier holds the bundle the host's live file is and the edit is smaller (see
+/// [`crate::patch`]).
+struct Outgoing<'a> {
+    /// Each map, and the map of the host's it is an edit of with the `sed` script.
+    maps: Vec<(&'a hafleet_proto::MapFile, Option<(&'a hafleet_proto::MapName, String)>)>,
+    /// The config, and the `sed` script that makes it from the live file.
+    config: Option<(&'a str, Option<String>)>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn whole(maps: &[&'a hafleet_proto::MapFile], config: Option<&'a str>) -> Self {
+        Outgoing {
+            maps: maps.iter().map(|m| (*m, None)).collect(),
+            config: config.map(|c| (c, None)),
         }
     }
-    let size: usize = maps.iter().map(|m| m.content.len() + 160).sum();
-    let mut out = Vec::with_capacity(size + config.map_or(0, |c| c.len() + 32));
-    for map in maps {
-        let head = format!("hafleet-map {} {}", map.name.as_str(), map.name.digest());
-        record(&mut out, &head, &map.content);
+
+    /// `maps` and `config`, as edits of what `live` (the bundle of the host's live file) has
+    /// where that is smaller.
+    fn edited(
+        maps: &[&'a hafleet_proto::MapFile],
+        config: &'a str,
+        live: Option<&'a Bundle>,
+    ) -> Self {
+        let Some(live) = live else { return Self::whole(maps, Some(config)) };
+        let base = |m: &hafleet_proto::MapFile| {
+            live.maps.iter().find(|b| b.name.kind() == m.name.kind() && b.name != m.name)
+        };
+        let maps = maps
+            .iter()
+            .map(|m| {
+                let edit = base(m).and_then(|b| {
+                    crate::patch::sed_script(&b.content, &m.content).map(|script| (&b.name, script))
+                });
+                (*m, edit)
+            })
+            .collect();
+        let edit = crate::patch::sed_script(&live.config, config);
+        Outgoing { maps, config: Some((config, edit)) }
     }
-    if let Some(config) = config {
-        record(&mut out, "hafleet-config", config);
+
+    fn has_edits(&self) -> bool {
+        self.maps.iter().any(|(_, e)| e.is_some())
+            || self.config.as_ref().is_some_and(|(_, e)| e.is_some())
     }
-    out
+
+    /// The same files, all whole.
+    fn whole_again(&self) -> Self {
+        let maps: Vec<_> = self.maps.iter().map(|(m, _)| *m).collect();
+        Self::whole(&maps, self.config.as_ref().map(|(c, _)| *c))
+    }
+
+    /// What UPLOAD_FILES, UPLOAD_VALIDATE and UPLOAD_MAPS unpack: for each map,
+    /// `hafleet-map <name> <sha256> <lines> <1 if it ends in a newline, else 0>` and its
+    /// content, or `hafleet-map-edit <name> <sha256> <the host's map it edits> <lines> 1` and
+    /// the `sed` script; then, with a config, `hafleet-config <lines> <1|0>` and the config, or
+    /// `hafleet-config-edit <lines> 1` and the script that edits the live file. Lines are
+    /// counted as awk reads them, so any text goes through whole; a map's sha256 is the one
+    /// its name promises (the bundle was checked against it), and the config's is checked on
+    /// arrival by the caller.
+    fn stream(&self) -> Vec<u8> {
+        fn record(out: &mut Vec<u8>, head: &str, content: &str) {
+            let lines = content.matches('\n').count()
+                + usize::from(!content.ends_with('\n') && !content.is_empty());
+            let newline = u8::from(content.ends_with('\n'));
+            out.extend_from_slice(format!("{head} {lines} {newline}\n").as_bytes());
+            out.extend_from_slice(content.as_bytes());
+            if !content.is_empty() && newline == 0 {
+                out.push(b'\n');
+            }
+        }
+        let size = |text: &str, edit: Option<&String>| edit.map_or(text.len(), String::len) + 160;
+        let size: usize = self
+            .maps
+            .iter()
+            .map(|(m, e)| size(&m.content, e.as_ref().map(|(_, s)| s)))
+            .sum::<usize>()
+            + self.config.as_ref().map_or(0, |(c, e)| size(c, e.as_ref()));
+        let mut out = Vec::with_capacity(size);
+        for (map, edit) in &self.maps {
+            let (name, digest) = (map.name.as_str(), map.name.digest());
+            match edit {
+                Some((base, script)) => {
+                    let head = format!("hafleet-map-edit {name} {digest} {base}");
+                    record(&mut out, &head, script);
+                }
+                None => record(&mut out, &format!("hafleet-map {name} {digest}"), &map.content),
+            }
+        }
+        match &self.config {
+            Some((_, Some(script))) => record(&mut out, "hafleet-config-edit", script),
+            Some((config, None)) => record(&mut out, "hafleet-config", config),
+            None => {}
+        }
+        out
+    }
 }
 
 /// Writes the certificate files of `bundle` that the host does not have yet (`missing` names
@@ -1203,10 +1258,10 @@ async fn upload_certs(
     missing: &[&str],
     token: &str,
     identity: Option<&crate::tls::FleetIdentity>,
-) -> Result<(), Failure> {
+) -> Result<u64, Failure> {
     let live = host.config_path.as_str();
     if !missing.iter().any(|name| name.starts_with("../")) {
-        return Ok(());
+        return Ok(0);
     }
     let by_path = certs_by_path(Some(bundle));
     let certs: Vec<&hafleet_proto::SealedCert> = missing
@@ -1215,7 +1270,7 @@ async fn upload_certs(
         .filter_map(|path| by_path.get(path).copied())
         .collect();
     if certs.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let Some(identity) = identity else {
         return Err(fail(
@@ -1225,6 +1280,7 @@ async fn upload_certs(
         ));
     };
     // At most CERTS_PER_UPLOAD keys opened in memory at once.
+    let mut sent = 0;
     for batch in certs.chunks(CERTS_PER_UPLOAD) {
         let mut files = Vec::with_capacity(batch.len());
         for cert in batch {
@@ -1236,8 +1292,9 @@ async fn upload_certs(
         let count = files.len().to_string();
         let args = [live, token, count.as_str()];
         remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERTS, &args, Some(&stream)).await?;
+        sent += stream.len() as u64;
     }
-    Ok(())
+    Ok(sent)
 }
 
 /// Certificate files sent in one UPLOAD_CERTS round trip, at most.
@@ -1749,31 +1806,113 @@ mod tests {
         );
     }
 
-    /// UPLOAD_PATCH run by `sh` with a [`line_patch`] makes exactly the new config, whatever
-    /// its lines hold (blanks, tabs, backslashes, sed's own escapes), or no patch is made.
+    /// UPLOAD_FILES and UPLOAD_VALIDATE (with `true` for HAProxy) run by `sh` with files sent
+    /// as edits of the host's own: the maps and the config come out byte for byte, whatever
+    /// their lines hold (blanks, tabs, backslashes, sed's own escapes); an edit of a file the
+    /// host does not have as it was lands nothing and leaves nothing behind, and the same
+    /// files sent whole again land.
     #[test]
-    fn a_line_patch_applied_by_sed_makes_the_new_config_byte_for_byte() {
-        let old =
-            "global\n    default-path config\n# 3 rules\n    map_str(hafleet-maps/a-1.map)\nx\n";
-        let new = "global\n    default-path config\n# 4 rules \\t\\\\ \\n\n\t map_str(hafleet-maps/a-2.map) \\\nx\n";
-        let script = line_patch(old, new).unwrap();
+    fn maps_and_config_sent_as_edits_of_the_hosts_own_land_byte_for_byte_or_not_at_all() {
+        use hafleet_proto::{MapFile, MapName};
         let dir = tempfile::tempdir().unwrap();
         let live = dir.path().join("haproxy.cfg");
-        std::fs::write(&live, old).unwrap();
-        let out = sh(scripts::UPLOAD_PATCH, &[live.to_str().unwrap(), "t1"], script.as_bytes());
-        assert!(out.status.success());
-        let made = std::fs::read_to_string(dir.path().join("haproxy.cfg.hafleet-new-t1")).unwrap();
-        assert_eq!(made, new);
-        let printed = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(
-            printed.lines().next(),
-            Some(hafleet_proto::sha256_hex(new.as_bytes()).as_str())
+        let live_s = live.to_str().unwrap();
+        let map = |kind: &str, content: &str| MapFile {
+            name: MapName::for_content(kind, content).unwrap(),
+            content: content.to_owned(),
+        };
+        let entries: String = (0..200).map(|i| format!("h{i}.example.com/ be_{i}\n")).collect();
+        let old_map = map("prefix", &entries);
+        let new_map = map(
+            "prefix",
+            &entries.replace(
+                "h7.example.com/ be_7\n",
+                "h7.example.com/ be_7\n\tx\\t.example.com/ be_x\n",
+            ),
         );
+        let backends: String =
+            (0..100).map(|i| format!("backend be_{i}\n    server s 10.0.0.1:{i}\n\n")).collect();
+        let old =
+            format!("global\n# 3 rules\n    map_beg(hafleet-maps/{})\n{backends}", old_map.name);
+        let new = format!(
+            "global\n# 4 rules \\t\\\\ \\n\n\t map_beg(hafleet-maps/{}) \\\n{}",
+            new_map.name,
+            backends.replace(
+                "backend be_50\n",
+                "backend be_49a\n    server s 10.0.0.2:1\n\nbackend be_50\n"
+            )
+        );
+        let old_bundle = Bundle { config: old.clone(), maps: vec![old_map.clone()], certs: vec![] };
+        std::fs::write(&live, &old).unwrap();
+        let maps_dir = dir.path().join("hafleet-maps");
+        std::fs::create_dir_all(&maps_dir).unwrap();
+        std::fs::write(maps_dir.join(old_map.name.as_str()), &old_map.content).unwrap();
+        let outgoing = Outgoing::edited(&[&new_map], &new, Some(&old_bundle));
+        assert!(outgoing.maps[0].1.is_some() && outgoing.config.as_ref().unwrap().1.is_some());
+        let stream = outgoing.stream();
+        assert!(stream.len() < 1_000, "{} bytes", stream.len());
+        let sha = hafleet_proto::sha256_hex(new.as_bytes());
+        let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
+        // Left by the scripts: the upload, temporary names, lists, scripts.
+        let left = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .chain(std::fs::read_dir(&maps_dir).unwrap())
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
+                .collect();
+            names.sort();
+            names
+        };
+        // The map-only path's upload: maps and config, edits, one round trip.
+        let out = sh(scripts::UPLOAD_FILES, &[live_s, "t1", "1"], &stream);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let printed = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(printed.lines().next(), Some(sha.as_str()));
         assert!(uploaded_stat(&printed).is_some());
-        // Not a patch: another number of lines, or no final newline.
-        assert!(line_patch(old, "global\n").is_none());
-        assert!(line_patch(old, old.trim_end()).is_none());
-        assert_eq!(line_patch(old, old).as_deref(), Some(""));
+        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
+        let landed = std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap();
+        assert_eq!(landed, new_map.content);
+        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"]);
+        // The reload path's: the same, checked by UPLOAD_VALIDATE.
+        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
+        std::fs::remove_file(&upload).unwrap();
+        let validate = |stream: &[u8]| {
+            let args = ["true", live_s, "t1", "/nonexistent.sock", &sha, "1"];
+            sh(scripts::UPLOAD_VALIDATE, &args, stream)
+        };
+        let out = validate(&stream);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
+        assert_eq!(
+            std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap(),
+            new_map.content
+        );
+        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
+        std::fs::remove_file(&upload).unwrap();
+        // The host's live file is not the one the edit was made from: refused, nothing left.
+        std::fs::write(&live, old.replace("10.0.0.1:99\n", "10.0.0.9:99\n")).unwrap();
+        let out = validate(&stream);
+        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("instead of"), "{out:?}");
+        std::fs::write(&live, &old).unwrap();
+        // (The map came out whole: it stays, under the name that promises its content.)
+        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
+        // Its map is gone: refused, nothing left behind, no map under the new name.
+        std::fs::remove_file(maps_dir.join(old_map.name.as_str())).unwrap();
+        let out = validate(&stream);
+        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"), "{out:?}");
+        assert_eq!(left(), Vec::<String>::new(), "nothing left behind");
+        assert!(!maps_dir.join(new_map.name.as_str()).exists());
+        // Sent whole again, as the applier does then: it lands.
+        let out = validate(&outgoing.whole_again().stream());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
+        assert_eq!(
+            std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap(),
+            new_map.content
+        );
     }
 
     /// A host HAProxy never loaded a config of hafleet's on (a new one) has no marker: its
@@ -1890,7 +2029,7 @@ mod tests {
                 assert_eq!(std::fs::read_to_string(maps_dir.join(&name)).unwrap(), m.content);
             }
         };
-        let stream = file_stream(&maps, Some(config));
+        let stream = Outgoing::whole(&maps, Some(config)).stream();
         // Cut short, a map changed on the way, or more after the config: nothing lands.
         for bad in [
             stream[..stream.len() - 3].to_vec(),
@@ -1916,13 +2055,18 @@ mod tests {
         assert_eq!(std::fs::read_dir(&maps_dir).unwrap().count(), 3);
         // The maps alone, in their own round trip, as a version checked by its maps sends them.
         std::fs::remove_dir_all(&maps_dir).unwrap();
-        let out = sh(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &file_stream(&maps, None));
+        let out =
+            sh(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &Outgoing::whole(&maps, None).stream());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         for m in &maps {
             assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
         }
         // Two of three announced: refused.
-        let out = sh(scripts::UPLOAD_MAPS, &[live_s, "t3", "3"], &file_stream(&maps[..2], None));
+        let out = sh(
+            scripts::UPLOAD_MAPS,
+            &[live_s, "t3", "3"],
+            &Outgoing::whole(&maps[..2], None).stream(),
+        );
         assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
     }
 

@@ -553,6 +553,14 @@ fn count_report(r: &ApplyReport) {
         &[("host", host)],
         f64::from(r.runtime_commands),
     );
+    m.count(
+        (
+            "hafleet_applier_sent_bytes_total",
+            "Bytes of config, map and certificate files sent, by host.",
+        ),
+        &[("host", host)],
+        r.sent_bytes as f64,
+    );
     if r.drift.is_some() {
         m.count(("hafleet_applier_drift_total", "Drift found, by host."), &[("host", host)], 1.0);
     }
@@ -606,6 +614,7 @@ fn report_of(
         duration_ms: took.as_millis() as u64,
         reloads: effort.reloads,
         runtime_commands: effort.runtime_commands,
+        sent_bytes: effort.sent_bytes,
         drift: drift.map(str::to_owned),
         fleet_hosts: u32::try_from(fleet_hosts).unwrap_or(u32::MAX),
     }
@@ -639,7 +648,7 @@ async fn apply_and_report(
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
-                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, "host done");
+                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, sent_bytes = effort.sent_bytes, "host done");
                 tls_expiry_gauge(host.name.as_str(), version);
             }
             ApplyOutcome::Failed { stage, message, restored } => {

@@ -595,6 +595,11 @@ pub struct ApplyReport {
     /// Runtime API commands this apply sent instead of a reload (0 when it reloaded).
     #[serde(default)]
     pub runtime_commands: u32,
+    /// Bytes of the version's files this apply sent to the host: its config and map files
+    /// (each as an edit of the host's own where it could) and certificate files. 0 when
+    /// nothing was uploaded, and from appliers before it.
+    #[serde(default)]
+    pub sent_bytes: u64,
     /// What the applier's drift check found on the host before this apply (which repaired
     /// it), or, with outcome `failed` at stage `drift`, found and left as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -945,6 +950,7 @@ mod tests {
                 duration_ms: 6,
                 reloads: 0,
                 runtime_commands: 7,
+                sent_bytes: 8,
                 drift: None,
                 fleet_hosts: 2,
             };

@@ -541,6 +541,77 @@ async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Res
     Ok(())
 }
 
+/// A change goes to each host as edits of the files it has: an Ingress on a routed Service
+/// (no reload) and one on a Service no Ingress used (a reload) each send a fraction of the
+/// config and maps; a host that lost the map an edit is made from gets the files whole in
+/// the same apply, and serves the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_go_as_edits_and_whole_to_a_host_that_lacks_what_an_edit_is_made_from() -> Result<()>
+{
+    let world = shop_live_with_drift_checks_every("0").await?;
+    for i in 0..30 {
+        world.route(&format!("s{i}"), &format!("s{i}.example.com"), "/", "web").await?;
+    }
+    expect_everywhere(&world.stack, "s29.example.com", "/", 200, "web@").await?;
+    let stack = &world.stack;
+    // What sending a host its files whole takes: its config and map files.
+    let whole = |h: &hafleet_tests::HaproxyHost| -> Result<u64> {
+        let mut size = std::fs::metadata(h.config_path())?.len();
+        for m in map_files(h)? {
+            if std::fs::read_to_string(h.config_path())?
+                .contains(&*m.file_name().unwrap().to_string_lossy())
+            {
+                size += std::fs::metadata(&m)?.len();
+            }
+        }
+        Ok(size)
+    };
+    // Waits for every host's report of the version that serves `host`.
+    let world = &world;
+    let whole = &whole;
+    let reports = |host: &'static str, body: &'static str| async move {
+        expect_everywhere(stack, host, "/", 200, body).await?;
+        let version = stack.latest_version().await?.context("a version")?.version;
+        let mut reports = Vec::new();
+        for h in &stack.hosts {
+            let r = world.report(h.name(), version).await?;
+            anyhow::ensure!(r.outcome == ApplyOutcome::Applied, "{r:?}");
+            reports.push((r, whole(h)?));
+        }
+        Ok::<_, anyhow::Error>(reports)
+    };
+    world.route("edit-a", "edit-a.example.com", "/", "web").await?;
+    for (r, whole) in reports("edit-a.example.com", "web@").await? {
+        assert_eq!(r.reloads, 0, "{r:?}");
+        assert!(r.sent_bytes > 0 && r.sent_bytes * 4 < whole, "{} of {whole}: {r:?}", r.sent_bytes);
+    }
+    world.route("edit-b", "edit-b.example.com", "/", "api").await?;
+    for (r, whole) in reports("edit-b.example.com", "api@").await? {
+        assert_eq!(r.reloads, 1, "a new backend: {r:?}");
+        assert!(r.sent_bytes > 0 && r.sent_bytes * 4 < whole, "{} of {whole}: {r:?}", r.sent_bytes);
+    }
+    // lb-2 loses the prefix map its live config names: the next edit of it cannot be made.
+    let lb2 = &stack.hosts[1];
+    let config = std::fs::read_to_string(lb2.config_path())?;
+    let lost = map_files(lb2)?
+        .into_iter()
+        .find(|m| {
+            let name = m.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("prefix-") && config.contains(&name)
+        })
+        .context("the live prefix map")?;
+    std::fs::remove_file(&lost)?;
+    world.route("edit-c", "edit-c.example.com", "/", "web").await?;
+    let sent: Vec<(u64, u64)> = reports("edit-c.example.com", "web@")
+        .await?
+        .into_iter()
+        .map(|(r, whole)| (r.sent_bytes, whole))
+        .collect();
+    assert!(sent[0].0 * 4 < sent[0].1, "lb-1 took edits: {sent:?}");
+    assert!(sent[1].0 > sent[1].1, "lb-2 took the edits, then the files whole: {sent:?}");
+    Ok(())
+}
+
 /// Two watchers with leader election: one publishes, the other stands by with warm caches;
 /// the leader SIGKILLed, the standby takes the lease within its duration and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
