@@ -110,6 +110,8 @@ fn ingress_to(name: &str, host: &str, service: &str) -> Ingress {
 struct Measured {
     converge: Vec<f64>,
     apply: Vec<f64>,
+    /// Bytes of files each host report says were sent.
+    sent: Vec<f64>,
     reloads: u32,
     reports: u32,
 }
@@ -143,6 +145,7 @@ impl Measured {
                 }
             };
             self.apply.push(report.duration_ms as f64);
+            self.sent.push(report.sent_bytes as f64);
             self.reloads += report.reloads;
             self.reports += 1;
         }
@@ -298,6 +301,11 @@ async fn pipeline(args: Args) -> Result<()> {
         "\nreloads per host report: {} of {} on a routed Service, {} of {} on a new Service",
         known.reloads, known.reports, new.reloads, new.reports
     );
+    println!("\n| files sent to a host per change (bytes) | n | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|");
+    for (what, m) in [("on a routed Service", &known), ("on a new Service", &new)] {
+        println!("{}", percentiles(&format!("Ingress {what}"), m.sent.clone()));
+    }
     println!(
         "\nburst: {} Ingresses created back to back → all served by all {} hosts in {:.0} ms, \
          in {} config versions",
