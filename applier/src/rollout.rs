@@ -1806,6 +1806,19 @@ mod tests {
         );
     }
 
+    /// Files an upload script leaves next to the config `dir` and in `maps`: uploads, and
+    /// the temporary names, lists and scripts of a stream (dot files).
+    fn left_behind(dir: &std::path::Path, maps: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .chain(std::fs::read_dir(maps).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// UPLOAD_FILES and UPLOAD_VALIDATE (with `true` for HAProxy) run by `sh` with files sent
     /// as edits of the host's own: the maps and the config come out byte for byte, whatever
     /// their lines hold (blanks, tabs, backslashes, sed's own escapes); an edit of a file the
@@ -1853,17 +1866,7 @@ mod tests {
         assert!(stream.len() < 1_000, "{} bytes", stream.len());
         let sha = hafleet_proto::sha256_hex(new.as_bytes());
         let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
-        // Left by the scripts: the upload, temporary names, lists, scripts.
-        let left = || {
-            let mut names: Vec<String> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .chain(std::fs::read_dir(&maps_dir).unwrap())
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
-                .collect();
-            names.sort();
-            names
-        };
+        let left = || left_behind(dir.path(), &maps_dir);
         // The map-only path's upload: maps and config, edits, one round trip.
         let out = sh(scripts::UPLOAD_FILES, &[live_s, "t1", "1"], &stream);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -2011,17 +2014,7 @@ mod tests {
             sh(scripts::UPLOAD_VALIDATE, &args, stream)
         };
         let maps_dir = dir.path().join("hafleet-maps");
-        // Files of the stream's own: the upload, temporary map names, the list of sha256s.
-        let left = || {
-            let mut names: Vec<String> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .chain(std::fs::read_dir(&maps_dir).unwrap())
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
-                .collect();
-            names.sort();
-            names
-        };
+        let left = || left_behind(dir.path(), &maps_dir);
         let maps_whole = || {
             for e in std::fs::read_dir(&maps_dir).unwrap() {
                 let name = e.unwrap().file_name().to_string_lossy().into_owned();
