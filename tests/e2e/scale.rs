@@ -339,6 +339,71 @@ async fn a_node_going_not_ready_among_a_thousand_ingresses_is_one_message_and_on
     Ok(())
 }
 
+/// From 20 to 200 nodes, the live config of 2,000 Ingresses, each on a NodePort Service of
+/// its own, grows by less than 10% on every host: a backend lists a bounded subset of the
+/// nodes, and each node's health is checked once. Read from the hosts' files, which passed
+/// `haproxy -c` and loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_20_to_200_nodes_the_live_config_of_2000_ingresses_grows_by_less_than_10_percent()
+-> Result<()> {
+    use hafleet_tests::cluster::{create_ingresses, create_services, node_health, ready_nodes};
+    let stack = hafleet_tests::stack::Stack::start("edge", 2).await?;
+    let (_, mut health) = ready_nodes(&stack, 20).await?;
+    let name = |i: usize| format!("g-{i}");
+    create_services(&stack, (0..2000).map(name)).await?;
+    let ingresses = (0..2000).map(|i| (name(i), format!("{}.example.com", name(i)), name(i)));
+    create_ingresses(&stack, "edge", ingresses).await?;
+    let stack = &stack;
+    // Every host's live config once it has the 2,000 backends and `nodes` node checks, and
+    // reported the newest version.
+    let live = |nodes: usize| async move {
+        eventually(
+            CONVERGE,
+            &format!("2,000 backends, {nodes} nodes on every host"),
+            || async move {
+                let version = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
+                let mut sizes = Vec::new();
+                for h in &stack.hosts {
+                    let config = std::fs::read_to_string(h.config_path())?;
+                    let backends = config.matches("\nbackend be_default_g-").count();
+                    let checks = config.matches(":10256\n").count();
+                    anyhow::ensure!(
+                        (backends, checks) == (2000, nodes),
+                        "{}: {backends}, {checks}",
+                        h.name()
+                    );
+                    let r = stack.last_report(h.name()).await?;
+                    let r = r.filter(|r| {
+                        r.version == version && r.outcome == hafleet_proto::ApplyOutcome::Applied
+                    });
+                    anyhow::ensure!(r.is_some(), "{} has not reported version {version}", h.name());
+                    sizes.push(config.len());
+                }
+                Ok(sizes)
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))
+    };
+    let small = live(20).await?;
+    for i in 21..=200 {
+        let ip = hafleet_tests::random_loopback_ip();
+        stack.kube.create_ready_node(&format!("node-{i}"), ip).await?;
+        health.push(node_health(ip, &format!("node-{i}")).await?);
+    }
+    let large = live(200).await?;
+    for (small, large) in small.iter().zip(&large) {
+        let growth = *large as f64 / *small as f64 - 1.0;
+        println!(
+            "live config, 20 -> 200 nodes: {small} -> {large} bytes ({:+.1}%)",
+            growth * 100.0
+        );
+        assert!(growth < 0.10, "{small} -> {large} bytes: {:.1}% more", growth * 100.0);
+        assert!(growth > 0.0, "200 node checks take some room: {small} -> {large}");
+    }
+    Ok(())
+}
+
 /// One version goes live on 20 hosts: the canary alone first, then the others in waves of at
 /// most `--parallelism` (2 by default) at once, as the hosts' reports show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
