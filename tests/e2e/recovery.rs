@@ -609,6 +609,17 @@ async fn changes_go_as_edits_and_whole_to_a_host_that_lacks_what_an_edit_is_made
         .collect();
     assert!(sent[0].0 * 4 < sent[0].1, "lb-1 took edits: {sent:?}");
     assert!(sent[1].0 > sent[1].1, "lb-2 took the edits, then the files whole: {sent:?}");
+    // The applier counts what it sent each host, at least what these reports say.
+    let text = metrics(stack, Component::Applier).await?;
+    for (h, (bytes, _)) in stack.hosts.iter().zip(&sent) {
+        let line = format!("hafleet_applier_sent_bytes_total{{host=\"{}\"}} ", h.name());
+        let total: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .with_context(|| format!("no {line}in\n{text}"))?
+            .parse()?;
+        assert!(total >= *bytes as f64, "{line}{total}, last report {bytes}");
+    }
     Ok(())
 }
 
