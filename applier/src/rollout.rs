@@ -1039,18 +1039,16 @@ async fn upload_and_validate(
     let outgoing = Outgoing::edited(&maps, &bundle.config, check.live);
     tracing::debug!(diff_ms = diffed.elapsed().as_secs_f64() * 1e3, "files to send worked out");
     let count = maps.len().to_string();
-    let (stat, sent);
-    let proc = match check.map_check {
+    // The upload's stat, the bytes sent, and `show proc`.
+    let (stat, bytes, proc) = match check.map_check {
         Some(map_check) => {
             let args = [live, token, &count];
             let (landed, bytes) = send(conn, scripts::UPLOAD_FILES, &args, &outgoing).await?;
-            sent = certs + bytes;
-            stat = uploaded_stat(&landed);
-            let landed = landed.lines().next().unwrap_or_default();
-            if landed != version.sha256 {
+            let sha = landed.lines().next().unwrap_or_default();
+            if sha != version.sha256 {
                 return Err(fail(
                     ApplyStage::Upload,
-                    format!("uploaded file has sha256 {landed} instead of {}", version.sha256),
+                    format!("uploaded file has sha256 {sha} instead of {}", version.sha256),
                 ));
             }
             info!(
@@ -1059,7 +1057,9 @@ async fn upload_and_validate(
             );
             let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
             let stdin = Some(map_check.as_bytes());
-            remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?
+            let proc =
+                remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?;
+            (uploaded_stat(&landed), bytes, proc)
         }
         None => {
             let args = [
@@ -1071,13 +1071,11 @@ async fn upload_and_validate(
                 &count,
             ];
             let (out, bytes) = send(conn, scripts::UPLOAD_VALIDATE, &args, &outgoing).await?;
-            sent = certs + bytes;
-            stat = uploaded_stat(&out);
-            out
+            (uploaded_stat(&out), bytes, out)
         }
     };
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
-    Ok(Uploaded { before, stat, sent })
+    Ok(Uploaded { before, stat, sent: certs + bytes })
 }
 
 /// The certificates of `bundle` by their file's path. Built once per use: a path is a sha256
@@ -1133,11 +1131,8 @@ async fn send(
     let stream = outgoing.stream();
     let bytes = stream.len() as u64;
     tracing::debug!(bytes, edits = outgoing.has_edits(), "files sent");
-    if !outgoing.has_edits() {
-        return Ok((run(stream).await?, bytes));
-    }
     match run(stream).await {
-        Err(f) if f.code == Some(scripts::EXIT_UPLOAD) => {
+        Err(f) if f.code == Some(scripts::EXIT_UPLOAD) && outgoing.has_edits() => {
             warn!(error = %f.message, "files sent as edits did not come out as the version's; sending them whole");
             let whole = outgoing.whole_again().stream();
             let more = whole.len() as u64;

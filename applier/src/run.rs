@@ -405,9 +405,10 @@ async fn check_drift(
                 // Map and certificate files first, renamed over in place: an apply finds
                 // missing files, not changed ones.
                 let started = std::time::Instant::now();
-                let outcome = match drift.files.is_empty() {
-                    true => ApplyOutcome::Applied,
-                    false => rollout::put_back_files(host, version, &drift.files, settings).await,
+                let outcome = if drift.files.is_empty() {
+                    ApplyOutcome::Applied
+                } else {
+                    rollout::put_back_files(host, version, &drift.files, settings).await
                 };
                 let put_back = !matches!(outcome, ApplyOutcome::Failed { .. });
                 // An apply uploads missing files only: after a failed put-back it could load a

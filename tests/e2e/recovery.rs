@@ -556,11 +556,10 @@ async fn changes_go_as_edits_and_whole_to_a_host_that_lacks_what_an_edit_is_made
     let stack = &world.stack;
     // What sending a host its files whole takes: its config and map files.
     let whole = |h: &hafleet_tests::HaproxyHost| -> Result<u64> {
-        let mut size = std::fs::metadata(h.config_path())?.len();
+        let config = std::fs::read_to_string(h.config_path())?;
+        let mut size = config.len() as u64;
         for m in map_files(h)? {
-            if std::fs::read_to_string(h.config_path())?
-                .contains(&*m.file_name().unwrap().to_string_lossy())
-            {
+            if config.contains(&*m.file_name().unwrap().to_string_lossy()) {
                 size += std::fs::metadata(&m)?.len();
             }
         }
