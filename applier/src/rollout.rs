@@ -303,6 +303,45 @@ pub struct RolloutSettings {
     pub cert_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// The files the newest version's drift checks expect, by the version's sha256.
     pub drift_files: std::sync::Mutex<Option<(String, ExpectedFiles)>>,
+    /// The plans worked out for the versions' hosts (see [`Plans`]).
+    pub plans: Plans,
+}
+
+/// The plans from one bundle to another worked out lately, by their sha256s. The hosts of a
+/// fleet almost always run the same version, so a rollout works out each plan once instead of
+/// once per host: a node drained at 10,000 backends takes 40 to 50 ms to plan (two configs of
+/// 2.8 MB parsed), in the rollout's one task, which 20 hosts would otherwise wait on in turn.
+#[derive(Debug, Default)]
+pub struct Plans(std::sync::Mutex<Vec<PlanEntry>>);
+
+/// (the loaded bundle's sha256, the next one's, the plan between them).
+type PlanEntry = (String, String, std::sync::Arc<runtime::Plan>);
+
+impl Plans {
+    /// Plans kept: those of the last few versions, from the one or two versions hosts run.
+    const KEEP: usize = 4;
+
+    /// The plan from `loaded` to `next`, worked out once for each pair of versions.
+    pub fn get(
+        &self,
+        loaded: &ConfigVersion,
+        next: &ConfigVersion,
+    ) -> Option<std::sync::Arc<runtime::Plan>> {
+        let (Some(from), Some(to)) = (loaded.bundle(), next.bundle()) else { return None };
+        // Held while planning: a second host asking for the same plan waits for it rather
+        // than working it out again.
+        let mut plans = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = |e: &PlanEntry| e.0 == loaded.sha256 && e.1 == next.sha256;
+        if let Some(entry) = plans.iter().find(|e| key(e)) {
+            return Some(entry.2.clone());
+        }
+        let plan = std::sync::Arc::new(runtime::plan(from, to));
+        if plans.len() >= Self::KEEP {
+            plans.remove(0);
+        }
+        plans.push((loaded.sha256.clone(), next.sha256.clone(), plan.clone()));
+        Some(plan)
+    }
 }
 
 /// How long a reload on `host` waits before its first look at `show proc`: two thirds of
@@ -395,7 +434,7 @@ pub struct Prepared<'a> {
 impl Prepared<'_> {
     /// Staged for a change that needs a reload.
     fn reloads(&self) -> bool {
-        matches!(&self.step, Next::Staged { change: runtime::Plan::Reload(_), .. })
+        matches!(&self.step, Next::Staged { change, .. } if matches!(**change, runtime::Plan::Reload(_)))
     }
 }
 
@@ -407,7 +446,7 @@ enum Next {
     ReloadOnly,
     /// The upload `token` passed its check: swap it in and make HAProxy take it, as `change`
     /// says.
-    Staged { token: String, uploaded: Uploaded, change: runtime::Plan },
+    Staged { token: String, uploaded: Uploaded, change: std::sync::Arc<runtime::Plan> },
 }
 
 /// Connects to `host`, reads its state and uploads and validates what `version` needs there,
@@ -441,13 +480,10 @@ pub async fn prepare<'a>(
             }
         };
     let (step, state) = match outcome_of(ApplyStage::Upload, state) {
-        Ok(state) => {
-            match stage(&conn, host, version, &state, known, settings.tls_identity.as_deref()).await
-            {
-                Ok(step) => (step, shas(&state)),
-                Err(f) => (Next::Done(Err(f)), String::new()),
-            }
-        }
+        Ok(state) => match stage(&conn, host, version, &state, known, settings).await {
+            Ok(step) => (step, shas(&state)),
+            Err(f) => (Next::Done(Err(f)), String::new()),
+        },
         Err(f) => (Next::Done(Err(f)), String::new()),
     };
     Prepared { host, conn: Some((conn, generation)), step, started, state }
@@ -514,7 +550,7 @@ async fn finish(
         Next::Done(result) => result,
         Next::ReloadOnly => reload_only(&conn, host, version, settings, &mut effort).await,
         Next::Staged { token, uploaded, change } => {
-            let staged = (token.as_str(), uploaded, &change);
+            let staged = (token.as_str(), uploaded, &*change);
             go_live(&conn, host, version, staged, &state, settings, &mut effort).await
         }
     };
@@ -575,8 +611,9 @@ async fn stage(
     version: &ConfigVersion,
     state: &str,
     known: &[&ConfigVersion],
-    tls_identity: Option<&crate::tls::FleetIdentity>,
+    settings: &RolloutSettings,
 ) -> Result<Next, Failure> {
+    let tls_identity = settings.tls_identity.as_deref();
     let live = host.config_path.as_str();
     let mut lines = state.lines().map(str::trim);
     let mut sha = || lines.next().filter(|s| !s.is_empty());
@@ -599,14 +636,14 @@ async fn stage(
         HostPlan::Full => {}
     }
     // What the change takes, when the applier holds the bundle HAProxy runs there.
-    let loaded = known
-        .iter()
-        .find(|v| live_sha == Some(v.sha256.as_str()) && loaded_sha == live_sha)
-        .and_then(|v| v.bundle());
-    let change = match (loaded, version.bundle()) {
-        (Some(loaded), Some(next)) => runtime::plan(loaded, next),
-        _ => runtime::Plan::Reload("the applier does not hold the config HAProxy runs".into()),
-    };
+    let loaded =
+        known.iter().find(|v| live_sha == Some(v.sha256.as_str()) && loaded_sha == live_sha);
+    let change =
+        loaded.and_then(|loaded| settings.plans.get(loaded, version)).unwrap_or_else(|| {
+            let why = "the applier does not hold the config HAProxy runs";
+            std::sync::Arc::new(runtime::Plan::Reload(why.into()))
+        });
+    let loaded = loaded.and_then(|v| v.bundle());
 
     // A name of this attempt's own: a second applier (a rolling update, say) can never swap in
     // a file this one validated, or the other way round.
@@ -614,7 +651,7 @@ async fn stage(
     // A version that changes only map files and certificates (the config is the loaded one
     // but for their names) is checked by loading its maps and new certificate files alone:
     // the rest passed `haproxy -c` and loaded.
-    let map_check = match (&change, runtime::files_only(&change)) {
+    let map_check = match (&*change, runtime::files_only(&change)) {
         (runtime::Plan::Runtime(steps), true) => version
             .bundle()
             .and_then(|b| runtime::map_check_config(b, &runtime::added_certs(steps))),
@@ -2243,5 +2280,47 @@ mod tests {
             not_attempted: vec![3],
         };
         assert_eq!(mixed.to_retry(), [1]);
+    }
+}
+
+#[cfg(test)]
+mod plans_tests {
+    use super::*;
+    use hafleet_proto::{Bundle, FleetName};
+    use std::sync::Arc;
+
+    fn version(n: u64, config: &str) -> ConfigVersion {
+        let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
+        ConfigVersion::inline(FleetName::new("edge").unwrap(), n, bundle)
+    }
+
+    #[test]
+    fn each_pair_of_versions_is_planned_once_and_the_newest_pairs_are_kept() {
+        let config = |backends: &[&str]| {
+            let mut c = "global\n    default-path config\n".to_owned();
+            for b in backends {
+                c.push_str(&format!("backend {b}\n    server n1 10.0.0.1:30080\n"));
+            }
+            c
+        };
+        let (a, b) = (version(1, &config(&["be_a"])), version(2, &config(&["be_a", "be_b"])));
+        let plans = Plans::default();
+        let first = plans.get(&a, &b).unwrap();
+        assert!(matches!(&*first, runtime::Plan::Reload(w) if w.contains("1 backend(s) added")));
+        // The second host of the rollout gets the same plan, not one worked out again.
+        assert!(Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        // The other way round is another plan.
+        let back = plans.get(&b, &a).unwrap();
+        assert!(matches!(&*back, runtime::Plan::Reload(w) if w.contains("1 removed")));
+        assert_eq!(*plans.get(&a, &a).unwrap(), runtime::Plan::Nothing);
+        // Older pairs make way for newer ones.
+        for n in 3..3 + Plans::KEEP as u64 {
+            plans.get(&a, &version(n, &config(&["be_a", &format!("be_{n}")])));
+        }
+        assert_eq!(plans.0.lock().unwrap().len(), Plans::KEEP);
+        assert!(!Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        // Without the bundle of either, there is no plan to make.
+        let not_fetched = ConfigVersion { body: hafleet_proto::Body::Stream { chunks: 1 }, ..b };
+        assert!(plans.get(&a, &not_fetched).is_none());
     }
 }

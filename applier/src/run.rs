@@ -147,6 +147,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reload_times: Default::default(),
         cert_shas: Default::default(),
         drift_files: Default::default(),
+        plans: Default::default(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;

@@ -243,6 +243,20 @@ fn parse(config: &str) -> Result<Parsed<'_>, String> {
     Ok(parsed)
 }
 
+/// The names of `config`'s backend sections, read from their header lines as [`parse`] reads
+/// them (a line that does not start with a blank, whose first word is `backend`), without
+/// looking at any other line's words.
+fn backend_names(config: &str) -> BTreeSet<&str> {
+    config
+        .lines()
+        .filter(|raw| !raw.starts_with([' ', '\t']))
+        .filter_map(|raw| {
+            let mut words = raw.split_whitespace();
+            (words.next() == Some("backend")).then(|| words.next()).flatten()
+        })
+        .collect()
+}
+
 /// `ip:port` or `[ipv6]:port`.
 fn ip_port(addr: &str) -> Option<(IpAddr, u16)> {
     let (ip, port) = addr.rsplit_once(':')?;
@@ -435,19 +449,23 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
         steps.extend(cert_removes);
         return Ok(steps);
     }
+    // A backend added or removed (a new Service, the common reload) needs a reload whatever
+    // else changed: found from the section headers alone, not by parsing two configs of
+    // megabytes (40 ms a host at 10,000 backends, before anything is sent).
+    let (old_names, new_names) = (backend_names(&loaded.config), backend_names(&next.config));
+    if old_names != new_names {
+        let gone = old_names.difference(&new_names).count();
+        let added = new_names.difference(&old_names).count();
+        return Err(format!("{added} backend(s) added and {gone} removed"));
+    }
     let (old_text, new_text) =
         (normalize_map_names(&loaded.config, loaded), normalize_map_names(&next.config, next));
     let (old, new) = (parse(&old_text)?, parse(&new_text)?);
     if old.other != new.other {
         return Err("a section other than a backend changed".into());
     }
-    let (old_names, new_names): (BTreeSet<_>, BTreeSet<_>) =
-        (old.backends.keys().collect(), new.backends.keys().collect());
-    if old_names != new_names {
-        let gone = old_names.difference(&new_names).count();
-        let added = new_names.difference(&old_names).count();
-        return Err(format!("{added} backend(s) added and {gone} removed"));
-    }
+    // Found equal above; `parse` reads headers as `backend_names` does.
+    debug_assert!(old.backends.keys().eq(new.backends.keys()));
     let (mut added, mut changed, mut removed) = (Vec::new(), Vec::new(), Vec::new());
     for (name, new_backend) in &new.backends {
         let old_backend = &old.backends[name];
@@ -1183,6 +1201,25 @@ mod tests {
             .config
             .replace(&format!("path,map_beg({})", b.maps[1].name.relative_path()), "path");
         assert_eq!(map_check_config(&unused, &[]), None, "a map the config does not name");
+    }
+
+    #[test]
+    fn backend_names_are_the_headers_parse_reads() {
+        let config = "global\n    # backend not_a_header\n#backend commented\n\
+                      backend be_a\n    server n1 10.0.0.1:1\n    use_backend be_x\n\
+                      backend\tbe_b # trailing\nfrontend f\n    default_backend be_a\n\
+                      backends_typo be_c\n";
+        let parsed: BTreeSet<&str> = parse(config).unwrap().backends.keys().copied().collect();
+        assert_eq!(backend_names(config), parsed);
+        assert_eq!(parsed, BTreeSet::from(["be_a", "be_b"]));
+        // A backend gone with another section changed: a reload either way, said as the first.
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
+        let two = bundle(NODES, &[("be_a", servers), ("be_b", servers)], "x be_a\n");
+        let mut one = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        one.config = one.config.replace("mode http", "mode http\n    timeout client 5s");
+        assert!(
+            matches!(plan(&two, &one), Plan::Reload(w) if w.contains("0 backend(s) added and 1 removed"))
+        );
     }
 
     #[test]

@@ -600,8 +600,10 @@ mod reload {
             .collect()
     }
 
-    fn render(a: &ReloadArgs, nodes: &[NodeAddr], extra: bool) -> Result<Bundle> {
-        let n = a.ingresses;
+    /// The fleet of `a` (with `more` Ingresses on Services of their own), optionally with one
+    /// more route on the first Ingress's Service.
+    fn render(a: &ReloadArgs, more: usize, nodes: &[NodeAddr], extra: bool) -> Result<Bundle> {
+        let n = a.ingresses + more;
         let mut ingresses = crate::fleet(n, |i| (format!("svc-{i}"), 30000 + (i % 2700) as u16))?;
         if extra {
             // One more route, on the first Ingress's Service: map entries only.
@@ -675,7 +677,7 @@ mod reload {
             if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
         let all = nodes(a.nodes);
         let started = Instant::now();
-        let base = render(&a, &all, false)?;
+        let base = render(&a, 0, &all, false)?;
         let render_ms = started.elapsed().as_secs_f64() * 1000.0;
         let dir = TestDir::new("hafleet-bench-reload")?;
         let config = crate::write_bundle(dir.path(), &base)?;
@@ -728,10 +730,33 @@ mod reload {
         }
 
         // A node drained: every backend whose subset held it moves to another node.
-        let drained = render(&a, &all[1..], false)?;
+        let drained = render(&a, 0, &all[1..], false)?;
         let (drain_commands, drain_ms) = runtime_change(&socket, &base, &drained)?;
         // A route added on a running backend: the map of prefix rules replaced whole.
-        let routed = render(&a, &all[1..], true)?;
+        let routed = render(&a, 0, &all[1..], true)?;
+        // What the applier works out for each host before it sends anything: the plan from the
+        // bundle HAProxy runs to the next (a new Service: a reload; the two changes above: the
+        // runtime API).
+        let added = render(&a, 1, &all, false)?;
+        let plan_ms = |from: &Bundle, to: &Bundle, reload: bool| -> Result<f64> {
+            let times = (0..a.runs.max(5))
+                .map(|_| {
+                    let started = Instant::now();
+                    let plan = runtime::plan(from, to);
+                    let ms = started.elapsed().as_secs_f64() * 1000.0;
+                    anyhow::ensure!(
+                        matches!(plan, runtime::Plan::Reload(_)) == reload,
+                        "the plan should {}reload",
+                        if reload { "" } else { "not " }
+                    );
+                    Ok(ms)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(median(times))
+        };
+        let plan_added = plan_ms(&base, &added, true)?;
+        let plan_drained = plan_ms(&base, &drained, false)?;
+        let plan_routed = plan_ms(&drained, &routed, false)?;
         let (map_commands, map_ms) = runtime_change(&socket, &drained, &routed)?;
         child.kill();
 
@@ -753,6 +778,10 @@ mod reload {
         );
         println!(
             "| route added on a running backend (map replaced) | {map_commands} commands, {map_ms:.0} ms |"
+        );
+        println!(
+            "| the applier's plan (median): a new Service (reload) / node drained / route added | \
+             {plan_added:.1} / {plan_drained:.1} / {plan_routed:.1} ms |"
         );
         Ok(())
     }
