@@ -383,13 +383,17 @@ fn write_bundle(
 
 /// `haproxy -c` on `config`: milliseconds taken; an error if HAProxy refuses it.
 fn check_config(config: &std::path::Path) -> Result<f64> {
+    check_config_with(config, None)
+}
+
+/// `haproxy -c` of `config`, with `GLIBC_TUNABLES` set to `tunables` if given.
+fn check_config_with(config: &std::path::Path, tunables: Option<&str>) -> Result<f64> {
+    let mut cmd = std::process::Command::new(haproxy_bin());
+    if let Some(t) = tunables {
+        cmd.env("GLIBC_TUNABLES", t);
+    }
     let started = Instant::now();
-    let out = std::process::Command::new(haproxy_bin())
-        .arg("-c")
-        .arg("-q")
-        .arg("-f")
-        .arg(config)
-        .output()?;
+    let out = cmd.arg("-c").arg("-q").arg("-f").arg(config).output()?;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     anyhow::ensure!(out.status.success(), "haproxy -c: {}", String::from_utf8_lossy(&out.stderr));
     Ok(ms)
@@ -672,19 +676,19 @@ mod reload {
         Ok((sent + commands.len(), started.elapsed().as_secs_f64() * 1000.0))
     }
 
-    pub async fn run(a: ReloadArgs) -> Result<()> {
-        let haproxy =
-            if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
-        let all = nodes(a.nodes);
-        let started = Instant::now();
-        let base = render(&a, 0, &all, false)?;
-        let render_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let dir = TestDir::new("hafleet-bench-reload")?;
-        let config = crate::write_bundle(dir.path(), &base)?;
-        let check =
-            (0..a.runs).map(|_| crate::check_config(&config)).collect::<Result<Vec<_>>>()?;
+    /// What the applier sets for its `haproxy -c` (applier/src/rollout.rs, `validate!`).
+    const HUGE_PAGES: &str = "glibc.malloc.hugetlb=1";
 
-        let socket = dir.path().join("master.sock");
+    /// Starts a master-worker HAProxy on `config` with its master socket at `socket` (and
+    /// `GLIBC_TUNABLES` set to `tunables` if given), then reloads it `runs` times: the time
+    /// of each from asking the master to a new worker in `show proc`.
+    async fn start_and_reload(
+        haproxy: &str,
+        config: &Path,
+        socket: &Path,
+        tunables: Option<&str>,
+        runs: usize,
+    ) -> Result<(ChildGuard, Vec<f64>)> {
         let http = std::net::SocketAddr::new(
             [127, 0, 0, 1].into(),
             hafleet_tests::free_port([127, 0, 0, 1].into()),
@@ -693,12 +697,16 @@ mod reload {
         cmd.arg("-W")
             .arg("-db")
             .arg("-S")
-            .arg(&socket)
+            .arg(socket)
             .arg("-f")
-            .arg(&config)
+            .arg(config)
             .env("HAFLEET_HTTP_BIND", http.to_string());
-        let mut child = ChildGuard::spawn("haproxy", &mut cmd, &dir.path().join("haproxy.log"))?;
-        let sock = socket.clone();
+        if let Some(t) = tunables {
+            cmd.env("GLIBC_TUNABLES", t);
+        }
+        let log = socket.with_extension("log");
+        let mut child = ChildGuard::spawn("haproxy", &mut cmd, &log)?;
+        let sock = socket.to_owned();
         child
             .wait_ready(Duration::from_secs(120), || {
                 let sock = sock.clone();
@@ -707,13 +715,13 @@ mod reload {
             .await?;
 
         let mut reload = Vec::new();
-        for _ in 0..a.runs {
-            let before = show_proc(&socket)?;
+        for _ in 0..runs {
+            let before = show_proc(socket)?;
             let started = Instant::now();
-            master(&socket, "reload\n")?;
+            master(socket, "reload\n")?;
             let deadline = started + Duration::from_secs(120);
             loop {
-                if let Ok(after) = show_proc(&socket) {
+                if let Ok(after) = show_proc(socket) {
                     match plan::check_reload(&before, &after) {
                         plan::ReloadCheck::Done => break,
                         plan::ReloadCheck::Failed => anyhow::bail!("reload failed"),
@@ -728,6 +736,31 @@ mod reload {
             // Let the old worker go before the next run.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        Ok((child, reload))
+    }
+
+    pub async fn run(a: ReloadArgs) -> Result<()> {
+        let haproxy =
+            if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
+        let all = nodes(a.nodes);
+        let started = Instant::now();
+        let base = render(&a, 0, &all, false)?;
+        let render_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let dir = TestDir::new("hafleet-bench-reload")?;
+        let config = crate::write_bundle(dir.path(), &base)?;
+        // Plain, and as the applier runs it (its heap on transparent huge pages), in turn.
+        let (mut check, mut check_thp) = (Vec::new(), Vec::new());
+        for _ in 0..a.runs {
+            check.push(crate::check_config(&config)?);
+            check_thp.push(crate::check_config_with(&config, Some(HUGE_PAGES))?);
+        }
+        let plain = dir.path().join("master.sock");
+        let (mut child, reload) = start_and_reload(haproxy, &config, &plain, None, a.runs).await?;
+        child.kill();
+        // A host whose HAProxy runs with the same tunable (the README's advice for big fleets).
+        let socket = dir.path().join("master-thp.sock");
+        let (mut child, reload_thp) =
+            start_and_reload(haproxy, &config, &socket, Some(HUGE_PAGES), a.runs).await?;
 
         // A node drained: every backend whose subset held it moves to another node.
         let drained = render(&a, 0, &all[1..], false)?;
@@ -772,7 +805,17 @@ mod reload {
             base.config.len() as f64 / 1e6
         );
         println!("| `haproxy -c` (median of {}) | {:.0} ms |", a.runs, median(check));
+        println!(
+            "| `haproxy -c` with `GLIBC_TUNABLES={HUGE_PAGES}`, as the applier runs it (median of {}) | {:.0} ms |",
+            a.runs,
+            median(check_thp)
+        );
         println!("| reload → new worker (median of {}) | {:.0} ms |", a.runs, median(reload));
+        println!(
+            "| reload → new worker, HAProxy started with `GLIBC_TUNABLES={HUGE_PAGES}` (median of {}) | {:.0} ms |",
+            a.runs,
+            median(reload_thp)
+        );
         println!(
             "| node drained through the runtime API | {drain_commands} commands, {drain_ms:.0} ms |"
         );
