@@ -46,6 +46,10 @@ use crate::proc::{
 pub const HOST_USER: &str = "hafleet-host";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Set, the test hosts' HAProxy runs with its value as `GLIBC_TUNABLES` (for instance
+/// `glibc.malloc.hugetlb=1`, the README's advice for big fleets).
+pub const HOST_GLIBC_TUNABLES: &str = "HAFLEET_TEST_HOST_GLIBC_TUNABLES";
+
 /// The client side of SSH for one test env: an ed25519 identity and a known_hosts file that
 /// every [`HaproxyHost`] started with these keys pins its host key in.
 #[derive(Debug, Clone)]
@@ -383,6 +387,11 @@ impl HaproxyHost {
             .env("HOME", &self.dir)
             .env("HAFLEET_HTTP_BIND", self.http_addr.to_string())
             .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string());
+        // A host set up with the README's advice for big fleets (its heap on transparent huge
+        // pages), for a bench run. Unset, a host runs as a fresh install's would.
+        if let Some(tunables) = std::env::var_os(HOST_GLIBC_TUNABLES) {
+            cmd.env("GLIBC_TUNABLES", tunables);
+        }
         if self.user.root {
             cmd.uid(self.user.uid).gid(self.user.gid);
         }

@@ -85,8 +85,8 @@ struct Args {
     /// instead of pointing them all at one Service (map entries only).
     #[arg(long)]
     own_services: bool,
-    /// Ready nodes in the cluster. Only the nodes the renderer lists for a Service (its subset
-    /// of 10) run a backend process for it.
+    /// Ready nodes in the cluster. Only the nodes the renderer lists for a Service (its subset:
+    /// the renderer's default `--servers-per-backend`, 3) run a backend process for it.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
 }
