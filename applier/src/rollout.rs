@@ -97,7 +97,7 @@ mod scripts {
     // its own behind.
     macro_rules! unpack {
         () => {
-            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; u="$1.hafleet-new-$2"; t="$2"; drop() { rm -f "$d"/.*."$t" "$d"/.*."$t".sed "$u" "$u.sed"; echo "$*" >&2; exit 64; }; awk -v d="$d" -v t="$t" -v cfg="$u" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) { f = cfg; if ($1 == "hafleet-config-edit") f = cfg ".sed"; done = 1 } else if (($1 == "hafleet-map" && NF == 5 || $1 == "hafleet-map-edit" && NF == 6 && $4 ~ /^[a-z]+-[0-9a-f]+\.map$/) && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t); if (NF == 6) { f = f ".sed"; print $2, $4 > (d "/.edits." t) } } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || drop "the map files and config did not arrive whole"; if [ -f "$d/.edits.$t" ]; then while read -r m b; do sed -f "$d/.$m.$t.sed" "$d/$b" > "$d/.$m.$t" 2>/dev/null; rm -f "$d/.$m.$t.sed"; done < "$d/.edits.$t"; rm -f "$d/.edits.$t"; fi; if [ -f "$u.sed" ]; then sed -f "$u.sed" "$1" > "$u" 2>/dev/null; rm -f "$u.sed"; fi; k=0; [ ! -f "$d/.sums.$t" ] || k=$(wc -l < "$d/.sums.$t"); if [ "$k" -ne "$count" ] || { [ "$k" -gt 0 ] && ! ( cd "$d" && sha256sum -c --quiet ".sums.$t" >/dev/null 2>&1 ); }; then drop "$k of $count map files arrived, or one has another sha256"; fi; if [ "$k" -gt 0 ]; then while read -r s f; do n="${f#.}"; mv -f "$d/$f" "$d/${n%.$t}" || exit 64; done < "$d/.sums.$t"; fi; rm -f "$d/.sums.$t"; "#
+            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; u="$1.hafleet-new-$2"; t="$2"; drop() { rm -f "$d"/.*."$t" "$d"/.*."$t".sed "$u" "$u.sed"; echo "$*" >&2; exit 64; }; awk -v d="$d" -v t="$t" -v cfg="$u" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) { f = cfg; if ($1 == "hafleet-config-edit") f = cfg ".sed"; done = 1 } else if (($1 == "hafleet-map" && NF == 5 || $1 == "hafleet-map-edit" && NF == 6 && $4 ~ /^[a-z]+-[0-9a-f]+\.map$/) && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t); if (NF == 6) { f = f ".sed"; print $2, $4 > (d "/.edits." t) } } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || drop "the map files and config did not arrive whole"; if [ -f "$d/.edits.$t" ]; then while read -r m b; do sed -f "$d/.$m.$t.sed" "$d/$b" > "$d/.$m.$t" 2>/dev/null; rm -f "$d/.$m.$t.sed"; done < "$d/.edits.$t"; rm -f "$d/.edits.$t"; fi; if [ -f "$u.sed" ]; then sed -f "$u.sed" "$1" > "$u" 2>/dev/null; rm -f "$u.sed"; fi; k=0; [ ! -f "$d/.sums.$t" ] || k=$(wc -l < "$d/.sums.$t"); if [ "$k" -ne "$count" ] || { [ "$k" -gt 0 ] && ! ( cd "$d" && sha256sum -c --quiet ".sums.$t" >/dev/null 2>&1 ); }; then drop "$k of $count map files arrived, or one has another sha256"; fi; if [ "$k" -gt 0 ]; then while read -r s f; do n="${f#.}"; mv -fT "$d/$f" "$d/${n%.$t}" || drop "cannot put $d/${n%.$t} in place (a directory in the way?)"; done < "$d/.sums.$t"; fi; rm -f "$d/.sums.$t"; "#
         };
     }
     // `haproxy -c` asks glibc to back its heap with transparent huge pages (the tunable
@@ -2138,6 +2138,17 @@ mod tests {
             &Outgoing::whole(&maps[..2], None).stream(),
         );
         assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+        // A directory where a map goes: refused, not moved into it (a put-back that would
+        // "succeed" at every drift check), and the stream's files are gone.
+        let blocked = maps_dir.join(maps[0].name.as_str());
+        std::fs::remove_file(&blocked).unwrap();
+        std::fs::create_dir(&blocked).unwrap();
+        let out =
+            sh(scripts::UPLOAD_MAPS, &[live_s, "t4", "3"], &Outgoing::whole(&maps, None).stream());
+        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("a directory in the way"));
+        assert_eq!(std::fs::read_dir(&blocked).unwrap().count(), 0, "nothing moved into it");
+        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"], "nothing of this stream left behind");
     }
 
     /// SWAP_RELOAD run by `sh`: a host whose live file or loaded marker is no longer what it
