@@ -102,9 +102,10 @@ mod scripts {
     }
     // `haproxy -c` asks glibc to back its heap with transparent huge pages (the tunable
     // only takes effect where THP is `madvise` or `always`; an unknown tunable, an older glibc
-    // or another libc ignore it, and a host's own GLIBC_TUNABLES wins): at 10,000 backends the
-    // check touches 210 MB in 51,000 page faults, and with huge pages it takes 190 ms instead
-    // of 310 (medians of 24 runs, BENCHMARKS.md). It is on the path of every reload change.
+    // or another libc ignore it, and a GLIBC_TUNABLES set in the SSH session's environment is
+    // kept as it is): at 10,000 backends the check touches 210 MB in 51,000 page faults, and
+    // with huge pages it takes 193 ms instead of 292 (`hafleet-bench reload`, BENCHMARKS.md).
+    // It is on the path of every reload change.
     macro_rules! validate {
         () => {
             r#"out=$(GLIBC_TUNABLES="${GLIBC_TUNABLES-glibc.malloc.hugetlb=1}" "$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit 1; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#
@@ -333,8 +334,8 @@ impl Plans {
         next: &ConfigVersion,
     ) -> Option<std::sync::Arc<runtime::Plan>> {
         let (Some(from), Some(to)) = (loaded.bundle(), next.bundle()) else { return None };
-        // Held while planning: a second host asking for the same plan waits for it rather
-        // than working it out again.
+        // Held while planning, with no await inside: a rollout prepares its hosts in one task,
+        // so nothing contends for it.
         let mut plans = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = |e: &PlanEntry| e.0 == loaded.sha256 && e.1 == next.sha256;
         if let Some(entry) = plans.iter().find(|e| key(e)) {

@@ -464,8 +464,11 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
     if old.other != new.other {
         return Err("a section other than a backend changed".into());
     }
-    // Found equal above; `parse` reads headers as `backend_names` does.
-    debug_assert!(old.backends.keys().eq(new.backends.keys()));
+    // Equal above for any config the renderer makes; read again from what was parsed, as a
+    // backend name that held a map's path would differ once map names are normalized.
+    if !old.backends.keys().eq(new.backends.keys()) {
+        return Err("the backends changed".into());
+    }
     let (mut added, mut changed, mut removed) = (Vec::new(), Vec::new(), Vec::new());
     for (name, new_backend) in &new.backends {
         let old_backend = &old.backends[name];

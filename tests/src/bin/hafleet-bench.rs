@@ -389,9 +389,10 @@ fn check_config(config: &std::path::Path) -> Result<f64> {
 /// `haproxy -c` of `config`, with `GLIBC_TUNABLES` set to `tunables` if given.
 fn check_config_with(config: &std::path::Path, tunables: Option<&str>) -> Result<f64> {
     let mut cmd = std::process::Command::new(haproxy_bin());
-    if let Some(t) = tunables {
-        cmd.env("GLIBC_TUNABLES", t);
-    }
+    match tunables {
+        Some(t) => cmd.env("GLIBC_TUNABLES", t),
+        None => cmd.env_remove("GLIBC_TUNABLES"),
+    };
     let started = Instant::now();
     let out = cmd.arg("-c").arg("-q").arg("-f").arg(config).output()?;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -701,9 +702,10 @@ mod reload {
             .arg("-f")
             .arg(config)
             .env("HAFLEET_HTTP_BIND", http.to_string());
-        if let Some(t) = tunables {
-            cmd.env("GLIBC_TUNABLES", t);
-        }
+        match tunables {
+            Some(t) => cmd.env("GLIBC_TUNABLES", t),
+            None => cmd.env_remove("GLIBC_TUNABLES"),
+        };
         let log = socket.with_extension("log");
         let mut child = ChildGuard::spawn("haproxy", &mut cmd, &log)?;
         let sock = socket.to_owned();
@@ -754,13 +756,8 @@ mod reload {
             check.push(crate::check_config(&config)?);
             check_thp.push(crate::check_config_with(&config, Some(HUGE_PAGES))?);
         }
-        let plain = dir.path().join("master.sock");
-        let (mut child, reload) = start_and_reload(haproxy, &config, &plain, None, a.runs).await?;
-        child.kill();
-        // A host whose HAProxy runs with the same tunable (the README's advice for big fleets).
-        let socket = dir.path().join("master-thp.sock");
-        let (mut child, reload_thp) =
-            start_and_reload(haproxy, &config, &socket, Some(HUGE_PAGES), a.runs).await?;
+        let socket = dir.path().join("master.sock");
+        let (mut child, reload) = start_and_reload(haproxy, &config, &socket, None, a.runs).await?;
 
         // A node drained: every backend whose subset held it moves to another node.
         let drained = render(&a, 0, &all[1..], false)?;
@@ -791,6 +788,11 @@ mod reload {
         let plan_drained = plan_ms(&base, &drained, false)?;
         let plan_routed = plan_ms(&drained, &routed, false)?;
         let (map_commands, map_ms) = runtime_change(&socket, &drained, &routed)?;
+        child.kill();
+        // A host whose HAProxy runs with the same tunable (the README's "For big fleets").
+        let thp = dir.path().join("master-thp.sock");
+        let (mut child, reload_thp) =
+            start_and_reload(haproxy, &config, &thp, Some(HUGE_PAGES), a.runs).await?;
         child.kill();
 
         println!(
