@@ -232,10 +232,11 @@ impl HaproxyHost {
         let dir = tmp.path().join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         let ip = random_loopback_ip();
+        let [http, https] = crate::proc::free_ports::<2>(ip.into());
         let mut host = HaproxyHost {
             name: name.to_string(),
-            http_addr: SocketAddrV4::new(ip, free_port(ip.into())),
-            https_addr: SocketAddrV4::new(ip, free_port(ip.into())),
+            http_addr: SocketAddrV4::new(ip, http),
+            https_addr: SocketAddrV4::new(ip, https),
             ssh_port: free_port(Ipv4Addr::LOCALHOST.into()),
             user,
             keys: keys.clone(),
@@ -254,8 +255,9 @@ impl HaproxyHost {
             match host.start_haproxy().await {
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => {
                     let ip = random_loopback_ip();
-                    host.http_addr = SocketAddrV4::new(ip, free_port(ip.into()));
-                    host.https_addr = SocketAddrV4::new(ip, free_port(ip.into()));
+                    let [http, https] = crate::proc::free_ports::<2>(ip.into());
+                    host.http_addr = SocketAddrV4::new(ip, http);
+                    host.https_addr = SocketAddrV4::new(ip, https);
                 }
                 result => {
                     result?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::http::http_get;
-use crate::proc::{ChildGuard, TestDir, free_port, is_addr_in_use, tcp_accepts};
+use crate::proc::{ChildGuard, TestDir, free_ports, is_addr_in_use, tcp_accepts};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -86,11 +86,9 @@ impl NatsServer {
         let lo = Ipv4Addr::LOCALHOST.into();
         NatsServer {
             nodes: (0..nodes)
-                .map(|_| Node {
-                    child: None,
-                    port: free_port(lo),
-                    monitor_port: free_port(lo),
-                    cluster_port: free_port(lo),
+                .map(|_| {
+                    let [port, monitor_port, cluster_port] = free_ports::<3>(lo);
+                    Node { child: None, port, monitor_port, cluster_port }
                 })
                 .collect(),
             password: crate::proc::random_token(),

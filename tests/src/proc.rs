@@ -254,10 +254,19 @@ impl Drop for TestDir {
 
 /// A port that was free on `ip` a moment ago (the OS picks it; another process may still race).
 pub fn free_port(ip: IpAddr) -> u16 {
-    TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot bind {ip}:0: {e}"))
+    free_ports::<1>(ip)[0]
+}
+
+/// `N` different ports that were free on `ip` a moment ago. Each is held until all are picked:
+/// a port picked and let go at once can be picked again by the next call (two components of a
+/// stack once got the same health port so, and the second could not start).
+pub fn free_ports<const N: usize>(ip: IpAddr) -> [u16; N] {
+    let held: [TcpListener; N] = std::array::from_fn(|_| {
+        TcpListener::bind((ip, 0)).unwrap_or_else(|e| panic!("cannot bind {ip}:0: {e}"))
+    });
+    held.map(|l| {
+        l.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("no address for {ip}:0: {e}"))
+    })
 }
 
 /// A pseudo-random u64 from time, pid and a counter (splitmix64); not for cryptography.
@@ -312,4 +321,20 @@ pub async fn tcp_accepts(addr: std::net::SocketAddr) -> bool {
         tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_picked_together_differ() {
+        let lo = std::net::Ipv4Addr::LOCALHOST.into();
+        for _ in 0..50 {
+            let ports = free_ports::<8>(lo);
+            let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+            assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+            assert!(ports.iter().all(|p| *p != 0));
+        }
+    }
 }

@@ -170,7 +170,8 @@ impl Stack {
             watcher: None,
             renderer: None,
             applier: None,
-            health: [health_ip; 3].map(|ip| (ip, crate::free_port(ip.into())).into()),
+            health: crate::proc::free_ports::<3>(health_ip.into())
+                .map(|port| (health_ip, port).into()),
         };
         stack.start_component(Component::Renderer)?;
         stack.start_component(Component::Applier)?;
