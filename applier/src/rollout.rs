@@ -1873,21 +1873,12 @@ mod tests {
         let check = |host_env: Option<&str>| {
             let (fake, live) = (fake.to_str().unwrap(), live.to_str().unwrap());
             let args = [fake, live, "t1", "/nonexistent.sock", &sha, "0"];
-            let mut child = std::process::Command::new("sh");
-            child.args(["-c", scripts::UPLOAD_VALIDATE, "hafleet"]).args(args);
-            child.env_remove("GLIBC_TUNABLES");
-            if let Some(v) = host_env {
-                child.env("GLIBC_TUNABLES", v);
-            }
-            let mut child = child
-                .stdin(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            use std::io::Write as _;
-            child.stdin.take().unwrap().write_all(&stream).unwrap();
-            let out = child.wait_with_output().unwrap();
+            // The SSH session's environment, as the script finds it.
+            let session = match host_env {
+                Some(v) => format!("export GLIBC_TUNABLES='{v}'; "),
+                None => "unset GLIBC_TUNABLES; ".to_owned(),
+            };
+            let out = sh(&format!("{session}{}", scripts::UPLOAD_VALIDATE), &args, &stream);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8(out.stderr).unwrap()
         };
@@ -2338,17 +2329,10 @@ mod tests {
         };
         assert_eq!(mixed.to_retry(), [1]);
     }
-}
-
-#[cfg(test)]
-mod plans_tests {
-    use super::*;
-    use hafleet_proto::{Bundle, FleetName};
-    use std::sync::Arc;
 
     fn version(n: u64, config: &str) -> ConfigVersion {
-        let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
-        ConfigVersion::inline(FleetName::new("edge").unwrap(), n, bundle)
+        let bundle = hafleet_proto::Bundle { config: config.into(), maps: vec![], certs: vec![] };
+        ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), n, bundle)
     }
 
     #[test]
@@ -2365,7 +2349,7 @@ mod plans_tests {
         let first = plans.get(&a, &b).unwrap();
         assert!(matches!(&*first, runtime::Plan::Reload(w) if w.contains("1 backend(s) added")));
         // The second host of the rollout gets the same plan, not one worked out again.
-        assert!(Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        assert!(std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
         // The other way round is another plan.
         let back = plans.get(&b, &a).unwrap();
         assert!(matches!(&*back, runtime::Plan::Reload(w) if w.contains("1 removed")));
@@ -2375,7 +2359,7 @@ mod plans_tests {
             plans.get(&a, &version(n, &config(&["be_a", &format!("be_{n}")])));
         }
         assert_eq!(plans.0.lock().unwrap().len(), Plans::KEEP);
-        assert!(!Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        assert!(!std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
         // Without the bundle of either, there is no plan to make.
         let not_fetched = ConfigVersion { body: hafleet_proto::Body::Stream { chunks: 1 }, ..b };
         assert!(plans.get(&a, &not_fetched).is_none());

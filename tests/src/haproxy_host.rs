@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 
 use crate::proc::{
-    ChildGuard, TestDir, free_port, is_addr_in_use, random_loopback_ip, run, tcp_accepts,
+    ChildGuard, TestDir, free_port, free_ports, is_addr_in_use, random_loopback_ip, run,
+    tcp_accepts,
 };
 
 /// The user SSH logs in as and HAProxy runs as (when the tests run as root).
@@ -232,7 +233,7 @@ impl HaproxyHost {
         let dir = tmp.path().join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         let ip = random_loopback_ip();
-        let [http, https] = crate::proc::free_ports::<2>(ip.into());
+        let [http, https] = free_ports::<2>(ip.into());
         let mut host = HaproxyHost {
             name: name.to_string(),
             http_addr: SocketAddrV4::new(ip, http),
@@ -255,7 +256,7 @@ impl HaproxyHost {
             match host.start_haproxy().await {
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => {
                     let ip = random_loopback_ip();
-                    let [http, https] = crate::proc::free_ports::<2>(ip.into());
+                    let [http, https] = free_ports::<2>(ip.into());
                     host.http_addr = SocketAddrV4::new(ip, http);
                     host.https_addr = SocketAddrV4::new(ip, https);
                 }

@@ -336,7 +336,7 @@ async fn start_etcd(bin: &Path, dir: &Path) -> Result<(ChildGuard, String)> {
     loop {
         attempt += 1;
         let lo = Ipv4Addr::LOCALHOST.into();
-        let [client_port, peer_port] = crate::proc::free_ports::<2>(lo);
+        let [client_port, peer_port] = crate::free_ports::<2>(lo);
         let client_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let data_dir = dir.join(format!("etcd-{attempt}"));

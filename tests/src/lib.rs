@@ -27,7 +27,7 @@ pub use haproxy_host::{HaproxyHost, ShowProc, SigningKeys, SshClientKeys};
 pub use http::{Response, eventually, http_get, http_get_full};
 pub use kube_env::KubeEnv;
 pub use nats::NatsServer;
-pub use proc::{ChildGuard, TestDir, free_port, random_loopback_ip, wait_for};
+pub use proc::{ChildGuard, TestDir, free_port, free_ports, random_loopback_ip, wait_for};
 
 /// The path of a workspace binary such as `hafleet-watcher`: in `$HAFLEET_BIN_DIR` if set, else
 /// next to the running test executable (`target/<profile>/`, leaving `deps/`).

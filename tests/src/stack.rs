@@ -170,8 +170,7 @@ impl Stack {
             watcher: None,
             renderer: None,
             applier: None,
-            health: crate::proc::free_ports::<3>(health_ip.into())
-                .map(|port| (health_ip, port).into()),
+            health: crate::free_ports::<3>(health_ip.into()).map(|port| (health_ip, port).into()),
         };
         stack.start_component(Component::Renderer)?;
         stack.start_component(Component::Applier)?;
