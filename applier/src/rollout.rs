@@ -407,6 +407,8 @@ pub struct Effort {
     /// Bytes of the version's files sent to the host: config, maps (as edits where it could)
     /// and certificate files.
     pub sent_bytes: u64,
+    /// New backends served through spare backends ahead of the reload that added them.
+    pub bridged: u32,
 }
 
 /// Puts `version` live on one host and says how it went. `known` are versions the applier
@@ -440,7 +442,7 @@ pub struct Prepared<'a> {
 impl Prepared<'_> {
     /// Staged for a change that needs a reload.
     fn reloads(&self) -> bool {
-        matches!(&self.step, Next::Staged { change, .. } if matches!(**change, runtime::Plan::Reload(_)))
+        matches!(&self.step, Next::Staged { change, .. } if matches!(**change, runtime::Plan::Reload(_) | runtime::Plan::Bridged { .. }))
     }
 }
 
@@ -760,6 +762,29 @@ async fn go_live(
         },
         runtime::Plan::Reload(why) => {
             info!(%why, "the change needs a reload");
+            false
+        }
+        runtime::Plan::Bridged { why, bridge } => {
+            // The files hold the version already: whatever happens from here, the reload
+            // (or a later one) makes the process serve them.
+            match apply_runtime(
+                conn,
+                host,
+                &before,
+                &bridge.steps,
+                (version.bundle(), settings.tls_identity.as_deref()),
+            )
+            .await
+            {
+                Ok(sent) => {
+                    effort.runtime_commands = sent;
+                    effort.bridged = bridge.spares.len() as u32;
+                    info!(%why, spares = ?bridge.spares, commands = sent, "the change needs a reload; its new backends are served through spares until then");
+                }
+                Err(failed) => {
+                    warn!(%why, %failed, "the change needs a reload; spares did not take its new backends");
+                }
+            }
             false
         }
     };

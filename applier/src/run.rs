@@ -557,6 +557,14 @@ fn count_report(r: &ApplyReport) {
     );
     m.count(
         (
+            "hafleet_applier_bridged_backends_total",
+            "New backends served through spare backends ahead of their reload, by host.",
+        ),
+        &[("host", host)],
+        f64::from(r.bridged),
+    );
+    m.count(
+        (
             "hafleet_applier_sent_bytes_total",
             "Bytes of config, map and certificate files sent, by host.",
         ),
@@ -616,6 +624,7 @@ fn report_of(
         duration_ms: took.as_millis() as u64,
         reloads: effort.reloads,
         runtime_commands: effort.runtime_commands,
+        bridged: effort.bridged,
         sent_bytes: effort.sent_bytes,
         drift: drift.map(str::to_owned),
         fleet_hosts: u32::try_from(fleet_hosts).unwrap_or(u32::MAX),
@@ -650,7 +659,7 @@ async fn apply_and_report(
         let host = &hosts[i];
         match &outcome {
             ApplyOutcome::Applied | ApplyOutcome::Unchanged => {
-                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, sent_bytes = effort.sent_bytes, "host done");
+                info!(fleet = %version.fleet, host = %host.name, version = version.version, outcome = ?outcome, ms = took.as_millis() as u64, reloads = effort.reloads, runtime_commands = effort.runtime_commands, bridged = effort.bridged, sent_bytes = effort.sent_bytes, "host done");
                 tls_expiry_gauge(host.name.as_str(), version);
             }
             ApplyOutcome::Failed { stage, message, restored } => {

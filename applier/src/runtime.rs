@@ -84,7 +84,24 @@ pub enum Plan {
     Runtime(Vec<Step>),
     /// A reload, and why.
     Reload(String),
+    /// A reload, and why; but first, the backends the next config adds are served through
+    /// spare backends of the running process (see [`bridge`]).
+    Bridged { why: String, bridge: Bridge },
 }
+
+/// Backends a config adds, served through spare backends at runtime ahead of the reload
+/// that adds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bridge {
+    /// (the new backend, the spare that serves it until the reload), by backend name.
+    pub spares: Vec<(String, String)>,
+    /// Servers added to the spares, then the maps replaced with the new backends' entries
+    /// naming their spares.
+    pub steps: Vec<Step>,
+}
+
+/// The names of the spare backends start with this (renderer/src/model.rs, `SPARE_PREFIX`).
+pub const SPARE_PREFIX: &str = "hafleet_spare_";
 
 /// A config reduced to what HAProxy acts on.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -417,8 +434,134 @@ pub fn plan(loaded: &Bundle, next: &Bundle) -> Plan {
             Plan::Reload(format!("the change takes more than {MAX_COMMANDS} runtime commands"))
         }
         Ok(steps) => Plan::Runtime(steps),
-        Err(why) => Plan::Reload(why),
+        Err(why) => match bridge(loaded, next) {
+            Some(bridge) => Plan::Bridged { why, bridge },
+            None => Plan::Reload(why),
+        },
     }
+}
+
+/// How the running process can serve `next`'s new backends before the reload that adds
+/// them, if it can: when the only change HAProxy cannot take at runtime is backends added
+/// (none removed), each with the settings of an empty spare backend `loaded` has
+/// (`hafleet_spare_<n>`, as the renderer writes them) and servers that can be added at
+/// runtime (they track a node's check), and there are spares enough for all of them. The
+/// steps are those from `loaded` to `next` with each new backend renamed to its spare (and
+/// its map entries naming the spare): servers added to the spare, then the maps replaced.
+///
+/// The reload that follows loads the files, where the spares are empty again and each new
+/// backend has its own name: the spare's servers serve only until then.
+pub fn bridge(loaded: &Bundle, next: &Bundle) -> Option<Bridge> {
+    let (old_names, new_names) = (backend_names(&loaded.config), backend_names(&next.config));
+    if !old_names.is_subset(&new_names) {
+        return None;
+    }
+    let added: Vec<&str> = new_names.difference(&old_names).copied().collect();
+    if added.is_empty() || added.iter().any(|a| a.starts_with(SPARE_PREFIX)) {
+        return None;
+    }
+    let empty = empty_backends(&loaded.config);
+    let free: Vec<&str> = old_names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with(SPARE_PREFIX) && empty.contains(n))
+        .collect();
+    if free.len() < added.len() {
+        return None;
+    }
+    let spares: BTreeMap<&str, &str> = added.iter().copied().zip(free.iter().copied()).collect();
+    let renamed = rename_backends(&next.config, &spares);
+    let maps = next
+        .maps
+        .iter()
+        .map(|m| hafleet_proto::MapFile {
+            name: m.name.clone(),
+            content: match m.name.kind() {
+                CRT_LIST => m.content.clone(),
+                _ => rename_map_values(&m.content, &spares),
+            },
+        })
+        .collect();
+    let through_spares = Bundle { config: renamed, maps, certs: next.certs.clone() };
+    let steps = try_plan(loaded, &through_spares).ok()?;
+    if steps.is_empty() || command_count(&steps) > MAX_COMMANDS {
+        return None;
+    }
+    let spares = spares.into_iter().map(|(b, s)| (b.to_owned(), s.to_owned())).collect();
+    Some(Bridge { spares, steps })
+}
+
+/// The backends of `config` with no `server` line, read as [`parse`] reads sections.
+fn empty_backends(config: &str) -> BTreeSet<&str> {
+    let mut empty = BTreeSet::new();
+    let mut current: Option<&str> = None;
+    for raw in config.lines() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if !raw.starts_with([' ', '\t']) {
+            let mut words = line.split_whitespace();
+            current = match (words.next(), words.next()) {
+                (Some("backend"), Some(name)) => {
+                    empty.insert(name);
+                    Some(name)
+                }
+                _ => None,
+            };
+        } else if let Some(name) = current
+            && line.split_whitespace().next() == Some("server")
+        {
+            empty.remove(name);
+        }
+    }
+    empty
+}
+
+/// `config` with each backend named in `spares` renamed to its spare, and the spares' own
+/// (empty) sections left out.
+fn rename_backends(config: &str, spares: &BTreeMap<&str, &str>) -> String {
+    let used: BTreeSet<&str> = spares.values().copied().collect();
+    let mut out = String::with_capacity(config.len());
+    let mut skipping = false;
+    for raw in config.split_inclusive('\n') {
+        let line = raw.trim();
+        let header = !line.is_empty() && !line.starts_with('#') && !raw.starts_with([' ', '\t']);
+        if header {
+            let mut words = line.split_whitespace();
+            let name = (words.next() == Some("backend")).then(|| words.next()).flatten();
+            skipping = name.is_some_and(|n| used.contains(n));
+            if let Some(spare) = name.and_then(|n| spares.get(n)) {
+                out.push_str("backend ");
+                out.push_str(spare);
+                out.push('\n');
+                continue;
+            }
+        }
+        if !skipping {
+            out.push_str(raw);
+        }
+    }
+    out
+}
+
+/// A map's content (`key value` lines) with each value named in `spares` replaced by its
+/// spare.
+fn rename_map_values(content: &str, spares: &BTreeMap<&str, &str>) -> String {
+    let mut out = String::with_capacity(content.len());
+    for raw in content.split_inclusive('\n') {
+        let line = raw.strip_suffix('\n').unwrap_or(raw);
+        match line.rsplit_once(' ').and_then(|(key, value)| Some((key, spares.get(value)?))) {
+            Some((key, spare)) => {
+                out.push_str(key);
+                out.push(' ');
+                out.push_str(spare);
+                out.push('\n');
+            }
+            None => out.push_str(raw),
+        }
+    }
+    out
 }
 
 fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
@@ -575,7 +718,7 @@ pub fn files_only(plan: &Plan) -> bool {
         Plan::Runtime(steps) => steps.iter().all(|s| {
             matches!(s, Step::ReplaceMap { .. } | Step::AddCert { .. } | Step::RemoveCert { .. })
         }),
-        Plan::Reload(_) => false,
+        Plan::Reload(_) | Plan::Bridged { .. } => false,
     }
 }
 
@@ -1223,6 +1366,87 @@ mod tests {
         assert!(
             matches!(plan(&two, &one), Plan::Reload(w) if w.contains("0 backend(s) added and 1 removed"))
         );
+    }
+
+    #[test]
+    fn new_backends_are_served_through_free_spares_ahead_of_their_reload() {
+        let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080"), ("n2", "10.0.0.2:30081")];
+        let spare = |n: &str| (format!("{SPARE_PREFIX}{n}"), Vec::<(&str, &str)>::new());
+        let (s0, s1) = (spare("0"), spare("1"));
+        let with = |extra: &[(&str, &[(&str, &str)])], exact: &str| {
+            let mut all: Vec<(&str, &[(&str, &str)])> = vec![("be_a", servers)];
+            all.extend_from_slice(extra);
+            all.push((&s0.0, &s0.1));
+            all.push((&s1.0, &s1.1));
+            bundle(NODES, &all, exact)
+        };
+        let a = with(&[], "x be_a\n");
+        let b = with(&[("be_b", servers)], "x be_a\ny be_b\n");
+        let Plan::Bridged { why, bridge } = plan(&a, &b) else { panic!("{:?}", plan(&a, &b)) };
+        assert!(why.contains("1 backend(s) added"), "{why}");
+        assert_eq!(bridge.spares, [("be_b".to_owned(), s0.0.clone())]);
+        let add = |server: &str, addr: &str| Step::AddServer {
+            backend: s0.0.clone(),
+            server: server.into(),
+            addr: addr.into(),
+            params: vec!["track".into(), format!("hafleet_nodes/{server}")],
+        };
+        let replaced =
+            Step::ReplaceMap { kind: "exact".into(), content: format!("x be_a\ny {}\n", s0.0) };
+        assert_eq!(
+            bridge.steps,
+            [add("n1", "10.0.0.1:30080"), add("n2", "10.0.0.2:30081"), replaced]
+        );
+        // Two new backends take the two spares; a third finds none and only reloads.
+        let c = with(&[("be_b", servers), ("be_c", servers)], "x be_a\ny be_b\nz be_c\n");
+        let Plan::Bridged { bridge, .. } = plan(&a, &c) else { panic!("two spares, two backends") };
+        let taken: Vec<&str> = bridge.spares.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(taken, [s0.0.as_str(), s1.0.as_str()]);
+        let three = [("be_b", servers), ("be_c", servers), ("be_d", servers)];
+        assert!(matches!(plan(&a, &with(&three, "x be_a\n")), Plan::Reload(_)));
+        // A spare that has servers (a template's own) is not free.
+        let mut busy = a.clone();
+        busy.config = busy.config.replace(
+            &format!("backend {}\n    # a comment\n", s0.0),
+            &format!(
+                "backend {}\n    server n1 10.0.0.1:1 no-check track hafleet_nodes/n1\n",
+                s0.0
+            ),
+        );
+        let mut busy_next = b.clone();
+        busy_next.config = busy_next.config.replace(
+            &format!("backend {}\n    # a comment\n", s0.0),
+            &format!(
+                "backend {}\n    server n1 10.0.0.1:1 no-check track hafleet_nodes/n1\n",
+                s0.0
+            ),
+        );
+        let Plan::Bridged { bridge, .. } = plan(&busy, &busy_next) else {
+            panic!("spare 1 is free")
+        };
+        assert_eq!(bridge.spares, [("be_b".to_owned(), s1.0.clone())]);
+        // No spares, a backend removed, or a new backend whose settings differ from a spare's:
+        // a reload alone.
+        let plain = bundle(NODES, &[("be_a", servers)], "x be_a\n");
+        let plain_b = bundle(NODES, &[("be_a", servers), ("be_b", servers)], "x be_a\n");
+        assert!(matches!(plan(&plain, &plain_b), Plan::Reload(_)));
+        let swapped = with(&[("be_b", servers)], "y be_b\n")
+            .config
+            .replace("backend be_a\n", "backend be_z\n");
+        let swapped = Bundle { config: swapped, ..b.clone() };
+        assert!(matches!(plan(&a, &swapped), Plan::Reload(_)));
+        let mut balanced = b.clone();
+        balanced.config =
+            balanced.config.replace("backend be_b\n", "backend be_b\n    balance leastconn\n");
+        assert!(matches!(plan(&a, &balanced), Plan::Reload(_)));
+        // Servers that check their own health cannot be added at runtime.
+        let mut checked = b.clone();
+        checked.config = checked.config.replace(
+            "server n1 10.0.0.1:30080 no-check track hafleet_nodes/n1\n    server n2 10.0.0.2:30081 no-check track hafleet_nodes/n2\n\nbackend hafleet_spare_0",
+            "server n1 10.0.0.1:30080\n\nbackend hafleet_spare_0",
+        );
+        assert_ne!(checked.config, b.config);
+        assert!(matches!(plan(&a, &checked), Plan::Reload(_)));
     }
 
     #[test]

@@ -592,9 +592,14 @@ pub struct ApplyReport {
     /// Reports of appliers before it read as 0.
     #[serde(default)]
     pub reloads: u32,
-    /// Runtime API commands this apply sent instead of a reload (0 when it reloaded).
+    /// Runtime API commands this apply sent: instead of a reload, or, with `bridged`, ahead
+    /// of one.
     #[serde(default)]
     pub runtime_commands: u32,
+    /// New backends the host served through spare backends ahead of the reload that added
+    /// them (the new Services answered before the reload). 0 from appliers before it.
+    #[serde(default)]
+    pub bridged: u32,
     /// Bytes of the version's files this apply sent to the host: its config and map files
     /// (each as an edit of the host's own where it could) and certificate files. 0 when
     /// nothing was uploaded, and from appliers before it.
@@ -950,6 +955,7 @@ mod tests {
                 duration_ms: 6,
                 reloads: 0,
                 runtime_commands: 7,
+                bridged: 1,
                 sent_bytes: 8,
                 drift: None,
                 fleet_hosts: 2,

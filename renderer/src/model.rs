@@ -31,6 +31,12 @@ pub struct RenderModel {
     /// The path node health checks ask for (`None`: node health checks off).
     pub node_check_path: Option<String>,
     pub notes: Vec<String>,
+    /// With node health checks on, `--spare-backends` empty backends named
+    /// `hafleet_spare_<n>` ([`SPARE_PREFIX`]), each with a default backend's settings: the
+    /// applier serves a new Service through one of them, at runtime, until the reload that
+    /// gives it its own backend (applier/src/runtime.rs, `bridge`). Through the template's
+    /// `backend` macro, after the other backends.
+    pub spares: Vec<Arc<BackendModel>>,
     /// Certificates and the files that serve them ([`crate::tls::files`]); the template sees
     /// them through `maps`.
     #[serde(skip)]
@@ -138,6 +144,14 @@ fn duration(ms: u32) -> String {
 /// traffic needs more entry nodes.
 pub const DEFAULT_SERVERS_PER_BACKEND: usize = 3;
 
+/// The default of `--spare-backends`: new Services a host can serve at once ahead of their
+/// reload. Each is an empty backend (one proxy among the fleet's thousands).
+pub const DEFAULT_SPARE_BACKENDS: usize = 4;
+
+/// The name of the spare backends, before their number: `hafleet_spare_0`, … The applier
+/// knows them by it (a name no Service's backend can take: those start with `be_`).
+pub const SPARE_PREFIX: &str = "hafleet_spare_";
+
 /// The default of `--node-health-port`: kube-proxy's health port. kube-proxy answers
 /// `/healthz` there on every node, and cloud load balancers check it for
 /// `externalTrafficPolicy: Cluster` Services (Kubernetes 1.28 and later have it answer 503 on
@@ -153,6 +167,9 @@ pub struct Options {
     /// Most nodes a `Cluster` Service's backend lists (0: all). `Local` Services always list
     /// every node they are given: there, nodes are not interchangeable.
     pub servers_per_backend: usize,
+    /// Empty backends rendered for new Services to be served through at runtime, ahead of
+    /// their reload (with node health checks on; see [`RenderModel::spares`]).
+    pub spare_backends: usize,
     /// Check each node's health once (e.g. kube-proxy's `:10256/healthz`) and have the
     /// servers of `Cluster` backends track it, instead of checking every server.
     pub node_health: Option<NodeHealth>,
@@ -169,6 +186,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             servers_per_backend: DEFAULT_SERVERS_PER_BACKEND,
+            spare_backends: DEFAULT_SPARE_BACKENDS,
             node_health: Some(NodeHealth {
                 port: DEFAULT_NODE_HEALTH_PORT,
                 path: hafleet_proto::HttpPath::new(DEFAULT_NODE_HEALTH_PATH)
@@ -648,8 +666,33 @@ pub fn build_memo(
         nodes,
         node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),
         notes,
+        spares: spares(options),
         tls: Default::default(),
     }
+}
+
+/// The spare backends `options` ask for: none without node health checks, where a server
+/// added at runtime would have no health check to track.
+fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
+    let count = if options.node_health.is_some() { options.spare_backends } else { 0 };
+    (0..count)
+        .map(|n| {
+            Arc::new(BackendModel {
+                name: format!("{SPARE_PREFIX}{n}"),
+                service: "spare: serves a new Service until the reload that names it".into(),
+                servers: vec![],
+                balance: None,
+                timeout_connect: None,
+                timeout_server: None,
+                check_path: None,
+                check_interval: None,
+                cookie: None,
+                allow_source: vec![],
+                ssl_redirect: false,
+                max_conn: None,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -832,6 +875,7 @@ pub(crate) mod tests {
     fn with_node_health_every_node_is_checked_once_whichever_subsets_hold_it() {
         let options = Options {
             servers_per_backend: 1,
+            spare_backends: 0,
             node_health: Some(NodeHealth { port: 10256, path: HttpPath::new("/healthz").unwrap() }),
         };
         let f = FleetName::new("edge").unwrap();
@@ -853,6 +897,7 @@ pub(crate) mod tests {
         let east = ClusterId::new("east").unwrap();
         let options = Options {
             servers_per_backend: 2,
+            spare_backends: 0,
             node_health: Some(NodeHealth { port: 10256, path: HttpPath::new("/healthz").unwrap() }),
         };
         let f = FleetName::new("edge").unwrap();

@@ -92,6 +92,8 @@ struct Context<'a> {
     nodes: &'a [crate::model::ServerModel],
     node_check_path: Option<&'a str>,
     notes: &'a [String],
+    /// Spare backends' sections, by the `backend` macro ("" without it or without spares).
+    spare_sections: &'a str,
 }
 
 impl Renderer {
@@ -125,10 +127,11 @@ impl Renderer {
             node_check_path: None,
             tls: Default::default(),
             notes: vec![],
+            spares: vec![],
         };
         let maps = maps::build::<RuleModel>(&[]);
         let captured = template
-            .render_captured(context(&empty, &maps.paths, &[], ""))
+            .render_captured(context(&empty, &maps.paths, &[], ("", "")))
             .map_err(RenderError::Render)?;
         let has_backend_macro = captured.state().lookup(BACKEND_MACRO).is_some();
         drop(captured);
@@ -198,17 +201,23 @@ impl Renderer {
         let mut maps = maps::build(&model.rules);
         maps.add_tls(&model.tls);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
-        let sections = if self.has_backend_macro {
-            self.backend_sections(&template, model, &maps.paths)?
+        let (sections, spares) = if self.has_backend_macro {
+            (
+                self.backend_sections(&template, model, &maps.paths)?,
+                spare_sections(&template, model, &maps.paths)?,
+            )
         } else {
-            String::new()
+            (String::new(), String::new())
         };
         let backends = if self.uses_backends { model.backends.as_slice() } else { &[] };
         // Written into a buffer sized for the sections and the rest, not grown (and copied)
         // by doubling: at 10,000 backends the sections are megabytes.
         let mut out = Vec::with_capacity(sections.len() + 64 * 1024 + model.notes.len() * 128);
         template
-            .render_captured_to(context(model, &maps.paths, backends, &sections), &mut out)
+            .render_captured_to(
+                context(model, &maps.paths, backends, (&sections, &spares)),
+                &mut out,
+            )
             .map_err(RenderError::Render)?;
         let mut config = String::from_utf8(out).map_err(|e| {
             RenderError::Render(minijinja::Error::new(
@@ -241,7 +250,7 @@ impl Renderer {
             |b| old.remove_entry(&SectionKey(Arc::clone(b))),
             |part| {
                 let captured = template
-                    .render_captured(context(model, paths, &[], ""))
+                    .render_captured(context(model, paths, &[], ("", "")))
                     .map_err(RenderError::Render)?;
                 part.iter()
                     .map(|b| {
@@ -265,6 +274,30 @@ impl Renderer {
         fleet.sections = kept;
         Ok(out)
     }
+}
+
+/// The model's spare backends through the template's `backend` macro (a handful: rendered
+/// anew each time).
+fn spare_sections(
+    template: &minijinja::Template<'_, '_>,
+    model: &RenderModel,
+    paths: &MapPaths,
+) -> Result<String, RenderError> {
+    if model.spares.is_empty() {
+        return Ok(String::new());
+    }
+    let captured = template
+        .render_captured(context(model, paths, &[], ("", "")))
+        .map_err(RenderError::Render)?;
+    let mut out = String::new();
+    for b in &model.spares {
+        let text = captured
+            .state()
+            .call_macro(BACKEND_MACRO, &[Value::from_dyn_object(Arc::clone(b))])
+            .map_err(RenderError::Render)?;
+        out.push_str(&text);
+    }
+    Ok(out)
 }
 
 /// A backend as the `backend(b)` macro sees it: the fields of [`BackendModel`], read where they
@@ -351,7 +384,7 @@ fn context<'a>(
     model: &'a RenderModel,
     maps: &'a MapPaths,
     backends: &'a [Arc<BackendModel>],
-    backend_sections: &'a str,
+    (backend_sections, spare_sections): (&'a str, &'a str),
 ) -> Context<'a> {
     Context {
         fleet: &model.fleet,
@@ -362,6 +395,7 @@ fn context<'a>(
         nodes: &model.nodes,
         node_check_path: model.node_check_path.as_deref(),
         notes: &model.notes,
+        spare_sections,
     }
 }
 
@@ -431,12 +465,20 @@ mod tests {
         assert!(growth < 0.10, "{small} -> {large} bytes: {:.1}% more", growth * 100.0);
         // Without subsets it would grow about tenfold: the bound is what keeps it flat.
         let all = Renderer::builtin()
-            .with_options(crate::model::Options { servers_per_backend: 0, node_health: None })
+            .with_options(crate::model::Options {
+                servers_per_backend: 0,
+                node_health: None,
+                ..Default::default()
+            })
             .render(&crate::model::build_with(
                 &name,
                 &ingresses,
                 &nodes(200),
-                &crate::model::Options { servers_per_backend: 0, node_health: None },
+                &crate::model::Options {
+                    servers_per_backend: 0,
+                    node_health: None,
+                    ..Default::default()
+                },
             ))
             .unwrap()
             .size();
@@ -449,6 +491,7 @@ mod tests {
         let other = FleetName::new("core").unwrap();
         let health = crate::model::Options {
             servers_per_backend: 2,
+            spare_backends: 0,
             node_health: Some(crate::model::NodeHealth {
                 port: 10256,
                 path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
@@ -522,6 +565,7 @@ mod tests {
             &nodes(3),
             &crate::model::Options {
                 servers_per_backend: 2,
+                spare_backends: 0,
                 node_health: Some(crate::model::NodeHealth {
                     port: 10256,
                     path: hafleet_proto::HttpPath::new("/healthz").unwrap(),

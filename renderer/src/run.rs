@@ -85,6 +85,14 @@ pub struct RenderArgs {
     #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
           default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
     pub servers_per_backend: usize,
+    /// Empty backends (`hafleet_spare_0`, …) kept in every config while node health checks
+    /// are on. A version whose only change HAProxy cannot take at runtime is new Services
+    /// (up to this many) is served on each host through spares, at runtime, before the reload
+    /// that gives each its own backend: at 10,000 Services a new one answers a reload's time
+    /// sooner. 0: no spares (a new Service waits for its reload).
+    #[arg(long, env = "HAFLEET_SPARE_BACKENDS",
+          default_value_t = crate::model::DEFAULT_SPARE_BACKENDS)]
+    pub spare_backends: usize,
     /// Check each node's health once per HAProxy host, on this port of the node (kube-proxy's
     /// `/healthz` answers on 10256, the default), and have the servers of `Cluster` backends
     /// track it (`track`) instead of checking each Service on each node. HAProxy hosts must
@@ -128,6 +136,7 @@ impl RenderArgs {
         });
         Ok(Renderer::load(self.template.as_deref())?.with_options(crate::model::Options {
             servers_per_backend: self.servers_per_backend,
+            spare_backends: self.spare_backends,
             node_health,
         }))
     }

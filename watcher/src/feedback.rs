@@ -185,6 +185,7 @@ mod tests {
             duration_ms: 0,
             reloads: 0,
             runtime_commands: 0,
+            bridged: 0,
             sent_bytes: 0,
             drift: None,
             fleet_hosts: 2,
