@@ -185,6 +185,66 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
     Ok(())
 }
 
+/// A new Service needs a reload (a backend of its own), but each host serves it through a
+/// spare backend before that reload: here each host holds every reload for 3 s before HAProxy
+/// reads the config, and the new host answers on each before its HAProxy has started again.
+/// The reload then gives the Service its own backend and leaves the spare empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_service_is_served_through_a_spare_backend_before_its_reload() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    world.route("first", "first.example.com", "/", "web").await?;
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
+    let first = stack.latest_version().await?.expect("a version").version;
+    for h in &stack.hosts {
+        world.report(h.name(), first).await?;
+        assert!(h.live_config().contains("\nbackend hafleet_spare_0\n"), "{}", h.live_config());
+        h.hold_reloads(Some(std::time::Duration::from_secs(3)))?;
+    }
+    let reloads = reload_counts(stack)?;
+
+    // The api Service has no backend on the hosts yet.
+    world.route("second", "second.example.com", "/", "api").await?;
+    for h in &stack.hosts {
+        let execs = h.haproxy_execs()?;
+        let addr = h.http_addr();
+        eventually(CONVERGE, &format!("{} serves second.example.com", h.name()), || async move {
+            let (status, body) =
+                hafleet_tests::http::http_get(addr, "second.example.com", "/").await?;
+            anyhow::ensure!(
+                status == 200 && body.starts_with("api@node-"),
+                "got {status} {body:?}"
+            );
+            Ok(())
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+        // Served by the worker that ran before the change: HAProxy has not started again.
+        assert_eq!(h.haproxy_execs()?, execs, "{} served it only after a reload", h.name());
+    }
+    let version = stack.latest_version().await?.expect("a version").version;
+    for h in &stack.hosts {
+        let report = world.report(h.name(), version).await?;
+        assert_eq!(report.outcome, hafleet_proto::ApplyOutcome::Applied, "{report:?}");
+        assert_eq!((report.reloads, report.bridged), (1, 1), "{report:?}");
+        assert!(report.runtime_commands > 0, "{report:?}");
+        h.hold_reloads(None)?;
+    }
+    let after: Vec<u32> = reloads.iter().map(|r| r + 1).collect();
+    assert_eq!(reload_counts(stack)?, after, "one reload each");
+    // After the reload: the Service's own backend serves it, the spare is empty again.
+    expect_everywhere(stack, "second.example.com", "/", 200, "api@node-").await?;
+    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
+    for h in &stack.hosts {
+        assert!(h.live_config().contains("\nbackend be_default_api_80\n"));
+        let spare = h.master_cli("@1 show servers state hafleet_spare_0")?;
+        assert!(!spare.contains("hafleet_spare_0 "), "{spare}");
+        let own = h.master_cli("@1 show servers state be_default_api_80")?;
+        assert!(own.contains("be_default_api_80 "), "{own}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn map_lookups_keep_exact_longest_prefix_host_less_and_404_semantics() -> Result<()> {
     let world = World::start().await?;

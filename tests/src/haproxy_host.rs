@@ -376,7 +376,8 @@ impl HaproxyHost {
         self.kill_haproxy();
         let haproxy =
             if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
-        let mut cmd = Command::new(haproxy);
+        let wrapper = self.write_wrapper(haproxy)?;
+        let mut cmd = Command::new(&wrapper);
         cmd.arg("-W")
             .arg("-S")
             .arg(format!("{},mode,600", self.master_socket().display()))
@@ -420,6 +421,47 @@ impl HaproxyHost {
             answer = self.show_proc();
         }
         answer.context("master CLI after start")?;
+        Ok(())
+    }
+
+    /// The script HAProxy starts through, which its master runs again at each reload (it
+    /// re-executes its own `argv[0]`): it counts HAProxy's starts in [`Self::haproxy_execs`]
+    /// and, while [`Self::hold_reloads`] says so, makes a reload wait before HAProxy reads
+    /// the config, as a slow reload of a big config would. The first start is never held.
+    fn write_wrapper(&self, haproxy: &str) -> Result<PathBuf> {
+        let path = self.dir.join("haproxy-wrapper");
+        let script = format!(
+            "#!/bin/bash\n\
+             d=$(dirname \"$0\")\n\
+             if [ \"${{HAFLEET_TEST_RELOAD:-}}\" = 1 ] && [ -f \"$d/hold-reloads\" ]; then sleep \"$(cat \"$d/hold-reloads\")\"; fi\n\
+             export HAFLEET_TEST_RELOAD=1\n\
+             echo exec >> \"$d/haproxy-execs\"\n\
+             exec -a \"$0\" {haproxy} \"$@\"\n"
+        );
+        std::fs::write(&path, script)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        let execs = self.dir.join("haproxy-execs");
+        std::fs::OpenOptions::new().create(true).append(true).open(&execs)?;
+        self.chown(&execs)?;
+        Ok(path)
+    }
+
+    /// How many times HAProxy started on this host, its master's re-executions at reloads
+    /// included: a reload held by [`Self::hold_reloads`] counts once the hold is over.
+    pub fn haproxy_execs(&self) -> Result<usize> {
+        Ok(std::fs::read_to_string(self.dir.join("haproxy-execs"))?.lines().count())
+    }
+
+    /// From now on, each reload waits this long before HAProxy reads its config (`None`: no
+    /// longer), while the old worker serves on.
+    pub fn hold_reloads(&self, hold: Option<std::time::Duration>) -> Result<()> {
+        let path = self.dir.join("hold-reloads");
+        match hold {
+            Some(hold) => std::fs::write(&path, format!("{:.3}\n", hold.as_secs_f64()))?,
+            None => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
         Ok(())
     }
 
