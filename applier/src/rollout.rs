@@ -320,33 +320,49 @@ pub struct RolloutSettings {
 #[derive(Debug, Default)]
 pub struct Plans(std::sync::Mutex<Vec<PlanEntry>>);
 
-/// (the loaded bundle's sha256, the next one's, the plan between them).
-type PlanEntry = (String, String, std::sync::Arc<runtime::Plan>);
+/// (the loaded bundle's sha256, the next one's, the plan between them, and for a reload,
+/// the [`runtime::bridge`] being looked for).
+type PlanEntry = (String, String, std::sync::Arc<runtime::Plan>, Option<PendingBridge>);
+
+/// A [`runtime::bridge`] worked out on a blocking thread, awaited by every host that needs it.
+pub type PendingBridge = futures::future::Shared<
+    futures::future::BoxFuture<'static, Option<std::sync::Arc<runtime::Bridge>>>,
+>;
 
 impl Plans {
     /// Plans kept: those of the last few versions, from the one or two versions hosts run.
     const KEEP: usize = 4;
 
-    /// The plan from `loaded` to `next`, worked out once for each pair of versions.
+    /// The plan from `loaded` to `next`, worked out once for each pair of versions; for a
+    /// reload, also the bridge (new backends served through spares ahead of it), looked for
+    /// on a blocking thread from now on, while the hosts upload and check the version.
     pub fn get(
         &self,
         loaded: &ConfigVersion,
         next: &ConfigVersion,
-    ) -> Option<std::sync::Arc<runtime::Plan>> {
+    ) -> Option<(std::sync::Arc<runtime::Plan>, Option<PendingBridge>)> {
+        use futures::FutureExt as _;
         let (Some(from), Some(to)) = (loaded.bundle(), next.bundle()) else { return None };
         // Held while planning, with no await inside: a rollout prepares its hosts in one task,
         // so nothing contends for it.
         let mut plans = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = |e: &PlanEntry| e.0 == loaded.sha256 && e.1 == next.sha256;
         if let Some(entry) = plans.iter().find(|e| key(e)) {
-            return Some(entry.2.clone());
+            return Some((entry.2.clone(), entry.3.clone()));
         }
-        let plan = std::sync::Arc::new(runtime::plan(from, to));
+        let plan = std::sync::Arc::new(runtime::plan_alone(from, to));
+        let bridge = matches!(*plan, runtime::Plan::Reload(_)).then(|| {
+            let (from, to) = (from.clone(), to.clone());
+            let task = tokio::task::spawn_blocking(move || {
+                runtime::bridge(&from, &to).map(std::sync::Arc::new)
+            });
+            async move { task.await.ok().flatten() }.boxed().shared()
+        });
         if plans.len() >= Self::KEEP {
             plans.remove(0);
         }
-        plans.push((loaded.sha256.clone(), next.sha256.clone(), plan.clone()));
-        Some(plan)
+        plans.push((loaded.sha256.clone(), next.sha256.clone(), plan.clone(), bridge.clone()));
+        Some((plan, bridge))
     }
 }
 
@@ -454,7 +470,12 @@ enum Next {
     ReloadOnly,
     /// The upload `token` passed its check: swap it in and make HAProxy take it, as `change`
     /// says.
-    Staged { token: String, uploaded: Uploaded, change: std::sync::Arc<runtime::Plan> },
+    Staged {
+        token: String,
+        uploaded: Uploaded,
+        change: std::sync::Arc<runtime::Plan>,
+        bridge: Option<PendingBridge>,
+    },
 }
 
 /// Connects to `host`, reads its state and uploads and validates what `version` needs there,
@@ -557,8 +578,8 @@ async fn finish(
     let result = match step {
         Next::Done(result) => result,
         Next::ReloadOnly => reload_only(&conn, host, version, settings, &mut effort).await,
-        Next::Staged { token, uploaded, change } => {
-            let staged = (token.as_str(), uploaded, &*change);
+        Next::Staged { token, uploaded, change, bridge } => {
+            let staged = Staged { token: token.as_str(), uploaded, change: &change, bridge };
             go_live(&conn, host, version, staged, &state, settings, &mut effort).await
         }
     };
@@ -646,10 +667,10 @@ async fn stage(
     // What the change takes, when the applier holds the bundle HAProxy runs there.
     let loaded =
         known.iter().find(|v| live_sha == Some(v.sha256.as_str()) && loaded_sha == live_sha);
-    let change =
+    let (change, bridge) =
         loaded.and_then(|loaded| settings.plans.get(loaded, version)).unwrap_or_else(|| {
             let why = "the applier does not hold the config HAProxy runs";
-            std::sync::Arc::new(runtime::Plan::Reload(why.into()))
+            (std::sync::Arc::new(runtime::Plan::Reload(why.into())), None)
         });
     let loaded = loaded.and_then(|v| v.bundle());
 
@@ -673,7 +694,7 @@ async fn stage(
         tls_identity,
     };
     match upload_and_validate(conn, host, version, &validate, &token).await {
-        Ok(uploaded) => Ok(Next::Staged { token, uploaded, change }),
+        Ok(uploaded) => Ok(Next::Staged { token, uploaded, change, bridge }),
         Err(failure) => {
             // Leave no copy of a config that is not live behind (best effort).
             let _ = conn.run(scripts::DISCARD, &[live, &token], None).await;
@@ -721,16 +742,24 @@ async fn go_live(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
-    (token, uploaded, change): (&str, Uploaded, &runtime::Plan),
+    staged: Staged<'_>,
     prepared_state: &str,
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
     let live = host.config_path.as_str();
-    let Uploaded { before, stat, sent } = uploaded;
+    let Staged { token, uploaded: Uploaded { before, stat, sent }, change, bridge } = staged;
     effort.sent_bytes += sent;
-    // A change that needs a reload swaps in the same round trip as the reload (below).
-    let swap_with_reload = matches!(change, runtime::Plan::Reload(_));
+    // For a reload: its bridge, if one was found (looked for while the host checked the
+    // version, so by now it is there).
+    let bridge = match (change, bridge) {
+        (runtime::Plan::Reload(_), Some(pending)) => pending.await,
+        _ => None,
+    };
+    // A change that needs a reload swaps in the same round trip as the reload (below); one
+    // bridged to spares first swaps before its runtime commands, so that a stop in between
+    // leaves a live file HAProxy has not loaded (reloaded at the next look).
+    let swap_with_reload = matches!(change, runtime::Plan::Reload(_)) && bridge.is_none();
     if !swap_with_reload {
         remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
     }
@@ -761,30 +790,16 @@ async fn go_live(
             }
         },
         runtime::Plan::Reload(why) => {
-            info!(%why, "the change needs a reload");
+            match &bridge {
+                Some(bridge) => {
+                    bridged(conn, host, version, &before, (why, bridge), settings, effort).await
+                }
+                None => info!(%why, "the change needs a reload"),
+            }
             false
         }
         runtime::Plan::Bridged { why, bridge } => {
-            // The files hold the version already: whatever happens from here, the reload
-            // (or a later one) makes the process serve them.
-            match apply_runtime(
-                conn,
-                host,
-                &before,
-                &bridge.steps,
-                (version.bundle(), settings.tls_identity.as_deref()),
-            )
-            .await
-            {
-                Ok(sent) => {
-                    effort.runtime_commands = sent;
-                    effort.bridged = bridge.spares.len() as u32;
-                    info!(%why, spares = ?bridge.spares, commands = sent, "the change needs a reload; its new backends are served through spares until then");
-                }
-                Err(failed) => {
-                    warn!(%why, %failed, "the change needs a reload; spares did not take its new backends");
-                }
-            }
+            bridged(conn, host, version, &before, (why, bridge), settings, effort).await;
             false
         }
     };
@@ -822,6 +837,40 @@ async fn go_live(
             effort.reloads += 1;
             failure.restored = restore(conn, host, settings).await;
             Err(failure)
+        }
+    }
+}
+
+/// What [`go_live`] puts live: the staged upload, and how.
+struct Staged<'a> {
+    token: &'a str,
+    uploaded: Uploaded,
+    change: &'a runtime::Plan,
+    /// For a reload: its bridge, being looked for.
+    bridge: Option<PendingBridge>,
+}
+
+/// Serves a reload's new backends through spares (see [`runtime::bridge`]) until the reload,
+/// which follows whatever happens here: the files hold the version already, and the reload
+/// makes the process serve them.
+async fn bridged(
+    conn: &HostConn,
+    host: &Host,
+    version: &ConfigVersion,
+    before: &plan::ProcState,
+    (why, bridge): (&str, &runtime::Bridge),
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) {
+    let keys = (version.bundle(), settings.tls_identity.as_deref());
+    match apply_runtime(conn, host, before, &bridge.steps, keys).await {
+        Ok(sent) => {
+            effort.runtime_commands = sent;
+            effort.bridged = bridge.spares.len() as u32;
+            info!(%why, spares = ?bridge.spares, commands = sent, "the change needs a reload; its new backends are served through spares until then");
+        }
+        Err(failed) => {
+            warn!(%why, %failed, "the change needs a reload; spares did not take its new backends");
         }
     }
 }
@@ -2360,8 +2409,8 @@ mod tests {
         ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), n, bundle)
     }
 
-    #[test]
-    fn each_pair_of_versions_is_planned_once_and_the_newest_pairs_are_kept() {
+    #[tokio::test]
+    async fn each_pair_of_versions_is_planned_once_and_the_newest_pairs_are_kept() {
         let config = |backends: &[&str]| {
             let mut c = "global\n    default-path config\n".to_owned();
             for b in backends {
@@ -2371,20 +2420,37 @@ mod tests {
         };
         let (a, b) = (version(1, &config(&["be_a"])), version(2, &config(&["be_a", "be_b"])));
         let plans = Plans::default();
-        let first = plans.get(&a, &b).unwrap();
+        let (first, bridge) = plans.get(&a, &b).unwrap();
         assert!(matches!(&*first, runtime::Plan::Reload(w) if w.contains("1 backend(s) added")));
+        // No spares here: the reload has no bridge.
+        assert!(bridge.expect("looked for, for a reload").await.is_none());
         // The second host of the rollout gets the same plan, not one worked out again.
-        assert!(std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        assert!(std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap().0));
         // The other way round is another plan.
-        let back = plans.get(&b, &a).unwrap();
+        let back = plans.get(&b, &a).unwrap().0;
         assert!(matches!(&*back, runtime::Plan::Reload(w) if w.contains("1 removed")));
-        assert_eq!(*plans.get(&a, &a).unwrap(), runtime::Plan::Nothing);
+        let (same, bridge) = plans.get(&a, &a).unwrap();
+        assert_eq!((&*same, bridge.is_none()), (&runtime::Plan::Nothing, true));
         // Older pairs make way for newer ones.
         for n in 3..3 + Plans::KEEP as u64 {
             plans.get(&a, &version(n, &config(&["be_a", &format!("be_{n}")])));
         }
         assert_eq!(plans.0.lock().unwrap().len(), Plans::KEEP);
-        assert!(!std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap()));
+        assert!(!std::sync::Arc::ptr_eq(&first, &plans.get(&a, &b).unwrap().0));
+        // With a spare, a new backend of tracking servers has a bridge, found once for all
+        // hosts.
+        let tracking = "    server n1 10.0.0.1:30081 no-check track hafleet_nodes/n1\n";
+        let spared = version(20, &format!("{}backend hafleet_spare_0\n", config(&["be_a"])));
+        let spared_b = version(
+            21,
+            &format!("{}backend be_b\n{tracking}backend hafleet_spare_0\n", config(&["be_a"])),
+        );
+        let (plan, pending) = plans.get(&spared, &spared_b).unwrap();
+        assert!(matches!(&*plan, runtime::Plan::Reload(_)), "{plan:?}");
+        let bridge = pending.expect("looked for").await.expect("a spare is free");
+        assert_eq!(bridge.spares, [("be_b".to_owned(), "hafleet_spare_0".to_owned())]);
+        let again = plans.get(&spared, &spared_b).unwrap().1.expect("kept").await.unwrap();
+        assert!(std::sync::Arc::ptr_eq(&bridge, &again));
         // Without the bundle of either, there is no plan to make.
         let not_fetched = ConfigVersion { body: hafleet_proto::Body::Stream { chunks: 1 }, ..b };
         assert!(plans.get(&a, &not_fetched).is_none());
