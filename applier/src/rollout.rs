@@ -24,7 +24,10 @@
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
 //!            command? ──yes──▶ no reload
-//!              │ no (then the swap above is in the reload's round trip)
+//!              │ no (then the swap above is in the reload's round trip, unless the reload
+//!              │ has a bridge: its new backends go into empty spares first, the spares
+//!              │ checked empty, the servers added, then the maps, each only if the last
+//!              │ went through; a host prepared ahead for it is read again first)
 //!              ▼
 //!            show proc (before); reload on the master CLI; show proc on the host until a new
 //!            worker runs
@@ -456,9 +459,12 @@ pub struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    /// Staged for a change that needs a reload.
+    /// Staged for a change that swaps in the reload's own round trip, which checks that the
+    /// host is as it was prepared. A reload that may be bridged to spares swaps first, on its
+    /// own, and sends runtime commands to the worker of now: such a host is read again
+    /// ([`refresh`]) like one taking a change through the runtime API.
     fn reloads(&self) -> bool {
-        matches!(&self.step, Next::Staged { change, .. } if matches!(**change, runtime::Plan::Reload(_) | runtime::Plan::Bridged { .. }))
+        matches!(&self.step, Next::Staged { change, bridge: None, .. } if matches!(**change, runtime::Plan::Reload(_)))
     }
 }
 
@@ -862,8 +868,7 @@ async fn bridged(
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) {
-    let keys = (version.bundle(), settings.tls_identity.as_deref());
-    match apply_runtime(conn, host, before, &bridge.steps, keys).await {
+    match bridge_steps(conn, host, version, before, bridge, settings).await {
         Ok(sent) => {
             effort.runtime_commands = sent;
             effort.bridged = bridge.spares.len() as u32;
@@ -873,6 +878,32 @@ async fn bridged(
             warn!(%why, %failed, "the change needs a reload; spares did not take its new backends");
         }
     }
+}
+
+/// [`bridged`]'s commands, in three steps, each only if the one before went through: the
+/// spares are empty in the running process too (a failed restore can leave one holding
+/// another Service's servers, which a map entry must never reach); every new server is in its
+/// spare; then the maps name the spares. Returns the commands sent.
+async fn bridge_steps(
+    conn: &HostConn,
+    host: &Host,
+    version: &ConfigVersion,
+    before: &plan::ProcState,
+    bridge: &runtime::Bridge,
+    settings: &RolloutSettings,
+) -> Result<u32, String> {
+    let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
+    let socket = host.master_socket.as_str();
+    let checks = runtime::spare_checks(bridge);
+    let answers = session(conn, socket, pid, &checks).await?;
+    if let Some(busy) = runtime::busy_spare(bridge, &answers) {
+        return Err(format!("{busy} is not empty in the running process"));
+    }
+    let (servers, maps) = runtime::split_bridge(&bridge.steps);
+    let keys = (version.bundle(), settings.tls_identity.as_deref());
+    let added = apply_runtime(conn, host, before, &servers, keys).await?;
+    let mapped = apply_runtime(conn, host, before, &maps, keys).await?;
+    Ok(checks.len() as u32 + added + mapped)
 }
 
 /// How `host`'s files differ from `version` (`None`: they do not), and how its HAProxy sees

@@ -16,6 +16,9 @@
 //! other line) needs a reload, and so does any command HAProxy refuses: the rollout then
 //! reloads onto the files, which are written before any command is sent. The files on disk
 //! always hold the next bundle, so a later reload or restart changes nothing.
+//!
+//! A reload whose only cause is new backends may be bridged ([`bridge`]): until it, the
+//! running process serves them through empty spare backends the renderer keeps.
 
 use hafleet_proto::Bundle;
 use std::collections::{BTreeMap, BTreeSet};
@@ -480,7 +483,7 @@ pub fn bridge(loaded: &Bundle, next: &Bundle) -> Option<Bridge> {
         return None;
     }
     let spares: BTreeMap<&str, &str> = added.iter().copied().zip(free.iter().copied()).collect();
-    let renamed = rename_backends(&next.config, &spares);
+    let renamed = rename_backends(&next.config, &spares)?;
     let maps = next
         .maps
         .iter()
@@ -499,6 +502,29 @@ pub fn bridge(loaded: &Bundle, next: &Bundle) -> Option<Bridge> {
     }
     let spares = spares.into_iter().map(|(b, s)| (b.to_owned(), s.to_owned())).collect();
     Some(Bridge { spares, steps })
+}
+
+/// The commands that show each spare `bridge` takes as the running process has it.
+pub fn spare_checks(bridge: &Bridge) -> Vec<Command> {
+    let show = |spare: &str| Command::new(format!("show servers state {spare}"), Expect::Anything);
+    bridge.spares.iter().map(|(_, spare)| show(spare)).collect()
+}
+
+/// The first spare of `bridge` whose answer to [`spare_checks`] (in order) lists a server, or
+/// is not a list of servers at all.
+pub fn busy_spare<'a, S: AsRef<str>>(bridge: &'a Bridge, answers: &[S]) -> Option<&'a str> {
+    let empty = |spare: &str, answer: Option<&S>| {
+        answer.map(AsRef::as_ref).is_some_and(|a| {
+            a.contains("# be_id") && !a.lines().any(|l| l.split_whitespace().nth(1) == Some(spare))
+        })
+    };
+    let mut spares = bridge.spares.iter().enumerate();
+    spares.find(|(i, (_, spare))| !empty(spare, answers.get(*i))).map(|(_, (_, s))| s.as_str())
+}
+
+/// A bridge's steps: the servers it adds to spares, then the rest (the maps).
+pub fn split_bridge(steps: &[Step]) -> (Vec<Step>, Vec<Step>) {
+    steps.iter().cloned().partition(|s| matches!(s, Step::AddServer { .. }))
 }
 
 /// The backends of `config` with no `server` line, read as [`parse`] reads sections.
@@ -529,8 +555,9 @@ fn empty_backends(config: &str) -> BTreeSet<&str> {
 }
 
 /// `config` with each backend named in `spares` renamed to its spare, and the spares' own
-/// (empty) sections left out.
-fn rename_backends(config: &str, spares: &BTreeMap<&str, &str>) -> String {
+/// (empty) sections left out; `None` if a renamed backend's header says more than its name
+/// (`from <defaults>`, say: a spare has the header's settings of neither).
+fn rename_backends(config: &str, spares: &BTreeMap<&str, &str>) -> Option<String> {
     let used: BTreeSet<&str> = spares.values().copied().collect();
     let mut out = String::with_capacity(config.len());
     let mut skipping = false;
@@ -542,6 +569,9 @@ fn rename_backends(config: &str, spares: &BTreeMap<&str, &str>) -> String {
             let name = (words.next() == Some("backend")).then(|| words.next()).flatten();
             skipping = name.is_some_and(|n| used.contains(n));
             if let Some(spare) = name.and_then(|n| spares.get(n)) {
+                if words.next().is_some() {
+                    return None;
+                }
                 out.push_str("backend ");
                 out.push_str(spare);
                 out.push('\n');
@@ -552,7 +582,7 @@ fn rename_backends(config: &str, spares: &BTreeMap<&str, &str>) -> String {
             out.push_str(raw);
         }
     }
-    out
+    Some(out)
 }
 
 /// A map's content (`key value` lines) with each value named in `spares` replaced by its
@@ -1415,26 +1445,44 @@ mod tests {
         let three = [("be_b", servers), ("be_c", servers), ("be_d", servers)];
         assert!(matches!(plan(&a, &with(&three, "x be_a\n")), Plan::Reload(_)));
         // A spare that has servers (a template's own) is not free.
-        let mut busy = a.clone();
-        busy.config = busy.config.replace(
-            &format!("backend {}\n    # a comment\n", s0.0),
-            &format!(
-                "backend {}\n    server n1 10.0.0.1:1 no-check track hafleet_nodes/n1\n",
-                s0.0
-            ),
-        );
-        let mut busy_next = b.clone();
-        busy_next.config = busy_next.config.replace(
-            &format!("backend {}\n    # a comment\n", s0.0),
-            &format!(
-                "backend {}\n    server n1 10.0.0.1:1 no-check track hafleet_nodes/n1\n",
-                s0.0
-            ),
-        );
+        let busy = |bundle: &Bundle| {
+            let mut busy = bundle.clone();
+            busy.config = busy.config.replace(
+                &format!("backend {}\n    # a comment\n", s0.0),
+                &format!(
+                    "backend {}\n    server n1 10.0.0.1:1 no-check track hafleet_nodes/n1\n",
+                    s0.0
+                ),
+            );
+            busy
+        };
+        let (busy, busy_next) = (busy(&a), busy(&b));
         let Plan::Bridged { bridge, .. } = plan(&busy, &busy_next) else {
             panic!("spare 1 is free")
         };
         assert_eq!(bridge.spares, [("be_b".to_owned(), s1.0.clone())]);
+        // The running process is asked whether the spares are empty: one that lists a server,
+        // or an answer that is no list, keeps the bridge from going on.
+        let head = "1\n# be_id be_name srv_id srv_name srv_addr\n";
+        let Plan::Bridged { bridge, .. } = plan(&a, &c) else { unreachable!() };
+        let shows: Vec<String> = spare_checks(&bridge).iter().map(|c| c.line.clone()).collect();
+        assert_eq!(
+            shows,
+            ["show servers state hafleet_spare_0", "show servers state hafleet_spare_1"]
+        );
+        assert_eq!(busy_spare(&bridge, &[head, head]), None);
+        let held =
+            format!("{head}7 hafleet_spare_1 1 n1 10.0.0.1 2 0 1 1 3 6 3 4 6 0 0 0 - 30080\n");
+        assert_eq!(busy_spare(&bridge, &[head, held.as_str()]), Some("hafleet_spare_1"));
+        assert_eq!(busy_spare(&bridge, &[head, "Can't find backend.\n"]), Some("hafleet_spare_1"));
+        assert_eq!(busy_spare(&bridge, &[head]), Some("hafleet_spare_1"));
+        let (adds, maps) = split_bridge(&bridge.steps);
+        assert!(adds.iter().all(|s| matches!(s, Step::AddServer { .. })) && adds.len() == 4);
+        assert!(matches!(maps.as_slice(), [Step::ReplaceMap { .. }]));
+        // A new backend whose header says more than its name (`from`, a template's own).
+        let mut from = b.clone();
+        from.config = from.config.replace("backend be_b\n", "backend be_b from other\n");
+        assert!(matches!(plan(&a, &from), Plan::Reload(_)));
         // No spares, a backend removed, or a new backend whose settings differ from a spare's:
         // a reload alone.
         let plain = bundle(NODES, &[("be_a", servers)], "x be_a\n");

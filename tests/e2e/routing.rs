@@ -118,12 +118,9 @@ async fn live_without_a_reload(world: &World) -> Result<()> {
     Ok(())
 }
 
-/// A route to a backend the hosts already run changes only map entries: it goes live through
-/// the runtime API without a reload, and so does its removal. The files on disk match what
-/// runs, so a reload afterwards serves the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> Result<()> {
-    let world = World::start().await?;
+/// Routes first.example.com to the web Service and waits until every host serves it and has
+/// reported the version.
+async fn first_route_live(world: &World) -> Result<()> {
     let stack = &world.stack;
     world.route("first", "first.example.com", "/", "web").await?;
     expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
@@ -131,6 +128,17 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
     for h in &stack.hosts {
         world.report(h.name(), first).await?;
     }
+    Ok(())
+}
+
+/// A route to a backend the hosts already run changes only map entries: it goes live through
+/// the runtime API without a reload, and so does its removal. The files on disk match what
+/// runs, so a reload afterwards serves the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    first_route_live(&world).await?;
     let reloads = reload_counts(stack)?;
 
     world.route("second", "second.example.com", "/shop", "web").await?;
@@ -193,20 +201,17 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
 async fn a_new_service_is_served_through_a_spare_backend_before_its_reload() -> Result<()> {
     let world = World::start().await?;
     let stack = &world.stack;
-    world.route("first", "first.example.com", "/", "web").await?;
-    expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
-    let first = stack.latest_version().await?.expect("a version").version;
+    first_route_live(&world).await?;
     for h in &stack.hosts {
-        world.report(h.name(), first).await?;
         assert!(h.live_config().contains("\nbackend hafleet_spare_0\n"), "{}", h.live_config());
         h.hold_reloads(Some(std::time::Duration::from_secs(3)))?;
     }
     let reloads = reload_counts(stack)?;
+    let execs: Vec<usize> = stack.hosts.iter().map(|h| h.haproxy_execs()).collect::<Result<_>>()?;
 
     // The api Service has no backend on the hosts yet.
     world.route("second", "second.example.com", "/", "api").await?;
-    for h in &stack.hosts {
-        let execs = h.haproxy_execs()?;
+    for (h, execs) in stack.hosts.iter().zip(&execs) {
         let addr = h.http_addr();
         eventually(CONVERGE, &format!("{} serves second.example.com", h.name()), || async move {
             let (status, body) =
@@ -220,7 +225,7 @@ async fn a_new_service_is_served_through_a_spare_backend_before_its_reload() -> 
         .await
         .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
         // Served by the worker that ran before the change: HAProxy has not started again.
-        assert_eq!(h.haproxy_execs()?, execs, "{} served it only after a reload", h.name());
+        assert_eq!(h.haproxy_execs()?, *execs, "{} served it only after a reload", h.name());
     }
     let version = stack.latest_version().await?.expect("a version").version;
     for h in &stack.hosts {
@@ -232,6 +237,10 @@ async fn a_new_service_is_served_through_a_spare_backend_before_its_reload() -> 
     }
     let after: Vec<u32> = reloads.iter().map(|r| r + 1).collect();
     assert_eq!(reload_counts(stack)?, after, "one reload each");
+    // Each reload went through the wrapper that held it: HAProxy started once more on each.
+    let started: Vec<usize> = execs.iter().map(|e| e + 1).collect();
+    let now: Vec<usize> = stack.hosts.iter().map(|h| h.haproxy_execs()).collect::<Result<_>>()?;
+    assert_eq!(now, started);
     // After the reload: the Service's own backend serves it, the spare is empty again.
     expect_everywhere(stack, "second.example.com", "/", 200, "api@node-").await?;
     expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
