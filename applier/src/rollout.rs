@@ -387,6 +387,19 @@ fn first_look(settings: &RolloutSettings, host: &Host) -> Duration {
 /// Reloads faster than this are looked at from the start (see [`first_look`]).
 const LOOK_AT_ONCE_UNDER: Duration = Duration::from_millis(250);
 
+/// Whether a reload on `host` is worth bridging to spares first: when its last reload took
+/// [`BRIDGE_RELOADS_FROM`] or more, or none is known yet. A bridge costs its own round trips
+/// (the swap apart, the spares asked, the servers, the maps: about 60 ms on loopback), which
+/// a quick reload (a small fleet's) would not win back: at 10 Ingresses a new Service was
+/// served 64 ms later with one (BENCHMARKS.md).
+fn worth_bridging(settings: &RolloutSettings, host: &Host) -> bool {
+    let times = settings.reload_times.lock().unwrap_or_else(|e| e.into_inner());
+    times.get(&host.name).is_none_or(|last| *last >= BRIDGE_RELOADS_FROM)
+}
+
+/// See [`worth_bridging`].
+const BRIDGE_RELOADS_FROM: Duration = Duration::from_millis(250);
+
 /// A failure on one host, before it becomes an [`ApplyOutcome`].
 struct Failure {
     stage: ApplyStage,
@@ -678,6 +691,7 @@ async fn stage(
             let why = "the applier does not hold the config HAProxy runs";
             (std::sync::Arc::new(runtime::Plan::Reload(why.into())), None)
         });
+    let bridge = bridge.filter(|_| worth_bridging(settings, host));
     let loaded = loaded.and_then(|v| v.bundle());
 
     // A name of this attempt's own: a second applier (a rolling update, say) can never swap in

@@ -194,17 +194,21 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
 }
 
 /// A new Service needs a reload (a backend of its own), but each host serves it through a
-/// spare backend before that reload: here each host holds every reload for 3 s before HAProxy
+/// spare backend before that reload: here each host holds every reload for 2 s before HAProxy
 /// reads the config, and the new host answers on each before its HAProxy has started again.
 /// The reload then gives the Service its own backend and leaves the spare empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_service_is_served_through_a_spare_backend_before_its_reload() -> Result<()> {
     let world = World::start().await?;
     let stack = &world.stack;
+    // Held from the first version on, so that the applier knows these hosts' reloads are
+    // slow (it bridges only reloads that take 250 ms or more).
+    for h in &stack.hosts {
+        h.hold_reloads(Some(std::time::Duration::from_secs(2)))?;
+    }
     first_route_live(&world).await?;
     for h in &stack.hosts {
         assert!(h.live_config().contains("\nbackend hafleet_spare_0\n"), "{}", h.live_config());
-        h.hold_reloads(Some(std::time::Duration::from_secs(3)))?;
     }
     let reloads = reload_counts(stack)?;
     let execs: Vec<usize> = stack.hosts.iter().map(|h| h.haproxy_execs()).collect::<Result<_>>()?;
