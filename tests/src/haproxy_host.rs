@@ -430,10 +430,13 @@ impl HaproxyHost {
     /// the config, as a slow reload of a big config would. The first start is never held.
     fn write_wrapper(&self, haproxy: &str) -> Result<PathBuf> {
         let path = self.dir.join("haproxy-wrapper");
+        // Builtins only, but for the hold's `sleep`: the master execs this with whatever
+        // signals it had blocked, and a shell that forks (`$(dirname …)`) then waits on a
+        // child whose end it may never hear of.
         let script = format!(
             "#!/bin/bash\n\
-             d=$(dirname \"$0\")\n\
-             if [ \"${{HAFLEET_TEST_RELOAD:-}}\" = 1 ] && [ -f \"$d/hold-reloads\" ]; then sleep \"$(cat \"$d/hold-reloads\")\"; fi\n\
+             d=${{0%/*}}\n\
+             if [ \"${{HAFLEET_TEST_RELOAD:-}}\" = 1 ] && [ -f \"$d/hold-reloads\" ]; then read -r hold < \"$d/hold-reloads\"; sleep \"$hold\"; fi\n\
              export HAFLEET_TEST_RELOAD=1\n\
              echo exec >> \"$d/haproxy-execs\"\n\
              exec -a \"$0\" {haproxy} \"$@\"\n"
