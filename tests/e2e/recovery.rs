@@ -519,11 +519,15 @@ async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Res
     let text = std::fs::read(&gone)?;
     std::fs::remove_file(&gone)?;
     let reloads = lb2.reload_count()?;
+    // The report of the apply that put the file back, not the one from before: the file is
+    // back on the host a moment before its report is.
+    let earlier = world.stack.last_report("lb-2").await?.context("no report")?.finished_unix_ms;
     world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "0")])?;
     let stack = &world.stack;
     let (gone, text) = (&gone, &text);
     let report = eventually(CONVERGE, "lb-2's map file put back", || async move {
         let r = stack.last_report("lb-2").await?.context("no report")?;
+        anyhow::ensure!(r.finished_unix_ms > earlier, "not yet reported: {r:?}");
         anyhow::ensure!(r.outcome == ApplyOutcome::Applied, "{r:?}");
         anyhow::ensure!(std::fs::read(gone).ok().as_ref() == Some(text), "still gone");
         Ok(r)
