@@ -142,11 +142,34 @@ validated_string!(
     check_label
 );
 
+/// A Kubernetes object name as the API server checks it (`IsDNS1123Subdomain`): at most 253
+/// characters of lowercase letters, digits, `-` and `.`, dot-separated parts that start and end
+/// with a letter or digit, and no limit per part (unlike a host name's 63).
+fn check_object_name(what: &'static str, value: &str) -> Result<(), InvalidValue> {
+    check_len(what, value, 253)?;
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    for part in value.split('.') {
+        let alnum =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if !part.chars().all(ok_char) || !alnum(part.chars().next()) || !alnum(part.chars().last())
+        {
+            return Err(rule(
+                what,
+                value,
+                "must be lowercase letters, digits, '-' and '.', each part between dots \
+                 starting and ending with a letter or digit (RFC 1123 subdomain)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 validated_string!(
-    /// A Kubernetes object name (RFC 1123 subdomain): Ingress, Service or Node names.
+    /// A Kubernetes object name (RFC 1123 subdomain, as Kubernetes checks it: no limit per
+    /// part): Ingress, Service, Secret or Node names.
     ObjectName,
     "object name",
-    check_subdomain
+    check_object_name
 );
 
 validated_string!(
@@ -348,6 +371,21 @@ mod tests {
             "ex$ample",
         ] {
             assert!(HttpHost::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn object_names_are_what_kubernetes_accepts() {
+        let long_part = format!("w00000-{}", "x".repeat(240));
+        let longest = format!("{}.{}", "a".repeat(126), "b".repeat(126));
+        for ok in ["web", "a.b", "a-1.b-2", long_part.as_str(), longest.as_str()] {
+            assert!(ObjectName::new(ok).is_ok(), "{ok}");
+        }
+        let too_long = "a".repeat(254);
+        for bad in
+            ["", "A", "a..b", ".a", "a.", "-a", "a-", "a.-b", "a_b", "a b", too_long.as_str()]
+        {
+            assert!(ObjectName::new(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -1,14 +1,18 @@
 //! From a fleet's rules to the map files HAProxy looks routes up in. Pure.
 //!
-//! Two maps, each looked up as a tree, so a request costs the same with 10 or 100,000 routes:
+//! Three maps, each looked up as a tree, so a request costs the same with 10 or 100,000 routes:
 //!
 //! ```text
 //! exact.map  (map_str)  key <host><path>    e.g. shop.example.com/api   Exact rules
 //! prefix.map (map_beg)  key <host><path>/   e.g. shop.example.com/api/  Prefix rules
+//! hosts.map  (map_str)  key <host>          e.g. shop.example.com       hosts that have rules
 //! ```
 //! The frontend looks up `<host><path>` in the exact map, then `<host><path>/` in the prefix map
-//! (the longest key that begins the lookup key wins), then the same two without a host for
-//! rules that match any host. Appending `/` to both the prefix keys and the lookup key makes
+//! (the longest key that begins the lookup key wins), then, only for a host that has no rules
+//! of its own (not in the hosts map), the same for its wildcard (`*.example.com`), and only
+//! when that has no rules either, the same two without a host for rules that match any host.
+//! So a host's owner answers every request for it: a path it does not route is a 404, never
+//! another namespace's wildcard or host-less rule. Appending `/` to both the prefix keys and the lookup key makes
 //! prefixes match whole segments: `/foo` matches `/foo` and `/foo/x`, never `/foobar`. A key
 //! never contains a space (hosts and paths pass proto's allowlists), and host keys never start
 //! with `/`, so the host-less keys (which do) cannot be mistaken for them.
@@ -29,6 +33,9 @@ pub struct Maps {
 pub struct MapPaths {
     pub exact: String,
     pub prefix: String,
+    /// Hosts (exact and wildcard) that have rules: a request for one is answered by its rules
+    /// only (`map_str`, value `1`).
+    pub hosts: String,
     /// The crt-list of the HTTPS bind; `None`: no host has a certificate (no HTTPS).
     pub crt_list: Option<String>,
     /// Hosts whose plain-HTTP requests are redirected to HTTPS (`map_str`); `None`: none.
@@ -69,11 +76,17 @@ pub fn key(rule: &RuleModel) -> String {
 pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
     let mut exact = Vec::new();
     let mut prefix = Vec::new();
+    let mut hosts = Vec::new();
     for rule in rules {
         let rule = rule.borrow();
         let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
         map.push((rule.key.as_str(), rule.backend.as_str()));
+        if let Some(host) = rule.host.as_deref() {
+            hosts.push((host, "1"));
+        }
     }
+    hosts.sort_unstable();
+    hosts.dedup();
     let text = |mut map: Vec<(&str, &str)>| {
         map.sort_unstable();
         let mut out = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
@@ -91,14 +104,16 @@ pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
     };
     let exact = file("exact", text(exact));
     let prefix = file("prefix", text(prefix));
+    let hosts = file("hosts", text(hosts));
     let paths = MapPaths {
         exact: exact.name.relative_path(),
         prefix: prefix.name.relative_path(),
+        hosts: hosts.name.relative_path(),
         crt_list: None,
         redirect: None,
         default_cert: None,
     };
-    let mut files = vec![exact, prefix];
+    let mut files = vec![exact, prefix, hosts];
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Maps { files, paths }
 }
@@ -120,8 +135,9 @@ mod tests {
         rule
     }
 
-    /// What HAProxy does with the maps: exact on `<host><path>`, longest `map_beg` on
-    /// `<host><path>/`, then both without the host.
+    /// What the built-in template does with the maps: exact on `<host><path>`, longest
+    /// `map_beg` on `<host><path>/`, then, for a host not in the hosts map, both for its
+    /// wildcard, then, for a wildcard not in it either, both without the host.
     fn lookup(maps: &Maps, host: &str, path: &str) -> Option<String> {
         let parse = |kind: &str| -> Vec<(String, String)> {
             let file = maps.files.iter().find(|f| f.name.as_str().starts_with(kind)).unwrap();
@@ -133,8 +149,9 @@ mod tests {
                 })
                 .collect()
         };
-        let (exact, prefix) = (parse("exact-"), parse("prefix-"));
-        for h in [host, ""] {
+        let (exact, prefix, owned) = (parse("exact-"), parse("prefix-"), parse("hosts-"));
+        let wildcard = format!("*{}", &host[host.find('.').unwrap_or(host.len())..]);
+        for h in [host, &wildcard, ""] {
             let k = format!("{h}{path}");
             if let Some((_, v)) = exact.iter().find(|(key, _)| *key == k) {
                 return Some(v.clone());
@@ -146,6 +163,9 @@ mod tests {
                 .max_by_key(|(key, _)| key.len())
             {
                 return Some(v.clone());
+            }
+            if owned.iter().any(|(key, _)| *key == h) {
+                return None;
             }
         }
         None
@@ -161,6 +181,8 @@ mod tests {
             rule(Some("b.com"), "/only", "prefix", "only"),
             rule(None, "/", "prefix", "any"),
             rule(None, "/static", "exact", "static"),
+            rule(Some("*.w.com"), "/w", "prefix", "wild"),
+            rule(Some("own.w.com"), "/own", "prefix", "own"),
         ]);
         let cases = [
             ("a.com", "/api", Some("api-exact")),
@@ -171,10 +193,16 @@ mod tests {
             ("a.com", "/apix", Some("root")),
             ("a.com", "/", Some("root")),
             ("b.com", "/only/x", Some("only")),
-            ("b.com", "/onlyx", Some("any")),
-            ("b.com", "/static", Some("static")),
+            ("b.com", "/onlyx", None), // b.com has rules: only they answer it
+            ("b.com", "/static", None),
             ("c.com", "/x", Some("any")),
+            ("c.com", "/static", Some("static")),
             ("a.com.evil", "/api", Some("any")),
+            ("x.w.com", "/w", Some("wild")),
+            ("x.w.com", "/x", None), // the wildcard has rules: host-less ones never answer
+            ("own.w.com", "/w", None), // an exact host with rules: not its wildcard's
+            ("own.w.com", "/own", Some("own")),
+            ("x.y.w.com", "/x", Some("any")), // one label deep: not the wildcard's
         ];
         for (host, path, want) in cases {
             assert_eq!(lookup(&maps, host, path).as_deref(), want, "{host}{path}");
@@ -182,6 +210,8 @@ mod tests {
         let no_default = build(&[rule(Some("a.com"), "/app", "prefix", "app")]);
         assert_eq!(lookup(&no_default, "a.com", "/application"), None, "404, not a prefix");
         assert_eq!(lookup(&no_default, "b.com", "/app"), None);
+        let hosts = maps.files.iter().find(|f| f.name.as_str().starts_with("hosts-")).unwrap();
+        assert_eq!(hosts.content, "*.w.com 1\na.com 1\nb.com 1\nown.w.com 1\n");
     }
 
     #[test]

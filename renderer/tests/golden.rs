@@ -29,14 +29,25 @@ enum FixtureFile {
 /// were first taken with, before node health checks became the default (the snapshot below
 /// with them is the default's).
 fn render_fixture(name: &str) -> Bundle {
+    render_fixture_with(name, render_settings_off())
+}
+
+/// The built-in template with node health checks off.
+fn render_settings_off() -> Renderer {
     let options = model::Options { node_health: None, ..Default::default() };
-    render_fixture_with(name, Renderer::builtin().with_options(options))
+    Renderer::builtin().with_options(options)
 }
 
 fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    render_fixture_from(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name),
+        renderer,
+    )
+}
+
+fn render_fixture_from(path: &Path, renderer: Renderer) -> Bundle {
     let (nodes, fixtures) =
-        match serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap() {
+        match serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap() {
             FixtureFile::WithNodes { nodes, ingresses } => (nodes, ingresses),
             FixtureFile::IngressesOnly(ingresses) => (vec![], ingresses),
         };
@@ -138,7 +149,8 @@ fn a_service_routed_with_and_without_settings() {
     assert!(text.contains("backend be_shop_web_80\n"), "{text}");
     let tuned = text.split("\nbackend be_shop_web_80_").nth(1).expect("a backend with settings");
     for line in [
-        "http-request deny deny_status 403 unless { src 10.0.0.0/8 2001:db8::/32 }",
+        "acl hafleet_allowed src 10.0.0.0/8 2001:db8::/32\n",
+        "http-request deny deny_status 403 unless hafleet_allowed",
         "http-request redirect scheme https code 308 unless { ssl_fc }",
         "balance leastconn",
         "timeout connect 500ms",
@@ -150,6 +162,27 @@ fn a_service_routed_with_and_without_settings() {
         assert!(tuned.contains(line), "{line:?} missing\n{text}");
     }
     insta::assert_snapshot!(text);
+    assert_haproxy_accepts(&bundle);
+}
+
+/// The longest `allow-source` the watcher takes (256 networks) is rendered on lines HAProxy
+/// reads (at most 64 words each), so `haproxy -c` accepts it.
+#[test]
+fn an_allow_source_as_long_as_allowed_passes_haproxy() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/options.json");
+    let mut fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let nets: Vec<String> = (0..256).map(|i| format!("10.{i}.0.0/16")).collect();
+    let options = &mut fixture["ingresses"][1]["routes"][0]["backend"]["options"];
+    assert!(options["allow_source"].is_array(), "{fixture}");
+    options["allow_source"] = serde_json::json!(nets);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wide.json"), fixture.to_string()).unwrap();
+    let bundle = render_fixture_from(&dir.path().join("wide.json"), render_settings_off());
+    let lines: Vec<&str> =
+        bundle.config.lines().filter(|l| l.contains("acl hafleet_allowed src ")).collect();
+    assert_eq!(lines.len(), 8, "{}", bundle.config);
+    assert!(lines.iter().all(|l| l.split_whitespace().count() == 3 + 32), "{lines:?}");
     assert_haproxy_accepts(&bundle);
 }
 

@@ -6,6 +6,7 @@
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
+//! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
 //! - `clusters`: several Kubernetes clusters feed one fleet;
 //! - `image`: the container image, built and run.
@@ -18,6 +19,7 @@ mod recovery;
 mod refusals;
 mod routing;
 mod scale;
+mod tenants;
 mod tls;
 
 use anyhow::Result;

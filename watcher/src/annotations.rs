@@ -84,7 +84,7 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
             )),
         };
         if let Err(why) = result {
-            errors.push(format!("annotation {key}={value:?} {why}"));
+            errors.push(format!("annotation {key}={:?} {why}", shortened(value)));
         }
     }
     match errors.is_empty() {
@@ -94,6 +94,16 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
 }
 
 const HOUR: u32 = 3_600_000;
+
+/// A value as an error quotes it: whole up to 64 characters, else its first 48 and how long it
+/// is, so that the reason after it survives an Event's 1 KB note.
+fn shortened(value: &str) -> String {
+    if value.chars().count() <= 64 {
+        return value.to_owned();
+    }
+    let head: String = value.chars().take(48).collect();
+    format!("{head}… ({} characters)", value.chars().count())
+}
 
 fn balance(v: &str) -> Result<Balance, String> {
     Balance::ALL.iter().find(|(name, _)| *name == v).map(|(_, b)| *b).ok_or_else(|| {
@@ -215,6 +225,7 @@ mod tests {
             ("max-conn", "0", "from 1 to 1000000"),
             ("max-conn", "1e3", "whole number"),
             ("share-hosts-with", "Team", "namespace"),
+            ("allow-source", &"10.0.0.1,".repeat(300), "… (2700 characters)\" lists more than 256"),
         ] {
             let errors = read_one(key, value).unwrap_err();
             assert_eq!(errors.len(), 1, "{key}: {errors:?}");

@@ -1,0 +1,174 @@
+//! What one namespace can and cannot do to another (the README's "Tenants"), and what one
+//! Ingress can and cannot do to its fleet: each sentence of that section has its test here or
+//! in `refusals`.
+
+use crate::refusals::warning_event_in;
+use crate::{World, expect_everywhere, ingress};
+use anyhow::Result;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// An Ingress of namespace `ns` named `name` with `rules` (Ingress rules as JSON) and
+/// `annotations` besides the fleet's.
+fn ingress_with(name: &str, rules: serde_json::Value, annotations: &[(&str, &str)]) -> Ingress {
+    let mut a = serde_json::Map::new();
+    a.insert("hafleet.io/fleet".into(), "edge".into());
+    for (k, v) in annotations {
+        a.insert((*k).into(), (*v).into());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": name, "annotations": a},
+        "spec": {"rules": rules}
+    }))
+    .unwrap()
+}
+
+fn prefix(path: &str, service: &str) -> serde_json::Value {
+    json!({"path": path, "pathType": "Prefix",
+           "backend": {"service": {"name": service, "port": {"number": 80}}}})
+}
+
+/// Namespace `default` routes `*.example.com` and every host (a host-less rule); `team-b` owns
+/// `shop.example.com` and `*.b.test`, and routes one path of each. A request for a path of
+/// theirs that team-b does not route is a 404: never `default`'s wildcard or host-less rule,
+/// however the host is spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_host_is_answered_by_its_owner_s_rules_only() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let catch = ingress_with(
+        "catch",
+        json!([
+            {"host": "*.example.com", "http": {"paths": [prefix("/", "api")]}},
+            {"http": {"paths": [prefix("/", "web")]}},
+        ]),
+        &[],
+    );
+    world.ingresses.create(&PostParams::default(), &catch).await?;
+    expect_everywhere(stack, "shop.example.com", "/login", 200, "api@").await?;
+
+    stack.kube.ensure_namespace("team-b").await?;
+    let team_b: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "team-b");
+    // Its Service does not exist: its routes answer 503, which nothing else here does.
+    let shop = ingress_with(
+        "shop",
+        json!([
+            {"host": "shop.example.com", "http": {"paths": [prefix("/api", "missing")]}},
+            {"host": "*.b.test", "http": {"paths": [prefix("/only", "missing")]}},
+        ]),
+        &[],
+    );
+    team_b.create(&PostParams::default(), &shop).await?;
+    expect_everywhere(stack, "shop.example.com", "/api/x", 503, "").await?;
+    for (host, path, status, body) in [
+        ("shop.example.com", "/login", 404, ""),
+        ("shop.example.com", "/", 404, ""),
+        ("SHOP.Example.com.:80", "/login", 404, ""), // case, port and a final dot
+        ("shop.example.com.", "/api", 503, ""),
+        ("x.b.test", "/only", 503, ""),
+        ("x.b.test", "/other", 404, ""), // an owned wildcard: not the host-less rule
+        ("other.example.com", "/login", 200, "api@"), // default's wildcard still
+        ("a.shop.example.com", "/", 200, "web@"), // *.example.com is one label deep
+        ("unknown.test", "/login", 200, "web@"), // default's host-less rule still
+        ("x.y.b.test", "/other", 200, "web@"), // … for hosts no rule names
+    ] {
+        expect_everywhere(stack, host, path, status, body).await?;
+    }
+    Ok(())
+}
+
+/// `/admin` is restricted by `hafleet.io/allow-source` (another Ingress of the same namespace
+/// routes `/`): no spelling of `/admin` reaches the open `/` rule, and a Host that is no host
+/// name is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_path_gets_the_answer_of_the_rule_its_normal_form_matches() -> Result<()>
+{
+    let world = World::start().await?;
+    let stack = &world.stack;
+    let host = "adm.example.com";
+    world.route("root", host, "/", "web").await?;
+    world.route("admin", host, "/admin", "api").await?;
+    const SPELLINGS: [&str; 7] =
+        ["/admin", "/%61dmin", "//admin", "/x/../admin", "/./admin", "/admin/", "/%2e/admin"];
+    for path in SPELLINGS {
+        expect_everywhere(stack, host, path, 200, "api@").await?;
+    }
+    // Only 10.0.0.0/8 may see /admin; this test comes from 127.x.
+    let only_ten = json!({"metadata": {"annotations": {"hafleet.io/allow-source": "10.0.0.0/8"}}});
+    world.ingresses.patch("admin", &PatchParams::default(), &Patch::Merge(&only_ten)).await?;
+    expect_everywhere(stack, host, "/admin", 403, "").await?;
+    for path in SPELLINGS.iter().chain(&["/admin/x", "//admin//x", "/a/b/../../admin"]) {
+        expect_everywhere(stack, host, path, 403, "").await?;
+    }
+    for path in ["/", "/administrator", "/x/admin", "/admin%2fx"] {
+        expect_everywhere(stack, host, path, 200, "web@").await?;
+    }
+    // Spellings of the host: case, port and a final dot are the same host; what is no host
+    // name, or two Host headers, is refused.
+    expect_everywhere(stack, "ADM.example.com.:80", "//admin", 403, "").await?;
+    for bad in ["adm_example.com", "adm..example.com", "adm.example.com:x", "a b"] {
+        expect_everywhere(stack, bad, "/", 400, "").await?;
+    }
+    expect_everywhere(stack, "adm.example.com\r\nHost: other.test", "/", 400, "").await?;
+    Ok(())
+}
+
+/// An allow-source list as long as the annotation allows goes live (over several HAProxy
+/// lines); a longer one is refused alone with an Event; an Ingress named with 200 characters
+/// (Kubernetes allows 253, with no limit between dots) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lists_and_long_names_cannot_freeze_the_fleet() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    // 255 networks this test does not come from, then its own.
+    let mut nets: Vec<String> = (0..255).map(|i| format!("10.{i}.0.0/16")).collect();
+    nets.push("127.0.0.0/8".into());
+    let wide = ingress_with(
+        "wide",
+        json!([{"host": "wide.example.com", "http": {"paths": [prefix("/", "web")]}}]),
+        &[("hafleet.io/allow-source", &nets.join(","))],
+    );
+    world.ingresses.create(&PostParams::default(), &wide).await?;
+    expect_everywhere(stack, "wide.example.com", "/", 200, "web@").await?;
+    for h in &stack.hosts {
+        let live = h.live_config();
+        assert_eq!(live.matches("acl hafleet_allowed src ").count(), 8, "{live}");
+    }
+
+    let mut more: Vec<String> =
+        (0..300).map(|i| format!("10.{}.{}.0/24", i / 256, i % 256)).collect();
+    more.push("127.0.0.0/8".into());
+    let too_wide = ingress_with(
+        "too-wide",
+        json!([{"host": "too-wide.example.com", "http": {"paths": [prefix("/", "web")]}}]),
+        &[("hafleet.io/allow-source", &more.join(","))],
+    );
+    world.ingresses.create(&PostParams::default(), &too_wide).await?;
+    let event = warning_event_in(stack, "default", "too-wide", "InvalidIngress").await?;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("more than 256 networks"), "{note}");
+
+    let long = format!("l{}", "o".repeat(198)) + "ng";
+    assert_eq!(long.len(), 201);
+    world
+        .ingresses
+        .create(
+            &PostParams::default(),
+            &ingress(&long, Some("edge"), "long.example.com", "/", "api"),
+        )
+        .await?;
+    expect_everywhere(stack, "long.example.com", "/", 200, "api@").await?;
+    expect_everywhere(stack, "too-wide.example.com", "/", 404, "").await?;
+    // Still served, and nothing refused it.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(stack.kube.client().await?, "default");
+    let refused = events.list(&Default::default()).await?.items.into_iter().any(|e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(long.as_str())
+            && e.type_.as_deref() == Some("Warning")
+    });
+    assert!(!refused, "the long-named Ingress was warned about");
+    Ok(())
+}
