@@ -500,6 +500,7 @@ async fn the_watcher_role_reads_what_it_routes_and_nothing_more() -> Result<()> 
         ("watch", "secrets", "no"),
         ("create", "ingresses.networking.k8s.io", "no"),
         ("delete", "services", "no"),
+        ("list", "configmaps", "no"), // only the tenancy policy's, by name, in its namespace
     ] {
         assert_eq!(can_i(verb, resource).await?, answer, "can-i {verb} {resource}");
     }

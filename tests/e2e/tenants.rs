@@ -172,3 +172,91 @@ async fn long_lists_and_long_names_cannot_freeze_the_fleet() -> Result<()> {
     assert!(!refused, "the long-named Ingress was warned about");
     Ok(())
 }
+
+/// The admin's tenancy policy (a ConfigMap the watcher reads live): a namespace uses only the
+/// fleets, claims only the hosts and writes host-less rules only as it says; an Ingress outside
+/// it is not routed (what it had is withdrawn) and is told; a broken policy keeps the last
+/// good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_s_tenancy_policy_says_who_may_claim_what() -> Result<()> {
+    use hafleet_tests::stack::Component;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let mut world = World::start().await?;
+    // Before any policy: a host-less rule catches any host.
+    let any = ingress_with("any", json!([{"http": {"paths": [prefix("/", "web")]}}]), &[]);
+    world.ingresses.create(&PostParams::default(), &any).await?;
+    world.route("mine", "a.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "unknown.test", "/", 200, "web@").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "api@").await?;
+
+    let client = world.stack.kube.client().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "hafleet");
+    let policy = |yaml: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "hafleet-tenancy"},
+                                      "data": {"policy.yaml": yaml}}))
+        .unwrap()
+    };
+    let first = "namespaces:\n  default: {fleets: [edge], hosts: [.example.com]}\n  \
+                 team-b: {fleets: [edge], hosts: [shop.team-b.test]}\n";
+    cms.create(&PostParams::default(), &policy(first)).await?;
+    world.stack.restart_with(
+        Component::Watcher,
+        &[("HAFLEET_TENANCY_POLICY", "hafleet/hafleet-tenancy")],
+    )?;
+    let stack = &world.stack;
+    // The host-less rule is withdrawn and told; what the policy allows stays.
+    expect_everywhere(stack, "unknown.test", "/", 404, "").await?;
+    let told = warning_event_in(stack, "default", "any", "NotAllowed").await?;
+    assert!(told.note.unwrap_or_default().contains("rules without a host"));
+    expect_everywhere(stack, "a.example.com", "/", 200, "api@").await?;
+
+    world.route("elsewhere", "x.other.test", "/", "web").await?;
+    let told = warning_event_in(stack, "default", "elsewhere", "NotAllowed").await?;
+    let note = told.note.unwrap_or_default();
+    assert!(note.contains("does not let namespace default claim host x.other.test"), "{note}");
+    stack.kube.ensure_namespace("team-b").await?;
+    stack.kube.ensure_namespace("team-c").await?;
+    let ns = |n: &str| Api::<Ingress>::namespaced(client.clone(), n);
+    let rule = |host: &str| json!([{"host": host, "http": {"paths": [prefix("/", "missing")]}}]);
+    ns("team-b")
+        .create(&PostParams::default(), &ingress_with("shop", rule("shop.team-b.test"), &[]))
+        .await?;
+    let mut core = ingress_with("core", rule("core.team-b.test"), &[]);
+    core.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hafleet.io/fleet".into(), "core".into());
+    ns("team-b").create(&PostParams::default(), &core).await?;
+    ns("team-c")
+        .create(&PostParams::default(), &ingress_with("c", rule("c.example.com"), &[]))
+        .await?;
+    expect_everywhere(stack, "shop.team-b.test", "/", 503, "").await?;
+    for (namespace, name, says) in [
+        ("team-b", "core", "does not let namespace team-b use fleet core"),
+        ("team-c", "c", "gives namespace team-c no fleet"),
+    ] {
+        let told = warning_event_in(stack, namespace, name, "NotAllowed").await?;
+        let note = told.note.unwrap_or_default();
+        assert!(note.contains(says), "{note}");
+    }
+    expect_everywhere(stack, "c.example.com", "/", 404, "").await?;
+    expect_everywhere(stack, "x.other.test", "/", 404, "").await?;
+
+    // Read live: default may now claim .other.test too.
+    let wider = first.replace("[.example.com]", "[.example.com, .other.test]");
+    cms.replace("hafleet-tenancy", &PostParams::default(), &{
+        let mut p = policy(&wider);
+        p.metadata.resource_version = cms.get("hafleet-tenancy").await?.metadata.resource_version;
+        p
+    })
+    .await?;
+    expect_everywhere(stack, "x.other.test", "/", 200, "web@").await?;
+    // A broken policy keeps the last good one in force.
+    let broken = json!({"data": {"policy.yaml": "namespaces: [not, a, map]"}});
+    cms.patch("hafleet-tenancy", &PatchParams::default(), &Patch::Merge(&broken)).await?;
+    world.route("later", "later.example.com", "/", "api").await?;
+    expect_everywhere(stack, "later.example.com", "/", 200, "api@").await?;
+    expect_everywhere(stack, "x.other.test", "/", 200, "web@").await?;
+    expect_everywhere(stack, "unknown.test", "/", 404, "").await?;
+    Ok(())
+}

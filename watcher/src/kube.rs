@@ -3,7 +3,7 @@
 //! Events.
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -27,6 +27,8 @@ pub struct Caches {
     /// With TLS on: the `kubernetes.io/tls` Secrets, metadata only (name and resourceVersion,
     /// never data). The data of the ones fleet Ingresses name is read with [`secret_data`].
     pub tls_secrets: Option<Store<PartialObjectMeta<Secret>>>,
+    /// With `--tenancy-policy`: that one ConfigMap (or none while it does not exist).
+    pub policy: Option<Store<ConfigMap>>,
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -34,7 +36,12 @@ pub type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
 /// Starts the watches; EndpointSlices at `endpoint_slices` when given (see
 /// [`endpoint_slice_api`]). Nothing is fetched until the returned stream is polled.
-pub fn watch(client: Client, endpoint_slices: Option<ApiResource>, tls: bool) -> (Caches, Changes) {
+pub fn watch(
+    client: Client,
+    endpoint_slices: Option<ApiResource>,
+    tls: bool,
+    policy: Option<(&str, &str)>,
+) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -93,6 +100,19 @@ pub fn watch(client: Client, endpoint_slices: Option<ApiResource>, tls: bool) ->
         all.push(secrets.boxed());
         store
     });
+    // The tenancy policy: one ConfigMap, watched by name in its namespace (the watcher's Role
+    // there is all it needs; it reads no other ConfigMap's data).
+    let policy = policy.map(|(ns, name)| {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let config = cfg().fields(&format!("metadata.name={name}"));
+        let cms = watcher(Api::<ConfigMap>::namespaced(client.clone(), ns), config)
+            .default_backoff()
+            .modify(|c| c.metadata.managed_fields = None)
+            .reflect(writer)
+            .map(|r| r.map(|_| ()).map_err(|e| ("tenancy policy", e)));
+        all.push(cms.boxed());
+        store
+    });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let store = writer.as_reader();
@@ -114,7 +134,8 @@ pub fn watch(client: Client, endpoint_slices: Option<ApiResource>, tls: bool) ->
             warn!(watch = what, error = %e, "watch error");
         }
     });
-    (Caches { ingresses, services, nodes, endpoint_slices, tls_secrets }, Box::pin(changes))
+    let caches = Caches { ingresses, services, nodes, endpoint_slices, tls_secrets, policy };
+    (caches, Box::pin(changes))
 }
 
 /// A `kubernetes.io/tls` Secret's `tls.crt` and `tls.key` and its resourceVersion, read from
@@ -178,6 +199,9 @@ impl Caches {
         }
         if let Some(secrets) = &self.tls_secrets {
             secrets.wait_until_ready().await?;
+        }
+        if let Some(policy) = &self.policy {
+            policy.wait_until_ready().await?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod feedback;
 pub mod index;
 pub mod kube;
 pub mod lease;
+pub mod policy;
 pub mod resolve;
 pub mod run;
 pub mod status;

@@ -64,6 +64,13 @@ pub struct RunArgs {
     /// its `hafleet.io/share-hosts-with` annotation (or `*`). For single-tenant clusters.
     #[arg(long, env = "HAFLEET_SHARE_HOSTS_ACROSS_NAMESPACES")]
     pub share_hosts_across_namespaces: bool,
+    /// The cluster admin's tenancy policy, as NAMESPACE/NAME of a ConfigMap whose `policy.yaml`
+    /// says which namespaces may use which fleets, claim which hosts and write rules without a
+    /// host (README, "Tenancy policy"). Ingresses outside it are not routed, with a Warning
+    /// Event. Read live; a broken policy keeps the last good one; until one is read, nothing
+    /// is published. Unset: every namespace may do all of it.
+    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = parse_policy_ref)]
+    pub tenancy_policy: Option<(String, String)>,
     /// Seconds between re-resolving everything from the caches even without changes, which
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
@@ -124,8 +131,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let last_epoch = newest_epoch(&routes, args.cluster_id.as_ref()).await?;
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
+    let policy_ref = args.tenancy_policy.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str()));
     let (caches, mut changes) =
-        kube_adapter::watch(client.clone(), slices, !args.seal_to.is_empty());
+        kube_adapter::watch(client.clone(), slices, !args.seal_to.is_empty(), policy_ref);
     let secrets_client = client.clone();
     let warnings = Warnings::new(client.clone());
     let mut state = State {
@@ -146,6 +154,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ..TlsState::default_for(args.seal_to.iter().cloned())
         },
         memo: resolve::Memo::default(),
+        policy: Default::default(),
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -334,6 +343,8 @@ struct State {
     tls: TlsState,
     /// Each Ingress's resolution, redone only when it or what it names changed.
     memo: resolve::Memo,
+    /// With `--tenancy-policy`: the policy in force.
+    policy: crate::policy::InForce,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
@@ -477,6 +488,14 @@ fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
     Ok((fleet, recipient.parse()?))
 }
 
+/// `--tenancy-policy`: NAMESPACE/NAME.
+fn parse_policy_ref(s: &str) -> Result<(String, String), String> {
+    let (ns, name) = s.split_once('/').ok_or("expected NAMESPACE/NAME of a ConfigMap")?;
+    hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
+    hafleet_proto::ObjectName::new(name).map_err(|e| e.to_string())?;
+    Ok((ns.to_owned(), name.to_owned()))
+}
+
 impl State {
     fn next_msg_id(&mut self) -> String {
         self.seq += 1;
@@ -523,6 +542,30 @@ async fn sync(
         send_nodes(bus, state, nodes).await?;
     }
 
+    let policy = match &caches.policy {
+        Some(store) => {
+            let (ns, name) = args.tenancy_policy.as_ref().expect("a store only with the flag");
+            let cm = store.state().into_iter().next();
+            match state.policy.refresh(cm.as_deref()) {
+                crate::policy::News::Nothing => {}
+                crate::policy::News::Read => {
+                    info!(configmap = %format!("{ns}/{name}"), "tenancy policy read")
+                }
+                crate::policy::News::Broken(why) => warn!(
+                    configmap = %format!("{ns}/{name}"), %why,
+                    "tenancy policy not usable; the last good one stays in force"
+                ),
+            }
+            let policy = state.policy.policy();
+            anyhow::ensure!(
+                policy.is_some(),
+                "no usable tenancy policy in ConfigMap {ns}/{name} yet: publishing nothing"
+            );
+            policy.cloned()
+        }
+        None => None,
+    };
+
     let mut desired = index::Wanted::default();
     // (Ingress, resourceVersion) of every Ingress that exists now, when some warning said
     // before may be about one that changed or went (warnings said in this pass are current).
@@ -546,6 +589,16 @@ async fn sync(
         let resolved =
             state.memo.resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref());
         match resolved {
+            // Outside the admin's policy: not routed (what it had is withdrawn), and told.
+            Ok(r)
+                if let Some(why) = policy
+                    .as_ref()
+                    .and_then(|p| p.refuses(r.key.namespace.as_str(), &r.fleet, &r.routes)) =>
+            {
+                let note = format!("not routed by hafleet: {why}");
+                let said = (&r.key, rv.as_str(), "NotAllowed", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+            }
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)

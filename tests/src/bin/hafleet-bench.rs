@@ -431,6 +431,10 @@ mod routing {
         /// Concurrent keep-alive connections.
         #[arg(long, default_value_t = 16)]
         connections: usize,
+        /// Render with this template instead of the built-in one (to compare two templates
+        /// in one run: run the bench once with each, back to back).
+        #[arg(long)]
+        template: Option<std::path::PathBuf>,
     }
 
     fn ingresses(n: usize, backend: SocketAddr) -> Result<BTreeMap<IngressKey, IngressEntry>> {
@@ -526,7 +530,7 @@ mod routing {
             let nodes = [NodeAddr { name: ObjectName::new("node-1")?, addr: (*addr.ip()).into() }];
             let model =
                 model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?, &nodes);
-            let bundle = Renderer::builtin().render(&model)?;
+            let bundle = Renderer::load(a.template.as_deref())?.render(&model)?;
             let config = crate::write_bundle(dir.path(), &bundle)?;
             let check_ms = crate::check_config(&config)?;
             let http = SocketAddr::new(ip.into(), free_port(ip.into()));
@@ -562,6 +566,7 @@ mod routing {
                 routes: self.routes.clone(),
                 seconds: self.seconds,
                 connections: self.connections,
+                template: self.template.clone(),
             }
         }
     }
