@@ -12,6 +12,7 @@ pub mod kube;
 pub mod lease;
 pub mod resolve;
 pub mod run;
+pub mod snapshot;
 pub mod status;
 pub mod tenancy;
 pub mod tls;
