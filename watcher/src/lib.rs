@@ -8,6 +8,7 @@
 pub mod annotations;
 pub mod feedback;
 pub mod index;
+pub mod kept;
 pub mod kube;
 pub mod lease;
 pub mod resolve;

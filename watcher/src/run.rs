@@ -57,6 +57,12 @@ pub struct RunArgs {
     /// NATS server's max_payload). A larger Ingress is refused alone with a Warning Event.
     #[arg(long, env = "HAFLEET_MAX_INGRESS_BYTES", default_value_t = 256 * 1024)]
     pub max_ingress_bytes: usize,
+    /// Most refused Ingresses per namespace kept for their last good routes (an Ingress that
+    /// fails its checks keeps serving what it served before). Beyond it the oldest of them are
+    /// withdrawn, each with a Warning Event, so that a namespace's broken Ingresses cannot grow
+    /// what every fleet holds and every snapshot names without bound.
+    #[arg(long, env = "HAFLEET_MAX_KEPT_PER_NAMESPACE", default_value_t = 1000)]
+    pub max_kept_per_namespace: usize,
     /// Let any namespace route any host. By default a host belongs, on each fleet, to the
     /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
     /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
@@ -672,6 +678,8 @@ async fn sync(
             tell(warnings, &mut state.warned, ing, said, "ingress routed with a caveat").await;
         }
     }
+    let cap = args.max_kept_per_namespace;
+    crate::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
     let kept: BTreeSet<IngressKey> = desired
         .iter()
         .filter(|(_, d)| matches!(d, Desired::Keep))
@@ -774,7 +782,7 @@ async fn sync(
 /// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
 /// logging it as `what` and counting it. One the API server did not take is tried again on
 /// the next pass.
-async fn tell(
+pub(crate) async fn tell(
     warnings: &Warnings,
     warned: &mut BTreeSet<(IngressKey, String, String)>,
     ing: &k8s_openapi::api::networking::v1::Ingress,
