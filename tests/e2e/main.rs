@@ -18,6 +18,7 @@ mod recovery;
 mod refusals;
 mod routing;
 mod scale;
+mod snapshots;
 mod tls;
 
 use anyhow::Result;
