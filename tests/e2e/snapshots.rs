@@ -3,7 +3,8 @@
 //! - a restart whose snapshot is over 2 MB (twice what a NATS message may carry) publishes it
 //!   in parts; the renderer joins them and sweeps what was deleted meanwhile, and no more;
 //! - SIGTERM ends a watcher that is retrying its initial publish against a NATS server that
-//!   does not answer.
+//!   does not answer;
+//! - what a snapshot keeps of refused Ingresses is capped per namespace.
 
 use crate::{CONVERGE, World, expect_everywhere, ingress};
 use anyhow::{Context as _, Result};
@@ -218,5 +219,75 @@ async fn sigterm_ends_a_watcher_retrying_its_initial_publish() -> Result<()> {
     let said = said.len();
     drop(frozen);
     eprintln!("stopped {took:?} after SIGTERM; {said} failure(s) logged");
+    Ok(())
+}
+
+/// With `--max-kept-per-namespace 2`, three Ingresses of a namespace edited into refused ones:
+/// the two newest keep their last good routes (across a watcher restart too), the oldest is
+/// withdrawn and told why with a `RefusedNotKept` Warning Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_ingresses_kept_for_their_routes_are_capped_per_namespace() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let mut world = World::with_hosts(1).await?;
+    let cap = [("HAFLEET_MAX_KEPT_PER_NAMESPACE", "2")];
+    world.stack.restart_with(Component::Watcher, &cap)?;
+    let names = ["k1", "k2", "k3"];
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            // Creation times are in seconds: one each, so that "oldest" is k1.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        world.route(name, &format!("{name}.example.com"), "/", "web").await?;
+    }
+    for name in names {
+        expect_everywhere(&world.stack, &format!("{name}.example.com"), "/", 200, "web@").await?;
+    }
+    for name in names {
+        let patch = serde_json::json!({"spec": {"rules": [{"host": format!("{name}.example.com"),
+            "http": {"paths": [{"path": "/a b", "pathType": "Prefix",
+             "backend": {"service": {"name": "api", "port": {"number": 80}}}}]}}]}});
+        world.ingresses.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    let stack = &world.stack;
+    for name in names {
+        crate::refusals::warning_event_in(stack, "default", name, "InvalidIngress").await?;
+    }
+    let told = crate::refusals::warning_event_in(stack, "default", "k1", "RefusedNotKept").await?;
+    let note = told.note.unwrap_or_default();
+    assert!(note.contains("--max-kept-per-namespace 2"), "{note}");
+    expect_everywhere(stack, "k1.example.com", "/", 404, "").await?;
+    for name in ["k2", "k3"] {
+        expect_everywhere(stack, &format!("{name}.example.com"), "/", 200, "web@").await?;
+    }
+
+    // A restart keeps the same two: its snapshot names them and not k1. (A route created
+    // once the snapshot is out is applied after it.)
+    let snapshots = |stack: &hafleet_tests::stack::Stack| {
+        let log = std::fs::read_to_string(stack.log_path(Component::Watcher)).unwrap_or_default();
+        log.matches("snapshot published").count()
+    };
+    let before = snapshots(&world.stack);
+    world.stack.restart_with(Component::Watcher, &cap)?;
+    let stack = &world.stack;
+    eventually(CONVERGE, "the restarted watcher's snapshot", || async move {
+        anyhow::ensure!(snapshots(stack) > before, "not yet");
+        Ok(())
+    })
+    .await?;
+    world.route("after", "after.example.com", "/", "api").await?;
+    let stack = &world.stack;
+    expect_everywhere(stack, "after.example.com", "/", 200, "api@").await?;
+    expect_everywhere(stack, "k1.example.com", "/", 404, "").await?;
+    for name in ["k2", "k3"] {
+        expect_everywhere(stack, &format!("{name}.example.com"), "/", 200, "web@").await?;
+    }
+    // Said once per watcher run (the log holds every run's, each after its "caches listed").
+    let log = std::fs::read_to_string(stack.log_path(Component::Watcher))?;
+    let runs: Vec<usize> = log
+        .split("caches listed")
+        .skip(1)
+        .map(|run| run.matches("refused ingress no longer kept ingress=default/k1").count())
+        .collect();
+    assert_eq!(runs, [0, 1, 1], "k1 told once per watcher run?\n{log}");
     Ok(())
 }
