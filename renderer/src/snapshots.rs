@@ -105,6 +105,45 @@ mod tests {
         assert_eq!(got, Ok(Ok(RouteMessage::Snapshot(s))));
     }
 
+    /// The parts and the joined final message leave the state exactly as the snapshot sent
+    /// whole would: what replay and the run loop rebuild does not depend on how it was sent.
+    #[tokio::test]
+    async fn parts_then_the_joined_snapshot_sweep_as_the_whole_one() {
+        use crate::state::{Applied, Desired, SweepGuard, apply};
+        let edge = FleetName::new("edge").unwrap();
+        let mut before = Desired::new();
+        let mut out = Applied::default();
+        // i0..i449 exist; the snapshot names i0..i399 and `kept`: i400..i449 go.
+        for (seq, i) in (1..).zip(0..450) {
+            let event = RouteMessage::Event(hafleet_proto::RouteEvent {
+                schema: SCHEMA_VERSION,
+                fleet: edge.clone(),
+                ingress: IngressKey::new("default", &format!("i{i}")).unwrap(),
+                created_unix: 1,
+                resource_version: "1".into(),
+                change: hafleet_proto::RouteChange::Upsert { routes: vec![], tls: vec![] },
+                epoch: 9,
+            });
+            apply(&mut before, seq, &event, &SweepGuard::default(), &mut out);
+        }
+        let guard = SweepGuard { percent: 100, min_routes: 0 };
+        let s = snapshot();
+        let mut whole_sent = before.clone();
+        apply(&mut whole_sent, 1000, &RouteMessage::Snapshot(s.clone()), &guard, &mut out);
+        assert_eq!(whole_sent.ingresses(&edge).len(), 400);
+
+        let (stream, last) = stream_of(&s);
+        let mut in_parts = before.clone();
+        for (seq, bytes) in &stream {
+            let part = RouteMessage::decode(bytes).unwrap();
+            apply(&mut in_parts, *seq, &part, &guard, &mut out);
+        }
+        assert_eq!(in_parts, before, "a part changes nothing by itself");
+        let joined = whole(last, async |seq| Ok::<_, ()>(stream.get(&seq).cloned())).await;
+        apply(&mut in_parts, 1000, &joined.unwrap().unwrap(), &guard, &mut out);
+        assert_eq!(in_parts, whole_sent);
+    }
+
     #[test]
     fn a_part_in_the_batch_is_found_by_sequence() {
         let entries = vec![(3, Bytes::from_static(b"a")), (5, Bytes::from_static(b"b"))];
