@@ -14,6 +14,7 @@
 pub mod bundle;
 pub mod history;
 pub mod messages;
+pub mod parts;
 pub mod signature;
 pub mod subjects;
 pub mod tls;
@@ -22,6 +23,7 @@ pub mod values;
 pub use bundle::*;
 pub use history::*;
 pub use messages::*;
+pub use parts::{PartsError, SnapshotPart};
 pub use signature::{SignatureError, Signer, Verifier, VersionSignature};
 pub use subjects::*;
 pub use tls::{CertError, SealedCert, TlsEntry};
@@ -44,6 +46,12 @@ pub const SCHEMA_VERSION: u32 = 3;
 /// replace every node, east's `default/web` would overwrite the other's). A watcher without a
 /// cluster id still sends schema 3, the same bytes as before clusters.
 pub const CLUSTER_SCHEMA_VERSION: u32 = 4;
+
+/// Schema of a snapshot published in parts ([`parts`]) and of its parts, and the newest route
+/// schema this build reads. A renderer that reads only schema 4 parks them instead of taking
+/// the final message, whose entries are in its parts, for an empty snapshot (which would sweep
+/// every Ingress of its cluster). A snapshot that fits in one message is sent as before.
+pub const PARTS_SCHEMA_VERSION: u32 = 5;
 
 /// The schema of a route message of `cluster`.
 pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {

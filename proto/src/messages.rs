@@ -29,7 +29,11 @@ pub enum DecodeError {
 /// as this build's types at all, and must still be recognised as newer, not as junk. Every
 /// message type has a required `schema` field, so this is the only check needed. `oldest` is
 /// the oldest schema whose shape of this message this build still reads, `newest` the newest.
-fn check_schema_first(bytes: &[u8], oldest: u32, newest: u32) -> Result<(), DecodeError> {
+pub(crate) fn check_schema_first(
+    bytes: &[u8],
+    oldest: u32,
+    newest: u32,
+) -> Result<(), DecodeError> {
     #[derive(Deserialize)]
     struct Probe {
         schema: Option<u32>,
@@ -284,6 +288,11 @@ pub struct RoutesSnapshot {
     /// edit): they keep whatever routes they had, in whichever fleet.
     #[serde(default)]
     pub keep: Vec<IngressKey>,
+    /// A snapshot too large for one message: the stream sequences of its
+    /// [`crate::SnapshotPart`]s, in order, whose entries come before its own (see
+    /// [`crate::parts`]). Empty: it is whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<u64>,
 }
 
 /// Releases a sweep the renderer held (a snapshot that would have withdrawn too much of a
@@ -326,6 +335,7 @@ pub struct DefaultCert {
 pub enum RouteMessage {
     Event(RouteEvent),
     Snapshot(RoutesSnapshot),
+    SnapshotPart(crate::SnapshotPart),
     Nodes(NodesUpdate),
     Confirm(SweepConfirm),
     DefaultCert(DefaultCert),
@@ -338,6 +348,7 @@ impl RouteMessage {
         match self {
             RouteMessage::Event(e) => e.ingress.cluster.as_ref(),
             RouteMessage::Snapshot(s) => s.cluster.as_ref(),
+            RouteMessage::SnapshotPart(p) => p.cluster.as_ref(),
             RouteMessage::Nodes(n) => n.cluster.as_ref(),
             RouteMessage::Confirm(c) => c.cluster.as_ref(),
             RouteMessage::DefaultCert(d) => d.cluster.as_ref(),
@@ -349,6 +360,7 @@ impl RouteMessage {
         match self {
             RouteMessage::Event(e) => e.epoch,
             RouteMessage::Snapshot(s) => s.epoch,
+            RouteMessage::SnapshotPart(p) => p.epoch,
             RouteMessage::Nodes(n) => n.epoch,
             RouteMessage::Confirm(c) => c.epoch,
             RouteMessage::DefaultCert(d) => d.epoch,
@@ -360,7 +372,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1, crate::CLUSTER_SCHEMA_VERSION)?;
+        check_schema_first(bytes, 1, crate::PARTS_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -776,6 +788,7 @@ mod tests {
                 cluster: None,
                 live: vec![(FleetName::new("edge").unwrap(), IngressKey::new("a", "b").unwrap())],
                 keep: vec![IngressKey::new("a", "c").unwrap()],
+                parts: vec![],
             }),
             RouteMessage::Snapshot(RoutesSnapshot {
                 schema: SCHEMA_VERSION,
@@ -783,6 +796,7 @@ mod tests {
                 cluster: Some(ClusterId::new("east").unwrap()),
                 live: vec![(FleetName::new("edge").unwrap(), east("a", "b"))],
                 keep: vec![east("a", "c")],
+                parts: vec![],
             }),
         ] {
             assert_eq!(RouteMessage::decode(&msg.encode()).unwrap(), msg);
@@ -795,17 +809,17 @@ mod tests {
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
         json["schema"] = 99.into();
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(matches!(err, DecodeError::Schema { found: 99, reads: 4 }), "{err}");
+        assert!(matches!(err, DecodeError::Schema { found: 99, reads: 5 }), "{err}");
     }
 
     #[test]
     fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
         let mut json: serde_json::Value =
             serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-        json["schema"] = (crate::CLUSTER_SCHEMA_VERSION + 1).into();
+        json["schema"] = (crate::PARTS_SCHEMA_VERSION + 1).into();
         json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
         let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-        assert!(matches!(err, DecodeError::Schema { found: 5, .. }), "{err}");
+        assert!(matches!(err, DecodeError::Schema { found: 6, .. }), "{err}");
         assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
     }
 

@@ -13,6 +13,7 @@ pub mod model;
 pub mod par;
 pub mod render;
 pub mod run;
+pub mod snapshots;
 pub mod state;
 pub mod store;
 pub mod tls;

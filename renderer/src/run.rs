@@ -19,7 +19,7 @@ use crate::versions::{Latest, next_version};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
-use hafleet_proto::{Cause, ConfigVersion, DecodeError, FleetName, RouteMessage};
+use hafleet_proto::{Cause, ConfigVersion, FleetName, RouteMessage};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -280,7 +280,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&bus, &store, &renderer, &mut desired, &guard, &entries).await?;
+        process(&bus, &stream, &store, &renderer, &mut desired, &guard, &entries).await?;
         // Committed versions are safe in the store: the batch is acked even if a fleet's
         // version could not be published yet; it is retried on its own.
         unpublished = publish_unpublished(&bus, &store, &signer).await?;
@@ -376,6 +376,7 @@ async fn fill_gaps(
 #[tracing::instrument(skip_all, fields(messages = entries.len()))]
 async fn process(
     bus: &bus::Bus,
+    stream: &async_nats::jetstream::stream::Stream,
     store: &Store,
     renderer: &Renderer,
     desired: &mut state::Desired,
@@ -387,12 +388,31 @@ async fn process(
     let mut applied = 0u32;
     for (seq, payload) in entries {
         let seq = *seq;
-        match RouteMessage::decode(payload) {
+        let msg = match RouteMessage::decode(payload) {
+            Ok(msg) => msg,
+            Err(e) => {
+                park(bus, seq, payload, &e).await?;
+                last_seq = last_seq.max(seq);
+                continue;
+            }
+        };
+        // A snapshot in parts reads them from this batch, or back from the stream.
+        let read = async |part: u64| match crate::snapshots::in_batch(entries, part) {
+            Some(bytes) => Ok(Some(bytes)),
+            None => {
+                let what = "the routes stream to read a snapshot's part";
+                hafleet_runtime::nats::retrying(what, || bus::routes_message(stream, part)).await
+            }
+        };
+        match crate::snapshots::whole(msg, read).await? {
             Ok(msg) => {
                 applied += 1;
                 state::apply(desired, seq, &msg, guard, &mut out)
             }
-            Err(e) => park(bus, seq, payload, &e).await?,
+            Err(e) => {
+                error!(seq, error = %e, "snapshot in parts cannot be made whole: nothing swept");
+                park(bus, seq, payload, &e).await?
+            }
         }
         last_seq = last_seq.max(seq);
     }
@@ -507,7 +527,7 @@ async fn park(
     bus: &bus::Bus,
     seq: u64,
     payload: &bytes::Bytes,
-    error: &DecodeError,
+    error: &dyn std::fmt::Display,
 ) -> anyhow::Result<()> {
     hafleet_runtime::health::Health::global().count(
         (

@@ -359,7 +359,11 @@ pub fn apply(
                 }
             }
         }
+        // A part of a snapshot changes nothing by itself: the snapshot naming it reads it back
+        // (crate::snapshots) and comes here whole.
+        RouteMessage::SnapshotPart(_) => {}
         RouteMessage::Snapshot(snapshot) => {
+            debug_assert!(snapshot.parts.is_empty(), "a snapshot in parts is joined first");
             let live: BTreeSet<(&FleetName, &IngressKey)> =
                 snapshot.live.iter().map(|(f, k)| (f, k)).collect();
             let keep: BTreeSet<&IngressKey> = snapshot.keep.iter().collect();
@@ -516,6 +520,7 @@ mod tests {
             live: vec![],
             keep: vec![],
             cluster: None,
+            parts: vec![],
         });
         apply_unguarded(&mut desired, 2, &stale, &mut out);
         assert_eq!(desired, before, "an older watcher's sweep changes nothing");
@@ -605,6 +610,7 @@ mod tests {
             live: vec![],
             keep: vec![],
             cluster: Some(east.clone()),
+            parts: vec![],
         });
         let mut out = Applied::default();
         apply(&mut d, 25, &empty, &guard, &mut out);
@@ -628,6 +634,7 @@ mod tests {
             live: own,
             keep: vec![],
             cluster: None,
+            parts: vec![],
         });
         let mut out = Applied::default();
         apply(&mut d, 26, &snap, &guard, &mut out);
@@ -729,6 +736,7 @@ mod tests {
             live: vec![(fleet(), IngressKey::new("default", "b").unwrap())],
             keep: vec![IngressKey::new("default", "kept").unwrap()],
             cluster: None,
+            parts: vec![],
         });
         let mut out = Applied::default();
         apply_unguarded(&mut d, 4, &snap, &mut out);
@@ -775,6 +783,7 @@ mod tests {
                 .collect(),
             keep: vec![],
             cluster: None,
+            parts: vec![],
         })
     }
 
@@ -849,6 +858,7 @@ mod tests {
                 .collect(),
             keep: vec![],
             cluster: None,
+            parts: vec![],
         });
         apply(&mut d, 21, &moved, &guard, &mut Applied::default());
         assert!(d.held.is_empty() && d.ingresses(&fleet()).is_empty());

@@ -19,6 +19,7 @@ mod recovery;
 mod refusals;
 mod routing;
 mod scale;
+mod snapshots;
 mod tenants;
 mod tls;
 

@@ -136,9 +136,53 @@ pub fn record_unknown(published: &mut Published, action: &Action) {
     published.insert(key.clone(), (fleet.clone(), None));
 }
 
+/// The refused Ingresses among `kept` (each with its creation time, Unix seconds) that are
+/// not kept any more: per namespace, all but the `cap` newest (the oldest go first; equal
+/// times by key, so a pass picks the same ones as the one before). Keeping a refused Ingress
+/// holds its last good routes and a line in every snapshot: a namespace with many broken
+/// Ingresses must not grow them without bound.
+pub fn beyond_cap(
+    kept: impl IntoIterator<Item = (IngressKey, i64)>,
+    cap: usize,
+) -> Vec<IngressKey> {
+    let mut by_namespace: BTreeMap<hafleet_proto::Namespace, Vec<(i64, IngressKey)>> =
+        BTreeMap::new();
+    for (key, created) in kept {
+        by_namespace.entry(key.namespace.clone()).or_default().push((created, key));
+    }
+    let mut out = Vec::new();
+    for (_, mut keys) in by_namespace {
+        if keys.len() <= cap {
+            continue;
+        }
+        // Newest first; the ones after the first `cap` go.
+        keys.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        out.extend(keys.into_iter().skip(cap).map(|(_, k)| k));
+    }
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_ingresses_are_kept_up_to_the_cap_per_namespace_the_newest_first() {
+        let key = |ns: &str, name: &str| IngressKey::new(ns, name).unwrap();
+        let kept = [
+            (key("a", "old"), 100),
+            (key("a", "new"), 300),
+            (key("a", "mid-2"), 200),
+            (key("a", "mid-1"), 200),
+            (key("b", "oldest"), 1),
+            (key("b", "other"), 2),
+        ];
+        assert_eq!(beyond_cap(kept.clone(), 2), [key("a", "mid-2"), key("a", "old")]);
+        assert_eq!(beyond_cap(kept.clone(), 3), [key("a", "old")]);
+        assert!(beyond_cap(kept.clone(), 4).is_empty());
+        assert_eq!(beyond_cap(kept.clone(), 0).len(), kept.len());
+    }
 
     fn resolved(name: &str, fleet: &str, n_routes: usize) -> Resolved {
         let route = crate::resolve::tests_support::route();

@@ -8,11 +8,13 @@
 pub mod annotations;
 pub mod feedback;
 pub mod index;
+pub mod kept;
 pub mod kube;
 pub mod lease;
 pub mod policy;
 pub mod resolve;
 pub mod run;
+pub mod snapshot;
 pub mod status;
 pub mod tenancy;
 pub mod tls;

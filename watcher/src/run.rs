@@ -20,7 +20,6 @@ use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{
     FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteEvent, RouteMessage,
-    RoutesSnapshot,
 };
 use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -58,6 +57,12 @@ pub struct RunArgs {
     /// NATS server's max_payload). A larger Ingress is refused alone with a Warning Event.
     #[arg(long, env = "HAFLEET_MAX_INGRESS_BYTES", default_value_t = 256 * 1024)]
     pub max_ingress_bytes: usize,
+    /// Most refused Ingresses per namespace kept for their last good routes (an Ingress that
+    /// fails its checks keeps serving what it served before). Beyond it the oldest of them are
+    /// withdrawn, each with a Warning Event, so that a namespace's broken Ingresses cannot grow
+    /// what every fleet holds and every snapshot names without bound.
+    #[arg(long, env = "HAFLEET_MAX_KEPT_PER_NAMESPACE", default_value_t = 1000)]
+    pub max_kept_per_namespace: usize,
     /// Let any namespace route any host. By default a host belongs, on each fleet, to the
     /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
     /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
@@ -166,6 +171,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::select! {
             r = &mut ready => { r.context("watch caches never became ready")?; break; }
             _ = changes.next() => {}
+            _ = &mut shutdown => {
+                info!("watcher stopping (the watches had not listed yet)");
+                stop(&bus).await;
+                return Ok(());
+            }
         }
     }
     // With leader election, stand by (keeping the caches warm) until this replica holds the
@@ -193,18 +203,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let epoch = state.epoch;
     info!(epoch, "caches listed; publishing the initial state");
-    loop {
-        match sync(&args, &caches, &warnings, &bus, &mut state).await {
-            Ok(()) => break,
-            Err(e) => {
-                warn!(error = ?e, "initial publish failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
+    // Both retried until done, or until a stop is asked for: NATS may be away for long.
+    let initial = async || sync(&args, &caches, &warnings, &bus, &mut state).await;
+    let published = crate::snapshot::until_done("initial publish", shutdown.as_mut(), initial);
+    if published.await.is_none() {
+        info!("watcher stopping (the initial state was not published)");
+        stop(&bus).await;
+        return Ok(());
     }
-    while let Err(e) = send_snapshot(&bus, &mut state).await {
-        warn!(error = ?e, "snapshot publish failed; retrying");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let snapshot = async || send_snapshot(&bus, &mut state).await;
+    let sent = crate::snapshot::until_done("snapshot publish", shutdown.as_mut(), snapshot);
+    if sent.await.is_none() {
+        info!("watcher stopping (the snapshot was not published)");
+        stop(&bus).await;
+        return Ok(());
     }
     health.ready();
     // Events from the fleets' reports on the Ingresses that caused each version: the leader's
@@ -263,12 +275,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = &mut shutdown => break,
         }
         if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
-            warn!(error = ?e, "publish failed; will retry");
+            warn!(error = %format!("{e:#}"), "publish failed; will retry");
         }
     }
     info!("watcher stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// Flushes what NATS has pending and closes, for at most a few seconds: NATS may be what the
+/// watcher was waiting for when the stop came.
+async fn stop(bus: &Bus) {
+    if tokio::time::timeout(Duration::from_secs(5), bus.drain()).await.is_err() {
+        warn!("NATS did not drain in 5 s; exiting without");
+    }
 }
 
 /// The newest epoch this watcher's run must be above (`None` when the stream holds nothing
@@ -711,6 +731,8 @@ async fn sync(
             tell(warnings, &mut state.warned, ing, said, "ingress routed with a caveat").await;
         }
     }
+    let cap = args.max_kept_per_namespace;
+    crate::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
     let kept: BTreeSet<IngressKey> = desired
         .iter()
         .filter(|(_, d)| matches!(d, Desired::Keep))
@@ -813,7 +835,7 @@ async fn sync(
 /// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
 /// logging it as `what` and counting it. One the API server did not take is tried again on
 /// the next pass.
-async fn tell(
+pub(crate) async fn tell(
     warnings: &Warnings,
     warned: &mut BTreeSet<(IngressKey, String, String)>,
     ing: &k8s_openapi::api::networking::v1::Ingress,
@@ -940,33 +962,21 @@ async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyho
     Ok(())
 }
 
-/// Publishes a snapshot: every Ingress this watcher knows, live or kept. The renderer sweeps
-/// whatever else it holds.
+/// Publishes a snapshot: every Ingress this watcher knows, live or kept (in parts when it is
+/// larger than a NATS message). The renderer sweeps whatever else it holds.
 async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
-    let cluster = state.cluster.as_ref();
-    let mut live: Vec<(FleetName, IngressKey)> = state
-        .published
-        .iter()
-        .map(|(k, (f, _))| (f.clone(), k.clone().in_cluster(cluster)))
-        .collect();
-    // In the same order from one snapshot to the next (`published` is hashed).
-    live.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
-    let msg = RouteMessage::Snapshot(RoutesSnapshot {
-        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
-        epoch: state.epoch,
-        cluster: cluster.cloned(),
-        live,
-        keep: state.kept.iter().map(|k| k.clone().in_cluster(cluster)).collect(),
-    });
-    let id = state.next_msg_id();
-    let seq = bus
-        .publish(hafleet_proto::routes_snapshot_subject(state.cluster.as_ref()), &id, msg.encode())
-        .await?;
+    let cluster = state.cluster.clone();
+    let snapshot =
+        crate::snapshot::build(&state.published, &state.kept, state.epoch, cluster.as_ref());
+    let subject = hafleet_proto::routes_snapshot_subject(cluster.as_ref());
+    let sent = crate::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
     info!(
         epoch = state.epoch,
         ingresses = state.published.len(),
         kept = state.kept.len(),
-        stream_seq = seq,
+        stream_seq = sent.seq,
+        parts = sent.parts,
+        bytes = sent.bytes,
         "snapshot published"
     );
     state.snapshot_due = false;

@@ -194,6 +194,9 @@ async fn apply_range(
     let mut messages = consumer.messages().await.context("cannot read the routes stream")?;
     let mut count = 0;
     let mut out = Applied::default();
+    // Snapshot parts read since the last snapshot, for the snapshot that names them; a part
+    // before `from` is read from the stream by itself.
+    let mut parts: std::collections::BTreeMap<u64, bytes::Bytes> = Default::default();
     loop {
         let m = tokio::time::timeout(READ_TIMEOUT, messages.next())
             .await
@@ -205,7 +208,26 @@ async fn apply_range(
             break;
         }
         match RouteMessage::decode(&m.payload) {
-            Ok(msg) => state::apply(desired, seq, &msg, guard, &mut out),
+            Ok(msg) => {
+                if let RouteMessage::SnapshotPart(_) = &msg {
+                    parts.insert(seq, m.payload.clone());
+                }
+                let is_snapshot = matches!(msg, RouteMessage::Snapshot(_));
+                let read = async |part: u64| match parts.get(&part) {
+                    Some(bytes) => Ok(Some(bytes.clone())),
+                    None => read_at(bus, part).await,
+                };
+                match crate::snapshots::whole(msg, read).await? {
+                    Ok(msg) => state::apply(desired, seq, &msg, guard, &mut out),
+                    Err(e) => eprintln!(
+                        "sequence {seq} skipped: snapshot in parts cannot be made whole: {e} \
+                         (the renderer parks such messages)"
+                    ),
+                }
+                if is_snapshot {
+                    parts.clear();
+                }
+            }
             Err(e) => eprintln!("sequence {seq} skipped: {e} (the renderer parks such messages)"),
         }
         // Only the state matters here; what the renderer would write is dropped as it goes.
@@ -216,6 +238,22 @@ async fn apply_range(
         }
     }
     Ok(count)
+}
+
+/// The routes stream's message at `seq` (`None`: no longer there), read with an ordered
+/// consumer: the operator's NATS user reads the stream that way, not by direct get.
+async fn read_at(bus: &bus::Bus, seq: u64) -> anyhow::Result<Option<bytes::Bytes>> {
+    let consumer = ordered(bus, DeliverPolicy::ByStartSequence { start_sequence: seq }).await?;
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(None);
+    }
+    let mut messages = consumer.messages().await.context("cannot read the routes stream")?;
+    let m = tokio::time::timeout(READ_TIMEOUT, messages.next())
+        .await
+        .context("the routes stream stopped answering")?
+        .context("the routes stream ended")??;
+    let info = m.info().map_err(|e| anyhow::anyhow!("message without metadata: {e}"))?;
+    Ok((info.stream_sequence == seq).then(|| m.payload.clone()))
 }
 
 #[cfg(test)]

@@ -528,8 +528,11 @@ mod routing {
             let dir = TestDir::new("hafleet-bench-routing")?;
             let SocketAddr::V4(addr) = backend.addr() else { bail!("IPv4 backend expected") };
             let nodes = [NodeAddr { name: ObjectName::new("node-1")?, addr: (*addr.ip()).into() }];
-            let model =
-                model::build(&FleetName::new("bench")?, &ingresses(n, backend.addr())?, &nodes);
+            // No node health checks: nothing answers on the node's health port here, and
+            // servers that track a failing check would answer 503.
+            let options = model::Options { node_health: None, ..Default::default() };
+            let fleet = FleetName::new("bench")?;
+            let model = model::build_with(&fleet, &ingresses(n, backend.addr())?, &nodes, &options);
             let bundle = Renderer::load(a.template.as_deref())?.render(&model)?;
             let config = crate::write_bundle(dir.path(), &bundle)?;
             let check_ms = crate::check_config(&config)?;
