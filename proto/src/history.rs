@@ -217,6 +217,7 @@ mod tests {
             resource_version: None,
             added: added.iter().map(|s| s.to_string()).collect(),
             removed: vec![],
+            note: None,
         }
     }
 

@@ -339,6 +339,7 @@ pub enum RouteMessage {
     Nodes(NodesUpdate),
     Confirm(SweepConfirm),
     DefaultCert(DefaultCert),
+    Quarantine(crate::Quarantine),
 }
 
 impl RouteMessage {
@@ -352,6 +353,8 @@ impl RouteMessage {
             RouteMessage::Nodes(n) => n.cluster.as_ref(),
             RouteMessage::Confirm(c) => c.cluster.as_ref(),
             RouteMessage::DefaultCert(d) => d.cluster.as_ref(),
+            // The renderer's own, about Ingresses of any cluster: no watcher's epoch fences it.
+            RouteMessage::Quarantine(_) => None,
         }
     }
 
@@ -364,6 +367,7 @@ impl RouteMessage {
             RouteMessage::Nodes(n) => n.epoch,
             RouteMessage::Confirm(c) => c.epoch,
             RouteMessage::DefaultCert(d) => d.epoch,
+            RouteMessage::Quarantine(_) => 0,
         }
     }
 
@@ -393,6 +397,9 @@ pub struct Cause {
     /// Routes the change removed, in the same form.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed: Vec<String>,
+    /// Why, where the kind of change does not say it all: for `quarantine`, what HAProxy said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Where a version's files are.
@@ -507,6 +514,7 @@ impl ConfigVersion {
                 resource_version: None,
                 added: vec![],
                 removed: vec![],
+                note: None,
             });
         }
         v
@@ -675,6 +683,7 @@ mod tests {
             resource_version: Some(i.to_string()),
             added: (0..50).map(|r| format!("h{r}.example.com/ (Prefix)")).collect(),
             removed: vec!["old.example.com/ (Prefix)".into()],
+            note: None,
         };
         let mut v = ConfigVersion::inline(FleetName::new("edge").unwrap(), 7, bundle);
         v.causes = (0..5000).map(cause).collect();
@@ -849,6 +858,7 @@ mod tests {
                 resource_version: Some("42".into()),
                 added: vec!["shop.example.com/api (Prefix)".into()],
                 removed: vec![],
+                note: None,
             }],
             notes: vec!["conflict".into()],
             restores: None,

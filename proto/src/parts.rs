@@ -164,6 +164,7 @@ fn kind(msg: &RouteMessage) -> &'static str {
         RouteMessage::Nodes(_) => "nodes",
         RouteMessage::Confirm(_) => "confirm",
         RouteMessage::DefaultCert(_) => "default_cert",
+        RouteMessage::Quarantine(_) => "quarantine",
     }
 }
 

@@ -55,6 +55,10 @@ fn of_cluster(subject: &str, cluster: Option<&crate::ClusterId>) -> String {
 /// snapshot's, it cannot collide with a fleet's subject.
 pub const ROUTES_CONFIRM_SUBJECT: &str = "hafleet.routes._confirm";
 
+/// Subject of the renderer's quarantines ([`crate::Quarantine`]); like the snapshot's, it
+/// cannot collide with a fleet's subject.
+pub const ROUTES_QUARANTINE_SUBJECT: &str = "hafleet.routes._quarantine";
+
 /// JetStream's de-duplication header: publishes that are retried carry the same id.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header naming the schema version of the payload.

@@ -225,6 +225,7 @@ mod tests {
             routes: vec![],
             seq: 4,
             tls: Vec::new(),
+            quarantined: None,
         };
         desired
             .fleets

@@ -2,7 +2,8 @@
 //! minijinja, and publishes numbered, explained config versions.
 //!
 //! Pure decisions: [`state`] (messages → desired state), [`model`] (state → render model),
-//! [`maps`] and [`render`] (model → map files and config text), [`versions`] (text → new version or not). Adapters: [`store`]
+//! [`maps`] and [`render`] (model → map files and config text), [`versions`] (text → new version or not),
+//! [`quarantine`] (a refused version → the Ingresses that made it). Adapters: [`store`]
 //! (sled) and [`bus`] (NATS). Wiring: [`run`].
 
 pub mod bus;
@@ -11,6 +12,7 @@ pub mod history;
 pub mod maps;
 pub mod model;
 pub mod par;
+pub mod quarantine;
 pub mod render;
 pub mod run;
 pub mod snapshots;

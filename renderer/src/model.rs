@@ -107,6 +107,11 @@ fn backend_name(b: &Backend) -> String {
     }
 }
 
+/// The HAProxy backend a route goes to ([`backend_name`]).
+pub fn backend_of(route: &hafleet_proto::Route) -> String {
+    backend_name(&route.backend)
+}
+
 /// [`backend_name`] without its cluster.
 fn backend_name_in_cluster(b: &Backend) -> String {
     let s = &b.service;
@@ -740,6 +745,7 @@ pub(crate) mod tests {
                         routes,
                         seq: 0,
                         tls: Vec::new(),
+                        quarantined: None,
                     },
                 )
             })

@@ -189,11 +189,31 @@ impl Renderer {
         nodes: &crate::state::Nodes,
         default_cert: Option<&hafleet_proto::SealedCert>,
     ) -> RenderModel {
+        // Quarantined Ingresses are not in the config (nor in conflicts or certificates),
+        // but named in its notes. Rare: the common case borrows the Ingresses as they are.
+        let without: crate::state::Ingresses;
+        let quarantined: Vec<String> = ingresses
+            .iter()
+            .filter(|(_, e)| e.quarantined.is_some())
+            .map(|(k, _)| format!("{k}: quarantined, HAProxy refused what it made (history why)"))
+            .collect();
+        let ingresses = match !quarantined.is_empty() {
+            true => {
+                without = ingresses
+                    .iter()
+                    .filter(|(_, e)| e.quarantined.is_none())
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect();
+                &without
+            }
+            false => ingresses,
+        };
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let kept = all.entry(fleet.to_string()).or_default();
         let mut model =
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
         model.tls = crate::tls::files(ingresses, default_cert);
+        model.notes.splice(0..0, quarantined);
         model
     }
 
@@ -448,6 +468,7 @@ mod tests {
                     routes: vec![route],
                     seq: 1,
                     tls: Vec::new(),
+                    quarantined: None,
                 };
                 (IngressKey::new("team", &format!("ing-{i}")).unwrap(), entry)
             })

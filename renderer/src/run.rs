@@ -232,9 +232,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let guard = args.render.guard();
     let mut releases = Releases::default();
+    // Versions HAProxy refused: traced to the Ingresses that made them, which are quarantined.
+    let mut refusals = crate::quarantine::adapter::refusals(bus.clone());
+    let mut quarantined = std::collections::BTreeSet::new();
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
+            Some(report) = refusals.recv() => {
+                let take = crate::quarantine::adapter::take(&bus, &store, &desired, &report, &mut quarantined);
+                if let Err(e) = take.await {
+                    warn!(fleet = %report.fleet, version = report.version, error = %format!("{e:#}"),
+                          "cannot quarantine what HAProxy refused");
+                }
+                continue;
+            }
             Some(request) = history.next() => {
                 let ctx = crate::history::service::Ctx {
                     bus: &bus, store: &store, renderer: &renderer, desired: &desired, signer: &signer,
@@ -573,6 +584,7 @@ fn rerender_all(
                 resource_version: None,
                 added: vec![],
                 removed: vec![],
+                note: None,
             };
             (fleet.clone(), vec![cause])
         })

@@ -24,6 +24,10 @@ pub struct IngressEntry {
     /// Its TLS entries: which of its hosts are served with which certificate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls: Vec<hafleet_proto::TlsEntry>,
+    /// Taken out of the fleet's config by a [`hafleet_proto::Quarantine`] (what HAProxy said),
+    /// until an event with another resourceVersion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 /// One fleet's Ingresses.
@@ -257,11 +261,14 @@ pub fn apply(
     let epoch = msg.epoch();
     let cluster = msg.cluster();
     let newest = desired.epoch(cluster);
-    if epoch < newest {
+    // A quarantine is the renderer's own (about Ingresses of any cluster): no watcher's
+    // epoch fences it, and it moves none.
+    let own = matches!(msg, RouteMessage::Quarantine(_));
+    if epoch < newest && !own {
         out.fenced.push((epoch, newest));
         return;
     }
-    if epoch > newest {
+    if epoch > newest && !own {
         desired.epochs.insert(cluster.cloned(), epoch);
         out.writes.push(StateWrite::Epoch(cluster.cloned(), epoch));
     }
@@ -286,6 +293,7 @@ pub fn apply(
                     resource_version: None,
                     added: added.clone(),
                     removed: removed.clone(),
+                    note: None,
                 });
             }
         }
@@ -309,6 +317,7 @@ pub fn apply(
                 resource_version: Some(event.resource_version.clone()),
                 added,
                 removed,
+                note: None,
             };
             match &event.change {
                 RouteChange::Upsert { routes, tls } => {
@@ -319,7 +328,13 @@ pub fn apply(
                         routes: routes.clone(),
                         seq,
                         tls,
+                        quarantined: None,
                     };
+                    // A quarantined Ingress stays out until its owner changes it.
+                    entry.quarantined = fleet
+                        .get(&event.ingress)
+                        .filter(|old| old.resource_version == event.resource_version)
+                        .and_then(|old| old.quarantined.clone());
                     let unchanged = fleet.get(&event.ingress).is_some_and(|old| {
                         entry.seq = old.seq;
                         *old == entry
@@ -438,6 +453,7 @@ pub fn apply(
                 resource_version: None,
                 added: new.map(label).into_iter().collect(),
                 removed: old.map(label).into_iter().collect(),
+                note: None,
             };
             match new {
                 Some(c) => desired.default_certs.insert(fleet.clone(), c.clone()),
@@ -446,6 +462,27 @@ pub fn apply(
             desired.fleets.entry(fleet.clone()).or_default();
             out.writes.push(StateWrite::DefaultCerts(desired.default_certs.clone()));
             out.causes.entry(fleet.clone()).or_default().push(cause);
+        }
+        RouteMessage::Quarantine(q) => {
+            let Some(ingresses) = desired.fleets.get_mut(&q.fleet) else { return };
+            for (key, rv) in &q.ingresses {
+                let Some(entry) = ingresses.get_mut(key) else { continue };
+                // Changed since (its owner may have fixed it), or out already.
+                if entry.resource_version != *rv || entry.quarantined.is_some() {
+                    continue;
+                }
+                entry.quarantined = Some(q.message.clone());
+                out.writes.push(StateWrite::Put(q.fleet.clone(), key.clone(), entry.clone()));
+                out.causes.entry(q.fleet.clone()).or_default().push(Cause {
+                    stream_seq: seq,
+                    ingress: Some(key.clone()),
+                    what: "quarantine".into(),
+                    resource_version: Some(rv.clone()),
+                    added: vec![],
+                    removed: route_changes(&entry.routes, &[]).1,
+                    note: Some(format!("version {} failed haproxy -c: {}", q.version, q.message)),
+                });
+            }
         }
         RouteMessage::Confirm(confirm) => {
             let fleet = &confirm.fleet;
@@ -485,6 +522,7 @@ fn withdraw(
             resource_version: None,
             added: vec![],
             removed: route_changes(&old.routes, &[]).1,
+            note: None,
         });
     }
 }
@@ -972,6 +1010,7 @@ mod tests {
             routes: vec![],
             seq: 1,
             tls: vec![tls_entry(&["a.example.com"], Some(held.clone()))],
+            quarantined: None,
         };
         fleet.insert(IngressKey::new("t", "i").unwrap(), old.clone());
         // Sealed anew to the same recipient (a watcher restart): the bytes held stay.

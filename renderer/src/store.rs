@@ -692,6 +692,7 @@ mod tests {
                 routes: vec![],
                 seq: 1,
                 tls: Vec::new(),
+                quarantined: None,
             };
             let node = hafleet_proto::NodeAddr {
                 name: hafleet_proto::ObjectName::new("n1").unwrap(),

@@ -165,6 +165,7 @@ mod tests {
                     cert,
                 })
                 .collect(),
+            quarantined: None,
         }
     }
 

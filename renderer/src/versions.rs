@@ -91,6 +91,7 @@ mod tests {
                 routes: vec![],
                 seq: 1,
                 tls: Vec::new(),
+                quarantined: None,
             },
         );
         // An Ingress without routes renders the same config: still no new version.

@@ -62,6 +62,7 @@ fn render_fixture_from(path: &Path, renderer: Renderer) -> Bundle {
                     routes: f.routes,
                     seq: 0,
                     tls: Vec::new(),
+                    quarantined: None,
                 },
             )
         })
@@ -275,6 +276,7 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
                 routes: f.routes,
                 seq: 0,
                 tls: Vec::new(),
+                quarantined: None,
             };
             (key, entry)
         })

@@ -260,3 +260,71 @@ async fn the_admin_s_tenancy_policy_says_who_may_claim_what() -> Result<()> {
     expect_everywhere(stack, "unknown.test", "/", 404, "").await?;
     Ok(())
 }
+
+/// The safety net: a version HAProxy refuses because of the lines one Ingress made (here a
+/// template whose backend macro breaks only for that Ingress's settings) is traced back to
+/// that Ingress, which is quarantined with an Event; the fleet moves on without it, serves
+/// the next change, and takes it back once its owner changes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_moves_on() -> Result<()>
+{
+    let mut world = World::start().await?;
+    world.route("good", "good.example.com", "/", "web").await?;
+    let mut bad = ingress("bad", Some("edge"), "bad.example.com", "/", "api");
+    bad.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hafleet.io/max-conn".into(), "77".into());
+    world.ingresses.create(&PostParams::default(), &bad).await?;
+    expect_everywhere(&world.stack, "bad.example.com", "/", 200, "api@").await?;
+    let before = world.stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
+
+    // A template that writes a line HAProxy refuses into the backend of maxconn 77 only.
+    let marker = "# quarantine test template";
+    crate::render_with(
+        &mut world,
+        "breaks-77.j2",
+        |t| {
+            let t = t.replace(
+                "{%- if b.cookie %}\n    cookie",
+                "{%- if b.max_conn == 77 %}\n    no-such-directive on\n{%- endif %}\n{%- if b.cookie %}\n    cookie",
+            );
+            format!("{t}{marker}\n")
+        },
+        marker,
+    )
+    .await?;
+    let stack = &world.stack;
+    let told = warning_event_in(stack, "default", "bad", "Quarantined")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+    let note = told.note.unwrap_or_default();
+    assert!(note.contains("no-such-directive"), "HAProxy's words reach the owner: {note}");
+    expect_everywhere(stack, "bad.example.com", "/", 404, "").await?;
+    expect_everywhere(stack, "good.example.com", "/", 200, "web@").await?;
+    // The fleet serves the next change; the version that took it out says why.
+    world.route("next", "next.example.com", "/", "web").await?;
+    expect_everywhere(stack, "next.example.com", "/", 200, "web@").await?;
+    let quarantines: Vec<_> = stack
+        .versions()
+        .await?
+        .into_iter()
+        .filter(|v| v.version > before)
+        .flat_map(|v| v.causes.into_iter().filter(|c| c.what == "quarantine"))
+        .collect();
+    assert_eq!(quarantines.len(), 1, "{quarantines:?}");
+    let who = quarantines[0].ingress.as_ref().map(|k| k.to_string());
+    assert_eq!(who.as_deref(), Some("default/bad"));
+    assert!(quarantines[0].note.as_deref().unwrap_or_default().contains("no-such-directive"));
+    for h in &stack.hosts {
+        let live = h.live_config();
+        assert!(!live.contains("no-such-directive"), "{live}");
+        assert!(live.contains("#   default/bad: quarantined"), "named in the notes: {live}");
+    }
+
+    // Its owner changes it (another max-conn): it is taken back and served.
+    let fixed = json!({"metadata": {"annotations": {"hafleet.io/max-conn": "78"}}});
+    world.ingresses.patch("bad", &PatchParams::default(), &Patch::Merge(&fixed)).await?;
+    expect_everywhere(&world.stack, "bad.example.com", "/", 200, "api@").await?;
+    Ok(())
+}

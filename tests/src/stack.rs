@@ -357,6 +357,27 @@ impl Stack {
         Ok(Some(bus.fetch_bundle(v).await?))
     }
 
+    /// Every config version of the stack's fleet still in the configs stream, oldest first
+    /// (without fetching bundles that went to the bundles stream).
+    pub async fn versions(&self) -> Result<Vec<ConfigVersion>> {
+        let js = async_nats::jetstream::new(self.nats.client().await?);
+        let Ok(mut stream) = js.get_stream(hafleet_proto::CONFIGS_STREAM).await else {
+            return Ok(vec![]);
+        };
+        let state = stream.info().await?.state.clone();
+        let fleet = FleetName::new(self.fleet.as_str())?;
+        let mut out = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            let Ok(msg) = stream.get_raw_message(seq).await else { continue };
+            if let Ok(v) = ConfigVersion::decode(&msg.payload)
+                && v.fleet == fleet
+            {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
     pub fn log_path(&self, c: Component) -> PathBuf {
         self.dir.path().join(format!("{}.log", c.binary()))
     }

@@ -61,11 +61,27 @@ impl Feedback {
     /// Remembers which Ingresses caused `v`; returns what reports that came before it tell.
     pub fn on_version(&mut self, v: &ConfigVersion) -> Vec<Notice> {
         self.remember(v);
+        // An Ingress the renderer quarantined is told why, whatever the hosts say next.
+        let quarantined = v.causes.iter().filter(|c| c.what == "quarantine").filter_map(|c| {
+            let key = c.ingress.as_ref().filter(|k| k.is_in(self.cluster.as_ref()))?;
+            Some(Notice {
+                ingresses: vec![key.clone().in_cluster(None)],
+                warning: true,
+                reason: "Quarantined",
+                note: format!(
+                    "taken out of fleet {} until it is changed: {}",
+                    v.fleet,
+                    c.note.as_deref().unwrap_or("HAProxy refused the lines it made")
+                ),
+            })
+        });
+        let quarantined: Vec<Notice> = quarantined.collect();
         let (now, later): (Vec<ApplyReport>, Vec<ApplyReport>) = std::mem::take(&mut self.early)
             .into_iter()
             .partition(|r| r.fleet == v.fleet && r.version == v.version);
         self.early = later;
-        now.iter().flat_map(|r| self.on_report(r, true)).collect()
+        let told = now.iter().flat_map(|r| self.on_report(r, true)).collect::<Vec<_>>();
+        quarantined.into_iter().chain(told).collect()
     }
 
     fn remember(&mut self, v: &ConfigVersion) {
@@ -167,6 +183,7 @@ mod tests {
                     resource_version: None,
                     added: vec![],
                     removed: vec![],
+                    note: None,
                 })
                 .collect(),
             ..ConfigVersion::inline(FleetName::new("edge").unwrap(), n, Bundle::default())

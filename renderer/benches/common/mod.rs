@@ -65,6 +65,7 @@ pub fn fleet(n: usize) -> BTreeMap<IngressKey, IngressEntry> {
                 routes: routes(i),
                 seq: 0,
                 tls: Vec::new(),
+                quarantined: None,
             };
             (key(i), entry)
         })

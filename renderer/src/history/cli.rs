@@ -334,7 +334,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                             "ingress": c.ingress.as_ref().map(|k| k.to_string()),
                             "what": c.what, "stream_seq": c.stream_seq,
                             "resource_version": c.resource_version,
-                            "added": c.added, "removed": c.removed,
+                            "added": c.added, "removed": c.removed, "note": c.note,
                         })
                     })
                     .collect();
@@ -352,6 +352,11 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                 }
                 for r in &c.removed {
                     println!("      - {r}");
+                }
+                if let Some(note) = &c.note {
+                    for line in note.lines() {
+                        println!("      ! {line}");
+                    }
                 }
             }
             for note in &version.notes {

@@ -84,6 +84,7 @@ async fn answer(
                 resource_version: None,
                 added: vec![],
                 removed: vec![],
+                note: None,
             }];
             v.notes = vec![format!(
                 "rolled back to version {version} by an operator; the fleet stays on it until \
@@ -110,6 +111,7 @@ async fn answer(
                 resource_version: None,
                 added: vec![],
                 removed: vec![],
+                note: None,
             };
             let made = next_version(
                 ctx.renderer,

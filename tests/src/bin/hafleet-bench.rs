@@ -359,6 +359,7 @@ fn fleet(
                 routes: vec![route],
                 seq: 1,
                 tls: Vec::new(),
+                quarantined: None,
             };
             Ok((IngressKey::new("bench", &format!("app-{i}"))?, entry))
         })

@@ -1,0 +1,397 @@
+//! The safety net under every check the watcher makes: when `haproxy -c` refuses a fleet's
+//! newest version, the lines it names are traced back to the Ingresses that made them, and
+//! those Ingresses are taken out of the fleet ([`hafleet_proto::Quarantine`]), so the fleet
+//! moves on without them instead of failing every later version the same way.
+//!
+//! ```text
+//! report: failed at validate ─▶ [trace] HAProxy's alerts ─▶ config lines / proxy names
+//!                                        ─▶ backend sections ─▶ Ingresses routing to them
+//!         ─▶ Quarantine on hafleet.routes._quarantine ─▶ (routes stream) ─▶ a version without them
+//! ```
+//! [`trace`] is pure. It explains a refusal only when every alert names a line in a backend
+//! section (or a backend by name) that some Ingress of the fleet routes to, and when that is
+//! at most [`MAX_CULPRITS`] Ingresses and not every Ingress of the fleet. Anything else (a
+//! line in `global`, `defaults` or the frontend, an alert naming nothing, a template whose
+//! backend macro breaks every backend) is the template's, not a tenant's: the fleet halts as
+//! before, and the operator is told.
+
+use crate::state::Ingresses;
+use hafleet_proto::IngressKey;
+use std::collections::BTreeSet;
+
+/// Most Ingresses one refused version may quarantine: more is taken for a template error.
+pub const MAX_CULPRITS: usize = 5;
+
+/// What a refusal is traced to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Traced {
+    /// These Ingresses, each with the resourceVersion it has in the fleet.
+    Ingresses(Vec<(IngressKey, String)>),
+    /// No Ingress explains it (why not).
+    Unexplained(String),
+}
+
+/// The lines and proxies `haproxy -c`'s alerts name: `parsing [<file>:<line>]` (where
+/// `<file>` is the config, not a map) and `proxy '<name>'` / `backend '<name>'`. `None` for an
+/// alert that names neither.
+fn alert_targets(message: &str) -> Vec<Option<Target>> {
+    message
+        .lines()
+        .filter(|l| l.contains("[ALERT]"))
+        // HAProxy's closing summary, after the alerts that say what is wrong.
+        .filter(|l| {
+            !l.contains("Error(s) found in configuration file")
+                && !l.contains("Fatal errors found in configuration")
+        })
+        .map(|line| {
+            let lower = line.to_ascii_lowercase();
+            for word in ["proxy '", "backend '"] {
+                if let Some(at) = lower.find(word) {
+                    let rest = &line[at + word.len()..];
+                    if let Some(end) = rest.find('\'') {
+                        return Some(Target::Proxy(rest[..end].to_owned()));
+                    }
+                }
+            }
+            // `[<file>:<line>]` of the config (a map's lines are not the config's).
+            let mut rest = line;
+            while let Some(open) = rest.find('[') {
+                let inner = &rest[open + 1..];
+                let Some(close) = inner.find(']') else { break };
+                if let Some((file, n)) = inner[..close].rsplit_once(':')
+                    && !file.ends_with(".map")
+                    && let Ok(n) = n.parse::<usize>()
+                {
+                    return Some(Target::Line(n));
+                }
+                rest = &inner[close + 1..];
+            }
+            None
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Line(usize),
+    Proxy(String),
+}
+
+/// The backend whose section holds line `n` (1-based) of `config`, if it is in one.
+fn backend_at(config: &str, n: usize) -> Option<&str> {
+    let lines: Vec<&str> = config.lines().take(n).collect();
+    if n == 0 || lines.len() < n {
+        return None;
+    }
+    let header = lines
+        .into_iter()
+        .rev()
+        .find(|l| !l.is_empty() && !l.starts_with(char::is_whitespace) && !l.starts_with('#'))?;
+    let mut words = header.split_whitespace();
+    (words.next() == Some("backend")).then(|| words.next()).flatten()
+}
+
+/// Which Ingresses of the fleet (`ingresses`, as the refused `config` was rendered from)
+/// made what `message` (`haproxy -c`'s output) refuses.
+pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
+    let targets = alert_targets(message);
+    if targets.is_empty() {
+        return Traced::Unexplained("HAProxy's output has no alert but its summary".into());
+    }
+    let mut backends: BTreeSet<String> = BTreeSet::new();
+    for target in targets {
+        let backend = match target {
+            Some(Target::Proxy(name)) => name,
+            Some(Target::Line(n)) => match backend_at(config, n) {
+                Some(b) => b.to_owned(),
+                None => {
+                    return Traced::Unexplained(format!(
+                        "line {n} of the config is not in a backend section"
+                    ));
+                }
+            },
+            None => return Traced::Unexplained("an alert names no line and no proxy".into()),
+        };
+        backends.insert(backend);
+    }
+    let mut culprits: Vec<(IngressKey, String)> = Vec::new();
+    for backend in &backends {
+        let made: Vec<(IngressKey, String)> = ingresses
+            .iter()
+            .filter(|(_, e)| e.quarantined.is_none())
+            .filter(|(_, e)| e.routes.iter().any(|r| crate::model::backend_of(r) == *backend))
+            .map(|(k, e)| (k.clone(), e.resource_version.clone()))
+            .collect();
+        if made.is_empty() {
+            return Traced::Unexplained(format!("no Ingress routes to backend {backend}"));
+        }
+        culprits.extend(made);
+    }
+    culprits.sort();
+    culprits.dedup();
+    let live = ingresses.values().filter(|e| e.quarantined.is_none()).count();
+    if culprits.len() > MAX_CULPRITS || culprits.len() >= live {
+        return Traced::Unexplained(format!(
+            "{} of the fleet's {live} Ingresses made the refused lines: a template error, not \
+             a tenant's",
+            culprits.len()
+        ));
+    }
+    Traced::Ingresses(culprits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::IngressEntry;
+
+    fn entry(service: &str, rv: &str) -> IngressEntry {
+        let route: hafleet_proto::Route = serde_json::from_value(serde_json::json!({
+            "host": format!("{service}.example.com"), "path": "/", "kind": "Prefix",
+            "backend": {"service": {"namespace": "default", "name": service, "port": 80},
+                        "node_port": 30080}
+        }))
+        .unwrap();
+        IngressEntry {
+            created_unix: 1,
+            resource_version: rv.into(),
+            routes: vec![route],
+            seq: 1,
+            tls: vec![],
+            quarantined: None,
+        }
+    }
+
+    fn fleet() -> Ingresses {
+        ["web", "api", "bad", "other"]
+            .iter()
+            .map(|s| (IngressKey::new("default", s).unwrap(), entry(s, &format!("rv-{s}"))))
+            .collect()
+    }
+
+    const CONFIG: &str = "global\n    stats timeout 30s\n\nfrontend f\n    bind :80\n\n\
+        backend be_default_web_80\n    server a 1.2.3.4:1\nbackend be_default_bad_80\n    # x\n\
+        \n    no-such-directive on\n    server a 1.2.3.4:1\nbackend hafleet_no_route\n    \
+        http-request deny\n";
+
+    /// `haproxy -c`'s output for one alert, with the summary it closes with.
+    fn alert(text: &str) -> String {
+        format!(
+            "[NOTICE]   (1) : haproxy version is 2.6.12\n[ALERT]    (1) : config : {text}\n\
+             [ALERT]    (1) : config : Error(s) found in configuration file : /x/haproxy.cfg\n\
+             [ALERT]    (1) : config : Fatal errors found in configuration.\n"
+        )
+    }
+
+    #[test]
+    fn a_line_in_a_backend_is_traced_to_the_ingresses_that_route_to_it() {
+        let msg = alert(
+            "parsing [/etc/haproxy/haproxy.cfg.hafleet-new-x:12] : unknown keyword \
+             'no-such-directive' in 'backend' section",
+        );
+        let bad = IngressKey::new("default", "bad").unwrap();
+        assert_eq!(trace(CONFIG, &msg, &fleet()), Traced::Ingresses(vec![(bad, "rv-bad".into())]));
+        let by_name = alert("Proxy 'be_default_bad_80': unable to find required use_backend");
+        assert!(matches!(trace(CONFIG, &by_name, &fleet()), Traced::Ingresses(v) if v.len() == 1));
+    }
+
+    #[test]
+    fn what_no_ingress_explains_is_the_template_s() {
+        for (msg, says) in [
+            (alert("parsing [haproxy.cfg:2] : unknown keyword"), "line 2 of the config"),
+            (alert("parsing [haproxy.cfg:16] : bad"), "line 16"),
+            (alert("Proxy 'hafleet_no_route': broken"), "no Ingress routes to backend"),
+            (alert("something else broke"), "names no line and no proxy"),
+            ("[ALERT] (1) : config : Fatal errors found in configuration.\n".into(), "no alert"),
+            ("[WARNING] (1) : config : something\n".into(), "no alert"),
+        ] {
+            let Traced::Unexplained(why) = trace(CONFIG, &msg, &fleet()) else {
+                panic!("{msg}");
+            };
+            assert!(why.contains(says), "{msg}: {why}");
+        }
+        // Every Ingress of the fleet: the backend macro itself is broken.
+        let mut two = fleet();
+        two.retain(|k, _| k.name.as_str() == "bad");
+        let msg = alert("parsing [haproxy.cfg:12] : unknown keyword");
+        assert!(
+            matches!(trace(CONFIG, &msg, &two), Traced::Unexplained(w) if w.contains("template"))
+        );
+    }
+
+    /// In the desired state: a quarantined Ingress stays out while the watcher resends it as
+    /// it was (a restart, a snapshot), and comes back once its owner changed it.
+    #[test]
+    fn a_quarantine_lasts_until_the_ingress_changes() {
+        use crate::state::{Applied, Desired, SweepGuard, apply};
+        use hafleet_proto::RouteMessage;
+        let upsert = |rv: &str, epoch: u64| -> RouteMessage {
+            serde_json::from_value(serde_json::json!({
+                "type": "event", "schema": 3, "fleet": "edge",
+                "ingress": {"namespace": "default", "name": "bad"},
+                "created_unix": 1, "resource_version": rv, "epoch": epoch,
+                "change": {"op": "upsert", "routes": [entry("bad", rv).routes[0]]}
+            }))
+            .unwrap()
+        };
+        let bad = IngressKey::new("default", "bad").unwrap();
+        let edge = hafleet_proto::FleetName::new("edge").unwrap();
+        let mut desired = Desired::default();
+        let guard = SweepGuard::default();
+        let mut step = |seq: u64, msg: RouteMessage| {
+            let mut out = Applied::default();
+            apply(&mut desired, seq, &msg, &guard, &mut out);
+            let quarantined = desired.ingresses(&edge).get(&bad).map(|e| e.quarantined.is_some());
+            (quarantined, out.causes.get(&edge).cloned().unwrap_or_default())
+        };
+        step(1, upsert("rv-1", 5));
+        let q = |rv: &str| {
+            RouteMessage::Quarantine(hafleet_proto::Quarantine {
+                schema: hafleet_proto::PARTS_SCHEMA_VERSION,
+                fleet: edge.clone(),
+                version: 2,
+                ingresses: vec![(bad.clone(), rv.into())],
+                message: "unknown keyword".into(),
+            })
+        };
+        // A quarantine of another resourceVersion (changed since) takes nothing out.
+        assert_eq!(step(2, q("rv-0")), (Some(false), vec![]));
+        let (out, causes) = step(3, q("rv-1"));
+        assert_eq!(out, Some(true), "epoch 0: the renderer's own message is not fenced");
+        assert_eq!((causes.len(), causes[0].what.as_str()), (1, "quarantine"));
+        assert!(causes[0].note.as_deref().unwrap().contains("version 2 failed haproxy -c"));
+        assert_eq!(step(4, upsert("rv-1", 6)).0, Some(true), "resent as it was: still out");
+        assert_eq!(step(5, upsert("rv-2", 6)).0, Some(false), "changed: taken back");
+    }
+
+    #[test]
+    fn lines_of_a_map_are_not_lines_of_the_config() {
+        let msg = alert("parsing [hafleet-maps/exact-x.map:12] : bad");
+        assert!(matches!(trace(CONFIG, &msg, &fleet()), Traced::Unexplained(_)));
+    }
+}
+
+/// Reading the fleets' reports and publishing quarantines: the I/O around [`trace`].
+pub mod adapter {
+    use super::{Traced, trace};
+    use crate::state::Desired;
+    use crate::store::Store;
+    use anyhow::Context as _;
+    use async_nats::jetstream::consumer::DeliverPolicy;
+    use futures::StreamExt as _;
+    use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, FleetName, Quarantine};
+    use hafleet_runtime::nats::Bus;
+    use std::collections::BTreeSet;
+    use tokio::sync::mpsc;
+    use tracing::{debug, info, warn};
+
+    /// Reports of versions `haproxy -c` refused, from every fleet's hosts: each host's last
+    /// report first (a refusal while the renderer was down is still seen), then as they come.
+    /// Read again after any error, every 5 s (the stream may not exist yet).
+    pub fn refusals(bus: Bus) -> mpsc::Receiver<ApplyReport> {
+        let (tx, rx) = mpsc::channel(64);
+        let span = tracing::info_span!("refusals");
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                loop {
+                    if let Err(e) = read(&bus, &tx).await {
+                        debug!(error = %format!("{e:#}"), "reading the reports stopped; again in 5 s");
+                    }
+                    if tx.is_closed() {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            },
+            span,
+        ));
+        rx
+    }
+
+    async fn read(bus: &Bus, tx: &mpsc::Sender<ApplyReport>) -> anyhow::Result<()> {
+        let stream = bus
+            .js
+            .get_stream(hafleet_proto::REPORTS_STREAM)
+            .await
+            .context("cannot open the reports stream")?;
+        let consumer = bus
+            .ordered(&stream, hafleet_proto::REPORTS_SUBJECTS, DeliverPolicy::LastPerSubject)
+            .await?;
+        let mut messages = consumer.messages().await.context("cannot read the reports")?;
+        while let Some(m) = messages.next().await {
+            let m = m.context("reports stream")?;
+            let Ok(r) = ApplyReport::decode(&m.payload) else { continue };
+            // Only a fleet's own applier may publish on its subjects.
+            if m.subject.as_str() != hafleet_proto::reports_subject(&r.fleet, &r.host) {
+                continue;
+            }
+            if matches!(r.outcome, ApplyOutcome::Failed { stage: ApplyStage::Validate, .. })
+                && tx.send(r).await.is_err()
+            {
+                return Ok(());
+            }
+        }
+        anyhow::bail!("reports stream ended")
+    }
+
+    /// Takes a refusal: if it is of its fleet's newest version (and the fleet is not pinned),
+    /// traces it and publishes the quarantine it calls for, once per version (`done`).
+    pub async fn take(
+        bus: &Bus,
+        store: &Store,
+        desired: &Desired,
+        report: &ApplyReport,
+        done: &mut BTreeSet<(FleetName, u64)>,
+    ) -> anyhow::Result<()> {
+        let ApplyOutcome::Failed { message, .. } = &report.outcome else { return Ok(()) };
+        let fleet = &report.fleet;
+        let key = (fleet.clone(), report.version);
+        if done.contains(&key) {
+            return Ok(());
+        }
+        let latest = store.latest(fleet)?;
+        let Some(version) = latest.filter(|v| v.version == report.version) else {
+            return Ok(()); // an older version: a newer one is on its way or live
+        };
+        if store.pinned(fleet)?.is_some() || version.sha256 != report.sha256 {
+            return Ok(());
+        }
+        let Some(bundle) = version.bundle() else {
+            warn!(fleet = %fleet, version = version.version, "refused version not held whole; not traced");
+            return Ok(());
+        };
+        done.insert(key);
+        let ingresses = desired.ingresses(fleet);
+        match trace(&bundle.config, message, ingresses) {
+            Traced::Unexplained(why) => {
+                warn!(fleet = %fleet, version = version.version, host = %report.host, %why,
+                      "HAProxy refused the fleet's newest version and no Ingress explains it: the fleet halts until the template or the host is fixed");
+            }
+            Traced::Ingresses(culprits) => {
+                let msg = hafleet_proto::RouteMessage::Quarantine(Quarantine {
+                    schema: hafleet_proto::PARTS_SCHEMA_VERSION,
+                    fleet: fleet.clone(),
+                    version: version.version,
+                    ingresses: culprits.clone(),
+                    message: hafleet_proto::quarantine::cut_message(&alerts_only(message)),
+                });
+                let id = format!("quarantine-{fleet}-{}", version.version);
+                let subject = hafleet_proto::ROUTES_QUARANTINE_SUBJECT.to_owned();
+                let seq = bus.publish(subject, &id, msg.encode()).await?;
+                let names: Vec<String> = culprits.iter().map(|(k, _)| k.to_string()).collect();
+                info!(fleet = %fleet, version = version.version, stream_seq = seq,
+                      ingresses = %names.join(", "), "quarantined what HAProxy refused");
+            }
+        }
+        Ok(())
+    }
+
+    /// HAProxy's alert lines (not its notices), which say what is wrong.
+    fn alerts_only(message: &str) -> String {
+        let alerts: Vec<&str> = message.lines().filter(|l| l.contains("[ALERT]")).collect();
+        match alerts.is_empty() {
+            true => message.to_owned(),
+            false => alerts.join("\n"),
+        }
+    }
+}
