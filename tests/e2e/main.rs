@@ -7,10 +7,12 @@
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
+//! - `churn`: a namespace changing its Ingresses in a loop reloads its fleet within its budget;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
 //! - `clusters`: several Kubernetes clusters feed one fleet;
 //! - `image`: the container image, built and run.
 
+mod churn;
 mod clusters;
 mod docs;
 mod history;

@@ -2,10 +2,12 @@
 //! publishes each Ingress's fully resolved routes for its fleet.
 //!
 //! Pure decisions: [`resolve`] (objects → validated routes), [`tenancy`] (hosts kept to their
-//! namespace, conflicts told to the loser) and [`index`] (what to publish).
+//! namespace, conflicts told to the loser), [`index`] (what to publish) and [`churn`] (what
+//! waits, so that no namespace changes a fleet more often than its budget).
 //! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
 pub mod annotations;
+pub mod churn;
 pub mod feedback;
 pub mod index;
 pub mod kept;

@@ -63,6 +63,12 @@ pub struct RunArgs {
     /// what every fleet holds and every snapshot names without bound.
     #[arg(long, env = "HAFLEET_MAX_KEPT_PER_NAMESPACE", default_value_t = 1000)]
     pub max_kept_per_namespace: usize,
+    /// Most changes per minute one namespace may make to what a fleet runs (each may reload
+    /// its hosts), after a burst of ten seconds' worth. Beyond it the namespace's changed
+    /// Ingresses wait, each with a Throttled Warning Event, and go together, in their latest
+    /// state, when the budget allows. Deletions never wait. 0: no limit.
+    #[arg(long, env = "HAFLEET_NAMESPACE_CHANGES_PER_MINUTE", default_value_t = 30)]
+    pub namespace_changes_per_minute: u32,
     /// Let any namespace route any host. By default a host belongs, on each fleet, to the
     /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
     /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
@@ -160,6 +166,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         memo: resolve::Memo::default(),
         policy: Default::default(),
+        churn: Default::default(),
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -219,6 +226,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     health.ready();
+    // The initial state restates what the fleets run: only changes from here on are counted.
+    state.churn = crate::churn::Budget::new(args.namespace_changes_per_minute);
     // Events from the fleets' reports on the Ingresses that caused each version: the leader's
     // job, started again if NATS stops delivering (the streams may not exist yet).
     {
@@ -249,6 +258,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tokio::pin!(lost);
     loop {
+        let due = state.churn.next_due(tokio::time::Instant::now());
         tokio::select! {
             _ = &mut lost => {
                 // Another replica may hold it now: stop publishing at once, and come back as
@@ -272,6 +282,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep(resync) => {}
+            // Held changes whose namespace has budget again.
+            _ = crate::churn::sleep_until(due) => {}
             _ = &mut shutdown => break,
         }
         if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
@@ -365,6 +377,8 @@ struct State {
     memo: resolve::Memo,
     /// With `--tenancy-policy`: the policy in force.
     policy: crate::policy::InForce,
+    /// `--namespace-changes-per-minute`, once the initial state is out.
+    churn: crate::churn::Budget,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
@@ -733,10 +747,18 @@ async fn sync(
     }
     let cap = args.max_kept_per_namespace;
     crate::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
+    let actions = index::diff(&state.published, &desired);
+    // Upserts of a namespace over its budget wait, unrecorded: the next diff finds them again.
+    let crate::churn::Admitted { go: actions, held } =
+        state.churn.admit(actions, &state.published, tokio::time::Instant::now());
+    // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
+    let unpublished = held.iter().map(|(_, k)| k).filter(|k| !state.published.contains_key(*k));
     let kept: BTreeSet<IngressKey> = desired
         .iter()
         .filter(|(_, d)| matches!(d, Desired::Keep))
-        .map(|(k, _)| k.clone())
+        .map(|(k, _)| k)
+        .chain(unpublished)
+        .cloned()
         .collect();
     // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
     // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
@@ -748,8 +770,11 @@ async fn sync(
     if prune_warned {
         state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
     }
-
-    let actions = index::diff(&state.published, &desired);
+    for (fleet, key) in &held {
+        let Some((ing, rv)) = objects.get(key) else { continue };
+        let said = (key, rv.as_str(), "Throttled", state.churn.note(fleet, &key.namespace));
+        tell(warnings, &mut state.warned, ing, said, "ingress changes held").await;
+    }
     // What a pass costs before it publishes; only Ingresses whose inputs changed are resolved.
     debug!(
         ingresses = desired.len(),
@@ -757,6 +782,7 @@ async fn sync(
         resolved_anew = state.memo.fresh(),
         resolve_ms = resolved.as_secs_f64() * 1000.0,
         pass_ms = started.elapsed().as_secs_f64() * 1000.0,
+        held = held.len(),
         "pass over the cluster's objects"
     );
     let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
@@ -824,6 +850,9 @@ async fn sync(
     // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
     for (key, (ing, _)) in &objects {
         let Some(Desired::Routed(r)) = desired.get(key) else { continue };
+        if !state.published.contains_key(key) {
+            continue; // held
+        }
         let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
         if !r.routes.is_empty() && !crate::status::shows(ing, addresses) {
             warnings.set_status(ing, addresses.clone()).await;
