@@ -278,7 +278,9 @@ fn fingerprint_of(pem: &str) -> Result<String> {
 async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
     let n = a.pipeline_certs;
     let mut stack = Stack::start("edge", a.hosts).await?;
-    hafleet_tests::tls::tls_on(&mut stack, &[]).await?;
+    // Rotations go back to back in one namespace: the per-namespace budget is off here.
+    hafleet_tests::tls::tls_on(&mut stack, &[("HAFLEET_NAMESPACE_CHANGES_PER_MINUTE", "0")])
+        .await?;
     let (nodes, _processes) = ready_nodes(&stack, 2).await?;
     let _backends = service_with_backends(&stack, "web", &nodes).await?;
     let client = stack.kube.client().await?;
