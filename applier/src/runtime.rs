@@ -684,19 +684,25 @@ pub const CRT_LIST: &str = "crtlist";
 /// everything else). A certificate listed in both for other hosts, or a crt-list that appears or
 /// goes (the HTTPS bind with it), needs a reload.
 fn cert_steps(loaded: &Bundle, next: &Bundle) -> Result<(Vec<Step>, Vec<Step>), String> {
-    fn lines(b: &Bundle) -> Option<BTreeMap<&str, Vec<&str>>> {
-        let list = b.maps.iter().find(|m| m.name.kind() == CRT_LIST)?;
-        Some(
-            list.content
-                .lines()
-                .filter_map(|l| {
-                    let mut words = l.split_whitespace();
-                    Some((words.next()?, words.collect()))
-                })
-                .collect(),
-        )
+    /// Each certificate's filters; `Err` when a certificate has several lines (the renderer
+    /// splits one that serves more hosts than a line holds): those are reloaded, as the
+    /// runtime API adds and deletes crt-list entries by certificate.
+    type Lines<'a> = BTreeMap<&'a str, Vec<&'a str>>;
+    fn lines(b: &Bundle) -> Result<Option<Lines<'_>>, String> {
+        let Some(list) = b.maps.iter().find(|m| m.name.kind() == CRT_LIST) else {
+            return Ok(None);
+        };
+        let mut out = BTreeMap::new();
+        for l in list.content.lines() {
+            let mut words = l.split_whitespace();
+            let Some(path) = words.next() else { continue };
+            if out.insert(path, words.collect()).is_some() {
+                return Err(format!("certificate {path} is on several crt-list lines"));
+            }
+        }
+        Ok(Some(out))
     }
-    let (old, new) = match (lines(loaded), lines(next)) {
+    let (old, new) = match (lines(loaded)?, lines(next)?) {
         (None, None) => return Ok((vec![], vec![])),
         (Some(old), Some(new)) => (old, new),
         _ => return Err("HTTPS was turned on or off".into()),
@@ -1718,6 +1724,18 @@ mod tests {
         };
         assert!(matches!(plan(&plain, &a), Plan::Reload(_)));
         assert_eq!(plan(&a, &a), Plan::Nothing);
+    }
+
+    /// The runtime API adds and deletes crt-list entries by certificate: one the renderer
+    /// split over several lines (more hosts than a line holds) is reloaded instead.
+    #[test]
+    fn a_certificate_on_several_crt_list_lines_is_reloaded_not_changed_at_runtime() {
+        let one = tls_bundle("hafleet-certs/aa.pem a.com\n");
+        let split = tls_bundle("hafleet-certs/aa.pem a.com\nhafleet-certs/aa.pem b.com\n");
+        let err = cert_steps(&one, &split).unwrap_err();
+        assert!(err.contains("several crt-list lines"), "{err}");
+        assert!(cert_steps(&split, &one).is_err());
+        assert!(cert_steps(&one, &one).is_ok());
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Renderer {
         let mut model =
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
         model.tls = crate::tls::files(ingresses, default_cert);
-        model.notes.splice(0..0, quarantined);
+        model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
         model
     }
 

@@ -26,6 +26,36 @@ pub struct TlsFiles {
     pub default_cert: Option<String>,
     pub crt_list: Option<MapFile>,
     pub redirect: Option<MapFile>,
+    /// What the crt-list could not say within HAProxy's line limits (for the version's notes).
+    pub notes: Vec<String>,
+}
+
+/// HAProxy reads at most 2,048 words and 65,535 characters on a crt-list line, and refuses
+/// the whole config beyond either; hafleet's lines stay well under both.
+pub const MAX_LINE_WORDS: usize = 1000;
+pub const MAX_LINE_BYTES: usize = 60_000;
+
+/// Words and characters of a crt-list line naming `path`, `names` and `!excluded`.
+fn line_size(path: &str, names: &[&HttpHost], excluded: &[&HttpHost]) -> (usize, usize) {
+    let words = 1 + names.len() + excluded.len();
+    let bytes = path.len()
+        + names.iter().map(|h| h.as_str().len() + 1).sum::<usize>()
+        + excluded.iter().map(|h| h.as_str().len() + 2).sum::<usize>();
+    (words, bytes)
+}
+
+/// Appends the crt-list line `path names… !excluded…`.
+fn push_line(out: &mut String, path: &str, names: &[&HttpHost], excluded: &[&HttpHost]) {
+    out.push_str(path);
+    for h in names {
+        out.push(' ');
+        out.push_str(h.as_str());
+    }
+    for h in excluded {
+        out.push_str(" !");
+        out.push_str(h.as_str());
+    }
+    out.push('\n');
 }
 
 /// Whether two certificates make the same file (what their ids compare, without hashing).
@@ -75,27 +105,71 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
     // Each certificate's id (a sha256 of its chain and sealed key, 1.5 KB) is computed once:
     // at 10,000 certificates, sorting by a recomputed id hashed 400 MB a render.
     let mut certs: Vec<(String, SealedCert)> = Vec::with_capacity(by_cert.len() + 1);
+    let mut notes = Vec::new();
     for (id, (cert, listed)) in by_cert {
-        crt_list.push_str(&format!("{}/{id}.pem", hafleet_proto::tls::CERTS_DIR));
-        for h in &listed {
-            crt_list.push(' ');
-            crt_list.push_str(h.as_str());
-        }
-        let wildcards: Vec<&&HttpHost> =
-            listed.iter().filter(|h| h.as_str().starts_with("*.")).collect();
+        let path = format!("{}/{id}.pem", hafleet_proto::tls::CERTS_DIR);
+        let wildcards: Vec<&HttpHost> =
+            listed.iter().copied().filter(|h| h.as_str().starts_with("*.")).collect();
         // Only a wildcard line has exclusions (the walk over every routed host is for it).
-        for exact in routed.iter().filter(|_| !wildcards.is_empty()) {
-            let caught = wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact));
-            if caught
-                && !listed.contains(exact)
-                && hosts.get(exact).is_none_or(|(c, _)| !same_file(c, cert))
-            {
-                crt_list.push_str(" !");
-                crt_list.push_str(exact.as_str());
+        let excluded: Vec<&HttpHost> = routed
+            .iter()
+            .copied()
+            .filter(|_| !wildcards.is_empty())
+            .filter(|exact| {
+                wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact))
+                    && !listed.contains(exact)
+                    && hosts.get(exact).is_none_or(|(c, _)| !same_file(c, cert))
+            })
+            .collect();
+        let (words, bytes) = line_size(&path, &listed, &excluded);
+        if words <= MAX_LINE_WORDS && bytes <= MAX_LINE_BYTES {
+            push_line(&mut crt_list, &path, &listed, &excluded);
+            for exact in &excluded {
                 redirect.entry(exact.as_str()).or_insert(false);
             }
+        } else {
+            // Too long for one line. A line's `!` filters apply to that line's names only, so
+            // the wildcards go on one line with all they exclude, or, if that is too long
+            // too, are not served at all (rather than served to other tenants' hosts under
+            // them, or written on a line HAProxy refuses, which would freeze the fleet). The
+            // exact names go on as many lines as they need.
+            let exact: Vec<&HttpHost> =
+                listed.iter().copied().filter(|h| !h.as_str().starts_with("*.")).collect();
+            let (words, bytes) = line_size(&path, &wildcards, &excluded);
+            let fits = words <= MAX_LINE_WORDS && bytes <= MAX_LINE_BYTES;
+            if !wildcards.is_empty() && fits {
+                push_line(&mut crt_list, &path, &wildcards, &excluded);
+                for exact in &excluded {
+                    redirect.entry(exact.as_str()).or_insert(false);
+                }
+            } else if !wildcards.is_empty() {
+                for w in &wildcards {
+                    redirect.remove(w.as_str());
+                }
+                let names: Vec<&str> = wildcards.iter().map(|w| w.as_str()).collect();
+                notes.push(format!(
+                    "certificate {}: {} not served over HTTPS: {} hosts under it are other \
+                     certificates' or have none, more than one crt-list line can exclude",
+                    &id[..12],
+                    names.join(", "),
+                    excluded.len()
+                ));
+            }
+            let mut from = 0;
+            while from < exact.len() {
+                let mut to = from;
+                let (mut words, mut bytes) = (1, path.len());
+                while to < exact.len()
+                    && words < MAX_LINE_WORDS
+                    && bytes + exact[to].as_str().len() < MAX_LINE_BYTES
+                {
+                    (words, bytes) = (words + 1, bytes + exact[to].as_str().len() + 1);
+                    to += 1;
+                }
+                push_line(&mut crt_list, &path, &exact[from..to], &[]);
+                from = to;
+            }
         }
-        crt_list.push('\n');
         certs.push((id, cert.clone()));
     }
     if let Some(d) = default_cert
@@ -116,6 +190,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         default_cert: default_cert.map(SealedCert::relative_path),
         crt_list: Some(file("crtlist", crt_list)),
         redirect: Some(file("redirect", redirect)),
+        notes,
     }
 }
 

@@ -363,3 +363,78 @@ fn assert_tls_bundle_loads(bundle: &Bundle, identity: &hafleet_applier::tls::Fle
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A certificate that serves more hosts than a crt-list line holds (HAProxy reads 2,048 words
+/// and 65,535 characters a line, and refuses the config beyond) is listed on several lines; a
+/// wildcard that would have to exclude more than a line holds is not served (with a note),
+/// rather than freezing the fleet. HAProxy accepts both.
+#[test]
+fn a_certificate_for_more_hosts_than_a_line_holds_is_split_and_haproxy_accepts_it() {
+    use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let identity = hafleet_applier::tls::FleetIdentity::generate();
+    let to: hafleet_watcher::tls::SealTo = identity.recipient().parse().unwrap();
+    let (crt, key) = openssl_cert(dir.path(), &["*.example.org"]);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let wild = hafleet_watcher::tls::check(Some(&crt), Some(&key), now.as_secs() as i64)
+        .unwrap()
+        .seal(&to);
+    let route = |host: &str| -> hafleet_proto::Route {
+        serde_json::from_value(serde_json::json!({
+            "host": host, "path": "/", "kind": "Prefix",
+            "backend": {"service": {"namespace": "shop", "name": "web", "port": 80},
+                        "node_port": 30080}
+        }))
+        .unwrap()
+    };
+    let entry = |created: i64, hosts: &[String], tls: Vec<TlsEntry>| IngressEntry {
+        created_unix: created,
+        resource_version: "1".into(),
+        routes: hosts.iter().map(|h| route(h)).collect(),
+        seq: 0,
+        tls,
+        quarantined: None,
+    };
+    let fleet = FleetName::new("edge").unwrap();
+    let nodes = vec![hafleet_proto::NodeAddr {
+        name: hafleet_proto::ObjectName::new("node-a").unwrap(),
+        addr: "10.1.0.1".parse().unwrap(),
+    }];
+    for (others, wildcard_served) in [(500, true), (1_200, false)] {
+        // One Ingress serves *.example.org and 1,500 names under it with the certificate;
+        // another routes `others` names under it without one (the wildcard must exclude them).
+        let mut served: Vec<String> = (0..1_500).map(|i| format!("h{i}.example.org")).collect();
+        served.push("*.example.org".into());
+        let tls = vec![TlsEntry {
+            hosts: served.iter().map(|h| HttpHost::new(h.as_str()).unwrap()).collect(),
+            secret: ObjectName::new("wild").unwrap(),
+            cert: Some(wild.clone()),
+        }];
+        let plain: Vec<String> = (0..others).map(|i| format!("o{i}.example.org")).collect();
+        let ingresses: BTreeMap<IngressKey, IngressEntry> = [
+            (IngressKey::new("shop", "served").unwrap(), entry(1, &served, tls)),
+            (IngressKey::new("shop", "plain").unwrap(), entry(2, &plain, vec![])),
+        ]
+        .into();
+        let renderer = Renderer::builtin();
+        let model = renderer.model(&fleet, &ingresses, &[(None, nodes.clone())].into(), None);
+        let bundle = renderer.render(&model).unwrap();
+        let crt_list = bundle.maps.iter().find(|m| m.name.kind() == "crtlist").unwrap();
+        let lines: Vec<&str> = crt_list.content.lines().collect();
+        for l in &lines {
+            assert!(l.split_whitespace().count() <= 1_000 && l.len() <= 60_000, "{l}");
+        }
+        let wildcard_lines = lines.iter().filter(|l| l.contains(" *.example.org")).count();
+        let excluded = crt_list.content.matches(" !o").count();
+        let noted = model.notes.iter().any(|n| n.contains("*.example.org not served over HTTPS"));
+        match wildcard_served {
+            true => assert_eq!((wildcard_lines, excluded, noted), (1, others, false)),
+            false => {
+                assert_eq!((wildcard_lines, excluded, noted), (0, 0, true), "{:?}", model.notes)
+            }
+        }
+        let listed = crt_list.content.matches(" h").count();
+        assert_eq!(listed, 1_500, "every exact name listed once");
+        assert_tls_bundle_loads(&bundle, &identity);
+    }
+}
