@@ -684,39 +684,41 @@ pub const CRT_LIST: &str = "crtlist";
 /// everything else). A certificate listed in both for other hosts, or a crt-list that appears or
 /// goes (the HTTPS bind with it), needs a reload.
 fn cert_steps(loaded: &Bundle, next: &Bundle) -> Result<(Vec<Step>, Vec<Step>), String> {
-    /// Each certificate's filters; `Err` when a certificate has several lines (the renderer
-    /// splits one that serves more hosts than a line holds): those are reloaded, as the
-    /// runtime API adds and deletes crt-list entries by certificate.
-    type Lines<'a> = BTreeMap<&'a str, Vec<&'a str>>;
-    fn lines(b: &Bundle) -> Result<Option<Lines<'_>>, String> {
-        let Some(list) = b.maps.iter().find(|m| m.name.kind() == CRT_LIST) else {
-            return Ok(None);
-        };
-        let mut out = BTreeMap::new();
+    /// Each certificate's lines (their filters). The renderer splits a certificate that
+    /// serves more hosts than a line holds; the runtime API adds and deletes crt-list entries
+    /// by certificate, so adding, changing or removing such a one is a reload (an unchanged
+    /// one is not).
+    type Lines<'a> = BTreeMap<&'a str, Vec<Vec<&'a str>>>;
+    fn lines(b: &Bundle) -> Option<Lines<'_>> {
+        let list = b.maps.iter().find(|m| m.name.kind() == CRT_LIST)?;
+        let mut out: Lines<'_> = BTreeMap::new();
         for l in list.content.lines() {
             let mut words = l.split_whitespace();
             let Some(path) = words.next() else { continue };
-            if out.insert(path, words.collect()).is_some() {
-                return Err(format!("certificate {path} is on several crt-list lines"));
-            }
+            out.entry(path).or_default().push(words.collect());
         }
-        Ok(Some(out))
+        Some(out)
     }
-    let (old, new) = match (lines(loaded)?, lines(next)?) {
+    let (old, new) = match (lines(loaded), lines(next)) {
         (None, None) => return Ok((vec![], vec![])),
         (Some(old), Some(new)) => (old, new),
         _ => return Err("HTTPS was turned on or off".into()),
     };
+    let several = |path: &str| format!("certificate {path} is on several crt-list lines");
     let mut adds = Vec::new();
     for (path, filters) in &new {
         match old.get(path) {
             Some(before) if before == filters => {}
+            _ if filters.len() > 1 => return Err(several(path)),
             Some(_) => return Err(format!("certificate {path} serves other hosts now")),
             None => adds.push(Step::AddCert {
                 path: (*path).to_owned(),
-                filters: filters.iter().map(|f| (*f).to_owned()).collect(),
+                filters: filters[0].iter().map(|f| (*f).to_owned()).collect(),
             }),
         }
+    }
+    if let Some((path, _)) = old.iter().find(|(p, l)| l.len() > 1 && !new.contains_key(*p)) {
+        return Err(several(path));
     }
     let removes = old
         .keys()
@@ -1736,6 +1738,15 @@ mod tests {
         assert!(err.contains("several crt-list lines"), "{err}");
         assert!(cert_steps(&split, &one).is_err());
         assert!(cert_steps(&one, &one).is_ok());
+        // Left as it is, it changes nothing: another certificate still goes in at runtime.
+        let more = tls_bundle(
+            "hafleet-certs/aa.pem a.com\nhafleet-certs/aa.pem b.com\nhafleet-certs/bb.pem c.com\n",
+        );
+        let (adds, removes) = cert_steps(&split, &more).unwrap();
+        assert_eq!(adds.len(), 1, "{adds:?}");
+        assert!(removes.is_empty());
+        assert!(cert_steps(&more, &split).is_ok(), "bb removed at runtime");
+        assert!(cert_steps(&more, &tls_bundle("hafleet-certs/bb.pem c.com\n")).is_err());
     }
 
     #[test]

@@ -74,6 +74,12 @@ pub fn key(rule: &RuleModel) -> String {
 /// Builds both maps from rules whose `key` is set. Rules hold one claim per (host, path, kind),
 /// so keys are unique; they are sorted so the same rules make the same bytes.
 pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
+    build_holding(rules, &[])
+}
+
+/// [`build`], with `held` (hosts of quarantined Ingresses) in the hosts map too: without
+/// rules, a request for one is a 404, not another host's or the host-less rules'.
+pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[String]) -> Maps {
     let mut exact = Vec::new();
     let mut prefix = Vec::new();
     let mut hosts = Vec::new();
@@ -85,6 +91,7 @@ pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
             hosts.push((host, "1"));
         }
     }
+    hosts.extend(held.iter().map(|h| (h.as_str(), "1")));
     hosts.sort_unstable();
     hosts.dedup();
     let text = |mut map: Vec<(&str, &str)>| {

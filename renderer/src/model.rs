@@ -41,6 +41,10 @@ pub struct RenderModel {
     /// them through `maps`.
     #[serde(skip)]
     pub tls: crate::tls::TlsFiles,
+    /// Hosts of quarantined Ingresses: in the hosts map without rules, so a request for one
+    /// is a 404, never another namespace's wildcard or host-less rule.
+    #[serde(skip)]
+    pub held_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -673,6 +677,7 @@ pub fn build_memo(
         notes,
         spares: spares(options),
         tls: Default::default(),
+        held_hosts: Vec::new(),
     }
 }
 

@@ -9,17 +9,19 @@
 //!         ─▶ Quarantine on hafleet.routes._quarantine ─▶ (routes stream) ─▶ a version without them
 //! ```
 //! [`trace`] is pure. It explains a refusal only when every alert names a line in a backend
-//! section (or a backend by name) that some Ingress of the fleet routes to, and when that is
-//! at most [`MAX_CULPRITS`] Ingresses and not every Ingress of the fleet. Anything else (a
-//! line in `global`, `defaults` or the frontend, an alert naming nothing, a template whose
-//! backend macro breaks every backend) is the template's, not a tenant's: the fleet halts as
-//! before, and the operator is told.
+//! section (or a backend by name) that some Ingress of the fleet routes to, when those
+//! Ingresses are one namespace's or at most [`MAX_CULPRITS`], not every Ingress of the
+//! fleet, and would not leave half of it quarantined. Anything else (a line in `global`,
+//! `defaults` or the frontend, an alert naming nothing, a template whose backend macro breaks
+//! every backend) is the template's, not a tenant's: the fleet halts as before, and the
+//! operator is told.
 
 use crate::state::Ingresses;
 use hafleet_proto::IngressKey;
 use std::collections::BTreeSet;
 
-/// Most Ingresses one refused version may quarantine: more is taken for a template error.
+/// Most Ingresses of several namespaces one refused version may quarantine: more is taken
+/// for a template error (one namespace's may be any number short of the fleet).
 pub const MAX_CULPRITS: usize = 5;
 
 /// What a refusal is traced to.
@@ -130,10 +132,23 @@ pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
     culprits.sort();
     culprits.dedup();
     let live = ingresses.values().filter(|e| e.quarantined.is_none()).count();
-    if culprits.len() > MAX_CULPRITS || culprits.len() >= live {
+    let namespaces: BTreeSet<&str> = culprits.iter().map(|(k, _)| k.namespace.as_str()).collect();
+    // One namespace's Ingresses are one tenant's mistake, however many; several namespaces'
+    // are the template's unless they are few.
+    if culprits.len() >= live || (namespaces.len() > 1 && culprits.len() > MAX_CULPRITS) {
         return Traced::Unexplained(format!(
-            "{} of the fleet's {live} Ingresses made the refused lines: a template error, not \
-             a tenant's",
+            "{} of the fleet's {live} Ingresses, in {} namespaces, made the refused lines: a \
+             template error, not a tenant's",
+            culprits.len(),
+            namespaces.len()
+        ));
+    }
+    // Nor, version after version, half of the fleet: a template error that shows a few
+    // Ingresses at a time is not taken for tenants' mistakes until the fleet is empty.
+    let held = ingresses.len() - live;
+    if (held + culprits.len()) * 2 > ingresses.len() {
+        return Traced::Unexplained(format!(
+            "{held} Ingresses are quarantined already; {} more would take out half the fleet",
             culprits.len()
         ));
     }
@@ -220,7 +235,7 @@ mod tests {
     }
 
     /// In the desired state: a quarantined Ingress stays out while the watcher resends it as
-    /// it was (a restart, a snapshot), and comes back once its owner changed it.
+    /// it was (a restart, a status write), and comes back once what it routes changed.
     #[test]
     fn a_quarantine_lasts_until_the_ingress_changes() {
         use crate::state::{Applied, Desired, SweepGuard, apply};
@@ -261,7 +276,45 @@ mod tests {
         assert_eq!((causes.len(), causes[0].what.as_str()), (1, "quarantine"));
         assert!(causes[0].note.as_deref().unwrap().contains("version 2 failed haproxy -c"));
         assert_eq!(step(4, upsert("rv-1", 6)).0, Some(true), "resent as it was: still out");
-        assert_eq!(step(5, upsert("rv-2", 6)).0, Some(false), "changed: taken back");
+        assert_eq!(step(5, upsert("rv-2", 6)).0, Some(true), "a new resourceVersion, same routes");
+        let mut changed = upsert("rv-3", 6);
+        if let RouteMessage::Event(e) = &mut changed
+            && let hafleet_proto::RouteChange::Upsert { routes, .. } = &mut e.change
+        {
+            routes[0].path = hafleet_proto::HttpPath::new("/v2").unwrap();
+        }
+        assert_eq!(step(6, changed).0, Some(false), "its routes changed: taken back");
+    }
+
+    /// Six Ingresses of one namespace on one backend are one tenant's mistake; six of two
+    /// namespaces, or a refusal that would leave half the fleet out, are the template's.
+    #[test]
+    fn one_namespace_s_many_ingresses_are_quarantined_but_not_half_the_fleet() {
+        let mut ingresses = fleet();
+        for i in 0..6 {
+            ingresses.insert(IngressKey::new("team", &format!("b{i}")).unwrap(), entry("bad", "1"));
+        }
+        for i in 0..10 {
+            let name = format!("x{i}");
+            ingresses.insert(IngressKey::new("other", &name).unwrap(), entry(&name, "1"));
+        }
+        let msg = alert("parsing [haproxy.cfg:12] : unknown keyword");
+        // default/bad and team's six route to be_default_bad_80: two namespaces, 7 > 5.
+        assert!(
+            matches!(trace(CONFIG, &msg, &ingresses), Traced::Unexplained(w) if w.contains("2 namespaces"))
+        );
+        ingresses.remove(&IngressKey::new("default", "bad").unwrap());
+        let Traced::Ingresses(out) = trace(CONFIG, &msg, &ingresses) else { panic!() };
+        assert_eq!(out.len(), 6, "one namespace's six");
+        // With 6 of 19 already out, 6 more would be more than half.
+        for (k, e) in ingresses.iter_mut() {
+            if k.namespace.as_str() == "other" && k.name.as_str() < "x6" {
+                e.quarantined = Some("earlier".into());
+            }
+        }
+        assert!(
+            matches!(trace(CONFIG, &msg, &ingresses), Traced::Unexplained(w) if w.contains("half the fleet"))
+        );
     }
 
     #[test]

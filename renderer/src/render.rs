@@ -128,6 +128,7 @@ impl Renderer {
             tls: Default::default(),
             notes: vec![],
             spares: vec![],
+            held_hosts: vec![],
         };
         let maps = maps::build::<RuleModel>(&[]);
         let captured = template
@@ -197,6 +198,12 @@ impl Renderer {
             .filter(|(_, e)| e.quarantined.is_some())
             .map(|(k, _)| format!("{k}: quarantined, HAProxy refused what it made (history why)"))
             .collect();
+        let held_hosts: std::collections::BTreeSet<String> = ingresses
+            .values()
+            .filter(|e| e.quarantined.is_some())
+            .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
+            .map(|h| h.as_str().to_owned())
+            .collect();
         let ingresses = match !quarantined.is_empty() {
             true => {
                 without = ingresses
@@ -214,11 +221,12 @@ impl Renderer {
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
         model.tls = crate::tls::files(ingresses, default_cert);
         model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
+        model.held_hosts = held_hosts.into_iter().collect();
         model
     }
 
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
-        let mut maps = maps::build(&model.rules);
+        let mut maps = maps::build_holding(&model.rules, &model.held_hosts);
         maps.add_tls(&model.tls);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
         let (sections, spares) = if self.has_backend_macro {

@@ -330,10 +330,12 @@ pub fn apply(
                         tls,
                         quarantined: None,
                     };
-                    // A quarantined Ingress stays out until its owner changes it.
+                    // A quarantined Ingress stays out until what made its lines changes: a
+                    // resend of the same routes (a watcher restart, a status write that bumped
+                    // its resourceVersion) does not let it back in.
                     entry.quarantined = fleet
                         .get(&event.ingress)
-                        .filter(|old| old.resource_version == event.resource_version)
+                        .filter(|old| old.routes == entry.routes && old.tls == entry.tls)
                         .and_then(|old| old.quarantined.clone());
                     let unchanged = fleet.get(&event.ingress).is_some_and(|old| {
                         entry.seq = old.seq;

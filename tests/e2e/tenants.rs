@@ -258,6 +258,17 @@ async fn the_admin_s_tenancy_policy_says_who_may_claim_what() -> Result<()> {
     expect_everywhere(stack, "later.example.com", "/", 200, "api@").await?;
     expect_everywhere(stack, "x.other.test", "/", 200, "web@").await?;
     expect_everywhere(stack, "unknown.test", "/", 404, "").await?;
+
+    // A refused Ingress keeps its last good routes only while the policy allows them: `mine`
+    // is made invalid (kept, still served), then the admin takes .example.com away.
+    let invalid = json!({"metadata": {"annotations": {"hafleet.io/balance": "fastest"}}});
+    world.ingresses.patch("mine", &PatchParams::default(), &Patch::Merge(&invalid)).await?;
+    warning_event_in(stack, "default", "mine", "InvalidIngress").await?;
+    expect_everywhere(stack, "a.example.com", "/", 200, "api@").await?;
+    let narrower = json!({"data": {"policy.yaml": wider.replace(".example.com, ", "")}});
+    cms.patch("hafleet-tenancy", &PatchParams::default(), &Patch::Merge(&narrower)).await?;
+    expect_everywhere(stack, "a.example.com", "/", 404, "").await?;
+    expect_everywhere(stack, "x.other.test", "/", 200, "web@").await?;
     Ok(())
 }
 
@@ -270,6 +281,9 @@ async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_mov
 {
     let mut world = World::start().await?;
     world.route("good", "good.example.com", "/", "web").await?;
+    // Any host no rule names: what a quarantined Ingress's host must not fall through to.
+    let any = ingress_with("any", json!([{"http": {"paths": [prefix("/", "web")]}}]), &[]);
+    world.ingresses.create(&PostParams::default(), &any).await?;
     let mut bad = ingress("bad", Some("edge"), "bad.example.com", "/", "api");
     bad.metadata
         .annotations
@@ -300,8 +314,10 @@ async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_mov
         .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
     let note = told.note.unwrap_or_default();
     assert!(note.contains("no-such-directive"), "HAProxy's words reach the owner: {note}");
+    // 404: its host stays its own, not caught by the host-less rule.
     expect_everywhere(stack, "bad.example.com", "/", 404, "").await?;
     expect_everywhere(stack, "good.example.com", "/", 200, "web@").await?;
+    expect_everywhere(stack, "nobody.example.com", "/", 200, "web@").await?;
     // The fleet serves the next change; the version that took it out says why.
     world.route("next", "next.example.com", "/", "web").await?;
     expect_everywhere(stack, "next.example.com", "/", 200, "web@").await?;

@@ -156,6 +156,29 @@ impl Policy {
     }
 }
 
+/// Why an Ingress refused as it stands may not keep its last good routes under `policy`:
+/// those this watcher published (its hosts checked too), else what its fleet annotation says
+/// (its namespace and fleet checked). `None`: it may.
+pub fn refuses_kept(
+    policy: &Policy,
+    key: &hafleet_proto::IngressKey,
+    ing: &k8s_openapi::api::networking::v1::Ingress,
+    published: &crate::index::Published,
+) -> Option<String> {
+    let ns = key.namespace.as_str();
+    match published.get(key) {
+        Some((fleet, routes)) => {
+            let routes = routes.as_ref().map(|(r, _)| r.as_slice()).unwrap_or_default();
+            policy.refuses(ns, fleet, routes)
+        }
+        None => {
+            let annotations = ing.metadata.annotations.as_ref()?;
+            let fleet = FleetName::new(annotations.get("hafleet.io/fleet")?.trim()).ok()?;
+            policy.refuses(ns, &fleet, &[])
+        }
+    }
+}
+
 /// The policy in force, kept across passes: parsed again only when its ConfigMap changed, and
 /// the last good one kept while the ConfigMap is broken.
 #[derive(Debug, Default)]

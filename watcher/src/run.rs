@@ -657,6 +657,16 @@ async fn sync(
                 let note = format!("not routed by hafleet: {}", why.join("; "));
                 let said = (&key, rv.as_str(), "InvalidIngress", note);
                 tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+                // Its last good routes stay only where the policy still allows them.
+                if let Some(why) = policy
+                    .as_ref()
+                    .and_then(|p| crate::policy::refuses_kept(p, &key, &ing, &state.published))
+                {
+                    let said =
+                        (&key, rv.as_str(), "NotAllowed", format!("not routed by hafleet: {why}"));
+                    tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+                    continue;
+                }
                 desired.insert(key, Desired::Keep);
             }
         }
