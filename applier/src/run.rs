@@ -628,6 +628,7 @@ fn report_of(
         sent_bytes: effort.sent_bytes,
         drift: drift.map(str::to_owned),
         fleet_hosts: u32::try_from(fleet_hosts).unwrap_or(u32::MAX),
+        quarantined: version.quarantined.clone(),
     }
 }
 

@@ -30,6 +30,9 @@ pub struct HostStatus {
     /// …` (found and left as it is, `--drift-policy report`), `repaired: …` or `repair
     /// failed: …`.
     pub drift: String,
+    /// Ingresses the version of the newest report leaves out (quarantined by the renderer).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<String>,
 }
 
 /// A host's status from its reports, oldest first. Pure.
@@ -61,6 +64,7 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
         last_outcome,
         last_message,
         last_unix_ms: last.finished_unix_ms,
+        quarantined: last.quarantined.iter().map(|k| k.to_string()).collect(),
         drift: match (&last.outcome, &last.drift) {
             (ApplyOutcome::Failed { stage: ApplyStage::Drift, .. }, Some(found)) => {
                 format!("drifted: {found}")
@@ -158,6 +162,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     for h in hosts.iter().filter(|h| h.last_message.is_some()) {
         println!("{}: {}", h.host, h.last_message.as_deref().unwrap_or_default());
     }
+    for h in hosts.iter().filter(|h| !h.quarantined.is_empty()) {
+        println!("{}: quarantined (left out): {}", h.host, h.quarantined.join(", "));
+    }
     Ok(())
 }
 
@@ -181,6 +188,7 @@ mod tests {
             sent_bytes: 0,
             drift: None,
             fleet_hosts: 2,
+            quarantined: vec![],
         }
     }
 

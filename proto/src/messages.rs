@@ -440,7 +440,14 @@ pub struct ConfigVersion {
     /// set when the version is published, checked by appliers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<crate::VersionSignature>,
+    /// Ingresses this version leaves out because HAProxy refused what they made
+    /// ([`crate::Quarantine`]), at most [`MAX_QUARANTINED_LISTED`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<IngressKey>,
 }
+
+/// Most quarantined Ingresses a version or a report names (the config's notes name them all).
+pub const MAX_QUARANTINED_LISTED: usize = 100;
 
 impl ConfigVersion {
     /// Version `version` of `fleet` carrying `bundle`, with no parent, causes, notes or
@@ -459,6 +466,7 @@ impl ConfigVersion {
             size: bundle.size() as u64,
             body: Body::Inline { bundle },
             signature: None,
+            quarantined: vec![],
         }
     }
 
@@ -633,6 +641,9 @@ pub struct ApplyReport {
     /// how many reports make a version live everywhere.
     #[serde(default)]
     pub fleet_hosts: u32,
+    /// The Ingresses the applied version leaves out as quarantined (its `quarantined`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<IngressKey>,
 }
 
 impl ApplyReport {
@@ -865,6 +876,7 @@ mod tests {
             size: bundle.size() as u64,
             body: Body::Inline { bundle },
             signature: None,
+            quarantined: vec![],
         }
     }
 
@@ -983,6 +995,7 @@ mod tests {
                 sent_bytes: 8,
                 drift: None,
                 fleet_hosts: 2,
+                quarantined: vec![],
             };
             assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
         }

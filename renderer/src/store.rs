@@ -669,6 +669,7 @@ mod tests {
             size: 1,
             body: hafleet_proto::Body::Inline { bundle },
             signature: None,
+            quarantined: vec![],
         }
     }
 

@@ -32,6 +32,13 @@ pub fn next_version(
         return Ok(None);
     }
     let parent = latest.map(|l| l.version).or((floor > 0).then_some(floor));
+    let quarantined = desired
+        .ingresses(fleet)
+        .iter()
+        .filter(|(_, e)| e.quarantined.is_some())
+        .map(|(k, _)| k.clone())
+        .take(hafleet_proto::MAX_QUARANTINED_LISTED)
+        .collect();
     Ok(Some(ConfigVersion {
         schema: SCHEMA_VERSION,
         fleet: fleet.clone(),
@@ -45,6 +52,7 @@ pub fn next_version(
         size: bundle.size() as u64,
         body: Body::Inline { bundle },
         signature: None,
+        quarantined,
     }))
 }
 

@@ -336,11 +336,17 @@ async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_mov
         let live = h.live_config();
         assert!(!live.contains("no-such-directive"), "{live}");
         assert!(live.contains("#   default/bad: quarantined"), "named in the notes: {live}");
+        // … and in the applier's report of that version.
+        let report = stack.last_report(h.name()).await?.expect("a report");
+        let out: Vec<String> = report.quarantined.iter().map(|k| k.to_string()).collect();
+        assert_eq!(out, ["default/bad"], "{report:?}");
     }
 
     // Its owner changes it (another max-conn): it is taken back and served.
     let fixed = json!({"metadata": {"annotations": {"hafleet.io/max-conn": "78"}}});
     world.ingresses.patch("bad", &PatchParams::default(), &Patch::Merge(&fixed)).await?;
     expect_everywhere(&world.stack, "bad.example.com", "/", 200, "api@").await?;
+    let report = world.stack.last_report("lb-1").await?.expect("a report");
+    assert!(report.quarantined.is_empty(), "{report:?}");
     Ok(())
 }

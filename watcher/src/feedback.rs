@@ -206,6 +206,7 @@ mod tests {
             sent_bytes: 0,
             drift: None,
             fleet_hosts: 2,
+            quarantined: vec![],
         }
     }
 
