@@ -6,10 +6,12 @@
 //! ```text
 //! report: failed at validate ─▶ [trace] HAProxy's alerts ─▶ config lines / proxy names
 //!                                        ─▶ backend sections ─▶ Ingresses routing to them
+//!                                        ─▶ certificate files ─▶ Ingresses serving them
 //!         ─▶ Quarantine on hafleet.routes._quarantine ─▶ (routes stream) ─▶ a version without them
 //! ```
 //! [`trace`] is pure. It explains a refusal only when every alert names a line in a backend
-//! section (or a backend by name) that some Ingress of the fleet routes to, when those
+//! section (or a backend by name) that some Ingress of the fleet routes to, or a certificate
+//! file some Ingress's TLS serves, when those
 //! Ingresses are one namespace's or at most [`MAX_CULPRITS`], not every Ingress of the
 //! fleet, and would not leave half of it quarantined. Anything else (a line in `global`,
 //! `defaults` or the frontend, an alert naming nothing, a template whose backend macro breaks
@@ -46,6 +48,14 @@ fn alert_targets(message: &str) -> Vec<Option<Target>> {
                 && !l.contains("Fatal errors found in configuration")
         })
         .map(|line| {
+            // A certificate file HAProxy could not load (named by its id).
+            let certs = format!("{}/", hafleet_proto::tls::CERTS_DIR);
+            if let Some(at) = line.find(&certs) {
+                let rest = &line[at + certs.len()..];
+                if let Some(end) = rest.find(".pem") {
+                    return Some(Target::Cert(rest[..end].to_owned()));
+                }
+            }
             let lower = line.to_ascii_lowercase();
             for word in ["proxy '", "backend '"] {
                 if let Some(at) = lower.find(word) {
@@ -77,6 +87,8 @@ fn alert_targets(message: &str) -> Vec<Option<Target>> {
 enum Target {
     Line(usize),
     Proxy(String),
+    /// A certificate's id ([`hafleet_proto::SealedCert::id`]).
+    Cert(String),
 }
 
 /// The backend whose section holds line `n` (1-based) of `config`, if it is in one.
@@ -101,8 +113,13 @@ pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
         return Traced::Unexplained("HAProxy's output has no alert but its summary".into());
     }
     let mut backends: BTreeSet<String> = BTreeSet::new();
+    let mut certs: BTreeSet<String> = BTreeSet::new();
     for target in targets {
         let backend = match target {
+            Some(Target::Cert(id)) => {
+                certs.insert(id);
+                continue;
+            }
             Some(Target::Proxy(name)) => name,
             Some(Target::Line(n)) => match backend_at(config, n) {
                 Some(b) => b.to_owned(),
@@ -126,6 +143,19 @@ pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
             .collect();
         if made.is_empty() {
             return Traced::Unexplained(format!("no Ingress routes to backend {backend}"));
+        }
+        culprits.extend(made);
+    }
+    for id in &certs {
+        let made: Vec<(IngressKey, String)> = ingresses
+            .iter()
+            .filter(|(_, e)| e.quarantined.is_none())
+            .filter(|(_, e)| e.tls.iter().filter_map(|t| t.cert.as_ref()).any(|c| c.id() == *id))
+            .map(|(k, e)| (k.clone(), e.resource_version.clone()))
+            .collect();
+        if made.is_empty() {
+            // The fleet's default certificate, say: the operator's, not a tenant's.
+            return Traced::Unexplained(format!("no Ingress has certificate {id}"));
         }
         culprits.extend(made);
     }
@@ -314,6 +344,44 @@ mod tests {
         }
         assert!(
             matches!(trace(CONFIG, &msg, &ingresses), Traced::Unexplained(w) if w.contains("half the fleet"))
+        );
+    }
+
+    /// HAProxy 2.6's words for a certificate it cannot load (a key that is not the
+    /// certificate's), taken from a real `haproxy -c`: the Ingress whose TLS serves it is
+    /// the culprit; the fleet's default certificate is no tenant's.
+    #[test]
+    fn a_certificate_haproxy_cannot_load_is_traced_to_the_ingresses_that_serve_it() {
+        let cert = hafleet_proto::SealedCert {
+            fingerprint: "f".into(),
+            names: vec![hafleet_proto::HttpHost::new("api.example.com").unwrap()],
+            not_after_unix: 2_000_000_000,
+            chain_pem: "chain".into(),
+            sealed_key: "key".into(),
+            recipient: String::new(),
+        };
+        let mut ingresses = fleet();
+        ingresses.get_mut(&IngressKey::new("default", "api").unwrap()).unwrap().tls =
+            vec![hafleet_proto::TlsEntry {
+                hosts: cert.names.clone(),
+                secret: hafleet_proto::ObjectName::new("api-tls").unwrap(),
+                cert: Some(cert.clone()),
+            }];
+        let said = |id: &str| {
+            alert(&format!(
+                "parsing [haproxy.cfg:10] : 'bind :443' in section 'frontend' : 'crt-list' : \
+                 inconsistencies between private key and certificate loaded \
+                 'hafleet-certs/{id}.pem'."
+            ))
+        };
+        let api = IngressKey::new("default", "api").unwrap();
+        assert_eq!(
+            trace(CONFIG, &said(&cert.id()), &ingresses),
+            Traced::Ingresses(vec![(api, "rv-api".into())])
+        );
+        let other = said(&"0".repeat(64));
+        assert!(
+            matches!(trace(CONFIG, &other, &ingresses), Traced::Unexplained(w) if w.contains("no Ingress has certificate"))
         );
     }
 
