@@ -6,6 +6,7 @@
 //! - `refusals`: bad input (an Ingress, a config HAProxy refuses, an unknown host key) changes
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
+//! - `traffic`: long-lived connections through the fleet;
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
 //! - `churn`: a namespace changing its Ingresses in a loop reloads its fleet within its budget;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
@@ -24,6 +25,7 @@ mod scale;
 mod snapshots;
 mod tenants;
 mod tls;
+mod traffic;
 
 use anyhow::Result;
 use hafleet_tests::stack::{Component, Stack};
