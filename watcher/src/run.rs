@@ -157,6 +157,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         published: Published::default(),
         nodes: None,
         kept: BTreeSet::new(),
+        held_new: BTreeSet::new(),
         snapshot_due: false,
         warned: BTreeSet::new(),
         leader: None,
@@ -365,6 +366,9 @@ struct State {
     nodes: Option<Vec<NodeAddr>>,
     /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
     kept: BTreeSet<IngressKey>,
+    /// Ingresses the churn budget holds that this run never published: listed as kept in a
+    /// snapshot (nothing sweeps them), but their going out is no reason for one.
+    held_new: BTreeSet<IngressKey>,
     /// A snapshot must be published after the next successful sync.
     snapshot_due: bool,
     /// With leader election: the lease this replica holds. Nothing is published unless it
@@ -762,13 +766,17 @@ async fn sync(
     let crate::churn::Admitted { go: actions, held } =
         state.churn.admit(actions, &state.published, tokio::time::Instant::now());
     // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
-    let unpublished = held.iter().map(|(_, k)| k).filter(|k| !state.published.contains_key(*k));
+    // (Not a reason for a snapshot when it goes: its publish replaces it.)
+    state.held_new = held
+        .iter()
+        .map(|(_, k)| k)
+        .filter(|k| !state.published.contains_key(*k))
+        .cloned()
+        .collect();
     let kept: BTreeSet<IngressKey> = desired
         .iter()
         .filter(|(_, d)| matches!(d, Desired::Keep))
-        .map(|(k, _)| k)
-        .chain(unpublished)
-        .cloned()
+        .map(|(k, _)| k.clone())
         .collect();
     // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
     // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
@@ -1005,8 +1013,8 @@ async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyho
 /// larger than a NATS message). The renderer sweeps whatever else it holds.
 async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
     let cluster = state.cluster.clone();
-    let snapshot =
-        crate::snapshot::build(&state.published, &state.kept, state.epoch, cluster.as_ref());
+    let kept: BTreeSet<IngressKey> = state.kept.union(&state.held_new).cloned().collect();
+    let snapshot = crate::snapshot::build(&state.published, &kept, state.epoch, cluster.as_ref());
     let subject = hafleet_proto::routes_snapshot_subject(cluster.as_ref());
     let sent = crate::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
     info!(
