@@ -191,29 +191,26 @@ impl Renderer {
         default_cert: Option<&hafleet_proto::SealedCert>,
     ) -> RenderModel {
         // Quarantined Ingresses are not in the config (nor in conflicts or certificates),
-        // but named in its notes. Rare: the common case borrows the Ingresses as they are.
+        // but named in its notes, and their hosts kept theirs. Rare: one walk finds none, and
+        // the common case borrows the Ingresses as they are.
+        let mut quarantined: Vec<String> = Vec::new();
+        let mut held_hosts: std::collections::BTreeSet<String> = Default::default();
         let without: crate::state::Ingresses;
-        let quarantined: Vec<String> = ingresses
-            .iter()
-            .filter(|(_, e)| e.quarantined.is_some())
-            .map(|(k, _)| format!("{k}: quarantined, HAProxy refused what it made (history why)"))
-            .collect();
-        let held_hosts: std::collections::BTreeSet<String> = ingresses
-            .values()
-            .filter(|e| e.quarantined.is_some())
-            .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
-            .map(|h| h.as_str().to_owned())
-            .collect();
-        let ingresses = match !quarantined.is_empty() {
+        let ingresses = match ingresses.values().any(|e| e.quarantined.is_some()) {
+            false => ingresses,
             true => {
-                without = ingresses
-                    .iter()
-                    .filter(|(_, e)| e.quarantined.is_none())
-                    .map(|(k, e)| (k.clone(), e.clone()))
-                    .collect();
+                let (out, kept): (Vec<_>, Vec<_>) =
+                    ingresses.iter().partition(|(_, e)| e.quarantined.is_some());
+                for (k, e) in out {
+                    quarantined.push(format!(
+                        "{k}: quarantined, HAProxy refused what it made (history why)"
+                    ));
+                    let hosts = e.routes.iter().filter_map(|r| r.host.as_ref());
+                    held_hosts.extend(hosts.map(|h| h.as_str().to_owned()));
+                }
+                without = kept.into_iter().map(|(k, e)| (k.clone(), e.clone())).collect();
                 &without
             }
-            false => ingresses,
         };
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let kept = all.entry(fleet.to_string()).or_default();

@@ -191,19 +191,7 @@ mod tests {
     use crate::index::{self, Desired, Wanted};
     use crate::resolve::Resolved;
 
-    fn resolved(ns: &str, name: &str, fleet: &str, n_routes: usize) -> Resolved {
-        let route = crate::resolve::tests_support::route();
-        Resolved {
-            fleet: FleetName::new(fleet).unwrap(),
-            key: IngressKey::new(ns, name).unwrap(),
-            created_unix: 0,
-            resource_version: "1".into(),
-            routes: std::sync::Arc::new(vec![route; n_routes]),
-            warnings: vec![],
-            sharing: Default::default(),
-            tls: vec![],
-        }
-    }
+    use crate::resolve::tests_support::resolved;
 
     /// One pass as the watcher makes it: diff, admit, record what went.
     fn pass(

@@ -185,17 +185,7 @@ mod tests {
     }
 
     fn resolved(name: &str, fleet: &str, n_routes: usize) -> Resolved {
-        let route = crate::resolve::tests_support::route();
-        Resolved {
-            fleet: FleetName::new(fleet).unwrap(),
-            key: IngressKey::new("default", name).unwrap(),
-            created_unix: 0,
-            resource_version: "1".into(),
-            routes: std::sync::Arc::new(vec![route; n_routes]),
-            warnings: vec![],
-            sharing: Default::default(),
-            tls: vec![],
-        }
+        crate::resolve::tests_support::resolved("default", name, fleet, n_routes)
     }
 
     fn apply(published: &mut Published, desired: &Wanted) -> Vec<Action> {

@@ -179,6 +179,14 @@ pub fn refuses_kept(
     }
 }
 
+/// `--tenancy-policy`: NAMESPACE/NAME of the ConfigMap.
+pub fn parse_ref(s: &str) -> Result<(String, String), String> {
+    let (ns, name) = s.split_once('/').ok_or("expected NAMESPACE/NAME of a ConfigMap")?;
+    Namespace::new(ns).map_err(|e| e.to_string())?;
+    hafleet_proto::ObjectName::new(name).map_err(|e| e.to_string())?;
+    Ok((ns.to_owned(), name.to_owned()))
+}
+
 /// The policy in force, kept across passes: parsed again only when its ConfigMap changed, and
 /// the last good one kept while the ConfigMap is broken.
 #[derive(Debug, Default)]
@@ -218,6 +226,29 @@ impl InForce {
         };
         self.read = Some((rv, parsed));
         news
+    }
+
+    /// Takes the ConfigMap at `at` (NAMESPACE/NAME) as it is now, logs what changed, and
+    /// gives the policy to decide with; an error while none was ever good (nothing may be
+    /// published then).
+    pub fn in_force(
+        &mut self,
+        (ns, name): &(String, String),
+        cm: Option<&k8s_openapi::api::core::v1::ConfigMap>,
+    ) -> Result<&Policy, String> {
+        match self.refresh(cm) {
+            News::Nothing => {}
+            News::Read => {
+                tracing::info!(configmap = %format!("{ns}/{name}"), "tenancy policy read")
+            }
+            News::Broken(why) => tracing::warn!(
+                configmap = %format!("{ns}/{name}"), %why,
+                "tenancy policy not usable; the last good one stays in force"
+            ),
+        }
+        self.policy().ok_or_else(|| {
+            format!("no usable tenancy policy in ConfigMap {ns}/{name} yet: publishing nothing")
+        })
     }
 
     /// The policy to decide with: the last one read that was good. `None` until one was:

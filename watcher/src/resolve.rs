@@ -799,6 +799,20 @@ mod tests {
 pub(crate) mod tests_support {
     use super::*;
 
+    /// Ingress `ns/name` on `fleet`, resolved to `n_routes` copies of [`route`].
+    pub fn resolved(ns: &str, name: &str, fleet: &str, n_routes: usize) -> Resolved {
+        Resolved {
+            fleet: FleetName::new(fleet).unwrap(),
+            key: IngressKey::new(ns, name).unwrap(),
+            created_unix: 0,
+            resource_version: "1".into(),
+            routes: std::sync::Arc::new(vec![route(); n_routes]),
+            warnings: vec![],
+            sharing: Default::default(),
+            tls: vec![],
+        }
+    }
+
     pub fn route() -> Route {
         Route {
             host: Some(HttpHost::new("a.com").unwrap()),

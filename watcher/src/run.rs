@@ -18,9 +18,7 @@ use crate::resolve::{self, Refused, Services};
 use crate::tenancy;
 use anyhow::Context as _;
 use futures::StreamExt;
-use hafleet_proto::{
-    FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteEvent, RouteMessage,
-};
+use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteMessage};
 use hafleet_runtime::nats::Bus;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -80,7 +78,7 @@ pub struct RunArgs {
     /// host (README, "Tenancy policy"). Ingresses outside it are not routed, with a Warning
     /// Event. Read live; a broken policy keeps the last good one; until one is read, nothing
     /// is published. Unset: every namespace may do all of it.
-    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = parse_policy_ref)]
+    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = crate::policy::parse_ref)]
     pub tenancy_policy: Option<(String, String)>,
     /// Seconds between re-resolving everything from the caches even without changes, which
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
@@ -526,14 +524,6 @@ fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
     Ok((fleet, recipient.parse()?))
 }
 
-/// `--tenancy-policy`: NAMESPACE/NAME.
-fn parse_policy_ref(s: &str) -> Result<(String, String), String> {
-    let (ns, name) = s.split_once('/').ok_or("expected NAMESPACE/NAME of a ConfigMap")?;
-    hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
-    hafleet_proto::ObjectName::new(name).map_err(|e| e.to_string())?;
-    Ok((ns.to_owned(), name.to_owned()))
-}
-
 impl State {
     fn next_msg_id(&mut self) -> String {
         self.seq += 1;
@@ -580,28 +570,12 @@ async fn sync(
         send_nodes(bus, state, nodes).await?;
     }
 
-    let policy = match &caches.policy {
-        Some(store) => {
-            let (ns, name) = args.tenancy_policy.as_ref().expect("a store only with the flag");
+    let policy = match (&caches.policy, &args.tenancy_policy) {
+        (Some(store), Some(at)) => {
             let cm = store.state().into_iter().next();
-            match state.policy.refresh(cm.as_deref()) {
-                crate::policy::News::Nothing => {}
-                crate::policy::News::Read => {
-                    info!(configmap = %format!("{ns}/{name}"), "tenancy policy read")
-                }
-                crate::policy::News::Broken(why) => warn!(
-                    configmap = %format!("{ns}/{name}"), %why,
-                    "tenancy policy not usable; the last good one stays in force"
-                ),
-            }
-            let policy = state.policy.policy();
-            anyhow::ensure!(
-                policy.is_some(),
-                "no usable tenancy policy in ConfigMap {ns}/{name} yet: publishing nothing"
-            );
-            policy.cloned()
+            Some(state.policy.in_force(at, cm.as_deref()).map_err(anyhow::Error::msg)?.clone())
         }
-        None => None,
+        _ => None,
     };
 
     let mut desired = index::Wanted::default();
@@ -640,7 +614,8 @@ async fn sync(
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)
-                    && let Some(why) = over_budget(&r, args, bus.payload_limit()) =>
+                    && let Some(why) =
+                        crate::events::over_budget(&r, args, bus.payload_limit()) =>
             {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!("not routed by hafleet: {why}; split the Ingress");
@@ -735,7 +710,7 @@ async fn sync(
                 .extend(said.into_iter().map(|(reason, note)| resolve::Warning { reason, note }));
             // Certificates count against the Ingress's budget too.
             if !index::is_current(&state.published, r)
-                && let Some(why) = over_budget(r, args, bus.payload_limit())
+                && let Some(why) = crate::events::over_budget(r, args, bus.payload_limit())
             {
                 too_big.push((r.key.clone(), why));
             }
@@ -821,7 +796,7 @@ async fn sync(
             Action::Upsert(r) => (
                 r.fleet.clone(),
                 r.key.clone(),
-                route_event(
+                crate::events::route_event(
                     &r.fleet,
                     &r.key,
                     r.created_unix,
@@ -833,7 +808,7 @@ async fn sync(
             Action::Delete { fleet, key } => (
                 fleet.clone(),
                 key.clone(),
-                route_event(
+                crate::events::route_event(
                     fleet,
                     key,
                     0,
@@ -897,60 +872,6 @@ pub(crate) async fn tell(
     if !warnings.warn(ing, reason, note.clone()).await {
         warned.remove(&(key.clone(), rv.to_owned(), note));
     }
-}
-
-/// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than
-/// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
-/// message may carry. `None` when it fits.
-fn over_budget(
-    r: &crate::resolve::Resolved,
-    args: &RunArgs,
-    payload_limit: usize,
-) -> Option<String> {
-    if r.routes.len() > args.max_paths_per_ingress {
-        return Some(format!(
-            "it has {} paths, more than --max-paths-per-ingress ({})",
-            r.routes.len(),
-            args.max_paths_per_ingress
-        ));
-    }
-    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
-    let at = (0, args.cluster_id.as_ref());
-    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
-    let size = msg.encode().len();
-    let limit = args.max_ingress_bytes.min(payload_limit);
-    (size > limit).then(|| {
-        format!(
-            "its resolved routes take {size} bytes, more than {limit} (--max-ingress-bytes {}, \
-             NATS max_payload {payload_limit})",
-            args.max_ingress_bytes
-        )
-    })
-}
-
-fn route_event(
-    fleet: &FleetName,
-    key: &IngressKey,
-    created_unix: i64,
-    resource_version: &str,
-    mut change: RouteChange,
-    (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
-) -> RouteMessage {
-    // The Ingress and the Services its routes go to are this cluster's.
-    if let RouteChange::Upsert { routes, .. } = &mut change {
-        for route in routes.iter_mut() {
-            route.backend.service.cluster = cluster.cloned();
-        }
-    }
-    RouteMessage::Event(RouteEvent {
-        schema: hafleet_proto::route_schema(cluster),
-        fleet: fleet.clone(),
-        ingress: key.clone().in_cluster(cluster),
-        created_unix,
-        resource_version: resource_version.to_owned(),
-        change,
-        epoch,
-    })
 }
 
 /// Publishes `fleet`'s default certificate when it is not the one last published. A Secret

@@ -1,0 +1,59 @@
+//! The route events the watcher publishes, and whether one Ingress's fits what one may take.
+//! Pure.
+
+use hafleet_proto::{FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage};
+
+/// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than
+/// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
+/// message may carry. `None` when it fits.
+pub fn over_budget(
+    r: &crate::resolve::Resolved,
+    args: &crate::run::RunArgs,
+    payload_limit: usize,
+) -> Option<String> {
+    if r.routes.len() > args.max_paths_per_ingress {
+        return Some(format!(
+            "it has {} paths, more than --max-paths-per-ingress ({})",
+            r.routes.len(),
+            args.max_paths_per_ingress
+        ));
+    }
+    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
+    let at = (0, args.cluster_id.as_ref());
+    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
+    let size = msg.encode().len();
+    let limit = args.max_ingress_bytes.min(payload_limit);
+    (size > limit).then(|| {
+        format!(
+            "its resolved routes take {size} bytes, more than {limit} (--max-ingress-bytes {}, \
+             NATS max_payload {payload_limit})",
+            args.max_ingress_bytes
+        )
+    })
+}
+
+/// The route event of `key` on `fleet`, its Services named as of `cluster`.
+pub fn route_event(
+    fleet: &FleetName,
+    key: &IngressKey,
+    created_unix: i64,
+    resource_version: &str,
+    mut change: RouteChange,
+    (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
+) -> RouteMessage {
+    // The Ingress and the Services its routes go to are this cluster's.
+    if let RouteChange::Upsert { routes, .. } = &mut change {
+        for route in routes.iter_mut() {
+            route.backend.service.cluster = cluster.cloned();
+        }
+    }
+    RouteMessage::Event(RouteEvent {
+        schema: hafleet_proto::route_schema(cluster),
+        fleet: fleet.clone(),
+        ingress: key.clone().in_cluster(cluster),
+        created_unix,
+        resource_version: resource_version.to_owned(),
+        change,
+        epoch,
+    })
+}
