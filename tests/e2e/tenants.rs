@@ -336,17 +336,28 @@ async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_mov
         let live = h.live_config();
         assert!(!live.contains("no-such-directive"), "{live}");
         assert!(live.contains("#   default/bad: quarantined"), "named in the notes: {live}");
-        // … and in the applier's report of that version.
-        let report = stack.last_report(h.name()).await?.expect("a report");
-        let out: Vec<String> = report.quarantined.iter().map(|k| k.to_string()).collect();
-        assert_eq!(out, ["default/bad"], "{report:?}");
+        // … and in the applier's report of that version (published a moment after).
+        let what = format!("{}'s report naming default/bad", h.name());
+        hafleet_tests::eventually(crate::CONVERGE, &what, || async move {
+            let report = stack.last_report(h.name()).await?.expect("a report");
+            let out: Vec<String> = report.quarantined.iter().map(|k| k.to_string()).collect();
+            anyhow::ensure!(out == ["default/bad"], "{report:?}");
+            Ok(())
+        })
+        .await?;
     }
 
     // Its owner changes it (another max-conn): it is taken back and served.
     let fixed = json!({"metadata": {"annotations": {"hafleet.io/max-conn": "78"}}});
     world.ingresses.patch("bad", &PatchParams::default(), &Patch::Merge(&fixed)).await?;
     expect_everywhere(&world.stack, "bad.example.com", "/", 200, "api@").await?;
-    let report = world.stack.last_report("lb-1").await?.expect("a report");
-    assert!(report.quarantined.is_empty(), "{report:?}");
+    // A host serves the version a moment before its report of it is published.
+    let stack = &world.stack;
+    hafleet_tests::eventually(crate::CONVERGE, "lb-1's report without quarantine", || async move {
+        let report = stack.last_report("lb-1").await?.expect("a report");
+        anyhow::ensure!(report.quarantined.is_empty(), "{report:?}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
