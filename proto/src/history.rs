@@ -148,6 +148,7 @@ pub fn one_line(causes: &[Cause], restores: Option<u64>) -> String {
             "upsert" if c.added.is_empty() && c.removed.is_empty() => "resent",
             "upsert" => "updated",
             "delete" | "sweep" => "deleted",
+            "settings" => "fleet settings changed",
             w if w.starts_with("sweep confirmed") => "deleted (held sweep released)",
             w => w,
         };

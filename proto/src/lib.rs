@@ -16,6 +16,7 @@ pub mod history;
 pub mod messages;
 pub mod parts;
 pub mod quarantine;
+pub mod settings;
 pub mod signature;
 pub mod subjects;
 pub mod tls;
@@ -26,6 +27,10 @@ pub use history::*;
 pub use messages::*;
 pub use parts::{PartsError, SnapshotPart};
 pub use quarantine::Quarantine;
+pub use settings::{
+    AcceptProxy, FleetSettings, ForwardedFor, Hsts, LogTarget, SettingsUpdate, Timeouts,
+    duration_text,
+};
 pub use signature::{SignatureError, Signer, Verifier, VersionSignature};
 pub use subjects::*;
 pub use tls::{CertError, SealedCert, TlsEntry};
@@ -54,6 +59,11 @@ pub const CLUSTER_SCHEMA_VERSION: u32 = 4;
 /// the final message, whose entries are in its parts, for an empty snapshot (which would sweep
 /// every Ingress of its cluster). A snapshot that fits in one message is sent as before.
 pub const PARTS_SCHEMA_VERSION: u32 = 5;
+
+/// Schema of a fleet's settings ([`SettingsUpdate`]), and the newest route schema this build
+/// reads. A renderer that reads only schema 5 parks them instead of failing on a message type it
+/// does not know; every other route message is sent as before.
+pub const SETTINGS_SCHEMA_VERSION: u32 = 6;
 
 /// The schema of a route message of `cluster`.
 pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {

@@ -340,6 +340,7 @@ pub enum RouteMessage {
     Confirm(SweepConfirm),
     DefaultCert(DefaultCert),
     Quarantine(crate::Quarantine),
+    Settings(crate::SettingsUpdate),
 }
 
 impl RouteMessage {
@@ -355,6 +356,7 @@ impl RouteMessage {
             RouteMessage::DefaultCert(d) => d.cluster.as_ref(),
             // The renderer's own, about Ingresses of any cluster: no watcher's epoch fences it.
             RouteMessage::Quarantine(_) => None,
+            RouteMessage::Settings(s) => s.cluster.as_ref(),
         }
     }
 
@@ -368,6 +370,7 @@ impl RouteMessage {
             RouteMessage::Confirm(c) => c.epoch,
             RouteMessage::DefaultCert(d) => d.epoch,
             RouteMessage::Quarantine(_) => 0,
+            RouteMessage::Settings(s) => s.epoch,
         }
     }
 
@@ -376,7 +379,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1, crate::PARTS_SCHEMA_VERSION)?;
+        check_schema_first(bytes, 1, crate::SETTINGS_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }

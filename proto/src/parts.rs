@@ -165,6 +165,7 @@ fn kind(msg: &RouteMessage) -> &'static str {
         RouteMessage::Confirm(_) => "confirm",
         RouteMessage::DefaultCert(_) => "default_cert",
         RouteMessage::Quarantine(_) => "quarantine",
+        RouteMessage::Settings(_) => "settings",
     }
 }
 

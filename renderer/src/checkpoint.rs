@@ -46,6 +46,9 @@ pub struct Checkpoint {
     /// Each fleet's default certificate (pairs, as `fleets`).
     #[serde(default)]
     pub default_certs: Vec<(FleetName, hafleet_proto::SealedCert)>,
+    /// Each fleet's settings where they are not the defaults (pairs, as `fleets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<(FleetName, hafleet_proto::FleetSettings)>,
 }
 
 /// What a checkpoint keeps of a named cluster.
@@ -108,6 +111,7 @@ impl Checkpoint {
                 .iter()
                 .map(|(f, c)| (f.clone(), c.clone()))
                 .collect(),
+            settings: desired.settings.iter().map(|(f, s)| (f.clone(), s.clone())).collect(),
         }
     }
 
@@ -134,6 +138,7 @@ impl Checkpoint {
                 .map(|(f, h)| ((f.clone(), h.cluster.clone()), h.clone()))
                 .collect(),
             default_certs: self.default_certs.iter().cloned().collect(),
+            settings: self.settings.iter().cloned().collect(),
         }
     }
 

@@ -15,6 +15,7 @@ pub mod par;
 pub mod quarantine;
 pub mod render;
 pub mod run;
+pub mod settings;
 pub mod snapshots;
 pub mod state;
 pub mod store;

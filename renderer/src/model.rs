@@ -45,6 +45,8 @@ pub struct RenderModel {
     /// is a 404, never another namespace's wildcard or host-less rule.
     #[serde(skip)]
     pub held_hosts: Vec<String>,
+    /// The fleet's settings, defaults filled in ([`crate::settings`]).
+    pub settings: crate::settings::SettingsModel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -678,6 +680,7 @@ pub fn build_memo(
         spares: spares(options),
         tls: Default::default(),
         held_hosts: Vec::new(),
+        settings: Default::default(),
     }
 }
 

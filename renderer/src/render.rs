@@ -94,6 +94,8 @@ struct Context<'a> {
     notes: &'a [String],
     /// Spare backends' sections, by the `backend` macro ("" without it or without spares).
     spare_sections: &'a str,
+    /// The fleet's settings ([`crate::settings::SettingsModel`]).
+    settings: &'a crate::settings::SettingsModel,
 }
 
 impl Renderer {
@@ -129,6 +131,7 @@ impl Renderer {
             notes: vec![],
             spares: vec![],
             held_hosts: vec![],
+            settings: Default::default(),
         };
         let maps = maps::build::<RuleModel>(&[]);
         let captured = template
@@ -164,6 +167,7 @@ impl Renderer {
                 ssl_redirect: true,
                 max_conn: Some(100),
             })],
+            settings: crate::settings::SettingsModel::every_one_set(),
             ..empty
         })?;
         renderer.kept.lock().expect("not poisoned").clear();
@@ -188,7 +192,7 @@ impl Renderer {
         fleet: &hafleet_proto::FleetName,
         ingresses: &crate::state::Ingresses,
         nodes: &crate::state::Nodes,
-        default_cert: Option<&hafleet_proto::SealedCert>,
+        fleetwide: Fleetwide<'_>,
     ) -> RenderModel {
         // Quarantined Ingresses are not in the config (nor in conflicts or certificates),
         // but named in its notes, and their hosts kept theirs. Rare: one walk finds none, and
@@ -216,7 +220,10 @@ impl Renderer {
         let kept = all.entry(fleet.to_string()).or_default();
         let mut model =
             crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
-        model.tls = crate::tls::files(ingresses, default_cert);
+        model.tls = crate::tls::files(ingresses, fleetwide.default_cert);
+        if let Some(settings) = fleetwide.settings {
+            model.settings = crate::settings::SettingsModel::of(settings);
+        }
         model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
         model.held_hosts = held_hosts.into_iter().collect();
         model
@@ -405,6 +412,25 @@ impl Object for ServerOf {
 }
 
 /// What the template renders with.
+/// What a fleet's model takes besides its Ingresses and nodes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fleetwide<'a> {
+    /// What HTTPS answers for a name no Ingress has a certificate for.
+    pub default_cert: Option<&'a hafleet_proto::SealedCert>,
+    /// `None`: the defaults.
+    pub settings: Option<&'a hafleet_proto::FleetSettings>,
+}
+
+impl<'a> Fleetwide<'a> {
+    /// `fleet`'s, as `desired` holds them.
+    pub fn of(desired: &'a crate::state::Desired, fleet: &hafleet_proto::FleetName) -> Self {
+        Fleetwide {
+            default_cert: desired.default_certs.get(fleet),
+            settings: desired.settings.get(fleet),
+        }
+    }
+}
+
 fn context<'a>(
     model: &'a RenderModel,
     maps: &'a MapPaths,
@@ -421,6 +447,7 @@ fn context<'a>(
         node_check_path: model.node_check_path.as_deref(),
         notes: &model.notes,
         spare_sections,
+        settings: &model.settings,
     }
 }
 
@@ -531,7 +558,12 @@ mod tests {
             let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
                 for f in [&name, &other] {
                     let fresh = crate::model::build_with(f, ingresses, nodes, &options);
-                    let model = warm.model(f, ingresses, &[(None, nodes.to_vec())].into(), None);
+                    let model = warm.model(
+                        f,
+                        ingresses,
+                        &[(None, nodes.to_vec())].into(),
+                        Default::default(),
+                    );
                     assert_eq!(model, fresh, "fleet {f}");
                     let fresh = Renderer::builtin().render(&fresh).unwrap();
                     assert_eq!(warm.render(&model).unwrap(), fresh, "fleet {f}");

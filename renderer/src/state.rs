@@ -58,6 +58,9 @@ pub struct Desired {
     /// Per fleet, the certificate HTTPS answers with for a name no Ingress has one for
     /// ([`RouteMessage::DefaultCert`]).
     pub default_certs: BTreeMap<FleetName, hafleet_proto::SealedCert>,
+    /// Per fleet, the settings its watcher read ([`RouteMessage::Settings`]); a fleet not
+    /// here has the defaults.
+    pub settings: BTreeMap<FleetName, hafleet_proto::FleetSettings>,
 }
 
 /// When a snapshot's withdrawals are held instead of applied: when they would take more than
@@ -116,6 +119,8 @@ pub enum StateWrite {
     Held(BTreeMap<HoldKey, HeldSweep>),
     /// Every fleet's default certificate, replaced whole.
     DefaultCerts(BTreeMap<FleetName, hafleet_proto::SealedCert>),
+    /// Every fleet's settings, replaced whole.
+    Settings(BTreeMap<FleetName, hafleet_proto::FleetSettings>),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -463,6 +468,31 @@ pub fn apply(
             };
             desired.fleets.entry(fleet.clone()).or_default();
             out.writes.push(StateWrite::DefaultCerts(desired.default_certs.clone()));
+            out.causes.entry(fleet.clone()).or_default().push(cause);
+        }
+        RouteMessage::Settings(update) => {
+            let fleet = &update.fleet;
+            let defaults = hafleet_proto::FleetSettings::default();
+            let old = desired.settings.get(fleet).unwrap_or(&defaults);
+            if *old == update.settings {
+                return;
+            }
+            let (before, after) = (old.describe(), update.settings.describe());
+            let cause = Cause {
+                stream_seq: seq,
+                ingress: None,
+                what: "settings".into(),
+                resource_version: Some(update.resource_version.clone()).filter(|rv| !rv.is_empty()),
+                added: after.iter().filter(|s| !before.contains(s)).cloned().collect(),
+                removed: before.iter().filter(|s| !after.contains(s)).cloned().collect(),
+                note: None,
+            };
+            match update.settings == defaults {
+                true => desired.settings.remove(fleet),
+                false => desired.settings.insert(fleet.clone(), update.settings.clone()),
+            };
+            desired.fleets.entry(fleet.clone()).or_default();
+            out.writes.push(StateWrite::Settings(desired.settings.clone()));
             out.causes.entry(fleet.clone()).or_default().push(cause);
         }
         RouteMessage::Quarantine(q) => {

@@ -112,6 +112,8 @@ const EPOCH: &[u8] = b"epoch";
 const HELD: &[u8] = b"held-sweeps";
 /// Each fleet's default certificate (JSON: pairs of fleet and sealed certificate).
 const DEFAULT_CERTS: &[u8] = b"default-certs";
+/// Every fleet's settings (JSON pairs), where they are not the defaults.
+const SETTINGS: &[u8] = b"settings";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -359,6 +361,11 @@ impl Store {
             let pairs: Vec<(FleetName, hafleet_proto::SealedCert)> = decode(DEFAULT_CERTS, &certs)?;
             desired.default_certs = pairs.into_iter().collect();
         }
+        if let Some(settings) = self.meta.get(SETTINGS)? {
+            let pairs: Vec<(FleetName, hafleet_proto::FleetSettings)> =
+                decode(SETTINGS, &settings)?;
+            desired.settings = pairs.into_iter().collect();
+        }
         Ok(desired)
     }
 
@@ -478,6 +485,11 @@ impl Store {
                             let v = serde_json::to_vec(&pairs).expect("certificates serialize");
                             meta.insert(DEFAULT_CERTS, v)?;
                         }
+                        StateWrite::Settings(settings) => {
+                            let pairs: Vec<_> = settings.iter().collect();
+                            let v = serde_json::to_vec(&pairs).expect("settings serialize");
+                            meta.insert(SETTINGS, v)?;
+                        }
                     }
                 }
                 for (k, v, summary) in &encoded {
@@ -595,6 +607,7 @@ impl Store {
             .chain([
                 StateWrite::Held(desired.held.clone()),
                 StateWrite::DefaultCerts(desired.default_certs.clone()),
+                StateWrite::Settings(desired.settings.clone()),
             ])
             .collect();
         self.commit(&writes, &[], applied_seq)

@@ -24,8 +24,8 @@ pub fn next_version(
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
-    let default_cert = desired.default_certs.get(fleet);
-    let model = renderer.model(fleet, desired.ingresses(fleet), &desired.nodes, default_cert);
+    let fleetwide = crate::render::Fleetwide::of(desired, fleet);
+    let model = renderer.model(fleet, desired.ingresses(fleet), &desired.nodes, fleetwide);
     let bundle = renderer.render(&model)?;
     let sha256 = bundle.sha256();
     if latest.is_some_and(|l| l.sha256 == sha256) {

@@ -2,7 +2,11 @@
 //! reviewed snapshot, and every snapshot passes `haproxy -c` with the real HAProxy.
 
 use hafleet_proto::{Bundle, FleetName, IngressKey, NodeAddr, Route};
-use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
+use hafleet_renderer::{
+    model,
+    render::{Fleetwide, Renderer},
+    state::IngressEntry,
+};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -291,7 +295,12 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     let fleet = FleetName::new("edge").unwrap();
     let renderer = Renderer::builtin();
     let bundle = renderer
-        .render(&renderer.model(&fleet, &ingresses, &[(None, nodes.clone())].into(), None))
+        .render(&renderer.model(
+            &fleet,
+            &ingresses,
+            &[(None, nodes.clone())].into(),
+            Default::default(),
+        ))
         .unwrap();
     bundle.verify(&bundle.sha256()).unwrap();
     assert_eq!(bundle.certs.len(), 2);
@@ -325,12 +334,109 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
         })
         .collect();
     let bundle = renderer
-        .render(&renderer.model(&fleet, &plain, &[(None, nodes.clone())].into(), Some(&default)))
+        .render(&renderer.model(
+            &fleet,
+            &plain,
+            &[(None, nodes.clone())].into(),
+            Fleetwide { default_cert: Some(&default), settings: None },
+        ))
         .unwrap();
     assert!(bundle.config.contains(&format!("ssl crt {} crt-list", default.relative_path())));
     assert!(!bundle.config.contains("strict-sni"));
-    assert_eq!(bundle.certs, vec![default]);
+    assert_eq!(bundle.certs, vec![default.clone()]);
     assert_tls_bundle_loads(&bundle, &identity);
+
+    // Every fleet setting on, HTTPS included: HAProxy takes it.
+    let settings = every_setting();
+    let fleetwide = Fleetwide { default_cert: Some(&default), settings: Some(&settings) };
+    let bundle = renderer
+        .render(&renderer.model(&fleet, &plain, &[(None, nodes)].into(), fleetwide))
+        .unwrap();
+    for line in [
+        "alpn h2,http/1.1 accept-proxy",
+        "http-response set-header strict-transport-security \"max-age=31536000; includeSubDomains; preload\" if { ssl_fc }",
+    ] {
+        assert!(bundle.config.contains(line), "{line}:\n{}", bundle.config);
+    }
+    assert_tls_bundle_loads(&bundle, &identity);
+}
+
+/// Every fleet setting away from its default.
+fn every_setting() -> hafleet_proto::FleetSettings {
+    hafleet_proto::FleetSettings {
+        forwarded_for: hafleet_proto::ForwardedFor::Replace,
+        timeouts: hafleet_proto::Timeouts {
+            client_ms: Some(60_000),
+            server_ms: Some(90_000),
+            connect_ms: Some(500),
+            tunnel_ms: Some(7_200_000),
+            http_request_ms: Some(5_000),
+            http_keep_alive_ms: Some(2_000),
+        },
+        max_connections: Some(20_000),
+        hsts: Some(hafleet_proto::Hsts {
+            max_age_secs: 31_536_000,
+            include_subdomains: true,
+            preload: true,
+        }),
+        access_log: Some(hafleet_proto::LogTarget::Udp("127.0.0.1:514".parse().unwrap())),
+        accept_proxy: hafleet_proto::AcceptProxy { http: true, https: true },
+    }
+}
+
+/// The fleet settings' lines in the config, each log target HAProxy takes, and each
+/// `forwarded-for` mode.
+#[test]
+fn shop_fleet_with_every_setting() {
+    let renderer = render_settings_off();
+    let fleet = FleetName::new("edge").unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json");
+    let FixtureFile::WithNodes { nodes, ingresses } =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    else {
+        panic!("shop.json has nodes")
+    };
+    let ingresses: BTreeMap<IngressKey, IngressEntry> = ingresses
+        .into_iter()
+        .map(|f| {
+            let entry = IngressEntry {
+                created_unix: f.created_unix,
+                resource_version: "1".into(),
+                routes: f.routes,
+                seq: 0,
+                tls: Vec::new(),
+                quarantined: None,
+            };
+            (IngressKey::new(&f.namespace, &f.name).unwrap(), entry)
+        })
+        .collect();
+    let nodes = [(None, nodes)].into();
+    let with = |settings: &hafleet_proto::FleetSettings| {
+        let fleetwide = Fleetwide { default_cert: None, settings: Some(settings) };
+        renderer.render(&renderer.model(&fleet, &ingresses, &nodes, fleetwide)).unwrap()
+    };
+    let bundle = with(&every_setting());
+    insta::assert_snapshot!(snapshot_text(&bundle));
+    assert_haproxy_accepts(&bundle);
+    let mut settings = every_setting();
+    for target in ["stdout", "stderr", "tcp://127.0.0.1:6514", "udp://[::1]:514"] {
+        settings.access_log = Some(match target.split_once("://") {
+            Some(("tcp", a)) => hafleet_proto::LogTarget::Tcp(a.parse().unwrap()),
+            Some((_, a)) => hafleet_proto::LogTarget::Udp(a.parse().unwrap()),
+            None if target == "stdout" => hafleet_proto::LogTarget::Stdout,
+            None => hafleet_proto::LogTarget::Stderr,
+        });
+        assert_haproxy_accepts(&with(&settings));
+    }
+    for (mode, has, lacks) in [
+        (hafleet_proto::ForwardedFor::Append, "option forwardfor", "del-header x-forwarded-for"),
+        (hafleet_proto::ForwardedFor::Off, "timeout tunnel 2h", "forward"),
+    ] {
+        settings.forwarded_for = mode;
+        let bundle = with(&settings);
+        assert!(bundle.config.contains(has) && !bundle.config.contains(lacks), "{mode:?}");
+        assert_haproxy_accepts(&bundle);
+    }
 }
 
 /// Lays `bundle` out as the applier does (each certificate's file holds its chain and its key,
@@ -417,7 +523,8 @@ fn a_certificate_for_more_hosts_than_a_line_holds_is_split_and_haproxy_accepts_i
         ]
         .into();
         let renderer = Renderer::builtin();
-        let model = renderer.model(&fleet, &ingresses, &[(None, nodes.clone())].into(), None);
+        let model =
+            renderer.model(&fleet, &ingresses, &[(None, nodes.clone())].into(), Default::default());
         let bundle = renderer.render(&model).unwrap();
         let crt_list = bundle.maps.iter().find(|m| m.name.kind() == "crtlist").unwrap();
         let lines: Vec<&str> = crt_list.content.lines().collect();

@@ -7,6 +7,7 @@
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `traffic`: long-lived connections through the fleet;
+//! - `settings`: a fleet's settings ConfigMap changes what every host does;
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
 //! - `churn`: a namespace changing its Ingresses in a loop reloads its fleet within its budget;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
@@ -22,6 +23,7 @@ mod recovery;
 mod refusals;
 mod routing;
 mod scale;
+mod settings;
 mod snapshots;
 mod tenants;
 mod tls;

@@ -54,7 +54,7 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
             "timeout-server" => millis(v, 1, HOUR).map(|d| o.timeout_server_ms = Some(d)),
             "timeout-client" => Err("is not supported: the client timeout applies to the whole \
                  connection, before any route is chosen, and HAProxy 2.6 cannot change it per \
-                 route; set it in the fleet's template"
+                 route; set timeout-client in the fleet's settings ConfigMap"
                 .into()),
             "health-check-path" => {
                 HttpPath::new(v).map(|p| o.health_check_path = Some(p)).map_err(|e| e.to_string())

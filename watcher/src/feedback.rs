@@ -401,7 +401,7 @@ pub mod adapter {
                     if let Some(ingress) = ingresses.get(&object_ref(key)) {
                         // Feedback is rate-limited and best effort: a lost one is not repeated.
                         let _ = warnings
-                            .post(&ingress, notice.warning, notice.reason, notice.note.clone())
+                            .post(&*ingress, notice.warning, notice.reason, notice.note.clone())
                             .await;
                     }
                 }

@@ -10,7 +10,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use std::pin::Pin;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -29,6 +29,9 @@ pub struct Caches {
     pub tls_secrets: Option<Store<PartialObjectMeta<Secret>>>,
     /// With `--tenancy-policy`: that one ConfigMap (or none while it does not exist).
     pub policy: Option<Store<ConfigMap>>,
+    /// With `--settings-namespace`: that namespace's ConfigMaps (the fleets' settings are
+    /// those named `hafleet-fleet-<fleet>`).
+    pub settings: Option<Store<ConfigMap>>,
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -40,7 +43,7 @@ pub fn watch(
     client: Client,
     endpoint_slices: Option<ApiResource>,
     tls: bool,
-    policy: Option<(&str, &str)>,
+    (policy, settings): (Option<(&str, &str)>, Option<&str>),
 ) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
@@ -113,6 +116,18 @@ pub fn watch(
         all.push(cms.boxed());
         store
     });
+    // The fleets' settings: the ConfigMaps of one namespace, the admin's (the watcher's Role
+    // there is all it needs).
+    let settings = settings.map(|ns| {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let cms = watcher(Api::<ConfigMap>::namespaced(client.clone(), ns), cfg())
+            .default_backoff()
+            .modify(|c| c.metadata.managed_fields = None)
+            .reflect(writer)
+            .map(|r| r.map(|_| ()).map_err(|e| ("fleet settings", e)));
+        all.push(cms.boxed());
+        store
+    });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let store = writer.as_reader();
@@ -134,7 +149,8 @@ pub fn watch(
             warn!(watch = what, error = %e, "watch error");
         }
     });
-    let caches = Caches { ingresses, services, nodes, endpoint_slices, tls_secrets, policy };
+    let caches =
+        Caches { ingresses, services, nodes, endpoint_slices, tls_secrets, policy, settings };
     (caches, Box::pin(changes))
 }
 
@@ -203,6 +219,9 @@ impl Caches {
         if let Some(policy) = &self.policy {
             policy.wait_until_ready().await?;
         }
+        if let Some(settings) = &self.settings {
+            settings.wait_until_ready().await?;
+        }
         Ok(())
     }
 }
@@ -248,9 +267,15 @@ impl Warnings {
         self.post(ingress, true, reason, note).await
     }
 
-    /// Posts an Event (Warning or Normal) on `ingress`; repeats are counted by the recorder.
+    /// Posts an Event (Warning or Normal) on `object`; repeats are counted by the recorder.
     /// Whether the API server took it (a failure is logged).
-    pub async fn post(&self, ingress: &Ingress, warning: bool, reason: &str, note: String) -> bool {
+    pub async fn post<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) -> bool {
         let mut note = note;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -266,7 +291,7 @@ impl Warnings {
             action: "Route".into(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &ingress.object_ref(&())).await {
+        match self.recorder.publish(&event, &object.object_ref(&())).await {
             Ok(()) => true,
             Err(e) => {
                 warn!(error = %e, reason, "cannot post event; it is posted again on the next pass");

@@ -4,13 +4,14 @@
 //! Pure decisions: [`resolve`] (objects → validated routes), [`tenancy`] (hosts kept to their
 //! namespace, conflicts told to the loser), [`index`] (what to publish) and [`churn`] (what
 //! waits, so that no namespace changes a fleet more often than its budget), [`policy`] (the
-//! admin's tenancy policy) and [`events`] (route events, and what one Ingress's may take).
+//! admin's tenancy policy), [`fleet_settings`] (the fleets' settings ConfigMaps) and [`events`] (route events, and what one Ingress's may take).
 //! Adapters: [`kube`] (reflectors, Events); NATS through `hafleet_runtime`. Wiring: [`run`].
 
 pub mod annotations;
 pub mod churn;
 pub mod events;
 pub mod feedback;
+pub mod fleet_settings;
 pub mod index;
 pub mod kept;
 pub mod kube;

@@ -80,6 +80,14 @@ pub struct RunArgs {
     /// is published. Unset: every namespace may do all of it.
     #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = crate::policy::parse_ref)]
     pub tenancy_policy: Option<(String, String)>,
+    /// The namespace of the fleets' settings: a ConfigMap `hafleet-fleet-<fleet>` there sets
+    /// that fleet's timeouts, X-Forwarded-For, access log, HSTS and PROXY protocol (README,
+    /// "Fleet settings"). Read live; a ConfigMap with a mistake gets a Warning Event and its
+    /// fleet keeps its last good settings. Give it to one watcher per fleet (with several
+    /// clusters, one cluster's). Unset: no settings are published (the renderer keeps what it
+    /// has; a fleet never given any has the defaults).
+    #[arg(long, env = "HAFLEET_SETTINGS_NAMESPACE")]
+    pub settings_namespace: Option<hafleet_proto::Namespace>,
     /// Seconds between re-resolving everything from the caches even without changes, which
     /// retries publishes that failed. Reads only the local caches; never polls the API server.
     #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
@@ -141,8 +149,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let slices = kube_adapter::endpoint_slice_api(&client).await;
     let policy_ref = args.tenancy_policy.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str()));
-    let (caches, mut changes) =
-        kube_adapter::watch(client.clone(), slices, !args.seal_to.is_empty(), policy_ref);
+    let settings_ns = args.settings_namespace.as_ref().map(|ns| ns.as_str());
+    let (caches, mut changes) = kube_adapter::watch(
+        client.clone(),
+        slices,
+        !args.seal_to.is_empty(),
+        (policy_ref, settings_ns),
+    );
     let secrets_client = client.clone();
     let warnings = Warnings::new(client.clone());
     let mut state = State {
@@ -166,6 +179,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         memo: resolve::Memo::default(),
         policy: Default::default(),
         churn: Default::default(),
+        settings: Default::default(),
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -381,6 +395,8 @@ struct State {
     policy: crate::policy::InForce,
     /// `--namespace-changes-per-minute`, once the initial state is out.
     churn: crate::churn::Budget,
+    /// With `--settings-namespace`: the fleets' settings read and published.
+    settings: crate::fleet_settings::InForce,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
@@ -840,6 +856,10 @@ async fn sync(
     for (fleet, (ns, name)) in &args.default_cert {
         send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
     }
+    if let Some(store) = &caches.settings {
+        let fleets = state.published.values().map(|(fleet, _)| fleet.clone());
+        send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
+    }
     // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
     for (key, (ing, _)) in &objects {
         let Some(Desired::Routed(r)) = desired.get(key) else { continue };
@@ -909,6 +929,40 @@ async fn send_default_cert(
     let seq = bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await?;
     info!(fleet = %fleet, fingerprint = %cert.fingerprint, stream_seq = seq, "default certificate published");
     state.tls.defaults.insert(fleet.clone(), cert);
+    Ok(())
+}
+
+/// Publishes each fleet's settings that changed, and tells the ConfigMaps' admin what was
+/// taken and what was not.
+async fn send_settings(
+    bus: &Bus,
+    warnings: &Warnings,
+    state: &mut State,
+    config_maps: &[std::sync::Arc<k8s_openapi::api::core::v1::ConfigMap>],
+    fleets: Vec<FleetName>,
+) -> anyhow::Result<()> {
+    let at = (state.epoch, state.cluster.as_ref());
+    let plan = state.settings.plan(config_maps, fleets, at);
+    for (cm, warning, reason, note) in plan.tell {
+        warn!(configmap = ?cm.metadata.name, note = %note, "fleet settings refused");
+        warnings.post(&*cm, warning, reason, note).await;
+    }
+    for update in plan.publish {
+        let fleet = update.fleet.clone();
+        let msg = RouteMessage::Settings(update.clone());
+        let id = state.next_msg_id();
+        let seq = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await?;
+        let set = update.settings.describe().join(" ");
+        info!(fleet = %fleet, stream_seq = seq, settings = %set, "fleet settings published");
+        state.settings.published(&update);
+        if let Some(cm) = crate::fleet_settings::InForce::source(config_maps, &update) {
+            let note = format!(
+                "published for fleet {fleet}: {}",
+                if set.is_empty() { "the defaults" } else { &set }
+            );
+            warnings.post(&**cm, false, "SettingsPublished", note).await;
+        }
+    }
     Ok(())
 }
 

@@ -149,17 +149,17 @@ fn unknown_schema_is_refused() {
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
     json["schema"] = 99.into();
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 5 }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 6 }), "{err}");
 }
 
 #[test]
 fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
     let mut json: serde_json::Value =
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-    json["schema"] = (crate::PARTS_SCHEMA_VERSION + 1).into();
+    json["schema"] = (crate::SETTINGS_SCHEMA_VERSION + 1).into();
     json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 6, .. }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 7, .. }), "{err}");
     assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
 }
 

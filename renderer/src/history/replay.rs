@@ -102,8 +102,8 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
     // As the renderer builds a version: its certificates and default certificate included.
-    let default_cert = desired.default_certs.get(&common.fleet);
-    let model = renderer.model(&common.fleet, ingresses, &desired.nodes, default_cert);
+    let fleetwide = crate::render::Fleetwide::of(&desired, &common.fleet);
+    let model = renderer.model(&common.fleet, ingresses, &desired.nodes, fleetwide);
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
     let started =

@@ -517,3 +517,46 @@ fn a_default_certificate_is_set_kept_across_a_reseal_and_replaced() {
     assert_eq!(d.default_certs.get(&fleet), Some(&second));
     assert!(matches!(out.writes.as_slice(), [StateWrite::DefaultCerts(_)]));
 }
+
+#[test]
+fn fleet_settings_replace_the_fleets_whole_and_a_change_is_a_cause_naming_each_key() {
+    let mut d = Desired::default();
+    let fleet = FleetName::new("edge").unwrap();
+    let msg = |settings: hafleet_proto::FleetSettings, rv: &str| {
+        RouteMessage::Settings(hafleet_proto::SettingsUpdate {
+            schema: hafleet_proto::SETTINGS_SCHEMA_VERSION,
+            epoch: 1,
+            cluster: None,
+            fleet: fleet.clone(),
+            settings,
+            resource_version: rv.into(),
+        })
+    };
+    let mut longer = hafleet_proto::FleetSettings::default();
+    longer.timeouts.client_ms = Some(120_000);
+    let mut out = Applied::default();
+    apply(&mut d, 1, &msg(longer.clone(), "7"), &SweepGuard::default(), &mut out);
+    assert_eq!(d.settings.get(&fleet), Some(&longer));
+    let cause = &out.causes[&fleet][0];
+    assert_eq!((cause.what.as_str(), cause.resource_version.as_deref()), ("settings", Some("7")));
+    assert_eq!(
+        (cause.added.as_slice(), cause.removed.len()),
+        (&["timeout-client=2m".to_owned()][..], 0)
+    );
+    assert!(matches!(out.writes.as_slice(), [StateWrite::Epoch(..), StateWrite::Settings(_)]));
+
+    let mut out = Applied::default();
+    apply(&mut d, 2, &msg(longer.clone(), "8"), &SweepGuard::default(), &mut out);
+    assert!(out.causes.is_empty() && out.writes.is_empty(), "the same settings change nothing");
+
+    // Back to the defaults (the ConfigMap deleted): the fleet holds none, and the cause says
+    // what went.
+    let mut out = Applied::default();
+    apply(&mut d, 3, &msg(Default::default(), ""), &SweepGuard::default(), &mut out);
+    assert!(d.settings.is_empty());
+    let cause = &out.causes[&fleet][0];
+    assert_eq!(
+        (cause.removed.as_slice(), cause.resource_version.as_ref()),
+        (&["timeout-client=2m".to_owned()][..], None)
+    );
+}
