@@ -12,6 +12,7 @@
 //! message whose strings are safe to render.
 
 pub mod bundle;
+pub mod filters;
 pub mod history;
 pub mod messages;
 pub mod parts;
@@ -23,6 +24,9 @@ pub mod tls;
 pub mod values;
 
 pub use bundle::*;
+pub use filters::{
+    HeaderName, HeaderRules, HeaderValue, PathRewrite, REDIRECT_CODES, Redirect, Scheme,
+};
 pub use history::*;
 pub use messages::*;
 pub use parts::{PartsError, SnapshotPart};

@@ -185,6 +185,28 @@ pub struct BackendOptions {
     /// Most concurrent connections per server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_conn: Option<u32>,
+    /// These source networks get 403 (after `allow_source`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_source: Vec<Cidr>,
+    /// Most requests per second from one client address; more get 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_rps: Option<u32>,
+    /// How long an upgraded connection (a WebSocket) may idle on both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_tunnel_ms: Option<u32>,
+    /// Header changes on the request, before it reaches the backend.
+    #[serde(default, skip_serializing_if = "crate::HeaderRules::is_empty")]
+    pub request_headers: crate::HeaderRules,
+    /// Header changes on the response, before it reaches the client.
+    #[serde(default, skip_serializing_if = "crate::HeaderRules::is_empty")]
+    pub response_headers: crate::HeaderRules,
+    /// Requests are redirected, not sent to the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<crate::Redirect>,
+    /// The route's path prefix replaced on the way to the backend (set per route: its `from`
+    /// is the route's path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<crate::PathRewrite>,
 }
 
 impl BackendOptions {

@@ -18,11 +18,11 @@ pub enum InvalidValue {
     Rule { what: &'static str, value: String, rule: &'static str },
 }
 
-fn rule(what: &'static str, value: &str, rule: &'static str) -> InvalidValue {
+pub(crate) fn rule(what: &'static str, value: &str, rule: &'static str) -> InvalidValue {
     InvalidValue::Rule { what, value: value.to_owned(), rule }
 }
 
-fn check_len(what: &'static str, value: &str, max: usize) -> Result<(), InvalidValue> {
+pub(crate) fn check_len(what: &'static str, value: &str, max: usize) -> Result<(), InvalidValue> {
     if value.is_empty() {
         return Err(InvalidValue::Empty { what, value: value.to_owned() });
     }
@@ -110,6 +110,8 @@ macro_rules! validated_string {
         }
     };
 }
+
+pub(crate) use validated_string;
 
 validated_string!(
     /// A fleet: a set of HAProxy servers that run the same config. An RFC 1123 label, so it is

@@ -8,6 +8,7 @@
 
 pub mod bus;
 pub mod checkpoint;
+pub mod filters;
 pub mod history;
 pub mod maps;
 pub mod model;

@@ -86,6 +86,8 @@ pub struct BackendModel {
     pub ssl_redirect: bool,
     /// Most connections per server.
     pub max_conn: Option<u32>,
+    /// Deny, rate limit, redirect, headers, rewrite, tunnel timeout; `None`: none of them.
+    pub filters: Option<crate::filters::FiltersModel>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -420,6 +422,7 @@ fn backend_model(
         allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
         ssl_redirect: o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
+        filters: crate::filters::FiltersModel::of(o),
         servers: servers
             .iter()
             .map(|c| ServerModel {
@@ -703,6 +706,7 @@ fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
                 allow_source: vec![],
                 ssl_redirect: false,
                 max_conn: None,
+                filters: None,
             })
         })
         .collect()

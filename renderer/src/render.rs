@@ -166,6 +166,7 @@ impl Renderer {
                 allow_source: vec!["10.0.0.0/8".into()],
                 ssl_redirect: true,
                 max_conn: Some(100),
+                filters: crate::filters::FiltersModel::of(&crate::filters::every_filter()),
             })],
             settings: crate::settings::SettingsModel::every_one_set(),
             ..empty
@@ -350,6 +351,10 @@ impl Object for BackendModel {
             "allow_source" => Some(Value::from_serialize(&self.allow_source)),
             "ssl_redirect" => Some(Value::from(self.ssl_redirect)),
             "max_conn" => Some(Value::from(self.max_conn)),
+            "filters" => Some(match &self.filters {
+                Some(f) => Value::from_serialize(f),
+                None => Value::from(()),
+            }),
             _ => None,
         }
     }
@@ -368,6 +373,7 @@ impl Object for BackendModel {
             "allow_source",
             "ssl_redirect",
             "max_conn",
+            "filters",
         ])
     }
 }

@@ -170,6 +170,32 @@ fn a_service_routed_with_and_without_settings() {
     assert_haproxy_accepts(&bundle);
 }
 
+/// Header rules, a deny list, a rate limit, redirects and rewrites, each in the backend of the
+/// route that asks for it, and HAProxy accepts every line.
+#[test]
+fn routes_with_filters() {
+    let bundle = render_fixture("filters.json");
+    let text = snapshot_text(&bundle);
+    for line in [
+        "acl hafleet_denied src 192.0.2.0/24\n",
+        "http-request deny deny_status 429 if { sc_http_req_rate(0) gt 20 }",
+        "http-request del-header X-Debug\n",
+        "http-request set-header X-Env \"prod\"\n",
+        "http-request add-header Via \"hafleet\"\n",
+        "http-request replace-path '^/api(/.*)$' '/v2\\1' if { var(txn.hafleet_rewrite) -m beg /api/ }",
+        "http-response set-header Cache-Control \"max-age=60, public\"\n",
+        "http-response del-header Server\n",
+        "timeout tunnel 2h\n",
+        "http-request redirect prefix https://new.example.com code 301\n",
+        "http-request redirect location https://new.example.com:8443/plans%%2F2026 code 308\n",
+        "http-request set-path '/'\n",
+    ] {
+        assert!(text.contains(line), "{line:?} missing\n{text}");
+    }
+    insta::assert_snapshot!(text);
+    assert_haproxy_accepts(&bundle);
+}
+
 /// The longest `allow-source` the watcher takes (256 networks) is rendered on lines HAProxy
 /// reads (at most 64 words each), so `haproxy -c` accepts it.
 #[test]

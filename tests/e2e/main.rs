@@ -8,6 +8,7 @@
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `traffic`: long-lived connections through the fleet;
 //! - `settings`: a fleet's settings ConfigMap changes what every host does;
+//! - `filters`: an Ingress's header, redirect, rewrite, deny and rate annotations;
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
 //! - `churn`: a namespace changing its Ingresses in a loop reloads its fleet within its budget;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
@@ -17,6 +18,7 @@
 mod churn;
 mod clusters;
 mod docs;
+mod filters;
 mod history;
 mod image;
 mod recovery;

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A stand-in for a Service behind kube-proxy that answers every request with its head, as
 /// it arrived, for a body: what the backend was told.
-async fn head_echo(addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>> {
+pub(crate) async fn head_echo(addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
     Ok(tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
@@ -40,12 +40,29 @@ async fn head_echo(addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>> {
     }))
 }
 
-/// Sends `before` (a PROXY protocol header, say), then a GET for `host` with `headers`, and
-/// returns the whole answer ("" when the connection was closed without one).
-async fn raw_get(addr: SocketAddr, before: &str, host: &str, headers: &str) -> Result<String> {
+/// Sends `before` (a PROXY protocol header, say), then a GET of `/` for `host` with
+/// `headers`, and returns the whole answer ("" when the connection was closed without one).
+pub(crate) async fn raw_get(
+    addr: SocketAddr,
+    before: &str,
+    host: &str,
+    headers: &str,
+) -> Result<String> {
+    raw_get_path(addr, before, host, "/", headers).await
+}
+
+/// [`raw_get`] of `path`.
+pub(crate) async fn raw_get_path(
+    addr: SocketAddr,
+    before: &str,
+    host: &str,
+    path: &str,
+    headers: &str,
+) -> Result<String> {
     let mut conn = TcpStream::connect(addr).await?;
-    let request =
-        format!("{before}GET / HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n");
+    let request = format!(
+        "{before}GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
+    );
     conn.write_all(request.as_bytes()).await?;
     let mut answer = Vec::new();
     let read = conn.read_to_end(&mut answer);

@@ -24,6 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::annotations::{millis, number};
+
 /// A fleet's settings live in the ConfigMap of this name followed by the fleet's.
 pub const NAME_PREFIX: &str = "hafleet-fleet-";
 
@@ -125,40 +127,6 @@ fn flag(v: &str) -> Result<bool, String> {
         "false" => Ok(false),
         _ => Err("must be true or false".into()),
     }
-}
-
-/// A whole number in `min..=max`.
-fn number(v: &str, min: u32, max: u32) -> Result<u32, String> {
-    let range = || format!("must be a whole number from {min} to {max}");
-    if v.is_empty() || v.len() > 10 || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(range());
-    }
-    v.parse::<u32>().ok().filter(|n| (min..=max).contains(n)).ok_or_else(range)
-}
-
-/// A duration (`<whole number><ms|s|m|h>`) in milliseconds, in `min..=max`.
-fn millis(v: &str, min: u32, max: u32) -> Result<u32, String> {
-    let shape = || {
-        format!(
-            "must be a whole number with a unit (ms, s, m, h), from {} to {}",
-            hafleet_proto::duration_text(min),
-            hafleet_proto::duration_text(max)
-        )
-    };
-    let split = v.find(|c: char| !c.is_ascii_digit()).ok_or_else(shape)?;
-    let (n, unit) = v.split_at(split);
-    if n.is_empty() || n.len() > 9 {
-        return Err(shape());
-    }
-    let n: u64 = n.parse().map_err(|_| shape())?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n * 1_000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        _ => return Err(shape()),
-    };
-    u32::try_from(ms).ok().filter(|ms| (min..=max).contains(ms)).ok_or_else(shape)
 }
 
 /// `stdout`, `stderr`, `udp://IP:PORT` or `tcp://IP:PORT`: an address, never a name HAProxy

@@ -10,7 +10,7 @@
 
 use hafleet_proto::{
     Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName, PathKind,
-    Route, ServiceRef, TrafficPolicy,
+    PathRewrite, Route, ServiceRef, TrafficPolicy,
 };
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
@@ -233,6 +233,12 @@ pub fn resolve(
 
     for route in &mut routes {
         route.backend.options = settings.options.clone();
+        // A rewrite replaces the route's own path: routes with other paths are other backends.
+        route.backend.options.rewrite = settings.rewrite_to.as_ref().map(|to| PathRewrite {
+            from: route.path.trimmed(),
+            to: to.clone(),
+            exact: route.kind == PathKind::Exact,
+        });
     }
     match (fleet, key) {
         (Some(fleet), Some(key)) if errors.is_empty() => Ok(Resolved {
