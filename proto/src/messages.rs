@@ -207,6 +207,28 @@ pub struct BackendOptions {
     /// is the route's path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<crate::PathRewrite>,
+    /// The PROXY protocol to the Service's servers (the Service's `hafleet.io/send-proxy`),
+    /// so that they learn the client's address without HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_proxy: Option<ProxyProtocol>,
+}
+
+/// A PROXY protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    V1,
+    V2,
+}
+
+impl ProxyProtocol {
+    /// The `server` keyword that sends it.
+    pub fn server_keyword(&self) -> &'static str {
+        match self {
+            ProxyProtocol::V1 => "send-proxy",
+            ProxyProtocol::V2 => "send-proxy-v2",
+        }
+    }
 }
 
 impl BackendOptions {

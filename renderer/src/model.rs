@@ -88,6 +88,8 @@ pub struct BackendModel {
     pub max_conn: Option<u32>,
     /// Deny, rate limit, redirect, headers, rewrite, tunnel timeout; `None`: none of them.
     pub filters: Option<crate::filters::FiltersModel>,
+    /// `send-proxy` or `send-proxy-v2` on every server: the Service takes the PROXY protocol.
+    pub send_proxy: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -423,6 +425,7 @@ fn backend_model(
         ssl_redirect: o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
         filters: crate::filters::FiltersModel::of(o),
+        send_proxy: o.send_proxy.map(|p| p.server_keyword()),
         servers: servers
             .iter()
             .map(|c| ServerModel {
@@ -707,6 +710,7 @@ fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
                 ssl_redirect: false,
                 max_conn: None,
                 filters: None,
+                send_proxy: None,
             })
         })
         .collect()

@@ -167,6 +167,7 @@ impl Renderer {
                 ssl_redirect: true,
                 max_conn: Some(100),
                 filters: crate::filters::FiltersModel::of(&crate::filters::every_filter()),
+                send_proxy: Some("send-proxy-v2"),
             })],
             settings: crate::settings::SettingsModel::every_one_set(),
             ..empty
@@ -351,6 +352,7 @@ impl Object for BackendModel {
             "allow_source" => Some(Value::from_serialize(&self.allow_source)),
             "ssl_redirect" => Some(Value::from(self.ssl_redirect)),
             "max_conn" => Some(Value::from(self.max_conn)),
+            "send_proxy" => Some(Value::from(self.send_proxy)),
             "filters" => Some(match &self.filters {
                 Some(f) => Value::from_serialize(f),
                 None => Value::from(()),
@@ -374,6 +376,7 @@ impl Object for BackendModel {
             "ssl_redirect",
             "max_conn",
             "filters",
+            "send_proxy",
         ])
     }
 }

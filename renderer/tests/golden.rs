@@ -189,6 +189,7 @@ fn routes_with_filters() {
         "http-request redirect prefix https://new.example.com code 301\n",
         "http-request redirect location https://new.example.com:8443/plans%%2F2026 code 308\n",
         "http-request set-path '/'\n",
+        "server node-a 10.1.0.1:30081 send-proxy-v2\n",
     ] {
         assert!(text.contains(line), "{line:?} missing\n{text}");
     }

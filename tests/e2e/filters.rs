@@ -4,8 +4,9 @@
 use crate::settings::{head_echo, raw_get_path};
 use crate::{World, expect_everywhere};
 use anyhow::Result;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::PostParams;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use std::net::SocketAddr;
 
 /// An Ingress on fleet `edge` for `host` and `path` (Prefix) to Service `service`, with these
@@ -36,7 +37,8 @@ fn annotated(
 /// Each filter annotation changes what a request gets, on every host: the backend sees the
 /// headers set and not the ones removed, and the path rewritten; the client sees the response
 /// header; a redirect answers with its Location (path and query kept); a denied source gets
-/// 403; past the rate limit, 429.
+/// 403; past the rate limit, 429. A Service annotated `hafleet.io/send-proxy` gets the PROXY
+/// protocol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_filter_annotation_changes_what_a_request_gets() -> Result<()> {
     let world = World::start().await?;
@@ -47,6 +49,14 @@ async fn each_filter_annotation_changes_what_a_request_gets() -> Result<()> {
     for b in world.backends.iter().filter(|b| b.addr().port() != node_port).take(2) {
         servers.push(head_echo(SocketAddr::new(b.addr().ip(), node_port)).await?);
     }
+    // A Service that takes the PROXY protocol: its servers learn the client's address first.
+    let proxied = u16::try_from(stack.kube.create_nodeport_service("default", "pecho", 80).await?)?;
+    for b in world.backends.iter().filter(|b| b.addr().port() != proxied).take(2) {
+        servers.push(head_echo(SocketAddr::new(b.addr().ip(), proxied)).await?);
+    }
+    let services: Api<Service> = Api::namespaced(stack.kube.client().await?, "default");
+    let send = serde_json::json!({"metadata": {"annotations": {"hafleet.io/send-proxy": "v1"}}});
+    services.patch("pecho", &PatchParams::default(), &Patch::Merge(&send)).await?;
     let headers = [
         ("request-headers-set", "X-Env: prod\nX-Team: shop"),
         ("request-headers-remove", "X-Debug"),
@@ -55,6 +65,7 @@ async fn each_filter_annotation_changes_what_a_request_gets() -> Result<()> {
     ];
     for ing in [
         annotated("filtered", "api.example.com", "/api", "echo", &headers),
+        annotated("proxied", "proxy.example.com", "/", "pecho", &[]),
         annotated("limited", "rate.example.com", "/", "echo", &[("rate-limit", "5")]),
         annotated("denied", "deny.example.com", "/", "web", &[("deny-source", "127.0.0.0/8")]),
         annotated(
@@ -72,6 +83,7 @@ async fn each_filter_annotation_changes_what_a_request_gets() -> Result<()> {
     expect_everywhere(stack, "deny.example.com", "/", 403, "").await?;
     expect_everywhere(stack, "old.example.com", "/x", 301, "").await?;
     expect_everywhere(stack, "rate.example.com", "/", 200, "get / http/1.1").await?;
+    expect_everywhere(stack, "proxy.example.com", "/", 200, "proxy tcp4 127.0.0.1 ").await?;
 
     for h in &stack.hosts {
         let addr = h.http_addr();

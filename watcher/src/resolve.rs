@@ -232,7 +232,10 @@ pub fn resolve(
     }
 
     for route in &mut routes {
+        // The Service's, not the Ingress's.
+        let send_proxy = route.backend.options.send_proxy;
         route.backend.options = settings.options.clone();
+        route.backend.options.send_proxy = send_proxy;
         // A rewrite replaces the route's own path: routes with other paths are other backends.
         route.backend.options.rewrite = settings.rewrite_to.as_ref().map(|to| PathRewrite {
             from: route.path.trimmed(),
@@ -489,14 +492,32 @@ fn backend(
         }
         _ => None,
     };
+    let send_proxy =
+        send_proxy_of(service).map_err(|e| format!("service {namespace}/{name}: {e}"))?;
     Ok(Backend {
         service: ServiceRef { namespace: ns, name, port: service_port, cluster: None },
         node_port: Some(node_port),
         servers: vec![],
         traffic_policy,
         endpoint_nodes,
-        options: Default::default(),
+        options: hafleet_proto::BackendOptions { send_proxy, ..Default::default() },
     })
+}
+
+/// The Service's annotation that asks HAProxy to speak the PROXY protocol to its servers.
+pub const SEND_PROXY_ANNOTATION: &str = "hafleet.io/send-proxy";
+
+/// The PROXY protocol version a Service's `hafleet.io/send-proxy` asks for.
+fn send_proxy_of(service: &Service) -> Result<Option<hafleet_proto::ProxyProtocol>, String> {
+    let annotations = service.metadata.annotations.as_ref();
+    match annotations.and_then(|a| a.get(SEND_PROXY_ANNOTATION)).map(|v| v.trim()) {
+        None => Ok(None),
+        Some("v1") => Ok(Some(hafleet_proto::ProxyProtocol::V1)),
+        Some("v2") => Ok(Some(hafleet_proto::ProxyProtocol::V2)),
+        Some(other) => {
+            Err(format!("annotation {SEND_PROXY_ANNOTATION}={other:?} must be v1 or v2"))
+        }
+    }
 }
 
 /// The Service's port that `port` names, its NodePort and its traffic policy, or what keeps
