@@ -32,8 +32,8 @@ pub use messages::*;
 pub use parts::{PartsError, SnapshotPart};
 pub use quarantine::Quarantine;
 pub use settings::{
-    AcceptProxy, FleetSettings, ForwardedFor, Hsts, LogTarget, SettingsUpdate, Timeouts,
-    duration_text,
+    AcceptProxy, ERROR_PAGE_CODES, FleetSettings, ForwardedFor, Hsts, LogTarget, MAX_ERROR_PAGE,
+    SettingsUpdate, Timeouts, duration_text,
 };
 pub use signature::{SignatureError, Signer, Verifier, VersionSignature};
 pub use subjects::*;

@@ -31,7 +31,19 @@ pub struct FleetSettings {
     /// The binds that expect the PROXY protocol from an upstream load balancer.
     #[serde(default, skip_serializing_if = "AcceptProxy::is_default")]
     pub accept_proxy: AcceptProxy,
+    /// The body HAProxy answers with for a status code ([`ERROR_PAGE_CODES`]), as HTML of at
+    /// most [`MAX_ERROR_PAGE`] bytes; sorted by code, each once. Any text: the template writes
+    /// it byte by byte escaped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_pages: Vec<(u16, String)>,
 }
+
+/// The statuses an error page may be given for: those HAProxy itself answers with.
+pub const ERROR_PAGE_CODES: [u16; 14] =
+    [400, 401, 403, 404, 405, 408, 410, 413, 429, 500, 501, 502, 503, 504];
+
+/// Most bytes of an error page: it must fit in one HAProxy buffer with its headers.
+pub const MAX_ERROR_PAGE: usize = 8192;
 
 /// What backends learn of the client's address through `X-Forwarded-For`.
 #[derive(
@@ -200,6 +212,10 @@ impl FleetSettings {
         if !binds.is_empty() {
             out.push(format!("accept-proxy={}", binds.join(",")));
         }
+        for (code, body) in &self.error_pages {
+            let sha = crate::sha256_hex(body.as_bytes());
+            out.push(format!("error-page-{code}=sha256:{} ({} bytes)", &sha[..12], body.len()));
+        }
         out.sort();
         out
     }
@@ -238,6 +254,7 @@ mod tests {
             hsts: Some(Hsts { max_age_secs: 31_536_000, include_subdomains: true, preload: false }),
             access_log: Some(LogTarget::Udp("127.0.0.1:514".parse().unwrap())),
             accept_proxy: AcceptProxy { http: true, https: false },
+            error_pages: vec![(503, "<h1>later</h1>".to_owned())],
         };
         let msg = crate::RouteMessage::Settings(SettingsUpdate {
             schema: crate::SETTINGS_SCHEMA_VERSION,
@@ -253,6 +270,7 @@ mod tests {
             [
                 "accept-proxy=http",
                 "access-log=udp://127.0.0.1:514",
+                "error-page-503=sha256:f989205cbc60 (14 bytes)",
                 "forwarded-for=append",
                 "hsts-include-subdomains=true",
                 "hsts-max-age=31536000",

@@ -47,6 +47,9 @@ pub struct SettingsModel {
     pub accept_proxy_https: bool,
     /// Each setting that is not the default, as `key=value`.
     pub set: Vec<String>,
+    /// The fleet's error pages: status code, and the body as a double-quoted HAProxy string's
+    /// inside ([`quoted_inside`]).
+    pub error_pages: Vec<(u16, String)>,
 }
 
 impl Default for SettingsModel {
@@ -88,6 +91,12 @@ impl SettingsModel {
             accept_proxy_http: s.accept_proxy.http,
             accept_proxy_https: s.accept_proxy.https,
             set: s.describe(),
+            error_pages: s
+                .error_pages
+                .iter()
+                .filter(|(code, _)| hafleet_proto::ERROR_PAGE_CODES.contains(code))
+                .map(|(code, body)| (*code, quoted_inside(body)))
+                .collect(),
         }
     }
 
@@ -112,6 +121,7 @@ impl SettingsModel {
             }),
             access_log: Some(LogTarget::Stdout),
             accept_proxy: hafleet_proto::AcceptProxy { http: true, https: true },
+            error_pages: vec![(503, "<p class=\"x\">\"$HOME\" #1 %[src] \\ café</p>\n".into())],
         })
     }
 
@@ -119,6 +129,24 @@ impl SettingsModel {
     pub fn forwards_for(&self) -> bool {
         self.forwarded_for != ForwardedFor::Off.as_str()
     }
+}
+
+/// `text` as the inside of a double-quoted HAProxy word: letters, digits, spaces and inert
+/// punctuation as they are, every other byte (quotes, `\`, `$`, `#`, `%`, line breaks,
+/// UTF-8) as `\xNN`, which HAProxy turns back into that byte. Nothing in it can end the
+/// word, name a variable or start a comment.
+pub fn quoted_inside(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for b in text.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b' ' => out.push(char::from(b)),
+            b'<' | b'>' | b'/' | b'=' | b'.' | b',' | b':' | b';' | b'!' | b'?' | b'(' | b')'
+            | b'-' | b'_' | b'*' | b'+' | b'&' | b'@' | b'[' | b']' | b'{' | b'}' | b'|' | b'~'
+            | b'^' | b'\'' => out.push(char::from(b)),
+            b => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -142,11 +170,13 @@ mod tests {
             access_log: Some(LogTarget::Tcp("127.0.0.1:6514".parse().unwrap())),
             accept_proxy: AcceptProxy { http: false, https: true },
             max_connections: Some(10),
+            error_pages: vec![(200, "ignored".into()), (503, "<b>\"x\" $y</b>\n".into())],
         });
+        assert_eq!(s.error_pages, [(503, "<b>\\x22x\\x22 \\x24y</b>\\x0a".to_owned())]);
         assert_eq!(s.timeout_server, "1500ms");
         assert_eq!(s.hsts.as_deref(), Some("max-age=600; includeSubDomains; preload"));
         assert_eq!(s.log.as_deref(), Some("tcp@127.0.0.1:6514 local0"));
         assert!(!s.forwards_for() && s.accept_proxy_https && !s.accept_proxy_http);
-        assert_eq!(s.set.len(), 8, "{:?}", s.set);
+        assert_eq!(s.set.len(), 10, "{:?}", s.set);
     }
 }

@@ -107,7 +107,8 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "hafleet-fleet-edge"},
-        "data": {"accept-proxy": "http", "access-log": "stdout", "timeout-tunnel": "2h"}
+        "data": {"accept-proxy": "http", "access-log": "stdout", "timeout-tunnel": "2h",
+                 "error-page-404": "<h1>Nothing at \"$HOST\" 100%</h1>\n"}
     }))?;
     maps.create(&PostParams::default(), &settings).await?;
     let stack = &world.stack;
@@ -128,6 +129,10 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         let proxy = format!("PROXY TCP4 203.0.113.7 {} 40000 80\r\n", h.http_addr().ip());
         let answer = raw_get(h.http_addr(), &proxy, "echo.example.com", "").await?;
         assert!(answer.contains("x-forwarded-for: 203.0.113.7\r\n"), "{}: {answer}", h.name());
+        // The fleet's own page for what no route serves, byte for byte.
+        let missing = raw_get(h.http_addr(), &proxy, "nowhere.example.com", "").await?;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{}: {missing}", h.name());
+        assert!(missing.ends_with("\r\n\r\n<h1>Nothing at \"$HOST\" 100%</h1>\n"), "{missing}");
         let plain = raw_get(h.http_addr(), "", "echo.example.com", "").await.unwrap_or_default();
         assert!(!plain.starts_with("HTTP/1.1 200"), "{}: served without PROXY: {plain}", h.name());
     }
@@ -152,7 +157,9 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         causes.iter().find(|c| c["what"] == "settings").with_context(|| format!("{why}"))?;
     let added: Vec<&str> =
         cause["added"].as_array().context("added")?.iter().filter_map(|a| a.as_str()).collect();
-    assert_eq!(added, ["accept-proxy=http", "access-log=stdout", "timeout-tunnel=2h"]);
+    assert_eq!(added.len(), 4, "{added:?}");
+    assert_eq!(added[..2], ["accept-proxy=http", "access-log=stdout"]);
+    assert!(added[2].starts_with("error-page-404=sha256:") && added[3] == "timeout-tunnel=2h");
     // Replay at that point renders it.
     let seq = cause["stream_seq"].as_u64().context("stream_seq")?;
     let replayed = ok(&world, &["replay", "--until", &seq.to_string()]).await?;

@@ -45,6 +45,10 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("hsts-preload", "true or false (needs hsts-max-age)"),
     ("access-log", "stdout, stderr, udp://IP:PORT or tcp://IP:PORT (syslog)"),
     ("accept-proxy", "binds that take the PROXY protocol from a load balancer: http, https"),
+    (
+        "error-page-<code>",
+        "the HTML HAProxy answers with for 400, 403, 404, 429, 503, …: at most 8 KiB",
+    ),
 ];
 
 const SECOND: u32 = 1_000;
@@ -88,6 +92,9 @@ pub fn parse(data: &BTreeMap<String, String>) -> Result<FleetSettings, Vec<Strin
             "hsts-preload" => flag(v).map(|b| preload = Some(b)),
             "access-log" => log_target(v).map(|l| s.access_log = Some(l)),
             "accept-proxy" => accept_proxy(v).map(|a| s.accept_proxy = a),
+            k if k.starts_with("error-page-") => {
+                error_page(&k["error-page-".len()..], value).map(|p| s.error_pages.push(p))
+            }
             _ => Err(format!(
                 "is not a fleet setting (known: {})",
                 KNOWN.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
@@ -127,6 +134,31 @@ fn flag(v: &str) -> Result<bool, String> {
         "false" => Ok(false),
         _ => Err("must be true or false".into()),
     }
+}
+
+/// An error page's status code (from its key) and body (the value as written, not trimmed).
+fn error_page(code: &str, body: &str) -> Result<(u16, String), String> {
+    let codes = || {
+        let all: Vec<String> =
+            hafleet_proto::ERROR_PAGE_CODES.iter().map(|c| c.to_string()).collect();
+        format!("is not a status HAProxy answers with ({})", all.join(", "))
+    };
+    let code = code
+        .parse::<u16>()
+        .ok()
+        .filter(|c| hafleet_proto::ERROR_PAGE_CODES.contains(c))
+        .ok_or_else(codes)?;
+    if body.trim().is_empty() {
+        return Err("is empty".into());
+    }
+    if body.len() > hafleet_proto::MAX_ERROR_PAGE {
+        return Err(format!(
+            "is {} bytes, more than {}",
+            body.len(),
+            hafleet_proto::MAX_ERROR_PAGE
+        ));
+    }
+    Ok((code, body.to_owned()))
 }
 
 /// `stdout`, `stderr`, `udp://IP:PORT` or `tcp://IP:PORT`: an address, never a name HAProxy
@@ -281,6 +313,8 @@ mod tests {
             ("hsts-preload", "false"),
             ("access-log", "tcp://[::1]:6514"),
             ("accept-proxy", "https, http"),
+            ("error-page-503", "<h1>Back soon</h1>\n"),
+            ("error-page-404", "<p>nothing here</p>"),
         ]))
         .unwrap();
         let t = &s.timeouts;
@@ -297,8 +331,11 @@ mod tests {
         );
         assert_eq!(s.access_log, Some(LogTarget::Tcp("[::1]:6514".parse().unwrap())));
         assert_eq!(s.accept_proxy, AcceptProxy { http: true, https: true });
+        let pages: Vec<u16> = s.error_pages.iter().map(|(c, _)| *c).collect();
+        assert_eq!(pages, [404, 503], "sorted by code");
+        assert_eq!(s.error_pages[1].1, "<h1>Back soon</h1>\n", "the body as written");
         assert_eq!(parse(&data(&[])).unwrap(), FleetSettings::default());
-        assert_eq!(KNOWN.len(), 13, "every key in KNOWN is read above");
+        assert_eq!(KNOWN.len(), 14, "every key in KNOWN is read above");
     }
 
     #[test]
@@ -317,6 +354,10 @@ mod tests {
             ("access-log", "udp://127.0.0.1:0", "udp://IP:PORT"),
             ("accept-proxy", "http,http", "http, https or both"),
             ("accept-proxy", "tcp", "http, https or both"),
+            ("error-page-200", "<p>ok</p>", "not a status HAProxy answers with (400"),
+            ("error-page-x", "<p>ok</p>", "not a status"),
+            ("error-page-503", " ", "is empty"),
+            ("error-page-503", &"x".repeat(8193), "more than 8192"),
         ] {
             let errors = parse(&data(&[(key, value)])).unwrap_err();
             assert_eq!(errors.len(), 1, "{key}: {errors:?}");
