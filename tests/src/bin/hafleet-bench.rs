@@ -440,11 +440,33 @@ mod routing {
         /// in one run: run the bench once with each, back to back).
         #[arg(long)]
         template: Option<std::path::PathBuf>,
+        /// Give every route filters (a request and a response header set, a source denied),
+        /// which its backend runs on each request it serves.
+        #[arg(long)]
+        filters: bool,
     }
 
-    fn ingresses(n: usize, backend: SocketAddr) -> Result<BTreeMap<IngressKey, IngressEntry>> {
+    fn ingresses(
+        n: usize,
+        backend: SocketAddr,
+        filters: bool,
+    ) -> Result<BTreeMap<IngressKey, IngressEntry>> {
         let SocketAddr::V4(addr) = backend else { bail!("IPv4 backend expected") };
-        crate::fleet(n, |_| ("web".to_owned(), addr.port()))
+        let mut fleet = crate::fleet(n, |_| ("web".to_owned(), addr.port()))?;
+        if filters {
+            use hafleet_proto::{Cidr, HeaderName, HeaderValue};
+            let header = |n: &str, v: &str| {
+                Ok::<_, anyhow::Error>((HeaderName::new(n)?, HeaderValue::new(v)?))
+            };
+            let (request, response) = (header("X-Bench", "1")?, header("X-Served-By", "hafleet")?);
+            for route in fleet.values_mut().flat_map(|e| e.routes.iter_mut()) {
+                let o = &mut route.backend.options;
+                o.request_headers.set = vec![request.clone()];
+                o.response_headers.set = vec![response.clone()];
+                o.deny_source = vec![Cidr::parse("192.0.2.0/24")?];
+            }
+        }
+        Ok(fleet)
     }
 
     /// Reads one HTTP/1.1 response with a Content-Length body; returns its status and whether
@@ -537,7 +559,8 @@ mod routing {
             // servers that track a failing check would answer 503.
             let options = model::Options { node_health: None, ..Default::default() };
             let fleet = FleetName::new("bench")?;
-            let model = model::build_with(&fleet, &ingresses(n, backend.addr())?, &nodes, &options);
+            let ingresses = ingresses(n, backend.addr(), a.filters)?;
+            let model = model::build_with(&fleet, &ingresses, &nodes, &options);
             let bundle = Renderer::load(a.template.as_deref())?.render(&model)?;
             let config = crate::write_bundle(dir.path(), &bundle)?;
             let check_ms = crate::check_config(&config)?;
@@ -575,6 +598,7 @@ mod routing {
                 seconds: self.seconds,
                 connections: self.connections,
                 template: self.template.clone(),
+                filters: self.filters,
             }
         }
     }
