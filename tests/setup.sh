@@ -142,7 +142,7 @@ SRC
 fi
 
 if [ ! -x "$HAPROXY30_BIN" ]; then
-  log "building HAProxy $HAPROXY30_VERSION from Debian trixie's source tarball (about 35 s, once)"
+  log "building HAProxy $HAPROXY30_VERSION from Debian trixie's source tarball (1.5 CPU-minutes, once)"
   read -r uris _ < <(main_archive) || true
   if [ -z "${uris:-}" ]; then
     log "no bookworm 'deb' entry found in /etc/apt/sources.list{,.d/*} to fetch HAProxy's source from"
