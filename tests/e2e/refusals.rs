@@ -371,7 +371,8 @@ async fn a_config_haproxy_refuses_never_goes_live_and_the_rollout_halts_at_the_c
     //    Not `maxconn 100000000`: 2.6 refuses that at once (it cannot allocate the fd table),
     //    but 3.0 maps and fills a 12.8 GB fd table first and refuses only 7 to 20 s later, its
     //    master CLI refusing connections meanwhile; past the applier's reload timeout (10 s)
-    //    that is reported as `Verify` ("no new HAProxy worker within 10000 ms"), not `Reload`.
+    //    that is reported as `Verify` ("no new HAProxy worker within 10000 ms of the reload"),
+    //    not `Reload`, and `restored: false` (the restore's reload cannot reach the master).
     let bad = render_with(
         &mut world,
         "bad-reload.j2",
