@@ -1,5 +1,5 @@
 # Shortcuts; the README's commands are the reference.
-.PHONY: fmt lint test e2e demo smoke bench
+.PHONY: fmt lint test e2e e2e-haproxy30 demo smoke bench
 
 fmt:
 	cargo fmt --all
@@ -13,6 +13,9 @@ test:
 
 e2e:
 	./tests/run.sh -p hafleet-tests
+
+e2e-haproxy30:
+	./tests/run-haproxy30.sh
 
 demo:
 	./deploy/local/demo.sh

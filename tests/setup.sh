@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the tests and the local demo need on a fresh Debian (bookworm) machine:
-# nats-server, haproxy, sshd, etcd from Debian's packages, and kube-apiserver built once from
-# Debian's `kubernetes` source package (cached under ~/.cache/hafleet, keyed by version).
+# nats-server, haproxy (2.6), sshd, etcd from Debian's packages; kube-apiserver built once from
+# Debian's `kubernetes` source package and HAProxy 3.0 built once from trixie's `haproxy` source
+# tarball (both cached under ~/.cache/hafleet, keyed by version).
 # Idempotent: a second run does nothing but check. Prints `export` lines for the test
 # environment on stdout (everything else goes to stderr): eval "$(bash tests/setup.sh)".
 set -euo pipefail
@@ -9,6 +10,12 @@ set -euo pipefail
 KUBE_VERSION=1.20.2
 CACHE="${HAFLEET_CACHE:-$HOME/.cache/hafleet}"
 KUBE_BIN="$CACHE/kube-$KUBE_VERSION/kube-apiserver"
+# HAProxy 3.0 as trixie has it (its upstream tarball, without Debian's patches), for
+# HAFLEET_HAPROXY=<path>: the test hosts and the demo run it instead of bookworm's 2.6.
+# The sha256 is the one trixie's signed Sources index gives for the tarball.
+HAPROXY30_VERSION=3.0.11
+HAPROXY30_SHA256=a133e2d550c5fd9a849b5c7ab17bb945bcdad209ca140d41f45ebf31943ae783
+HAPROXY30_BIN="$CACHE/haproxy-$HAPROXY30_VERSION/haproxy"
 
 log() { echo "setup: $*" >&2; }
 
@@ -34,9 +41,15 @@ have_assets=false
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then
   have_assets=true
 fi
+if [ ! -x "$HAPROXY30_BIN" ]; then
+  for p in make gcc curl; do command -v $p >/dev/null || need_pkgs+=("$p"); done
+  for p in libssl-dev libpcre2-dev liblua5.4-dev zlib1g-dev libsystemd-dev; do
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need_pkgs+=("$p")
+  done
+fi
 if ! $have_assets && [ ! -x "$KUBE_BIN" ]; then
   command -v go >/dev/null || need_pkgs+=(golang-go)
-  for p in make rsync jq; do command -v $p >/dev/null || need_pkgs+=($p); done
+  for p in make rsync jq; do command -v $p >/dev/null || need_pkgs+=("$p"); done
 fi
 
 # The URIs and Signed-By of the machine's own bookworm `deb` entry (deb822 `.sources` files or
@@ -111,8 +124,9 @@ SRC
   apt_update
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && apt-get source --download-only "kubernetes=$KUBE_VERSION*" >&2 2>&1 || apt-get source --download-only kubernetes >&2)
-  orig=$(ls "$work"/kubernetes_*.orig.tar.* | head -1)
+  (cd "$work" && { apt-get source --download-only "kubernetes=$KUBE_VERSION*" >&2 || apt-get source --download-only kubernetes >&2; })
+  origs=("$work"/kubernetes_*.orig.tar.*)
+  orig=${origs[0]}
   mkdir -p "$work/src"
   tar -xf "$orig" -C "$work/src" --strip-components=1
   (
@@ -127,6 +141,32 @@ SRC
   log "kube-apiserver cached at $KUBE_BIN"
 fi
 
+if [ ! -x "$HAPROXY30_BIN" ]; then
+  log "building HAProxy $HAPROXY30_VERSION from Debian trixie's source tarball (1.5 CPU-minutes, once)"
+  read -r uris _ < <(main_archive) || true
+  if [ -z "${uris:-}" ]; then
+    log "no bookworm 'deb' entry found in /etc/apt/sources.list{,.d/*} to fetch HAProxy's source from"
+    exit 1
+  fi
+  hwork=$(mktemp -d)
+  # Removed at exit, with the kube-apiserver build's folder if there was one.
+  trap 'rm -rf "$hwork" "${work:-}"' EXIT
+  tarball="haproxy_$HAPROXY30_VERSION.orig.tar.gz"
+  curl -fsS -o "$hwork/$tarball" "${uris%/}/pool/main/h/haproxy/$tarball"
+  if ! echo "$HAPROXY30_SHA256  $hwork/$tarball" | sha256sum -c --quiet >&2; then
+    log "$tarball does not have the sha256 pinned in tests/setup.sh"
+    exit 1
+  fi
+  mkdir -p "$hwork/src"
+  tar -xzf "$hwork/$tarball" -C "$hwork/src" --strip-components=1
+  make -C "$hwork/src" -j2 TARGET=linux-glibc USE_OPENSSL=1 USE_LUA=1 LUA_INC=/usr/include/lua5.4 \
+    LUA_LIB_NAME=lua5.4 USE_PCRE2=1 USE_PCRE2_JIT=1 USE_PROMEX=1 USE_SYSTEMD=1 USE_ZLIB=1 >&2
+  mkdir -p "$(dirname "$HAPROXY30_BIN")"
+  cp "$hwork/src/haproxy" "$HAPROXY30_BIN.tmp"
+  mv "$HAPROXY30_BIN.tmp" "$HAPROXY30_BIN"
+  log "HAProxy $HAPROXY30_VERSION cached at $HAPROXY30_BIN"
+fi
+
 # For callers: eval "$(bash tests/setup.sh)".
 if $have_assets; then
   printf 'export HAFLEET_KUBE_APISERVER=%q\n' "$KUBEBUILDER_ASSETS/kube-apiserver"
@@ -135,3 +175,6 @@ else
   printf 'export HAFLEET_KUBE_APISERVER=%q\n' "$KUBE_BIN"
   printf 'export HAFLEET_ETCD=%q\n' "$(command -v etcd)"
 fi
+# Not HAFLEET_HAPROXY itself: the hosts run bookworm's 2.6 unless told otherwise, e.g.
+# HAFLEET_HAPROXY=$HAFLEET_HAPROXY30 ./deploy/local/demo.sh
+printf 'export HAFLEET_HAPROXY30=%q\n' "$HAPROXY30_BIN"

@@ -6,6 +6,9 @@
 #
 #   ./deploy/local/demo.sh            run until Ctrl-C
 #   ./deploy/local/demo.sh --smoke    prove one request through every HAProxy host, stop, exit 0/1
+#
+# The hosts run Debian's HAProxy (2.6), or the binary HAFLEET_HAPROXY names: tests/setup.sh
+# builds 3.0, so `eval "$(bash tests/setup.sh)"; HAFLEET_HAPROXY=$HAFLEET_HAPROXY30 ./deploy/local/demo.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,4 +16,4 @@ setup_env=$(bash tests/setup.sh)
 eval "$setup_env"
 
 cargo build --workspace --bins --locked --quiet
-exec target/debug/hafleet-demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/debug/hafleet-demo" "$@"

@@ -9,7 +9,7 @@ use hafleet_renderer::{
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[derive(Deserialize)]
@@ -84,9 +84,40 @@ fn snapshot_text(bundle: &Bundle) -> String {
     out
 }
 
-/// Runs the real `haproxy -c` on the bundle laid out as on a host; panics with HAProxy's
-/// words if it refuses it.
-fn assert_haproxy_accepts(bundle: &Bundle) {
+/// Every HAProxy a config must pass: the one on `PATH` (Debian's 2.6), the one the test hosts
+/// run if another (`$HAFLEET_HAPROXY`), and the 3.0 that tests/setup.sh builds
+/// (`$HAFLEET_HAPROXY30`, or any `haproxy-<version>/haproxy` in its cache), when there.
+fn haproxies() -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::from("haproxy")];
+    for var in ["HAFLEET_HAPROXY", "HAFLEET_HAPROXY30"] {
+        found.extend(std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from));
+    }
+    let cache = std::env::var_os("HAFLEET_CACHE").map(PathBuf::from).or_else(|| {
+        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/hafleet"))
+    });
+    if let Some(Ok(entries)) = cache.map(std::fs::read_dir) {
+        let mut cached: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("haproxy-"))
+            .map(|e| e.path().join("haproxy"))
+            .filter(|p| p.is_file())
+            .collect();
+        cached.sort();
+        found.extend(cached);
+    }
+    let mut seen = Vec::new();
+    found.retain(|p| {
+        let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let new = !seen.contains(&key);
+        seen.push(key);
+        new
+    });
+    found
+}
+
+/// Runs the real `haproxy -c` (`haproxy`) on the bundle laid out as on a host: HAProxy's words
+/// if it refuses it.
+fn refusal(haproxy: &Path, bundle: &Bundle) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("haproxy.cfg");
     std::fs::write(&file, &bundle.config).unwrap();
@@ -94,19 +125,26 @@ fn assert_haproxy_accepts(bundle: &Bundle) {
     for m in &bundle.maps {
         std::fs::write(dir.path().join(m.name.relative_path()), &m.content).unwrap();
     }
-    let out = Command::new("haproxy")
-        .arg("-c")
-        .arg("-f")
-        .arg(&file)
-        .output()
-        .expect("haproxy is installed (run tests/setup.sh)");
-    assert!(
-        out.status.success(),
-        "haproxy -c refused the config:\n{}\n{}{}",
-        snapshot_text(bundle),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        Command::new(haproxy).arg("-c").arg("-f").arg(&file).output().unwrap_or_else(|e| {
+            panic!("run {} (tests/setup.sh installs it): {e}", haproxy.display())
+        });
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (!out.status.success()).then_some(said)
+}
+
+/// Panics with HAProxy's words if any of [`haproxies`] refuses the bundle.
+fn assert_haproxy_accepts(bundle: &Bundle) {
+    for haproxy in haproxies() {
+        if let Some(said) = refusal(&haproxy, bundle) {
+            panic!(
+                "{} -c refused the config:\n{}\n{said}",
+                haproxy.display(),
+                snapshot_text(bundle)
+            );
+        }
+    }
 }
 
 #[test]
@@ -227,15 +265,15 @@ fn empty_fleet() {
 
 #[test]
 fn haproxy_check_catches_a_broken_config() {
-    // The check above must be able to fail, or it proves nothing.
+    // The check above must be able to fail, with every HAProxy, or it proves nothing.
     let broken = Bundle { config: "frontend x\n  bindd :1\n".into(), maps: vec![], certs: vec![] };
-    let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&broken));
-    assert!(result.is_err());
     // Nor may a config pass whose map file is missing.
     let mut missing = render_fixture("shop.json");
     missing.maps.pop();
-    let result = std::panic::catch_unwind(|| assert_haproxy_accepts(&missing));
-    assert!(result.is_err());
+    for haproxy in haproxies() {
+        assert!(refusal(&haproxy, &broken).is_some(), "{}", haproxy.display());
+        assert!(refusal(&haproxy, &missing).is_some(), "{}", haproxy.display());
+    }
 }
 
 /// A self-signed P-256 certificate for `names` and its key, made by `openssl`.
@@ -484,21 +522,24 @@ fn assert_tls_bundle_loads(bundle: &Bundle, identity: &hafleet_applier::tls::Fle
         let file = identity.cert_file(c).unwrap();
         std::fs::write(host.path().join(c.relative_path()), file.as_bytes()).unwrap();
     }
-    let out = Command::new("haproxy")
-        .arg("-c")
-        .arg("-f")
-        .arg(host.path().join("haproxy.cfg"))
-        .env("HAFLEET_HTTP_BIND", "127.0.0.1:18080")
-        .env("HAFLEET_HTTPS_BIND", "127.0.0.1:18443")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "haproxy -c refused it:\n{}\n{}{}",
-        bundle.config,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for haproxy in haproxies() {
+        let out = Command::new(&haproxy)
+            .arg("-c")
+            .arg("-f")
+            .arg(host.path().join("haproxy.cfg"))
+            .env("HAFLEET_HTTP_BIND", "127.0.0.1:18080")
+            .env("HAFLEET_HTTPS_BIND", "127.0.0.1:18443")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} -c refused it:\n{}\n{}{}",
+            haproxy.display(),
+            bundle.config,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// A certificate that serves more hosts than a crt-list line holds (HAProxy reads 2,048 words

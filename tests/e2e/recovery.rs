@@ -834,7 +834,7 @@ async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
         user: h.ssh_user().to_owned(),
         config_path: h.config_path().display().to_string(),
         master_socket: h.master_socket().display().to_string(),
-        haproxy_bin: "/usr/sbin/haproxy".into(),
+        haproxy_bin: h.haproxy_bin().display().to_string(),
         probe_address: None,
         probes: vec![],
     };
@@ -907,12 +907,16 @@ async fn sigterm_during_a_rollout_finishes_it_on_every_host_then_exits() -> Resu
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
 
     let slow = world.stack.dir().join("slow-haproxy");
-    std::fs::write(&slow, "#!/bin/sh\nsleep 2\nexec /usr/sbin/haproxy \"$@\"\n")?;
+    let haproxy = world.stack.hosts[0].haproxy_bin().display().to_string();
+    std::fs::write(&slow, format!("#!/bin/sh\nsleep 2\nexec {haproxy} \"$@\"\n"))?;
     std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755))?;
     let inventory = world.stack.dir().join("inventory-slow.toml");
     hafleet_tests::stack::write_inventory(&inventory, &world.stack.hosts)?;
-    let text = std::fs::read_to_string(&inventory)?
-        .replace("haproxy_bin = \"/usr/sbin/haproxy\"", &format!("haproxy_bin = {:?}", slow));
+    let mut text = std::fs::read_to_string(&inventory)?;
+    for h in &world.stack.hosts {
+        let bin = format!("haproxy_bin = \"{}\"", h.haproxy_bin().display());
+        text = text.replace(&bin, &format!("haproxy_bin = {:?}", slow));
+    }
     std::fs::write(&inventory, text)?;
     let inventory = inventory.to_str().context("utf-8 path")?.to_owned();
     world.stack.restart_with(

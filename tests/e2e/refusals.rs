@@ -364,13 +364,20 @@ async fn a_config_haproxy_refuses_never_goes_live_and_the_rollout_halts_at_the_c
     assert_eq!(world.stack.hosts[1].live_config(), good, "the rollout halted at the canary");
     assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(1));
 
-    // 2. The config passes `haproxy -c` but HAProxy cannot load it on reload (it asks for more
-    //    file descriptors than any host allows): the canary rolls back to last-known-good.
+    // 2. The config passes `haproxy -c` but HAProxy cannot load it on reload: it asks for
+    //    2,000,053 file descriptors, more than Linux lets a process have unless fs.nr_open is
+    //    raised (1,048,576 by default). Both 2.6 and 3.0 refuse it within a second (`Cannot
+    //    raise FD limit to 2000039` / `2000053`), and the canary rolls back to last-known-good.
+    //    Not `maxconn 100000000`: 2.6 refuses that at once (it cannot allocate the fd table),
+    //    but 3.0 maps and fills a 12.8 GB fd table first and refuses only 7 to 20 s later, its
+    //    master CLI refusing connections meanwhile; past the applier's reload timeout (10 s)
+    //    that is reported as `Verify` ("no new HAProxy worker within 10000 ms of the reload"),
+    //    not `Reload`, and `restored: false` (the restore's reload cannot reach the master).
     let bad = render_with(
         &mut world,
         "bad-reload.j2",
-        |t| t.replace("global\n", "global\n    maxconn 100000000\n"),
-        "maxconn 100000000",
+        |t| t.replace("global\n", "global\n    maxconn 1000000\n"),
+        "maxconn 1000000",
     )
     .await?;
     let report = world.report("lb-1", bad).await?;

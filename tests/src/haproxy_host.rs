@@ -26,6 +26,23 @@
 //!   header (with reloads `1`) until they exit.
 //! - Over SSH as `hafleet-host`, `PATH` is sshd's default (`/usr/local/bin:/usr/bin:/bin:/usr/games`
 //!   on Debian), without `/usr/sbin`: run `/usr/sbin/haproxy -c -f ...` by absolute path.
+//!
+//! # HAProxy 3.0 (3.0.11, `HAFLEET_HAPROXY`), where it differs, as observed
+//! - `show proc` has the same columns and the same counters: after a refused reload
+//!   `master 1 [failed: 1]`, and the old worker's `<reloads>` is `1`.
+//! - `reload` waits for the outcome and prints it, then the startup logs:
+//!   ```text
+//!   Success=0
+//!   --
+//!   [NOTICE]   (32072) : haproxy version is 3.0.11-9e587df
+//!   [ALERT]    (32072) : [/path/haproxy.main()] Cannot raise FD limit to 2000053, limit is 20000.
+//!   [WARNING]  (32072) : Loading failure!
+//!   ```
+//!   (`Success=1` after a good one); `show startup-logs` works on the master CLI.
+//! - `haproxy -c` prints nothing for a valid config (2.6: `Configuration file is valid`).
+//! - The fd table is mapped and filled for `maxconn` before the FD limit is checked: a
+//!   `maxconn 100000000` reload takes 7 to 20 s and 12.5 GB before it fails (2.6 fails at
+//!   once), with the master CLI refusing connections all the while.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -46,6 +63,21 @@ use crate::proc::{
 /// The user SSH logs in as and HAProxy runs as (when the tests run as root).
 pub const HOST_USER: &str = "hafleet-host";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Set, the test hosts (and the demo's) run this HAProxy binary instead of Debian's
+/// `/usr/sbin/haproxy` (2.6): for instance the 3.0 that `tests/setup.sh` builds,
+/// `HAFLEET_HAPROXY=$HAFLEET_HAPROXY30`. The applier's inventory names the same binary for
+/// `haproxy -c`.
+pub const HOST_HAPROXY: &str = "HAFLEET_HAPROXY";
+
+/// The HAProxy binary the test hosts run: `$HAFLEET_HAPROXY`, else Debian's.
+pub fn host_haproxy() -> PathBuf {
+    match std::env::var_os(HOST_HAPROXY) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ if Path::new("/usr/sbin/haproxy").exists() => PathBuf::from("/usr/sbin/haproxy"),
+        _ => PathBuf::from("haproxy"),
+    }
+}
 
 /// Set, the test hosts' HAProxy runs with its value as `GLIBC_TUNABLES` (for instance
 /// `glibc.malloc.hugetlb=1`, the README's advice for big fleets).
@@ -128,6 +160,26 @@ impl HostUser {
     }
 }
 
+/// [`host_haproxy`] by a path `user` can execute. A binary given in `HAFLEET_HAPROXY` may sit
+/// where only root reaches it (tests/setup.sh caches 3.0 under root's home, mode 0700): when
+/// the hosts run as another user, it is hard-linked (else copied) into the host's folder `dir`.
+fn reachable_haproxy(dir: &Path, user: &HostUser) -> Result<PathBuf> {
+    let bin = host_haproxy();
+    if !user.root || std::env::var_os(HOST_HAPROXY).is_none() {
+        return Ok(bin);
+    }
+    let local = dir.join("haproxy");
+    let linked = std::fs::hard_link(&bin, &local).is_ok()
+        && std::fs::metadata(&local)?.permissions().mode() & 0o005 == 0o005;
+    if !linked {
+        let _ = std::fs::remove_file(&local);
+        std::fs::copy(&bin, &local)
+            .with_context(|| format!("copy {HOST_HAPROXY}={} for the hosts", bin.display()))?;
+        std::fs::set_permissions(&local, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(local)
+}
+
 fn id(args: &[&str]) -> Result<u32> {
     let out = Command::new("id").args(args).output().context("run id")?;
     if !out.status.success() {
@@ -165,7 +217,7 @@ pub struct ShowProc {
     pub old_workers: Vec<u32>,
 }
 
-/// Parses HAProxy 2.6's `show proc` (see the module docs for the format).
+/// Parses HAProxy's `show proc` (2.6 and 3.0 alike; see the module docs for the format).
 pub fn parse_show_proc(text: &str) -> Result<ShowProc> {
     let mut master = None;
     let (mut workers, mut old_workers) = (Vec::new(), Vec::new());
@@ -205,6 +257,8 @@ pub struct HaproxyHost {
     http_addr: SocketAddrV4,
     https_addr: SocketAddrV4,
     ssh_port: u16,
+    /// The HAProxy binary, by a path the host user can reach (see [`HaproxyHost::haproxy_bin`]).
+    haproxy_bin: PathBuf,
     haproxy: Option<ChildGuard>,
     sshd: Option<ChildGuard>,
     dir: PathBuf,
@@ -239,6 +293,7 @@ impl HaproxyHost {
             http_addr: SocketAddrV4::new(ip, http),
             https_addr: SocketAddrV4::new(ip, https),
             ssh_port: free_port(Ipv4Addr::LOCALHOST.into()),
+            haproxy_bin: reachable_haproxy(&dir, &user)?,
             user,
             keys: keys.clone(),
             haproxy: None,
@@ -374,9 +429,7 @@ impl HaproxyHost {
     /// HTTP port accepts connections and the master CLI answers.
     pub async fn start_haproxy(&mut self) -> Result<()> {
         self.kill_haproxy();
-        let haproxy =
-            if Path::new("/usr/sbin/haproxy").exists() { "/usr/sbin/haproxy" } else { "haproxy" };
-        let wrapper = self.write_wrapper(haproxy)?;
+        let wrapper = self.write_wrapper(&self.haproxy_bin.display().to_string())?;
         let mut cmd = Command::new(&wrapper);
         cmd.arg("-W")
             .arg("-S")
@@ -495,6 +548,23 @@ impl HaproxyHost {
         &self.name
     }
 
+    /// The HAProxy binary this host runs ([`host_haproxy`]), by a path its user can reach:
+    /// what the applier's inventory names as `haproxy_bin`.
+    pub fn haproxy_bin(&self) -> &Path {
+        &self.haproxy_bin
+    }
+
+    /// The version the master says it runs (the last column of its `show proc` line), e.g.
+    /// `2.6.12-1+deb12u4` or `3.0.11-9e587df`.
+    pub fn haproxy_version(&self) -> Result<String> {
+        let text = self.master_cli("show proc")?;
+        text.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(1) == Some(&"master"))
+            .and_then(|f| f.last().map(|v| v.to_string()))
+            .ok_or_else(|| anyhow!("no master line in `show proc` output: {text:?}"))
+    }
+
     pub fn ssh_port(&self) -> u16 {
         self.ssh_port
     }
@@ -606,7 +676,8 @@ impl HaproxyHost {
         Ok(self.show_proc()?.reloads)
     }
 
-    /// Sends `reload` to the master (returns before the reload is done; watch `reload_count`).
+    /// Sends `reload` to the master (2.6 answers before the reload is done, 3.0 once it is done
+    /// or after socat's half a second, whichever comes first; watch `reload_count`).
     pub fn reload(&self) -> Result<()> {
         self.master_cli("reload").map(drop)
     }

@@ -103,7 +103,8 @@ async fn haproxy_hosts_serve_ssh_and_reload() {
         let show_proc = format!("echo 'show proc' | socat stdio unix-connect:{sock}");
         assert!(host.ssh(&show_proc).await.unwrap().contains("master"));
         let cfg = host.config_path().display().to_string();
-        host.ssh(&format!("/usr/sbin/haproxy -c -q -f {cfg}")).await.unwrap();
+        let haproxy = host.haproxy_bin().display();
+        host.ssh(&format!("{haproxy} -c -q -f {cfg}")).await.unwrap();
     }
 
     // A new config routing to a backend takes effect on `reload`.

@@ -58,7 +58,7 @@ fn write_inventory_with(path: &std::path::Path, hosts: &[HaproxyHost], extra: &s
         write!(
             inventory,
             "[[hosts]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nuser = \"{}\"\n\
-             config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"/usr/sbin/haproxy\"\n\
+             config_path = \"{}\"\nmaster_socket = \"{}\"\nhaproxy_bin = \"{}\"\n\
              probe_address = \"{}\"\n\n",
             h.name(),
             h.ssh_host(),
@@ -66,6 +66,7 @@ fn write_inventory_with(path: &std::path::Path, hosts: &[HaproxyHost], extra: &s
             h.ssh_user(),
             h.config_path().display(),
             h.master_socket().display(),
+            h.haproxy_bin().display(),
             h.http_addr(),
         )?;
     }

@@ -6,6 +6,7 @@ use clap::Parser;
 use hafleet_tests::cluster::{
     create_ingresses, create_services, ready_nodes, service_with_backends,
 };
+use hafleet_tests::haproxy_host::host_haproxy;
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::tls::{
     Ca, fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret,
@@ -92,6 +93,11 @@ async fn run(args: &Args) -> Result<()> {
     anyhow::ensure!(args.nodes >= 1 && args.ingresses >= 1, "--nodes and --ingresses start at 1");
     let nats_nodes = if args.nats_cluster { 3 } else { 1 };
     let mut stack = Stack::start_on(FLEET, args.hosts, nats_nodes).await?;
+    // Debian's HAProxy, or the one HAFLEET_HAPROXY names (tests/setup.sh builds 3.0).
+    for h in &stack.hosts {
+        let version = h.haproxy_version().with_context(|| format!("{}'s HAProxy", h.name()))?;
+        println!("{} runs HAProxy {version} ({})", h.name(), host_haproxy().display());
+    }
     // HTTPS: a CA of the demo's own issues hello's certificate; the fleet's default
     // certificate, for names without one, is self-signed.
     let ca = Ca::new("hafleet demo CA")?;
