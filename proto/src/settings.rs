@@ -36,6 +36,9 @@ pub struct FleetSettings {
     /// it byte by byte escaped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub error_pages: Vec<(u16, String)>,
+    /// HAProxy's own Prometheus metrics on this port of each host, at `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus_port: Option<u16>,
 }
 
 /// The statuses an error page may be given for: those HAProxy itself answers with.
@@ -212,6 +215,9 @@ impl FleetSettings {
         if !binds.is_empty() {
             out.push(format!("accept-proxy={}", binds.join(",")));
         }
+        if let Some(port) = self.prometheus_port {
+            out.push(format!("prometheus-port={port}"));
+        }
         for (code, body) in &self.error_pages {
             let sha = crate::sha256_hex(body.as_bytes());
             out.push(format!("error-page-{code}=sha256:{} ({} bytes)", &sha[..12], body.len()));
@@ -255,6 +261,7 @@ mod tests {
             access_log: Some(LogTarget::Udp("127.0.0.1:514".parse().unwrap())),
             accept_proxy: AcceptProxy { http: true, https: false },
             error_pages: vec![(503, "<h1>later</h1>".to_owned())],
+            prometheus_port: Some(8405),
         };
         let msg = crate::RouteMessage::Settings(SettingsUpdate {
             schema: crate::SETTINGS_SCHEMA_VERSION,
@@ -275,6 +282,7 @@ mod tests {
                 "hsts-include-subdomains=true",
                 "hsts-max-age=31536000",
                 "max-connections=5000",
+                "prometheus-port=8405",
                 "timeout-client=90s",
                 "timeout-tunnel=2h",
             ]

@@ -50,6 +50,8 @@ pub struct SettingsModel {
     /// The fleet's error pages: status code, and the body as a double-quoted HAProxy string's
     /// inside ([`quoted_inside`]).
     pub error_pages: Vec<(u16, String)>,
+    /// The port of HAProxy's Prometheus endpoint.
+    pub prometheus_port: Option<u16>,
 }
 
 impl Default for SettingsModel {
@@ -97,6 +99,7 @@ impl SettingsModel {
                 .filter(|(code, _)| hafleet_proto::ERROR_PAGE_CODES.contains(code))
                 .map(|(code, body)| (*code, quoted_inside(body)))
                 .collect(),
+            prometheus_port: s.prometheus_port,
         }
     }
 
@@ -121,6 +124,7 @@ impl SettingsModel {
             }),
             access_log: Some(LogTarget::Stdout),
             accept_proxy: hafleet_proto::AcceptProxy { http: true, https: true },
+            prometheus_port: Some(8405),
             error_pages: vec![(503, "<p class=\"x\">\"$HOME\" #1 %[src] \\ café</p>\n".into())],
         })
     }
@@ -170,6 +174,7 @@ mod tests {
             access_log: Some(LogTarget::Tcp("127.0.0.1:6514".parse().unwrap())),
             accept_proxy: AcceptProxy { http: false, https: true },
             max_connections: Some(10),
+            prometheus_port: None,
             error_pages: vec![(200, "ignored".into()), (503, "<b>\"x\" $y</b>\n".into())],
         });
         assert_eq!(s.error_pages, [(503, "<b>\\x22x\\x22 \\x24y</b>\\x0a".to_owned())]);

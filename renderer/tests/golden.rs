@@ -446,6 +446,7 @@ fn every_setting() -> hafleet_proto::FleetSettings {
         }),
         access_log: Some(hafleet_proto::LogTarget::Udp("127.0.0.1:514".parse().unwrap())),
         accept_proxy: hafleet_proto::AcceptProxy { http: true, https: true },
+        prometheus_port: Some(8405),
         error_pages: vec![
             (404, "<h1>Not here</h1>\n".into()),
             (503, "<p class=\"later\">Back at 5 $PM #soon 100% \\o/ café</p>\n".into()),

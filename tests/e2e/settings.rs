@@ -108,6 +108,7 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         "kind": "ConfigMap",
         "metadata": {"name": "hafleet-fleet-edge"},
         "data": {"accept-proxy": "http", "access-log": "stdout", "timeout-tunnel": "2h",
+                 "prometheus-port": "19405",
                  "error-page-404": "<h1>Nothing at \"$HOST\" 100%</h1>\n"}
     }))?;
     maps.create(&PostParams::default(), &settings).await?;
@@ -136,6 +137,13 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         let plain = raw_get(h.http_addr(), "", "echo.example.com", "").await.unwrap_or_default();
         assert!(!plain.starts_with("HTTP/1.1 200"), "{}: served without PROXY: {plain}", h.name());
     }
+    // HAProxy's own metrics, on each host's address.
+    for h in &stack.hosts {
+        let metrics = SocketAddr::new(h.http_addr().ip(), 19405);
+        let (status, body) = hafleet_tests::http_get(metrics, "metrics", "/metrics").await?;
+        assert_eq!(status, 200, "{}: {body}", h.name());
+        assert!(body.contains("haproxy_process_"), "{}: {body}", h.name());
+    }
     // The access log: one line a request, naming the fleet, the host, the backend and the
     // request.
     for h in &stack.hosts {
@@ -157,9 +165,10 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         causes.iter().find(|c| c["what"] == "settings").with_context(|| format!("{why}"))?;
     let added: Vec<&str> =
         cause["added"].as_array().context("added")?.iter().filter_map(|a| a.as_str()).collect();
-    assert_eq!(added.len(), 4, "{added:?}");
+    assert_eq!(added.len(), 5, "{added:?}");
     assert_eq!(added[..2], ["accept-proxy=http", "access-log=stdout"]);
-    assert!(added[2].starts_with("error-page-404=sha256:") && added[3] == "timeout-tunnel=2h");
+    assert!(added[2].starts_with("error-page-404=sha256:"), "{added:?}");
+    assert_eq!(added[3..], ["prometheus-port=19405", "timeout-tunnel=2h"]);
     // Replay at that point renders it.
     let seq = cause["stream_seq"].as_u64().context("stream_seq")?;
     let replayed = ok(&world, &["replay", "--until", &seq.to_string()]).await?;

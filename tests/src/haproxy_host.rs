@@ -359,7 +359,7 @@ impl HaproxyHost {
              StrictModes no\n\
              AllowUsers {user}\n\
              PermitRootLogin no\n\
-             SetEnv HAFLEET_HTTP_BIND={bind} HAFLEET_HTTPS_BIND={https}\n\
+             SetEnv HAFLEET_HTTP_BIND={bind} HAFLEET_HTTPS_BIND={https} HAFLEET_METRICS_ADDR={ip}\n\
              LogLevel ERROR\n\
              MaxStartups 100\n\
              MaxSessions 100\n\
@@ -369,6 +369,7 @@ impl HaproxyHost {
             user = self.user.name,
             bind = self.http_addr,
             https = self.https_addr,
+            ip = self.http_addr.ip(),
         );
         let config_path = self.dir.join("sshd_config");
         std::fs::write(&config_path, config)?;
@@ -443,7 +444,8 @@ impl HaproxyHost {
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .env("HOME", &self.dir)
             .env("HAFLEET_HTTP_BIND", self.http_addr.to_string())
-            .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string());
+            .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string())
+            .env("HAFLEET_METRICS_ADDR", self.http_addr.ip().to_string());
         // A host set up with the README's advice for big fleets (its heap on transparent huge
         // pages), for a bench run. Unset, a host runs as a fresh install's would.
         if let Some(tunables) = std::env::var_os(HOST_GLIBC_TUNABLES) {

@@ -45,6 +45,7 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("hsts-preload", "true or false (needs hsts-max-age)"),
     ("access-log", "stdout, stderr, udp://IP:PORT or tcp://IP:PORT (syslog)"),
     ("accept-proxy", "binds that take the PROXY protocol from a load balancer: http, https"),
+    ("prometheus-port", "a port for HAProxy's own Prometheus metrics (/metrics), 1 to 65535"),
     (
         "error-page-<code>",
         "the HTML HAProxy answers with for 400, 403, 404, 429, 503, …: at most 8 KiB",
@@ -92,6 +93,9 @@ pub fn parse(data: &BTreeMap<String, String>) -> Result<FleetSettings, Vec<Strin
             "hsts-preload" => flag(v).map(|b| preload = Some(b)),
             "access-log" => log_target(v).map(|l| s.access_log = Some(l)),
             "accept-proxy" => accept_proxy(v).map(|a| s.accept_proxy = a),
+            "prometheus-port" => {
+                number(v, 1, 65_535).map(|p| s.prometheus_port = u16::try_from(p).ok())
+            }
             k if k.starts_with("error-page-") => {
                 error_page(&k["error-page-".len()..], value).map(|p| s.error_pages.push(p))
             }
@@ -315,6 +319,7 @@ mod tests {
             ("accept-proxy", "https, http"),
             ("error-page-503", "<h1>Back soon</h1>\n"),
             ("error-page-404", "<p>nothing here</p>"),
+            ("prometheus-port", "8405"),
         ]))
         .unwrap();
         let t = &s.timeouts;
@@ -335,7 +340,8 @@ mod tests {
         assert_eq!(pages, [404, 503], "sorted by code");
         assert_eq!(s.error_pages[1].1, "<h1>Back soon</h1>\n", "the body as written");
         assert_eq!(parse(&data(&[])).unwrap(), FleetSettings::default());
-        assert_eq!(KNOWN.len(), 14, "every key in KNOWN is read above");
+        assert_eq!(s.prometheus_port, Some(8405));
+        assert_eq!(KNOWN.len(), 15, "every key in KNOWN is read above");
     }
 
     #[test]
@@ -355,6 +361,7 @@ mod tests {
             ("accept-proxy", "http,http", "http, https or both"),
             ("accept-proxy", "tcp", "http, https or both"),
             ("error-page-200", "<p>ok</p>", "not a status HAProxy answers with (400"),
+            ("prometheus-port", "70000", "from 1 to 65535"),
             ("error-page-x", "<p>ok</p>", "not a status"),
             ("error-page-503", " ", "is empty"),
             ("error-page-503", &"x".repeat(8193), "more than 8192"),
