@@ -14,6 +14,7 @@ pub mod nats;
 pub mod proc;
 pub mod stack;
 pub mod tls;
+pub mod websocket;
 
 #[cfg(test)]
 mod deploy_checks;

@@ -11,8 +11,9 @@ use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::tls::{
     Ca, fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret,
 };
+use hafleet_tests::websocket::{echo, upgrade, upgrade_echo};
 use hafleet_tests::{eventually, http_get, http_get_full};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
 use std::fmt::Write as _;
@@ -37,7 +38,8 @@ struct Args {
     /// where the renderer checks it by default.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
-    /// How many Ingresses the fleet serves: `hello.local`, and `app-<i>.local` for the rest,
+    /// How many Ingresses the fleet serves besides `ws.local`'s: `hello.local`, and
+    /// `app-<i>.local` for the rest,
     /// each on a NodePort Service of its own. Try `--ingresses 10000 --nodes 200`. Only
     /// hello and the last app run backend processes; the others answer 503.
     #[arg(long, default_value_t = 1)]
@@ -50,6 +52,11 @@ struct Args {
 
 const FLEET: &str = "edge";
 const HOST: &str = "hello.local";
+/// A WebSocket echo, over plain HTTP.
+const WS_HOST: &str = "ws.local";
+/// Where the watcher reads the fleet's settings (`hafleet-fleet-edge`): its own namespace, as
+/// in deploy/kubernetes.
+const SETTINGS_NAMESPACE: &str = "hafleet";
 
 /// The Secret holding hello's certificate, issued by the demo's CA.
 const HELLO_TLS: &str = "hello-tls";
@@ -120,21 +127,45 @@ async fn run(args: &Args) -> Result<()> {
         stack.hosts.iter().map(|h| h.http_addr().ip().to_string()).collect();
     let fleet_addresses = format!("{FLEET}={}", addresses.join(","));
     let default_cert = format!("{FLEET}=default/{DEFAULT_TLS}");
+    // The fleet's settings: an access log on each host's standard output, which the demo
+    // writes to a file per host (HSTS stays off: the demo's CA is no public one).
+    let settings: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": format!("hafleet-fleet-{FLEET}"), "namespace": SETTINGS_NAMESPACE},
+        "data": {"access-log": "stdout"}
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), SETTINGS_NAMESPACE)
+        .create(&PostParams::default(), &settings)
+        .await
+        .context("creating the fleet's settings")?;
     tls_on(
         &mut stack,
         &[
             ("HAFLEET_FLEET_ADDRESSES", fleet_addresses.as_str()),
             ("HAFLEET_DEFAULT_CERTS", default_cert.as_str()),
+            ("HAFLEET_SETTINGS_NAMESPACE", SETTINGS_NAMESPACE),
         ],
     )
     .await?;
     let (nodes, mut backends) = ready_nodes(&stack, args.nodes).await?;
     backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
+    // A WebSocket echo service behind ws.local (kube-proxy's part played on each node).
+    let ws_port =
+        u16::try_from(stack.kube.create_nodeport_service("default", "echo-ws", 80).await?)?;
+    let mut ws_servers = Vec::new();
+    for n in &nodes {
+        ws_servers.push(upgrade_echo(std::net::SocketAddr::new(n.addr, ws_port)).await?);
+    }
     let ingresses = Api::<Ingress>::namespaced(client, "default");
-    ingresses
-        .create(&PostParams::default(), &ingress("hello", HOST, "hello", Some(HELLO_TLS)))
-        .await
-        .context("creating the sample Ingress")?;
+    for ing in
+        [ingress("hello", HOST, "hello", Some(HELLO_TLS)), ingress("ws", WS_HOST, "echo-ws", None)]
+    {
+        ingresses
+            .create(&PostParams::default(), &ing)
+            .await
+            .context("creating the sample Ingresses")?;
+    }
     // The rest of the fleet: Services first, then their Ingresses.
     let last_app = (args.ingresses > 1).then(|| args.ingresses - 1);
     if let Some(last) = last_app {
@@ -193,6 +224,31 @@ async fn run(args: &Args) -> Result<()> {
         "ok: http://{HOST}/ is redirected to HTTPS (308); names without a certificate get the \
          fleet's default one"
     );
+    // A WebSocket through every host, and the access log that names the requests.
+    for h in &stack.hosts {
+        let addr = h.http_addr();
+        eventually(
+            Duration::from_secs(300),
+            &format!("{} upgrades {WS_HOST}", h.name()),
+            || async {
+                let mut conn = upgrade(addr, WS_HOST).await?;
+                echo(&mut conn, b"hello over a WebSocket").await
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+        println!("ok: ws://{WS_HOST}/socket through HAProxy {} at {addr} echoes", h.name());
+        let log = h.haproxy_log();
+        let line =
+            eventually(Duration::from_secs(60), &format!("{}'s access log", h.name()), || async {
+                let text = std::fs::read_to_string(&log)?;
+                let line =
+                    text.lines().find(|l| l.starts_with(&format!("{FLEET} ")) && l.contains(HOST));
+                line.map(str::to_owned).ok_or_else(|| anyhow::anyhow!("no line for {HOST} yet"))
+            })
+            .await?;
+        println!("ok: {}'s access log: {line}", h.name());
+    }
 
     // The last app through every HAProxy host; the first app is routed too, but nothing runs
     // behind its NodePort: HAProxy answers 503 (an unknown host gets 404).
@@ -248,7 +304,7 @@ async fn run(args: &Args) -> Result<()> {
         println!(
             "version {} live: {} Ingresses on {} nodes, config + maps {:.1} MB",
             version.version,
-            args.ingresses,
+            args.ingresses + 1,
             args.nodes,
             version.size as f64 / 1e6
         );
@@ -278,6 +334,7 @@ async fn run(args: &Args) -> Result<()> {
         writeln!(env, "export HAFLEET_HOST_{}={}", i + 1, h.http_addr())?;
         writeln!(env, "export HAFLEET_HOST_{}_TLS={}", i + 1, h.https_addr())?;
         writeln!(env, "export HAFLEET_HOST_{}_CONFIG={}", i + 1, h.config_path().display())?;
+        writeln!(env, "export HAFLEET_HOST_{}_ACCESS_LOG={}", i + 1, h.haproxy_log().display())?;
     }
     if let Some(parent) = args.env_file.parent() {
         std::fs::create_dir_all(parent)?;
@@ -297,6 +354,11 @@ async fn run(args: &Args) -> Result<()> {
          \n  kubectl get ingress,svc,nodes\
          \n  kubectl apply -f your-ingress.yaml    # annotate it hafleet.io/fleet: {FLEET}\
          \n  cat $HAFLEET_HOST_1_CONFIG             # the live HAProxy config\
+         \n  tail -f $HAFLEET_HOST_1_ACCESS_LOG     # one line a request: route, server, timings\
+         \n  curl -i -N -H 'Host: {WS_HOST}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' \\\
+         \n    -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' \\\
+         \n    http://$HAFLEET_HOST_1/socket         # a WebSocket: 101, then what you type echoes\
+         \n  kubectl -n {SETTINGS_NAMESPACE} edit configmap hafleet-fleet-{FLEET}   # the fleet's settings\
          \n  curl http://$HAFLEET_APPLIER_METRICS/metrics   # each binary's metrics\
          \n\nLogs of the three binaries: {dir}/*.log\nCtrl-C stops everything.",
         env = args.env_file.display(),
@@ -307,6 +369,7 @@ async fn run(args: &Args) -> Result<()> {
     tokio::signal::ctrl_c().await?;
     eprintln!("stopping…");
     drop(backends);
+    ws_servers.iter().for_each(|s| s.abort());
     drop(stack);
     let _ = std::fs::remove_file(&args.env_file);
     Ok(())
