@@ -575,3 +575,192 @@ fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in(shell: Sh
     let edited = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
     assert_eq!(live_state(), format!("{edited}\n{sha}\n"), "same size, new mtime");
 }
+
+/// A folder of stand-ins for commands, put first on the scripts' PATH.
+struct FakeBin(tempfile::TempDir);
+
+impl FakeBin {
+    /// `commands`: (name, sh script).
+    fn new(commands: &[(&str, &str)]) -> FakeBin {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body) in commands {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        FakeBin(dir)
+    }
+
+    /// `script` in `shell` with this folder first on its PATH.
+    fn command(&self, shell: Shell, script: &Script) -> Command {
+        let path = format!("{}:{}", self.0.path().display(), std::env::var("PATH").unwrap());
+        let mut cmd = shell.command(script);
+        cmd.env("PATH", path);
+        cmd
+    }
+}
+
+/// Every rename that makes a file live comes after a `sync` of the new file's content and
+/// before one of its folder, and each is one `sync` for a batch of files, not one a file (a
+/// stand-in for `sync` records its calls; a `sync` that takes no paths is fallen back from).
+#[test]
+fn new_files_and_their_folder_are_synced_around_each_rename_once_per_batch() {
+    in_each_shell(new_files_and_their_folder_are_synced_around_each_rename_once_per_batch_in);
+}
+
+fn new_files_and_their_folder_are_synced_around_each_rename_once_per_batch_in(shell: Shell) {
+    use hafleet_proto::{MapFile, MapName};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let log = dir.path().join("sync.log");
+    let fake = FakeBin::new(&[("sync", "printf '%s\\n' \"$*\" >> \"$SYNC_LOG\"")]);
+    let calls = || {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        said.lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |script: &Script, args: &[&str], stdin: &[u8]| {
+        let out = fed(fake.command(shell, script).env("SYNC_LOG", &log).args(args), stdin);
+        assert!(out.status.success(), "{}: {}", script.name, String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let live = format!("{d}/haproxy.cfg");
+    std::fs::write(&live, "old\n").unwrap();
+    let map = |content: &str| MapFile {
+        name: MapName::for_content("exact", content).unwrap(),
+        content: content.to_owned(),
+    };
+    let maps = [map("a.example.com/ be_a\n"), map("b.example.com/ be_b\n")];
+    let maps: Vec<&MapFile> = maps.iter().collect();
+    let tmp = |m: &MapFile| format!("{d}/hafleet-maps/.{}.t1", m.name);
+
+    // Two maps and the config: one sync for the three files, one for the maps' folder.
+    run(&UPLOAD_FILES, &[&live, "t1", "2"], &Outgoing::whole(&maps, Some("new\n")).stream());
+    let want_files = format!("-- {live}.hafleet-new-t1 {} {}", tmp(maps[0]), tmp(maps[1]));
+    assert_eq!(calls(), [want_files, format!("-- {d}/hafleet-maps")]);
+    // The swap on a host without last-good: the kept file, then the folder.
+    run(&SWAP, &[&live, "t1"], b"");
+    assert_eq!(calls(), [format!("-- {live}.hafleet-last-good-t1"), format!("-- {d}")]);
+    assert_eq!(std::fs::read_to_string(&live).unwrap(), "new\n");
+    // Marked loaded: the marker and last-good in one, then the folder.
+    run(&MARK_LOADED, &[&live, "", "3", ""], b"");
+    let want_files = format!("-- {live}.hafleet-loaded.tmp {live}.hafleet-last-good.tmp");
+    assert_eq!(calls(), [want_files, format!("-- {d}")]);
+    // A restore: the copy, then the folder.
+    run(&RESTORE, &[&live], b"");
+    assert_eq!(calls(), [format!("-- {live}.hafleet-restore"), format!("-- {d}")]);
+    // Certificate files: all of them in one, then their folder.
+    let pem = |tag: &str| zeroize::Zeroizing::new(format!("-----BEGIN X-----\n{tag}\n"));
+    let certs = [("a1.pem".to_owned(), pem("a")), ("b2.pem".to_owned(), pem("b"))];
+    run(&UPLOAD_CERTS, &[&live, "t2", "2"], &cert_stream(&certs).unwrap());
+    // (Named from the upload's own folder, where they are written.)
+    assert_eq!(calls(), ["-- a1.pem b2.pem".to_owned(), format!("-- {d}/hafleet-certs")]);
+    // Nothing to rename, nothing to sync.
+    run(&UPLOAD_MAPS, &[&live, "t3", "0"], b"");
+    assert_eq!(calls(), Vec::<String>::new());
+
+    // A `sync` that takes no paths: everything is synced instead, as often.
+    let old =
+        FakeBin::new(&[("sync", "[ \"$#\" -eq 0 ] || exit 1\nprintf 'all\\n' >> \"$SYNC_LOG\"")]);
+    let out = fed(old.command(shell, &SWAP).env("SYNC_LOG", &log).args([&live, "t9"]), b"");
+    assert_eq!(out.status.code(), Some(Exit::Swap.code()), "no upload t9 to swap");
+    std::fs::write(format!("{live}.hafleet-new-t9"), "newer\n").unwrap();
+    let out = fed(old.command(shell, &SWAP).env("SYNC_LOG", &log).args([&live, "t9"]), b"");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(calls(), ["all"]);
+}
+
+/// A stand-in for `socat` on a master CLI: `show proc` answers `proc.before` until a reload,
+/// `proc.after` from then on; `reload` answers `reload.answer` if there is one (HAProxy 3.1),
+/// and does not reload while `busy` exists. Reads its state from $FAKE_MASTER.
+const FAKE_SOCAT: &str = r#"read -r cmd
+case $cmd in
+  reload)
+    [ ! -f "$FAKE_MASTER/reload.answer" ] || cat "$FAKE_MASTER/reload.answer"
+    [ -f "$FAKE_MASTER/busy" ] || touch "$FAKE_MASTER/reloaded"
+    ;;
+  "show proc")
+    if [ -f "$FAKE_MASTER/reloaded" ]; then cat "$FAKE_MASTER/proc.after"; else cat "$FAKE_MASTER/proc.before"; fi
+    ;;
+  *) exit 1 ;;
+esac"#;
+
+/// reload_wait.sh against a master that says nothing (2.6), one that answers (3.1) and one
+/// that holds the reload off (another in progress): the answer reads as each, the host looks
+/// once only when the master did not reload, and a reload that is ours is marked loaded in the
+/// same round trip.
+#[test]
+fn a_reload_reads_the_masters_answer_and_marks_its_own_reload() {
+    in_each_shell(a_reload_reads_the_masters_answer_and_marks_its_own_reload_in);
+}
+
+fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    std::fs::write(&live, "global\n").unwrap();
+    let live = live.to_str().unwrap();
+    let sha = hafleet_proto::sha256_hex(b"global\n");
+    let master = dir.path().join("master");
+    let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
+    let proc = |reloads: u32, workers: &str| {
+        format!(
+            "#<PID>          <type>          <reloads>       <uptime>        <version>\n\
+             20559           master          {reloads} [failed: 0]   0d00h00m01s     2.6.12\n\
+             # workers\n{workers}# programs\n"
+        )
+    };
+    let reload = |answer: Option<&str>, busy: bool| {
+        let _ = std::fs::remove_dir_all(&master);
+        std::fs::create_dir(&master).unwrap();
+        let write = |name: &str, text: &str| std::fs::write(master.join(name), text).unwrap();
+        write(
+            "proc.before",
+            &proc(0, "100             worker          0               0d00h00m01s     2.6.12\n"),
+        );
+        write(
+            "proc.after",
+            &proc(
+                1,
+                "200             worker          0               0d00h00m00s     2.6.12\n\
+                 100             worker          1               0d00h00m01s     2.6.12\n",
+            ),
+        );
+        if let Some(answer) = answer {
+            write("reload.answer", answer);
+        }
+        if busy {
+            write("busy", "");
+        }
+        let _ = std::fs::remove_file(format!("{live}.hafleet-loaded"));
+        let args = [live, "/fake.sock", "150", "5", &sha, "", "0"];
+        let started = std::time::Instant::now();
+        let out =
+            fed(fake.command(shell, &RELOAD_WAIT).env("FAKE_MASTER", &master).args(args), b"");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let read = answer::Reload::parse(&String::from_utf8_lossy(&out.stdout));
+        (read, started.elapsed())
+    };
+
+    let (silent, _) = reload(None, false);
+    assert_eq!(silent.master, answer::MasterAnswer::Silent);
+    let before = plan::parse_show_proc(&silent.before).unwrap();
+    let after = silent.after.clone().unwrap();
+    assert_eq!(plan::check_reload(&before, &after), plan::ReloadCheck::Done);
+    assert_eq!((silent.looks, silent.marked), (Some(0), true));
+    let marker = std::fs::read_to_string(format!("{live}.hafleet-loaded")).unwrap();
+    assert!(marker.starts_with(&format!("{sha}\nreloads 1\nstat ")), "{marker}");
+
+    let logs = "[NOTICE]   (20559) : haproxy version is 3.1.2-1\n";
+    let (loaded, _) = reload(Some(&format!("Success=1\n--\n{logs}")), false);
+    assert_eq!(loaded.master, answer::MasterAnswer::Loaded { logs: logs.trim().to_owned() });
+    assert_eq!(loaded.after.unwrap().reloads, 1);
+    assert!(loaded.marked);
+
+    let (busy, took) = reload(Some("Success=0\n--\nAnother reload is still in progress.\n"), true);
+    assert_eq!(busy.master, answer::MasterAnswer::Busy);
+    assert_eq!((busy.looks, busy.marked), (Some(1), false), "one look, no mark");
+    assert_eq!(busy.after.unwrap().reloads, 0);
+    assert!(took < Duration::from_secs(1), "did not wait for a reload that never came: {took:?}");
+    assert!(!std::path::Path::new(&format!("{live}.hafleet-loaded")).exists());
+}
