@@ -152,11 +152,11 @@ impl Uploaded {
 }
 
 /// What the master answered to `reload`. HAProxy 3.1 and later answer once the new worker is
-/// up or has failed: `Success=1` or `Success=0`, then `--` and the startup logs; older
-/// versions close the connection without a word as the master re-executes.
+/// up or has failed: `Success=1` or `Success=0`, then `--` and the startup logs; 2.6 closes
+/// the connection without a word as the master re-executes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MasterAnswer {
-    /// No answer (HAProxy before 3.1): only `show proc` tells how the reload went.
+    /// No answer (HAProxy 2.6): only `show proc` tells how the reload went.
     Silent,
     /// `Success=1`: the new worker started. The startup logs (warnings, notices).
     Loaded { logs: String },

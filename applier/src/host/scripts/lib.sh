@@ -264,7 +264,7 @@ read_before() {
 # reload_and_wait LIVE SOCKET LOOKS SECS MARK UPSTAT FIRST, after read_before: asks the
 # master to reload (exits EXIT_ASK_RELOAD if it cannot) and prints its answer, each line as
 # `hafleet-answer <line>` (HAProxy 3.1 and later answer `Success=1` or `Success=0`, then `--`
-# and the startup logs; older versions close the connection without a word). Then, unless the
+# and the startup logs; 2.6 closes the connection without a word). Then, unless the
 # master said `Success=0` (it did not reload: one look is enough), waits FIRST seconds (`0`,
 # or a decimal such as `0.450`) and looks at `show proc` every 3 ms (GNU or busybox `sleep`),
 # on the host, until the counts moved and either a reload failed or a worker that was not
