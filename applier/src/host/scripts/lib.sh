@@ -266,7 +266,8 @@ read_before() {
 # `hafleet-answer <line>` (HAProxy 3.1 and later answer `Success=1` or `Success=0`, then `--`
 # and the startup logs; 2.6 closes the connection without a word). Then, unless the
 # master said `Success=0` (it did not reload: one look is enough), waits FIRST seconds (`0`,
-# or a decimal such as `0.450`) and looks at `show proc` every 3 ms (GNU or busybox `sleep`),
+# or a decimal such as `0.450`; not after an answer, which comes once the reload is over)
+# and looks at `show proc` every 3 ms (GNU or busybox `sleep`),
 # on the host, until the counts moved and either a reload failed or a worker that was not
 # there runs, or LOOKS looks or SECS seconds went by (each look is cut after a second).
 # Prints the last `show proc` and `hafleet-looks <looks>`; whether the reload is ours is
@@ -287,6 +288,8 @@ reload_and_wait() {
   rw_first=$7
   if [ -n "$rw_answer" ]; then
     printf '%s\n' "$rw_answer" | sed 's/^/hafleet-answer /'
+    # A master that answers does so once the new worker is up or failed: look at once.
+    rw_first=0
   fi
   case $rw_answer in
     Success=0*)

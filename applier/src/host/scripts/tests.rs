@@ -713,7 +713,7 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
              # workers\n{workers}# programs\n"
         )
     };
-    let reload = |answer: Option<&str>, busy: bool| {
+    let reload = |answer: Option<&str>, busy: bool, first: &str| {
         let _ = std::fs::remove_dir_all(&master);
         std::fs::create_dir(&master).unwrap();
         let write = |name: &str, text: &str| std::fs::write(master.join(name), text).unwrap();
@@ -736,7 +736,7 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
             write("busy", "");
         }
         let _ = std::fs::remove_file(format!("{live}.hafleet-loaded"));
-        let args = [live, "/fake.sock", "150", "5", &sha, "", "0"];
+        let args = [live, "/fake.sock", "150", "5", &sha, "", first];
         let started = std::time::Instant::now();
         let out =
             fed(fake.command(shell, &RELOAD_WAIT).env("FAKE_MASTER", &master).args(args), b"");
@@ -745,7 +745,8 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
         (read, started.elapsed())
     };
 
-    let (silent, _) = reload(None, false);
+    let (silent, took) = reload(None, false, "0.300");
+    assert!(took >= Duration::from_millis(300), "the first look waits when nothing answers");
     assert_eq!(silent.master, answer::MasterAnswer::Silent);
     let before = plan::parse_show_proc(&silent.before).unwrap();
     let after = silent.after.clone().unwrap();
@@ -755,12 +756,14 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
     assert!(marker.starts_with(&format!("{sha}\nreloads 1\nstat ")), "{marker}");
 
     let logs = "[NOTICE]   (20559) : haproxy version is 3.1.2-1\n";
-    let (loaded, _) = reload(Some(&format!("Success=1\n--\n{logs}")), false);
+    let (loaded, took) = reload(Some(&format!("Success=1\n--\n{logs}")), false, "5");
+    assert!(took < Duration::from_secs(5), "an answer comes once the reload is over: {took:?}");
     assert_eq!(loaded.master, answer::MasterAnswer::Loaded { logs: logs.trim().to_owned() });
     assert_eq!(loaded.after.unwrap().reloads, 1);
     assert!(loaded.marked);
 
-    let (busy, took) = reload(Some("Success=0\n--\nAnother reload is still in progress.\n"), true);
+    let (busy, took) =
+        reload(Some("Success=0\n--\nAnother reload is still in progress.\n"), true, "0");
     assert_eq!(busy.master, answer::MasterAnswer::Busy);
     assert_eq!((busy.looks, busy.marked), (Some(1), false), "one look, no mark");
     assert_eq!(busy.after.unwrap().reloads, 0);
