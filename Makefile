@@ -7,6 +7,7 @@ fmt:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	shellcheck -s sh applier/src/host/scripts/*.sh
 
 test:
 	./tests/run.sh

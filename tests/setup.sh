@@ -32,6 +32,11 @@ command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v openssl >/dev/null || need_pkgs+=(openssl)
 command -v socat >/dev/null || need_pkgs+=(socat)
+# The host scripts' tests run each script in dash, busybox sh and bash; CI checks them with
+# shellcheck (applier/src/host/scripts).
+command -v dash >/dev/null || need_pkgs+=(dash)
+command -v busybox >/dev/null || need_pkgs+=(busybox)
+command -v shellcheck >/dev/null || need_pkgs+=(shellcheck)
 command -v kubectl >/dev/null || need_pkgs+=(kubernetes-client)
 # The image test builds and runs deploy/container with podman, on runc (see tests/e2e/image.rs).
 command -v podman >/dev/null || need_pkgs+=(podman)

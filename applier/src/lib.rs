@@ -4,9 +4,11 @@
 //!
 //! Pure decisions: [`inventory`] (what hosts and how), [`plan`] (waves, reading the master CLI),
 //! [`patch`] (a file sent as an edit of the host's).
-//! Adapters: [`ssh`] (openssh) and [`bus`] (NATS). Steps: [`rollout`]. Wiring: [`run`].
+//! Adapters: [`ssh`] (openssh) and [`bus`] (NATS); [`host`] (the scripts run on hosts, and
+//! the one reader of their answers). Steps: [`rollout`]. Wiring: [`run`].
 
 pub mod bus;
+pub mod host;
 pub mod inventory;
 pub mod patch;
 pub mod permissions;

@@ -27,8 +27,9 @@ pub fn canary_verdict(outcome: &ApplyOutcome) -> CanaryVerdict {
     }
 }
 
-/// What a drift check reads on a host: the live config's sha256, the one HAProxy last loaded
-/// (the applier's marker), and each of the version's map files' sha256 (`None`: missing).
+/// What a drift check reads on a host (read by [`crate::host::answer::drift_state`]): the
+/// live config's sha256, the one HAProxy last loaded (the applier's marker), and each of the
+/// version's map files' sha256 (`None`: missing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFiles {
     pub live: Option<String>,
@@ -79,33 +80,6 @@ impl NodeChecks {
             }
         }
         Some(checks)
-    }
-}
-
-impl HostFiles {
-    /// Reads DRIFT_STATE's output: the two sha256 lines (empty if unknown), the reload count
-    /// the marker recorded (empty if none), then `<map name> <sha256 or ->` per map, then
-    /// `show proc` after a `--` line, then the node checks' `show stat` after another.
-    pub fn parse(out: &str) -> HostFiles {
-        let (files, rest) = out.split_once("\n--\n").unwrap_or((out, ""));
-        let (proc, stat) = rest.split_once("\n--\n").unwrap_or((rest, ""));
-        let mut lines = files.lines().map(str::trim);
-        let mut line = || lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
-        let (live, loaded, marked) = (line(), line(), line());
-        let maps = lines
-            .filter_map(|l| {
-                let (name, sha) = l.split_once(' ')?;
-                Some((name.to_owned(), (sha != "-").then(|| sha.to_owned())))
-            })
-            .collect();
-        HostFiles {
-            live,
-            loaded,
-            maps,
-            reloads_marked: marked.and_then(|m| m.strip_prefix("reloads ")?.parse().ok()),
-            reloads_now: parse_show_proc(proc).map(|p| p.reloads),
-            nodes: NodeChecks::parse(stat),
-        }
     }
 }
 
@@ -372,7 +346,7 @@ mod tests {
     #[test]
     fn drift_names_every_file_that_is_not_the_version_s() {
         let maps = [("exact-aa.map", "aa"), ("prefix-bb.map", "bb")];
-        let files = |out: &str| HostFiles::parse(out);
+        let files = |out: &str| crate::host::answer::drift_state(out);
         let proc = |reloads: u64| {
             format!(
                 "\n--\n#<PID> <type> <reloads> <uptime>\n1 master {reloads} [failed: 0] 0d00h00m01s 2.6.12\n"
@@ -461,9 +435,9 @@ mod tests {
         // Node health checks off: the backend does not exist.
         assert_eq!(NodeChecks::parse("No such proxy.\n"), None);
         assert_eq!(NodeChecks::parse(""), None);
-        // DRIFT_STATE's output carries it after show proc.
+        // drift_state.sh's output carries it after show proc.
         let out = format!("aaa\nbbb\nreloads 3\n--\n#<PID> <type>\n--\n{header}\n{down}\n");
-        assert_eq!(HostFiles::parse(&out).nodes.map(|n| (n.down, n.checked)), Some((1, 1)));
-        assert_eq!(HostFiles::parse("aaa\nbbb\n\n--\n#<PID>\n").nodes, None);
+        let read = crate::host::answer::drift_state(&out);
+        assert_eq!(read.nodes.map(|n| (n.down, n.checked)), Some((1, 1)));
     }
 }

@@ -42,6 +42,8 @@
 //! `haproxy -c` (invariant 1). Map files are named by their content and written before any
 //! config that names them, so a config on disk never names a map that is missing or different.
 
+use crate::host::answer::{self, Exit, LiveShas, LiveState};
+use crate::host::scripts;
 use crate::inventory::Host;
 use crate::plan::{self, HostPlan, ReloadCheck};
 use crate::runtime;
@@ -49,242 +51,6 @@ use crate::ssh::{ConnPool, HostConn};
 use hafleet_proto::{ApplyOutcome, ApplyStage, Bundle, ConfigVersion};
 use std::time::Duration;
 use tracing::{info, warn};
-
-/// Scripts run on hosts with `sh -c`; arguments come as `$1`, `$2`, … (quoted by the caller).
-mod scripts {
-    /// Exit codes of the scripts that do several steps in one round trip, naming the step that
-    /// failed (see [`super::stage_of`]); no tool they run exits with these.
-    pub const EXIT_UPLOAD: i32 = 64;
-    pub const EXIT_SWAP: i32 = 65;
-    pub const EXIT_ASK_RELOAD: i32 = 66;
-    /// The host's live file or loaded marker is not what it was when it was prepared:
-    /// nothing was done.
-    pub const EXIT_STALE: i32 = 67;
-    /// The master's `show proc` could not be read before the reload: nothing was done.
-    pub const EXIT_NO_PROC: i32 = 68;
-
-    // Script bodies shared by the one-step and the combined scripts (`concat!` needs literals).
-    macro_rules! live_shas {
-        () => {
-            r#"if [ -f "$1" ]; then st="stat $(stat -c '%d %i %s %y %z' "$1")"; if [ -f "$1.hafleet-loaded" ] && grep -qxF "$st" "$1.hafleet-loaded"; then head -n 1 "$1.hafleet-loaded" | head -c 64; echo; else sha256sum "$1" | cut -d' ' -f1; fi; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -c 64 "$1.hafleet-loaded"; fi; echo;"#
-        };
-    }
-    macro_rules! live_state {
-        () => {
-            concat!(live_shas!(), r#" HAFLEET_D="$(dirname "$1")" awk 'BEGIN { c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"; while ((c | getline f) > 0) have[f] = 1; close(c); c = "ls -1 -- \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"; while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1; close(c) } $0 != "" && !($0 in have)'"#)
-        };
-    }
-    macro_rules! mark_loaded {
-        () => {
-            r#"set -e; s1=$(stat -c '%d %i %s %y %z' "$1"); if [ -n "$2" ] && [ -n "$4" ] && [ "$(stat -c '%i %s %y' "$1")" = "$4" ]; then sha="$2"; s2="$s1"; else sha=$(sha256sum "$1" | cut -d' ' -f1); s2=$(stat -c '%d %i %s %y %z' "$1"); fi; if [ -n "$2" ] && [ "$sha" != "$2" ]; then echo "live file is $sha, not $2: another applier swapped it" >&2; exit 1; fi; printf '%s\n' "$sha" > "$1.hafleet-loaded.tmp"; if [ -n "$3" ]; then printf 'reloads %s\n' "$3" >> "$1.hafleet-loaded.tmp"; fi; if [ "$s1" = "$s2" ]; then printf 'stat %s\n' "$s1" >> "$1.hafleet-loaded.tmp"; fi; mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded"; cp -p "$1" "$1.hafleet-last-good.tmp"; mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good"; c="$(dirname "$1")/hafleet-certs"; if [ -d "$c" ]; then oldc=$(find "$c" -maxdepth 1 -type f -mmin +60) || true; if [ -n "$oldc" ]; then lists=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/crtlist-[0-9a-f]*\.map' | sort -u) || true; keepc=$( { cat "$1" "$1.hafleet-last-good" 2>/dev/null; for l in $lists; do cat "$(dirname "$1")/$l" 2>/dev/null; done; } | grep -o 'hafleet-certs/[0-9a-f]*\.pem' | sort -u) || true; printf '%s\n' "$oldc" | while read -r f; do case "$keepc" in *"hafleet-certs/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true; fi; fi; d="$(dirname "$1")/hafleet-maps"; [ -d "$d" ] || exit 0; old=$(find "$d" -maxdepth 1 -type f -mmin +60); [ -n "$old" ] || exit 0; keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null | grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u) || true; printf '%s\n' "$old" | while read -r f; do case "$keep" in *"hafleet-maps/$(basename "$f")"*) ;; *) rm -f "$f" ;; esac; done || true"#
-        };
-    }
-    macro_rules! sweep_uploads {
-        () => {
-            r#"umask 027; find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 -delete 2>/dev/null; "#
-        };
-    }
-    macro_rules! uploaded {
-        () => {
-            r#"sha=$(sha256sum "$1.hafleet-new-$2" | cut -d' ' -f1) || exit 64; up=$(stat -c '%i %s %y' "$1.hafleet-new-$2") || exit 64; "#
-        };
-    }
-    // Uses $1 (live config path), $2 (token), $want (1: a config follows the maps) and
-    // $count (how many map files). Unpacks a stream of [`super::Outgoing::stream`]: each map
-    // into a name of this attempt's, the config (if $want) to this attempt's upload; a file
-    // sent as an edit is made by `sed` from the host's own (a map from the map it names, the
-    // config from the live file). Then checks every map's sha256 (one `sha256sum -c`) and
-    // renames them to their own names only if all are whole (the caller checks the config's).
-    // The awk program refuses a record it cannot read (3), data cut short or a missing config
-    // (4), and data past the config (5). Exits EXIT_UPLOAD on any failure, leaving no file of
-    // its own behind.
-    macro_rules! unpack {
-        () => {
-            r#"d="$(dirname "$1")/hafleet-maps"; mkdir -p "$d" || exit 64; u="$1.hafleet-new-$2"; t="$2"; drop() { rm -f "$d"/.*."$t" "$d"/.*."$t".sed "$u" "$u.sed"; echo "$*" >&2; exit 64; }; awk -v d="$d" -v t="$t" -v cfg="$u" -v want="$want" 'n == 0 { if (done) { bad = 5; exit } if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) { f = cfg; if ($1 == "hafleet-config-edit") f = cfg ".sed"; done = 1 } else if (($1 == "hafleet-map" && NF == 5 || $1 == "hafleet-map-edit" && NF == 6 && $4 ~ /^[a-z]+-[0-9a-f]+\.map$/) && $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) { f = d "/." $2 "." t; print $3 "  ." $2 "." t > (d "/.sums." t); if (NF == 6) { f = f ".sed"; print $2, $4 > (d "/.edits." t) } } else { bad = 3; exit } if ($(NF - 1) !~ /^[0-9]+$/) { bad = 3; exit } n = $(NF - 1); nl = $NF; printf "" > f; if (n == 0) close(f); next } { if (n == 1 && nl == 0) printf "%s", $0 > f; else print > f; n--; if (n == 0) close(f) } END { if (bad) exit bad; if (n != 0 || (want && !done)) exit 4 }' || drop "the map files and config did not arrive whole"; if [ -f "$d/.edits.$t" ]; then while read -r m b; do sed -f "$d/.$m.$t.sed" "$d/$b" > "$d/.$m.$t" 2>/dev/null; rm -f "$d/.$m.$t.sed"; done < "$d/.edits.$t"; rm -f "$d/.edits.$t"; fi; if [ -f "$u.sed" ]; then sed -f "$u.sed" "$1" > "$u" 2>/dev/null; rm -f "$u.sed"; fi; k=0; [ ! -f "$d/.sums.$t" ] || k=$(wc -l < "$d/.sums.$t"); if [ "$k" -ne "$count" ] || { [ "$k" -gt 0 ] && ! ( cd "$d" && sha256sum -c --quiet ".sums.$t" >/dev/null 2>&1 ); }; then drop "$k of $count map files arrived, or one has another sha256"; fi; if [ "$k" -gt 0 ]; then while read -r s f; do n="${f#.}"; mv -fT "$d/$f" "$d/${n%.$t}" || drop "cannot put $d/${n%.$t} in place (a directory in the way?)"; done < "$d/.sums.$t"; fi; rm -f "$d/.sums.$t"; "#
-        };
-    }
-    // `haproxy -c` asks glibc to back its heap with transparent huge pages (the tunable
-    // only takes effect where THP is `madvise` or `always`; an unknown tunable, an older glibc
-    // or another libc ignore it, and a GLIBC_TUNABLES set in the SSH session's environment is
-    // kept as it is): at 10,000 backends the check touches 210 MB in 51,000 page faults, and
-    // with huge pages it takes 193 ms instead of 292 (`hafleet-bench reload`, BENCHMARKS.md).
-    // It is on the path of every reload change.
-    macro_rules! validate {
-        () => {
-            r#"out=$(GLIBC_TUNABLES="${GLIBC_TUNABLES-glibc.malloc.hugetlb=1}" "$1" -c -f "$2.hafleet-new-$3" 2>&1); rc=$?; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit 1; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#
-        };
-    }
-    macro_rules! swap {
-        () => {
-            r#"if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then { cp -p "$1" "$1.hafleet-last-good-$2" && mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good"; } || exit 65; fi; mv -f "$1.hafleet-new-$2" "$1" || exit 65"#
-        };
-    }
-    // Uses $sock. Reads `show proc` (exit EXIT_NO_PROC if it cannot) and prints it and `--`;
-    // sets $r and $f, the master's reload and failed-reload counts, and $pids, its workers.
-    macro_rules! read_before {
-        () => {
-            r#"b=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$sock" 2>&1); r=$(printf '%s\n' "$b" | awk '$2 == "master" && $4 == "[failed:" { print $3 " " $5; exit }'); [ -n "$r" ] || { printf 'cannot read `show proc` from the master socket %s: %s\n' "$sock" "$b" >&2; exit 68; }; f="${r#* }"; f="${f%]}"; r="${r%% *}"; pids=$(printf '%s\n' "$b" | awk '$2 == "worker" { printf "%s ", $1 }'); printf '%s\n--\n' "$b"; "#
-        };
-    }
-    // Uses $live, $sock, $r, $f, $pids, $first, $looks, $secs and $mark (see RELOAD_WAIT). The mark
-    // runs in a subshell of its own, not in a condition, so that its `set -e` holds; its
-    // failure only leaves the line out. The awk program
-    // prints `done <reloads>` for exactly our reload (one more, none failed, a new worker),
-    // `settled` for any other outcome, and nothing while the reload is pending.
-    macro_rules! reload_and_wait {
-        () => {
-            concat!(r#"printf '%s\n' reload | socat -t 5 stdio "unix-connect:$sock" >/dev/null || { echo "cannot ask the master socket $sock for a reload" >&2; exit 66; }; [ "$first" = 0 ] || sleep "$first"; n=0; st=; end=$(( $(date +%s) + secs )); while :; do out=$(printf '%s\n' "show proc" | socat -t 1 stdio "unix-connect:$sock" 2>/dev/null) && st=$(printf '%s\n' "$out" | awk -v r="$r" -v f="$f" -v pids=" $pids " '$2 == "master" { mr = $3; mf = $5; sub(/]/, "", mf) } $2 == "worker" && $3 == "0" && index(pids, " " $1 " ") == 0 { nw = 1 } END { if (mr == "" || mr == r) exit 1; if (mf != f) { print "settled"; exit 0 } if (!nw) exit 1; if (mr == r + 1) print "done " mr; else print "settled" }') && [ -n "$st" ] && break; n=$((n + 1)); [ "$n" -lt "$looks" ] || break; [ "$n" -lt 10 ] || [ "$(date +%s)" -lt "$end" ] || break; sleep 0.003; done; printf '%s\n' "$out"; echo "hafleet-looks $n"; case "$st" in "done "*) if [ -n "$mark" ]; then ( set -- "$live" "$mark" "${st#done }" "$upstat"; "#,
-            mark_loaded!(),
-            r#" ) >/dev/null 2>&1; if [ $? -eq 0 ]; then echo hafleet-marked-loaded; fi; fi ;; esac; exit 0"#)
-        };
-    }
-
-    /// $1 = live config path; on stdin the names of the version's map files (and its
-    /// certificate files, as `../hafleet-certs/<id>.pem`), a line each: 10,000 names are more
-    /// than a command line takes. They are looked up in one listing of each folder by one
-    /// `awk`, not a test a name: 10,000 tests took 0.4–0.6 s a host. Prints the live file's sha256 and the sha256 of the config
-    /// HAProxy last loaded (from the marker), a line each, empty if unknown; then the names the
-    /// host does not have yet, a line each.
-    /// The live file is hashed unless it is the very file the marker records (same device,
-    /// inode, size, modification and change times, as MARK_LOADED saw them when it marked it;
-    /// any write or `touch` changes the change time): 25 ms saved per apply at 10,000
-    /// backends. Drift checks always hash.
-    pub const LIVE_STATE: &str = live_state!();
-    /// $1 = live config path, $2 = master socket. LIVE_STATE's two sha256 lines, `--`, then
-    /// `show proc`: what a host prepared ahead for the runtime API checks when its turn
-    /// comes, in one round trip (one prepared for a reload checks in the reload's).
-    pub const REFRESH: &str = concat!(
-        live_shas!(),
-        r#" echo --; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$2" || true"#
-    );
-    /// $1 = live config path, $2 = expected sha256 or empty, $3 = the master's reload count
-    /// after our reload, or empty, $4 = the stat (`%i %s %y`) of the upload that became the
-    /// live file, or empty. Records the live file's sha256 (and $3, and the file's inode, size
-    /// and modification time if they did not change while it was hashed) as what HAProxy has
-    /// loaded, and the file as last-known-good (run only after a verified reload or runtime
-    /// change and passed probes); fails if it is not $2. Then, best effort, deletes map files
-    /// that neither the live config nor last-known-good names, once they are an hour old (an
-    /// upload of another attempt may not be swapped in yet); the configs are read for the
-    /// names they use only when there is such a file. Certificate files (and their keys) go
-    /// the same way: kept while the live or last-known-good config, or a crt-list either
-    /// names, lists them.
-    pub const MARK_LOADED: &str = mark_loaded!();
-    /// $1 = live config path, $2 = master socket; on stdin the names of the version's map
-    /// files and certificate files (`../hafleet-certs/<id>.pem`), a line each, as LIVE_STATE
-    /// takes them (read whole into a temporary file first, then gone through twice: the
-    /// hashes, then the missing names, one writer at a time). Prints the live file's sha256,
-    /// the loaded marker's sha256 and reload count (a line each, empty if unknown), then
-    /// `<name> <sha256>` for each file (`-` if missing; no line at all if the maps folder is
-    /// gone, which reads as missing), hashed by one `sha256sum` (with 10,000
-    /// certificate files of 4 KB the script took 0.47 to 0.48 s here), then
-    /// `--` and `show proc`, then `--` and the current worker's `show stat` of its node checks
-    /// (`hafleet_nodes`; `No such proxy.` with node health checks off). Changes nothing.
-    pub const DRIFT_STATE: &str = r#"if [ -f "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo; fi; if [ -f "$1.hafleet-loaded" ]; then head -n 1 "$1.hafleet-loaded" | head -c 64; fi; echo; if [ -f "$1.hafleet-loaded" ]; then sed -n 2p "$1.hafleet-loaded"; else echo; fi; d="$(dirname "$1")/hafleet-maps"; s="$2"; n=$(mktemp) || exit 1; cat > "$n"; ( cd "$d" 2>/dev/null || exit 0; while IFS= read -r m; do [ -n "$m" ] && [ -f "$m" ] && printf '%s\0' "$m"; done < "$n" | xargs -0 -r sha256sum -- | awk '{ print $2, $1 }'; while IFS= read -r m; do [ -n "$m" ] && [ ! -f "$m" ] && printf '%s -\n' "$m"; done < "$n" ); rm -f "$n"; echo --; p=$(printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$s") || true; printf '%s\n' "$p"; echo --; w=$(printf '%s\n' "$p" | awk '$2 == "worker" && $3 == "0" { print $1; exit }'); [ -z "$w" ] || printf '@!%s show stat hafleet_nodes 4 -1\n' "$w" | socat -t 5 stdio "unix-connect:$s" || true"#;
-    /// $1 = live config path, $2 = token. Removes this attempt's upload.
-    pub const DISCARD: &str = r#"rm -f "$1.hafleet-new-$2""#;
-    /// $1 = live config path, $2 = this attempt's token, $3 = how many map files; on stdin an
-    /// [`super::Outgoing::stream`] of the map files the host lacks and the config, each whole
-    /// or as an edit of the host's own. Writes the config next to the live file (same file
-    /// system, so the later rename is atomic) under a name no other attempt uses, the maps as
-    /// UPLOAD_MAPS does, and prints the config's sha256 and stat. For a version that changes a
-    /// few lines of a config of megabytes (its map names) and a few entries of its maps, a
-    /// few hundred bytes are sent instead of megabytes. Whoever calls it checks the sha256.
-    /// It leaves the sweep of uploads that attempts which died left behind to UPLOAD_VALIDATE:
-    /// it is on the path of every map change.
-    pub const UPLOAD_FILES: &str = concat!(
-        r#"umask 027; want=1; count="$3"; "#,
-        unpack!(),
-        uploaded!(),
-        r#"echo "$sha"; echo "hafleet-stat $up""#
-    );
-    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket, $5 = the
-    /// config's sha256, $6 = how many map files come before it; on stdin an
-    /// [`super::Outgoing::stream`] of the map files the host lacks and the config (each whole
-    /// or as an edit). UPLOAD_FILES's upload after a sweep of what attempts that died left,
-    /// checked against $5 (exit EXIT_UPLOAD otherwise), then validates the upload with
-    /// `haproxy -c` (its output on stderr; a refused upload is removed) and prints `show
-    /// proc` for the reload check to come (not being able to is not the config's fault: it
-    /// shows as an unreadable `show proc`, a failure that may pass). One round trip.
-    pub const UPLOAD_VALIDATE: &str = concat!(
-        r#"bin="$1"; shift; want=1; count="$5"; "#,
-        sweep_uploads!(),
-        unpack!(),
-        uploaded!(),
-        r#"if [ "$sha" != "$4" ]; then rm -f "$1.hafleet-new-$2"; echo "uploaded file has sha256 $sha instead of $4" >&2; exit 64; fi; echo "hafleet-stat $up"; set -- "$bin" "$1" "$2" "$3"; "#,
-        validate!()
-    );
-    /// $1 = haproxy binary, $2 = live config path, $3 = token, $4 = master socket. As
-    /// UPLOAD_VALIDATE's check, for an upload already made, of a version whose config HAProxy runs but for its map files: `haproxy
-    /// -c` on the config on stdin, which loads only the maps (written next to the live file,
-    /// so relative map paths resolve alike, and removed after).
-    pub const VALIDATE_MAPS: &str = r#"f="$2.hafleet-mapcheck-$3"; cat > "$f"; out=$("$1" -c -f "$f" 2>&1); rc=$?; rm -f "$f"; if [ $rc -ne 0 ]; then rm -f "$2.hafleet-new-$3"; fi; printf '%s\n' "$out" >&2; [ $rc -eq 0 ] || exit $rc; printf '%s\n' "show proc" | socat -t 5 stdio "unix-connect:$4" || true"#;
-    /// $1 = live config path, $2 = token. Renames this attempt's validated file over the live
-    /// one. Last-known-good is written only once a config loaded and passed its probes
-    /// (MARK_LOADED); on a host hafleet never verified a config on, the file HAProxy was
-    /// started with is kept as last-known-good first.
-    pub const SWAP: &str = swap!();
-    /// $1 = live config path, $2 = master socket, $3 = most looks, $4 = most seconds to look
-    /// for, $5 = the sha256 to mark loaded, or empty, $6 = the upload's stat, or empty, $7 =
-    /// seconds to wait before the first look (`0`, or a decimal such as `0.450`).
-    /// Reads `show proc` (exit EXIT_NO_PROC if it cannot) and prints it and `--`; asks the
-    /// master to reload (exit EXIT_ASK_RELOAD if it cannot), waits $7, then looks at `show
-    /// proc` every 3 ms (GNU or busybox `sleep`), on the host, until the counts moved and
-    /// either a reload failed or a worker that was not there runs, or $3 looks or $4 seconds
-    /// went by (each look is cut after a second); prints the last `show proc` (whether the
-    /// reload is ours is decided by the applier, from the two). A look costs about 5 ms of
-    /// the host's CPU (socat, awk, sleep): looking all through a reload that takes 600 ms
-    /// would take most of a core from HAProxy, which needs it to start the new worker.
-    ///
-    /// With $5, when the reload is provably ours, it runs MARK_LOADED for that sha256 (with
-    /// the new reload count, and $6) in the same round trip and prints
-    /// `hafleet-marked-loaded` (for a host without probes, where loading is passing). A mark
-    /// that fails prints nothing and fails nothing: the applier then marks as usual, and fails
-    /// loudly.
-    pub const RELOAD_WAIT: &str = concat!(
-        r#"live="$1" sock="$2" looks="$3" secs="$4" mark="$5" upstat="$6" first="$7"; "#,
-        read_before!(),
-        reload_and_wait!()
-    );
-    /// $1 = live config path, $2 = token, $3 to $8 = RELOAD_WAIT's $2 to $7, $9 and ${10} =
-    /// the live and loaded sha256 lines LIVE_STATE printed when the host was prepared. Checks
-    /// they still are (exit EXIT_STALE if not), reads `show proc`, does SWAP (exit EXIT_SWAP
-    /// if it fails), then RELOAD_WAIT's reload, in one round trip: a host prepared while the
-    /// canary went live needs no round trip of its own to read them again. Before the swap,
-    /// a failure has done nothing.
-    pub const SWAP_RELOAD: &str = concat!(
-        r#"live="$1" sock="$3" looks="$4" secs="$5" mark="$6" upstat="$7" first="$8" was="$9 ${10} "; now=$( { "#,
-        live_shas!(),
-        r#" } | tr '\n' ' '); [ "$now" = "$was" ] || { echo "the host's config changed since it was prepared" >&2; exit 67; }; "#,
-        read_before!(),
-        swap!(),
-        "; ",
-        reload_and_wait!()
-    );
-    /// $1 = live config path. Puts last-known-good back, atomically.
-    pub const RESTORE: &str = r#"set -e; [ -f "$1.hafleet-last-good" ]; cp -p "$1.hafleet-last-good" "$1.hafleet-restore"; mv -f "$1.hafleet-restore" "$1""#;
-    /// $1 = live config path, $2 = token, $3 = how many map files; on stdin an
-    /// [`super::Outgoing::stream`] of them. Writes each under a temporary name and renames them to
-    /// their own only once every one has arrived with the sha256 its name promises, so a file
-    /// under a map's name is always that content. One round trip whatever the number of maps.
-    pub const UPLOAD_MAPS: &str =
-        concat!(r#"umask 027; want=0; count="$3"; "#, unpack!(), r#"exit 0"#);
-    /// $1 = live config path, $2 = token, $3 = how many files; certificate files (chain and
-    /// private key) on stdin,
-    /// each a line `hafleet-cert <name> <sha256> <lines>` and then its `<lines>` lines (see
-    /// [`super::cert_stream`]). Writes them into a folder of this attempt's inside
-    /// `hafleet-certs/`, which only the SSH user may enter (0700), each readable by it alone
-    /// (0600); checks every sha256 (one `sha256sum -c`), and only then renames them all to
-    /// their own names, so a file under a certificate's name is always that content. A
-    /// handful of processes whatever the number of files: a host joining a fleet of 1,000
-    /// certificates takes them in one round trip. Folders that attempts which died left
-    /// behind are swept once an hour old.
-    pub const UPLOAD_CERTS: &str = r#"set -e; umask 077; d="$(dirname "$1")/hafleet-certs"; mkdir -p "$d"; chmod 700 "$d"; find "$d" -maxdepth 1 -name '.up-*' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true; u="$d/.up-$2"; rm -rf "$u"; mkdir "$u"; trap 'rm -rf "$u"' EXIT; trap 'exit 1' HUP INT TERM PIPE; awk -v u="$u" 'n == 0 { if ($1 != "hafleet-cert" || $2 !~ /^[0-9a-f]+\.pem$/ || $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) exit 3; f = u "/" $2; print $3 "  " $2 > (u "/.sums"); n = $4; next } { print > f; n--; if (n == 0) close(f) } END { if (n != 0) exit 4 }' || { echo "the certificate files did not arrive whole" >&2; exit 1; }; cd "$u"; sha256sum -c --quiet .sums >/dev/null 2>&1 || { echo "an uploaded certificate file has another sha256" >&2; exit 1; }; k=0; [ ! -f .sums ] || k=$(wc -l < .sums); [ "$k" -eq "$3" ] || { echo "$k of $3 certificate files arrived" >&2; exit 1; }; rm -f .sums; set -- *.pem; [ -f "$1" ] || exit 0; chmod 600 -- "$@"; mv -f -- "$@" "$d"/"#;
-    /// $1 = master socket, $2 = master CLI command.
-    pub const MASTER_CLI: &str = r#"printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1""#;
-    /// $1 = master socket; an interactive master CLI session on stdin (ending in `quit`).
-    /// A session that stalls for 30 s is cut.
-    pub const MASTER_SESSION: &str = r#"socat -T 30 stdio "unix-connect:$1""#;
-}
 
 /// How rollouts behave.
 #[derive(Debug)]
@@ -405,14 +171,14 @@ struct Failure {
     stage: ApplyStage,
     message: String,
     restored: bool,
-    /// The exit code of the script that failed, if one did.
-    code: Option<i32>,
+    /// The step the script that failed names by its exit code, if it does.
+    exit: Option<Exit>,
 }
 
 impl Failure {
     /// Failed before it changed anything on the host (the swap, or what comes before it).
     fn changed_nothing(&self) -> bool {
-        matches!(self.code, Some(scripts::EXIT_SWAP | scripts::EXIT_STALE | scripts::EXIT_NO_PROC))
+        self.exit.is_some_and(Exit::changed_nothing)
     }
 }
 
@@ -426,7 +192,7 @@ fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
         message.truncate(cut);
         message.push('…');
     }
-    Failure { stage, message, restored: false, code: None }
+    Failure { stage, message, restored: false, exit: None }
 }
 
 /// What an apply asked of HAProxy.
@@ -467,8 +233,8 @@ pub struct Prepared<'a> {
     step: Next,
     /// When preparing began.
     pub started: std::time::Instant,
-    /// The live and loaded sha256 lines LIVE_STATE printed when it was prepared.
-    state: String,
+    /// The live and loaded sha256 lines live_state.sh printed when it was prepared.
+    state: LiveShas,
 }
 
 impl Prepared<'_> {
@@ -520,35 +286,30 @@ pub async fn prepare<'a>(
     }
     let names = Some(names.as_bytes());
     let (conn, generation, state) =
-        match settings.ssh.take_running(host, scripts::LIVE_STATE, &[live], names).await {
+        match settings.ssh.take_running(host, &scripts::LIVE_STATE, &[live], names).await {
             Ok(c) => c,
             Err(e) => {
                 let step = Next::Done(Err(connect_failure(host, &e).await));
-                return Prepared { host, conn: None, step, started, state: String::new() };
+                return Prepared { host, conn: None, step, started, state: LiveShas::default() };
             }
         };
     let (step, state) = match outcome_of(ApplyStage::Upload, state) {
-        Ok(state) => match stage(&conn, host, version, &state, known, settings).await {
-            Ok(step) => (step, shas(&state)),
-            Err(f) => (Next::Done(Err(f)), String::new()),
-        },
-        Err(f) => (Next::Done(Err(f)), String::new()),
+        Ok(out) => {
+            let state = LiveState::parse(&out);
+            match stage(&conn, host, version, &state, known, settings).await {
+                Ok(step) => (step, state.shas),
+                Err(f) => (Next::Done(Err(f)), LiveShas::default()),
+            }
+        }
+        Err(f) => (Next::Done(Err(f)), LiveShas::default()),
     };
     Prepared { host, conn: Some((conn, generation)), step, started, state }
-}
-
-/// The live and loaded sha256 lines of what LIVE_STATE printed (not the missing maps, which
-/// preparing uploads).
-fn shas(state: &str) -> String {
-    // Two lines, either may be empty: REFRESH's part before `--` loses a trailing empty one.
-    let mut lines = state.lines();
-    format!("{}\n{}", lines.next().unwrap_or_default(), lines.next().unwrap_or_default())
 }
 
 /// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
 /// files must still be what they were (else it is prepared again), and its `show proc` is
 /// read again, so that the runtime API's worker is that of now, not of before the canary. (A
-/// host prepared for a reload checks both in the reload's round trip: SWAP_RELOAD.)
+/// host prepared for a reload checks both in the reload's round trip: swap_reload.sh.)
 async fn refresh<'a>(
     mut prepared: Prepared<'a>,
     version: &ConfigVersion,
@@ -560,12 +321,9 @@ async fn refresh<'a>(
         return prepared;
     };
     let args = [host.config_path.as_str(), host.master_socket.as_str()];
-    let now = conn.run(scripts::REFRESH, &args, None).await;
-    let before = match &now {
-        Ok(out) if out.success => match out.stdout.split_once("\n--\n") {
-            Some((files, proc)) if shas(files) == prepared.state => plan::parse_show_proc(proc),
-            _ => None,
-        },
+    let now = conn.run(&scripts::REFRESH, &args, None).await;
+    let before = match now.map(|out| (out.success, answer::Refresh::parse(&out.stdout))) {
+        Ok((true, now)) if now.shas == prepared.state => now.proc,
         _ => None,
     };
     match (before, &mut prepared.step) {
@@ -613,7 +371,7 @@ pub async fn abandon(prepared: Prepared<'_>, settings: &RolloutSettings) {
     let Prepared { host, conn, step, .. } = prepared;
     let Some((conn, generation)) = conn else { return };
     if let Next::Staged { token, .. } = &step {
-        let _ = conn.run(scripts::DISCARD, &[&host.config_path, token], None).await;
+        let _ = conn.run(&scripts::DISCARD, &[&host.config_path, token], None).await;
     }
     let healthy = !matches!(step, Next::Done(Err(_)));
     settings.ssh.give_back(host, conn, generation, healthy).await;
@@ -652,21 +410,19 @@ fn failed(f: Failure) -> ApplyOutcome {
     ApplyOutcome::Failed { stage: f.stage, message: f.message, restored: f.restored }
 }
 
-/// [`prepare`]'s work once `state` (what LIVE_STATE printed) is known.
+/// [`prepare`]'s work once `state` (what live_state.sh printed) is known.
 async fn stage(
     conn: &HostConn,
     host: &Host,
     version: &ConfigVersion,
-    state: &str,
+    state: &LiveState,
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> Result<Next, Failure> {
     let tls_identity = settings.tls_identity.as_deref();
     let live = host.config_path.as_str();
-    let mut lines = state.lines().map(str::trim);
-    let mut sha = || lines.next().filter(|s| !s.is_empty());
-    let (live_sha, loaded_sha) = (sha(), sha());
-    let missing: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    let (live_sha, loaded_sha) = (state.shas.live(), state.shas.loaded());
+    let missing: Vec<&str> = state.missing.iter().map(String::as_str).collect();
     match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
         HostPlan::Unchanged => {
             // HAProxy runs this version, but files it loaded may be gone from the disk (a
@@ -717,7 +473,7 @@ async fn stage(
         Ok(uploaded) => Ok(Next::Staged { token, uploaded, change, bridge }),
         Err(failure) => {
             // Leave no copy of a config that is not live behind (best effort).
-            let _ = conn.run(scripts::DISCARD, &[live, &token], None).await;
+            let _ = conn.run(&scripts::DISCARD, &[live, &token], None).await;
             Err(failure)
         }
     }
@@ -763,7 +519,7 @@ async fn go_live(
     host: &Host,
     version: &ConfigVersion,
     staged: Staged<'_>,
-    prepared_state: &str,
+    prepared_state: &LiveShas,
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
@@ -781,7 +537,7 @@ async fn go_live(
     // leaves a live file HAProxy has not loaded (reloaded at the next look).
     let swap_with_reload = matches!(change, runtime::Plan::Reload(_)) && bridge.is_none();
     if !swap_with_reload {
-        remote(conn, ApplyStage::Swap, scripts::SWAP, &[live, token], None).await?;
+        remote(conn, ApplyStage::Swap, &scripts::SWAP, &[live, token], None).await?;
     }
 
     // The files hold the version now; the running process takes it without a reload if it can.
@@ -831,9 +587,8 @@ async fn go_live(
     }
 
     effort.reloads += 1;
-    let (live_sha, loaded_sha) = prepared_state.split_once('\n').unwrap_or((prepared_state, ""));
     let ask = ReloadAsk {
-        swap: swap_with_reload.then_some((token, live_sha, loaded_sha)),
+        swap: swap_with_reload.then_some((token, prepared_state)),
         mark: mark_with_reload(host, version),
         stat: stat.as_deref(),
     };
@@ -849,7 +604,7 @@ async fn go_live(
         Err(failure) if failure.changed_nothing() => {
             // Nothing changed: the live file is the one HAProxy runs.
             effort.reloads -= 1;
-            let _ = conn.run(scripts::DISCARD, &[live, token], None).await;
+            let _ = conn.run(&scripts::DISCARD, &[live, token], None).await;
             Err(failure)
         }
         Err(mut failure) => {
@@ -935,7 +690,7 @@ pub async fn drift_of(
     let args = [host.config_path.as_str(), host.master_socket.as_str()];
     let (conn, generation, out) = settings
         .ssh
-        .take_running(host, scripts::DRIFT_STATE, &args, Some(names.as_bytes()))
+        .take_running(host, &scripts::DRIFT_STATE, &args, Some(names.as_bytes()))
         .await
         .map_err(|e| e.to_string())?;
     settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
@@ -943,7 +698,7 @@ pub async fn drift_of(
     if !out.success {
         return Err(out.stderr);
     }
-    let found = plan::HostFiles::parse(&out.stdout);
+    let found = answer::drift_state(&out.stdout);
     Ok((plan::drift(&version.sha256, &files, &found), found.nodes))
 }
 
@@ -1016,10 +771,11 @@ pub async fn put_back_files(
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     // A connection from the pool (a no-op checks it), then the uploads on it: each writes
     // under this attempt's own token, never run twice.
-    let (conn, generation, out) = match settings.ssh.take_running(host, "true", &[], None).await {
-        Ok(running) => running,
-        Err(e) => return failed(fail(ApplyStage::Upload, format!("ssh: {e}"))),
-    };
+    let (conn, generation, out) =
+        match settings.ssh.take_running(host, &scripts::NOOP, &[], None).await {
+            Ok(running) => running,
+            Err(e) => return failed(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+        };
     let mut done = outcome_of(ApplyStage::Upload, out).map(|_| ());
     if done.is_ok() {
         let (token, identity) = (attempt_token(version.version), settings.tls_identity.as_deref());
@@ -1089,7 +845,7 @@ async fn apply_runtime(
     if cert_steps {
         let show = format!("@!{pid} show ssl crt-list");
         let out = conn
-            .run(scripts::MASTER_CLI, &[socket, &show], None)
+            .run(&scripts::MASTER_CLI, &[socket, &show], None)
             .await
             .map_err(|e| format!("ssh: {e}"))?;
         sent += 1;
@@ -1110,7 +866,7 @@ async fn apply_runtime(
     if !kinds.is_empty() {
         let show = format!("@!{pid} show map");
         let out = conn
-            .run(scripts::MASTER_CLI, &[socket, &show], None)
+            .run(&scripts::MASTER_CLI, &[socket, &show], None)
             .await
             .map_err(|e| format!("ssh: {e}"))?;
         let ids = runtime::map_ids(&out.stdout, &kinds)
@@ -1139,7 +895,7 @@ async fn session(
 ) -> Result<Vec<String>, String> {
     let input = runtime::session(pid, commands);
     let out = conn
-        .run(scripts::MASTER_SESSION, &[socket], Some(input.as_bytes()))
+        .run(&scripts::MASTER_SESSION, &[socket], Some(input.as_bytes()))
         .await
         .map_err(|e| format!("ssh: {e}"))?;
     if !out.success {
@@ -1174,11 +930,6 @@ struct Uploaded {
     sent: u64,
 }
 
-/// The stat an upload script printed (`hafleet-stat …`).
-fn uploaded_stat(out: &str) -> Option<String> {
-    out.lines().find_map(|l| l.strip_prefix("hafleet-stat ")).map(str::to_owned)
-}
-
 /// Uploads the version under this attempt's name, checks what landed, validates it with
 /// `haproxy -c`, and reads `show proc` for the reload check to come.
 async fn upload_and_validate(
@@ -1205,8 +956,9 @@ async fn upload_and_validate(
     let (stat, bytes, proc) = match check.map_check {
         Some(map_check) => {
             let args = [live, token, &count];
-            let (landed, bytes) = send(conn, scripts::UPLOAD_FILES, &args, &outgoing).await?;
-            let sha = landed.lines().next().unwrap_or_default();
+            let (landed, bytes) = send(conn, &scripts::UPLOAD_FILES, &args, &outgoing).await?;
+            let landed = answer::Uploaded::parse(&landed);
+            let sha = landed.sha.as_deref().unwrap_or_default();
             if sha != version.sha256 {
                 return Err(fail(
                     ApplyStage::Upload,
@@ -1219,9 +971,9 @@ async fn upload_and_validate(
             );
             let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
             let stdin = Some(map_check.as_bytes());
-            let proc =
-                remote(conn, ApplyStage::Validate, scripts::VALIDATE_MAPS, &args, stdin).await?;
-            (uploaded_stat(&landed), bytes, proc)
+            let checked =
+                remote(conn, ApplyStage::Validate, &scripts::VALIDATE_MAPS, &args, stdin).await?;
+            (landed.stat, bytes, answer::Uploaded::parse(&checked).proc)
         }
         None => {
             let args = [
@@ -1232,8 +984,9 @@ async fn upload_and_validate(
                 &version.sha256,
                 &count,
             ];
-            let (out, bytes) = send(conn, scripts::UPLOAD_VALIDATE, &args, &outgoing).await?;
-            (uploaded_stat(&out), bytes, out)
+            let (out, bytes) = send(conn, &scripts::UPLOAD_VALIDATE, &args, &outgoing).await?;
+            let out = answer::Uploaded::parse(&out);
+            (out.stat, bytes, out.proc)
         }
     };
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
@@ -1269,7 +1022,7 @@ async fn upload_maps(
     let stream = Outgoing::whole(maps, None).stream();
     let count = maps.len().to_string();
     let args = [host.config_path.as_str(), token, count.as_str()];
-    remote(conn, ApplyStage::Upload, scripts::UPLOAD_MAPS, &args, Some(&stream)).await?;
+    remote(conn, ApplyStage::Upload, &scripts::UPLOAD_MAPS, &args, Some(&stream)).await?;
     Ok(())
 }
 
@@ -1279,7 +1032,7 @@ async fn upload_maps(
 /// script's output and the bytes sent.
 async fn send(
     conn: &HostConn,
-    script: &str,
+    script: &scripts::Script,
     args: &[&str],
     outgoing: &Outgoing<'_>,
 ) -> Result<(String, u64), Failure> {
@@ -1294,7 +1047,7 @@ async fn send(
     let bytes = stream.len() as u64;
     tracing::debug!(bytes, edits = outgoing.has_edits(), "files sent");
     match run(stream).await {
-        Err(f) if f.code == Some(scripts::EXIT_UPLOAD) && outgoing.has_edits() => {
+        Err(f) if f.exit == Some(Exit::Upload) && outgoing.has_edits() => {
             warn!(error = %f.message, "files sent as edits did not come out as the version's; sending them whole");
             let whole = outgoing.whole_again().stream();
             let more = whole.len() as u64;
@@ -1308,15 +1061,16 @@ async fn send(
 /// whole or as an edit of the host's own (a map of the same kind, the live file), where the
 /// applier holds the bundle the host's live file is and the edit is smaller (see
 /// [`crate::patch`]).
-struct Outgoing<'a> {
+pub(crate) struct Outgoing<'a> {
     /// Each map, and the map of the host's it is an edit of with the `sed` script.
-    maps: Vec<(&'a hafleet_proto::MapFile, Option<(&'a hafleet_proto::MapName, String)>)>,
+    pub(crate) maps:
+        Vec<(&'a hafleet_proto::MapFile, Option<(&'a hafleet_proto::MapName, String)>)>,
     /// The config, and the `sed` script that makes it from the live file.
-    config: Option<(&'a str, Option<String>)>,
+    pub(crate) config: Option<(&'a str, Option<String>)>,
 }
 
 impl<'a> Outgoing<'a> {
-    fn whole(maps: &[&'a hafleet_proto::MapFile], config: Option<&'a str>) -> Self {
+    pub(crate) fn whole(maps: &[&'a hafleet_proto::MapFile], config: Option<&'a str>) -> Self {
         Outgoing {
             maps: maps.iter().map(|m| (*m, None)).collect(),
             config: config.map(|c| (c, None)),
@@ -1325,7 +1079,7 @@ impl<'a> Outgoing<'a> {
 
     /// `maps` and `config`, as edits of what `live` (the bundle of the host's live file) has
     /// where that is smaller.
-    fn edited(
+    pub(crate) fn edited(
         maps: &[&'a hafleet_proto::MapFile],
         config: &'a str,
         live: Option<&'a Bundle>,
@@ -1353,12 +1107,12 @@ impl<'a> Outgoing<'a> {
     }
 
     /// The same files, all whole.
-    fn whole_again(&self) -> Self {
+    pub(crate) fn whole_again(&self) -> Self {
         let maps: Vec<_> = self.maps.iter().map(|(m, _)| *m).collect();
         Self::whole(&maps, self.config.as_ref().map(|(c, _)| *c))
     }
 
-    /// What UPLOAD_FILES, UPLOAD_VALIDATE and UPLOAD_MAPS unpack: for each map,
+    /// What upload_files.sh, upload_validate.sh and upload_maps.sh unpack: for each map,
     /// `hafleet-map <name> <sha256> <lines> <1 if it ends in a newline, else 0>` and its
     /// content, or `hafleet-map-edit <name> <sha256> <the host's map it edits> <lines> 1` and
     /// the `sed` script; then, with a config, `hafleet-config <lines> <1|0>` and the config, or
@@ -1366,7 +1120,7 @@ impl<'a> Outgoing<'a> {
     /// counted as awk reads them, so any text goes through whole; a map's sha256 is the one
     /// its name promises (the bundle was checked against it), and the config's is checked on
     /// arrival by the caller.
-    fn stream(&self) -> Vec<u8> {
+    pub(crate) fn stream(&self) -> Vec<u8> {
         fn record(out: &mut Vec<u8>, head: &str, content: &str) {
             let lines = content.matches('\n').count()
                 + usize::from(!content.ends_with('\n') && !content.is_empty());
@@ -1448,7 +1202,7 @@ async fn upload_certs(
         let stream = cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))?;
         let count = files.len().to_string();
         let args = [live, token, count.as_str()];
-        remote(conn, ApplyStage::Upload, scripts::UPLOAD_CERTS, &args, Some(&stream)).await?;
+        remote(conn, ApplyStage::Upload, &scripts::UPLOAD_CERTS, &args, Some(&stream)).await?;
         sent += stream.len() as u64;
     }
     Ok(sent)
@@ -1459,7 +1213,7 @@ const CERTS_PER_UPLOAD: usize = 1000;
 
 /// UPLOAD_CERTS's input: for each (name, content), `hafleet-cert <name> <sha256> <lines>` and
 /// the content. Contents are PEM text: lines ending in a newline, no carriage return.
-fn cert_stream(
+pub(crate) fn cert_stream(
     files: &[(String, zeroize::Zeroizing<String>)],
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
     // Sized once: a Vec that grows leaves copies of the keys in the memory it gives back.
@@ -1496,7 +1250,7 @@ fn attempt_token(version: u64) -> String {
 async fn remote(
     conn: &HostConn,
     stage: ApplyStage,
-    script: &str,
+    script: &scripts::Script,
     args: &[&str],
     stdin: Option<&[u8]>,
 ) -> Result<String, Failure> {
@@ -1511,32 +1265,22 @@ fn outcome_of(
 ) -> Result<String, Failure> {
     match run {
         Ok(out) if out.success => Ok(out.stdout),
-        Ok(out) => Err(Failure {
-            code: out.code,
-            ..fail(stage_of(out.code, stage), format!("{}{}", out.stdout, out.stderr).trim())
-        }),
+        Ok(out) => {
+            let exit = Exit::of(out.code);
+            let stage = exit.map_or(stage, Exit::stage);
+            let said = format!("{}{}", out.stdout, out.stderr);
+            Err(Failure { exit, ..fail(stage, said.trim()) })
+        }
         Err(e) => Err(fail(stage, format!("ssh: {e}"))),
-    }
-}
-
-/// The step a combined script failed at, from its exit `code`; `otherwise` for any other code.
-fn stage_of(code: Option<i32>, otherwise: ApplyStage) -> ApplyStage {
-    match code {
-        Some(scripts::EXIT_UPLOAD) => ApplyStage::Upload,
-        Some(scripts::EXIT_SWAP | scripts::EXIT_STALE) => ApplyStage::Swap,
-        Some(scripts::EXIT_NO_PROC) => ApplyStage::Verify,
-        // Not being able to ask is a transient failure; only HAProxy refusing the config is a
-        // Reload failure, which the same config would meet again.
-        Some(scripts::EXIT_ASK_RELOAD) => ApplyStage::Verify,
-        _ => otherwise,
     }
 }
 
 /// Records the live file as what HAProxy loaded, if it is `expected_sha` (empty: whatever is
 /// live, after a restore), with the master's reload count after our reload (`reloads`), so a
 /// later reload by anyone else shows. A live file with the stat of the upload that became it
-/// (`upload_stat`) is that upload, whose sha256 was checked on arrival: it is not hashed again. Another applier may have swapped in a different file
-/// meanwhile; then this is a failure, not a report of something HAProxy does not run.
+/// (`upload_stat`) is that upload, whose sha256 was checked on arrival: it is not hashed again.
+/// Another applier may have swapped in a different file meanwhile; then this is a failure, not
+/// a report of something HAProxy does not run.
 async fn mark_loaded(
     conn: &HostConn,
     host: &Host,
@@ -1546,13 +1290,13 @@ async fn mark_loaded(
 ) -> Result<(), Failure> {
     let reloads = reloads.map(|r| r.to_string()).unwrap_or_default();
     let args = [host.config_path.as_str(), expected_sha, &reloads, upload_stat.unwrap_or_default()];
-    remote(conn, ApplyStage::Verify, scripts::MARK_LOADED, &args, None).await?;
+    remote(conn, ApplyStage::Verify, &scripts::MARK_LOADED, &args, None).await?;
     Ok(())
 }
 
 async fn show_proc(conn: &HostConn, host: &Host) -> Result<plan::ProcState, String> {
     let out = conn
-        .run(scripts::MASTER_CLI, &[&host.master_socket, "show proc"], None)
+        .run(&scripts::MASTER_CLI, &[&host.master_socket, "show proc"], None)
         .await
         .map_err(|e| format!("ssh: {e}"))?;
     parse_show_proc(host, &out.stdout, &out.stderr)
@@ -1572,7 +1316,9 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
 /// Asks the master to reload and waits until a new worker runs, after exactly the one reload
 /// asked for (so it is ours), or the reload failed. Returns `show proc` after it. A reload by
 /// someone else in between makes the newest worker unattributable: it asks again (twice at
-/// most), since the file it loads is the one this apply put in place.
+/// most), since the file it loads is the one this apply put in place. A master that answers
+/// that another reload is still in progress (HAProxy 3.1 and later) did nothing: it is asked
+/// again, every [`BUSY_PAUSE`], until the reload timeout.
 ///
 /// What else the reload's round trip does: see [`ReloadAsk`]. Also returns whether the live
 /// file was marked loaded.
@@ -1582,16 +1328,51 @@ async fn reload(
     settings: &RolloutSettings,
     mut ask: ReloadAsk<'_>,
 ) -> Result<(plan::ProcState, bool), Failure> {
-    for _ in 0..3 {
+    let busy_until = tokio::time::Instant::now() + settings.reload_timeout;
+    let mut raced = 0;
+    loop {
         match reload_once(conn, host, settings, ask).await? {
             Ok(done) => return Ok(done),
-            Err(raced) => {
-                warn!(reloads = raced.reloads, "another reload came with ours; reloading again");
-                ask.swap = None;
+            Err(Again::Raced(after)) => {
+                raced += 1;
+                if raced == 3 {
+                    return Err(fail(
+                        ApplyStage::Verify,
+                        "other reloads kept coming with ours: cannot tell ours apart",
+                    ));
+                }
+                warn!(reloads = after.reloads, "another reload came with ours; reloading again");
+            }
+            Err(Again::Busy) => {
+                if tokio::time::Instant::now() >= busy_until {
+                    return Err(fail(
+                        ApplyStage::Verify,
+                        format!(
+                            "HAProxy's master kept answering that another reload is still in \
+                             progress for {} ms",
+                            settings.reload_timeout.as_millis()
+                        ),
+                    ));
+                }
+                info!("another reload is still in progress on the host; asking again");
+                tokio::time::sleep(BUSY_PAUSE).await;
             }
         }
+        // The swap (if any) is done: the next round trip only reloads.
+        ask.swap = None;
     }
-    Err(fail(ApplyStage::Verify, "other reloads kept coming with ours: cannot tell ours apart"))
+}
+
+/// How long a reload the master held off (another one in progress) waits before it asks
+/// again.
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Why a reload must be asked for again.
+enum Again {
+    /// Another reload came with ours (`show proc` after it).
+    Raced(plan::ProcState),
+    /// The master did not reload: another reload was still in progress.
+    Busy,
 }
 
 /// What a reload's round trip does besides reloading.
@@ -1600,7 +1381,7 @@ struct ReloadAsk<'a> {
     /// Swap in this attempt's validated upload (its token) first, if the live and loaded
     /// sha256 lines are still those it was prepared on; failing either is a `Swap` failure
     /// that changed nothing.
-    swap: Option<(&'a str, &'a str, &'a str)>,
+    swap: Option<(&'a str, &'a LiveShas)>,
     /// Once the reload is provably ours, mark the live file loaded if it has this sha256, as
     /// [`mark_loaded`] would (for a host without probes, where loading is passing them).
     mark: Option<&'a str>,
@@ -1615,14 +1396,14 @@ fn mark_with_reload<'a>(host: &Host, version: &'a ConfigVersion) -> Option<&'a s
     (!probes).then_some(version.sha256.as_str())
 }
 
-/// One reload: `Ok(Ok(after))` when it is provably ours, `Ok(Err(after))` when another reload
-/// raced it.
+/// One reload: `Ok(Ok(after))` when it is provably ours, `Ok(Err(again))` when it must be asked
+/// for again.
 async fn reload_once(
     conn: &HostConn,
     host: &Host,
     settings: &RolloutSettings,
     ask: ReloadAsk<'_>,
-) -> Result<Result<(plan::ProcState, bool), plan::ProcState>, Failure> {
+) -> Result<Result<(plan::ProcState, bool), Again>, Failure> {
     let timeout = settings.reload_timeout;
     let asked = tokio::time::Instant::now();
     let deadline = asked + timeout;
@@ -1643,30 +1424,42 @@ async fn reload_once(
     let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat, &first];
     let live = host.config_path.as_str();
     let out = match ask.swap {
-        Some((token, live_sha, loaded_sha)) => {
+        Some((token, prepared)) => {
             let mut args = vec![live, token];
             args.extend(wait);
-            args.extend([live_sha, loaded_sha]);
-            // Exit EXIT_STALE, EXIT_NO_PROC and EXIT_SWAP say nothing was done; anything
-            // else comes after the swap.
-            remote(conn, ApplyStage::Verify, scripts::SWAP_RELOAD, &args, None).await?
+            args.extend([prepared.live.as_str(), prepared.loaded.as_str()]);
+            // Exits Stale, NoProc and Swap say nothing was done; anything else comes after
+            // the swap.
+            remote(conn, ApplyStage::Verify, &scripts::SWAP_RELOAD, &args, None).await?
         }
         None => {
             let mut args = vec![live];
             args.extend(wait);
-            remote(conn, ApplyStage::Verify, scripts::RELOAD_WAIT, &args, None).await?
+            remote(conn, ApplyStage::Verify, &scripts::RELOAD_WAIT, &args, None).await?
         }
     };
-    // `show proc` before the reload, `--`, then after it.
-    let (before, out) = out.split_once("\n--\n").unwrap_or_default();
-    let before = parse_show_proc(host, before, "").map_err(|m| fail(ApplyStage::Verify, m))?;
+    let answer::Reload { before, master, after, looks, marked } = answer::Reload::parse(&out);
+    let before = parse_show_proc(host, &before, "").map_err(|m| fail(ApplyStage::Verify, m))?;
     let before = &before;
-    // Only when the host saw the reload done, as below, and marked it.
-    let mut marked = out.lines().any(|l| l == "hafleet-marked-loaded");
-    let looks = out.lines().find_map(|l| l.strip_prefix("hafleet-looks ")).unwrap_or_default();
     tracing::debug!(first_look = %first, pending_looks = looks, ms = asked.elapsed().as_millis() as u64, "reload seen from the host");
+    match master {
+        answer::MasterAnswer::Busy => return Ok(Err(Again::Busy)),
+        answer::MasterAnswer::Refused { logs } => {
+            return Err(fail(
+                ApplyStage::Reload,
+                format!("HAProxy's master refused the new config on reload: {logs}"),
+            ));
+        }
+        answer::MasterAnswer::Loaded { logs } if !logs.is_empty() => {
+            info!(%logs, "HAProxy's master reloaded");
+        }
+        answer::MasterAnswer::Other(said) => warn!(%said, "HAProxy's master answered the reload"),
+        answer::MasterAnswer::Loaded { .. } | answer::MasterAnswer::Silent => {}
+    }
+    // Only when the host saw the reload done, as below, and marked it.
+    let mut marked = marked;
     // While the master re-executes, its socket may refuse connections: that is "pending".
-    let mut seen = plan::parse_show_proc(out);
+    let mut seen = after;
     let mut pause = Duration::from_millis(10);
     loop {
         if let Some(after) = seen.take() {
@@ -1676,7 +1469,7 @@ async fn reload_once(
                     times.insert(host.name.clone(), asked.elapsed());
                     return Ok(Ok((after, marked)));
                 }
-                ReloadCheck::Raced => return Ok(Err(after)),
+                ReloadCheck::Raced => return Ok(Err(Again::Raced(after))),
                 ReloadCheck::Failed => {
                     return Err(fail(
                         ApplyStage::Reload,
@@ -1702,7 +1495,8 @@ async fn reload_once(
 
 /// Puts last-known-good back and reloads onto it. True if HAProxy runs it again.
 async fn restore(conn: &HostConn, host: &Host, settings: &RolloutSettings) -> bool {
-    if remote(conn, ApplyStage::Swap, scripts::RESTORE, &[&host.config_path], None).await.is_err() {
+    if remote(conn, ApplyStage::Swap, &scripts::RESTORE, &[&host.config_path], None).await.is_err()
+    {
         return false;
     }
     let ask = ReloadAsk { swap: None, mark: None, stat: None };
@@ -1790,7 +1584,7 @@ async fn attempt_host<'a>(
         }
     };
     let (mut result, mut effort) = finish(prepared, version, settings).await;
-    if ahead && matches!(&result, Err(f) if f.code == Some(scripts::EXIT_STALE)) {
+    if ahead && matches!(&result, Err(f) if f.exit == Some(Exit::Stale)) {
         warn!(host = %hosts[i].name, "the host changed while the canary went live; preparing it again");
         let p = prepare(&hosts[i], version, known, settings).await;
         (result, effort) = finish(p, version, settings).await;
@@ -1891,539 +1685,6 @@ mod tests {
             finished_unix_ms: 0,
             effort: Effort::default(),
         }
-    }
-
-    /// Runs `script` with `sh` as the applier does (`$0` is `hafleet`), `stdin` written to it,
-    /// and returns what it did.
-    fn sh(script: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", script, "hafleet"])
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write as _;
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    /// DRIFT_STATE run by `sh` hashes every named map and certificate file in one go, marks
-    /// the missing ones, and its output reads back as what it found.
-    #[test]
-    fn drift_state_hashes_maps_and_certificate_files_named_on_stdin() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        std::fs::write(&live, "global\n").unwrap();
-        let maps = dir.path().join("hafleet-maps");
-        let certs = dir.path().join("hafleet-certs");
-        std::fs::create_dir_all(&maps).unwrap();
-        std::fs::create_dir_all(&certs).unwrap();
-        std::fs::write(maps.join("exact-aa.map"), "a.example.com be_a\n").unwrap();
-        std::fs::write(certs.join("c1.pem"), "chain and key\n").unwrap();
-        let names =
-            "exact-aa.map\nprefix-gone.map\n../hafleet-certs/c1.pem\n../hafleet-certs/c2.pem\n";
-        let live = live.to_str().unwrap();
-        let socket = dir.path().join("no-master.sock");
-        let out = sh(scripts::DRIFT_STATE, &[live, socket.to_str().unwrap()], names.as_bytes());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let found = plan::HostFiles::parse(&String::from_utf8_lossy(&out.stdout));
-        let mut files = found.maps.clone();
-        files.sort();
-        let sha = |text: &str| Some(hafleet_proto::sha256_hex(text.as_bytes()));
-        assert_eq!(
-            files,
-            [
-                ("../hafleet-certs/c1.pem".to_owned(), sha("chain and key\n")),
-                ("../hafleet-certs/c2.pem".to_owned(), None),
-                ("exact-aa.map".to_owned(), sha("a.example.com be_a\n")),
-                ("prefix-gone.map".to_owned(), None),
-            ]
-        );
-        assert_eq!(found.live, sha("global\n"));
-        // No maps folder at all: every file is missing, as drift reads it; the names are read
-        // all the same (10,000 of them fill more than a pipe: unread, the sender would hang).
-        std::fs::remove_dir_all(&maps).unwrap();
-        let many: String =
-            (0..10_000).map(|i| format!("../hafleet-certs/{i:064x}.pem\n")).collect();
-        let out = sh(scripts::DRIFT_STATE, &[live, socket.to_str().unwrap()], many.as_bytes());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let found = plan::HostFiles::parse(&String::from_utf8_lossy(&out.stdout));
-        assert!(found.maps.is_empty(), "{:?}", found.maps);
-        let out = sh(scripts::DRIFT_STATE, &[live, socket.to_str().unwrap()], names.as_bytes());
-        let found = plan::HostFiles::parse(&String::from_utf8_lossy(&out.stdout));
-        assert!(found.maps.is_empty(), "{:?}", found.maps);
-        let want = [("exact-aa.map", "x"), ("../hafleet-certs/c1.pem", "y")];
-        let drift = plan::drift(found.live.as_deref().unwrap(), &want, &found).unwrap();
-        assert_eq!(drift.files, ["exact-aa.map", "../hafleet-certs/c1.pem"]);
-        assert!(
-            drift.found.contains("certificate file hafleet-certs/c1.pem is missing"),
-            "{drift:?}"
-        );
-    }
-
-    /// Files an upload script leaves next to the config `dir` and in `maps`: uploads, and
-    /// the temporary names, lists and scripts of a stream (dot files).
-    fn left_behind(dir: &std::path::Path, maps: &std::path::Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .chain(std::fs::read_dir(maps).unwrap())
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with('.') || n.contains("hafleet-new"))
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// UPLOAD_VALIDATE runs `haproxy -c` with glibc's huge-page tunable, unless the host's own
-    /// environment sets GLIBC_TUNABLES (even empty): a stand-in for HAProxy prints what it got.
-    #[test]
-    fn the_check_runs_with_huge_pages_unless_the_host_says_otherwise() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        let fake = dir.path().join("haproxy");
-        std::fs::write(&fake, "#!/bin/sh\necho \"tunables=${GLIBC_TUNABLES-unset} $1\"\n").unwrap();
-        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let config = "global\n";
-        let sha = hafleet_proto::sha256_hex(config.as_bytes());
-        let stream = Outgoing::whole(&[], Some(config)).stream();
-        let check = |host_env: Option<&str>| {
-            let (fake, live) = (fake.to_str().unwrap(), live.to_str().unwrap());
-            let args = [fake, live, "t1", "/nonexistent.sock", &sha, "0"];
-            // The SSH session's environment, as the script finds it.
-            let session = match host_env {
-                Some(v) => format!("export GLIBC_TUNABLES='{v}'; "),
-                None => "unset GLIBC_TUNABLES; ".to_owned(),
-            };
-            let out = sh(&format!("{session}{}", scripts::UPLOAD_VALIDATE), &args, &stream);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8(out.stderr).unwrap()
-        };
-        assert!(check(None).starts_with("tunables=glibc.malloc.hugetlb=1 -c\n"), "{}", check(None));
-        let own = check(Some("glibc.malloc.arena_max=2"));
-        assert!(own.starts_with("tunables=glibc.malloc.arena_max=2 -c\n"), "{own}");
-        assert!(check(Some("")).starts_with("tunables= -c\n"), "{}", check(Some("")));
-    }
-
-    /// UPLOAD_FILES and UPLOAD_VALIDATE (with `true` for HAProxy) run by `sh` with files sent
-    /// as edits of the host's own: the maps and the config come out byte for byte, whatever
-    /// their lines hold (blanks, tabs, backslashes, sed's own escapes); an edit of a file the
-    /// host does not have as it was lands nothing and leaves nothing behind, and the same
-    /// files sent whole again land.
-    #[test]
-    fn maps_and_config_sent_as_edits_of_the_hosts_own_land_byte_for_byte_or_not_at_all() {
-        use hafleet_proto::{MapFile, MapName};
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        let live_s = live.to_str().unwrap();
-        let map = |kind: &str, content: &str| MapFile {
-            name: MapName::for_content(kind, content).unwrap(),
-            content: content.to_owned(),
-        };
-        let entries: String = (0..200).map(|i| format!("h{i}.example.com/ be_{i}\n")).collect();
-        let old_map = map("prefix", &entries);
-        let new_map = map(
-            "prefix",
-            &entries.replace(
-                "h7.example.com/ be_7\n",
-                "h7.example.com/ be_7\n\tx\\t.example.com/ be_x\n",
-            ),
-        );
-        let backends: String =
-            (0..100).map(|i| format!("backend be_{i}\n    server s 10.0.0.1:{i}\n\n")).collect();
-        let old =
-            format!("global\n# 3 rules\n    map_beg(hafleet-maps/{})\n{backends}", old_map.name);
-        let new = format!(
-            "global\n# 4 rules \\t\\\\ \\n\n\t map_beg(hafleet-maps/{}) \\\n{}",
-            new_map.name,
-            backends.replace(
-                "backend be_50\n",
-                "backend be_49a\n    server s 10.0.0.2:1\n\nbackend be_50\n"
-            )
-        );
-        let old_bundle = Bundle { config: old.clone(), maps: vec![old_map.clone()], certs: vec![] };
-        std::fs::write(&live, &old).unwrap();
-        let maps_dir = dir.path().join("hafleet-maps");
-        std::fs::create_dir_all(&maps_dir).unwrap();
-        std::fs::write(maps_dir.join(old_map.name.as_str()), &old_map.content).unwrap();
-        let outgoing = Outgoing::edited(&[&new_map], &new, Some(&old_bundle));
-        assert!(outgoing.maps[0].1.is_some() && outgoing.config.as_ref().unwrap().1.is_some());
-        let stream = outgoing.stream();
-        assert!(stream.len() < 1_000, "{} bytes", stream.len());
-        let sha = hafleet_proto::sha256_hex(new.as_bytes());
-        let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
-        let left = || left_behind(dir.path(), &maps_dir);
-        // The map-only path's upload: maps and config, edits, one round trip.
-        let out = sh(scripts::UPLOAD_FILES, &[live_s, "t1", "1"], &stream);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let printed = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(printed.lines().next(), Some(sha.as_str()));
-        assert!(uploaded_stat(&printed).is_some());
-        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
-        let landed = std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap();
-        assert_eq!(landed, new_map.content);
-        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"]);
-        // The reload path's: the same, checked by UPLOAD_VALIDATE.
-        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
-        std::fs::remove_file(&upload).unwrap();
-        let validate = |stream: &[u8]| {
-            let args = ["true", live_s, "t1", "/nonexistent.sock", &sha, "1"];
-            sh(scripts::UPLOAD_VALIDATE, &args, stream)
-        };
-        let out = validate(&stream);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
-        assert_eq!(
-            std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap(),
-            new_map.content
-        );
-        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
-        std::fs::remove_file(&upload).unwrap();
-        // The host's live file is not the one the edit was made from: refused, nothing left.
-        std::fs::write(&live, old.replace("10.0.0.1:99\n", "10.0.0.9:99\n")).unwrap();
-        let out = validate(&stream);
-        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("instead of"), "{out:?}");
-        std::fs::write(&live, &old).unwrap();
-        // (The map came out whole: it stays, under the name that promises its content.)
-        std::fs::remove_file(maps_dir.join(new_map.name.as_str())).unwrap();
-        // Its map is gone: refused, nothing left behind, no map under the new name.
-        std::fs::remove_file(maps_dir.join(old_map.name.as_str())).unwrap();
-        let out = validate(&stream);
-        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"), "{out:?}");
-        assert_eq!(left(), Vec::<String>::new(), "nothing left behind");
-        assert!(!maps_dir.join(new_map.name.as_str()).exists());
-        // Sent whole again, as the applier does then: it lands.
-        let out = validate(&outgoing.whole_again().stream());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(std::fs::read_to_string(&upload).unwrap(), new);
-        assert_eq!(
-            std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap(),
-            new_map.content
-        );
-    }
-
-    /// A host HAProxy never loaded a config of hafleet's on (a new one) has no marker: its
-    /// second line is empty, in LIVE_STATE's answer and in REFRESH's alike, and the two agree
-    /// (they did not, and every new host was prepared twice: two `haproxy -c` of the config).
-    #[test]
-    fn live_state_and_refresh_agree_on_a_host_without_a_marker() {
-        let live_state = "abc\n\n../hafleet-certs/a.pem\n";
-        let refresh = "abc\n\n--\n1 master\n";
-        let (files, _) = refresh.split_once("\n--\n").unwrap();
-        assert_eq!(shas(files), shas(live_state));
-        assert_eq!(shas("abc\ndef\nmissing.map\n"), shas("abc\ndef"));
-        assert_ne!(shas("abc\n\n"), shas("abc\ndef\n"));
-    }
-
-    /// UPLOAD_CERTS run by `sh`: every file of the stream lands under its own name, 0600 in
-    /// a 0700 folder, byte for byte; a stream cut short, cut between files or with a wrong
-    /// sha256 lands nothing.
-    #[test]
-    fn certificate_files_land_whole_in_one_round_trip_or_not_at_all() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        let upload = |stream: &[u8], count: usize| {
-            let count = count.to_string();
-            sh(scripts::UPLOAD_CERTS, &[live.to_str().unwrap(), "t1", &count], stream)
-        };
-        let pem = |tag: &str| {
-            zeroize::Zeroizing::new(format!(
-                "-----BEGIN CERTIFICATE-----\n{tag}A==\n-----END CERTIFICATE-----\n\
-                 -----BEGIN PRIVATE KEY-----\n{tag}B==\n  x\\y \n-----END PRIVATE KEY-----\n"
-            ))
-        };
-        let files: Vec<(String, zeroize::Zeroizing<String>)> =
-            (0..300).map(|i| (format!("{i:04x}ab.pem"), pem(&i.to_string()))).collect();
-        let stream = cert_stream(&files).unwrap();
-        let certs = dir.path().join("hafleet-certs");
-        // Cut short, or one file changed on the way: nothing lands.
-        let out = upload(&stream[..stream.len() - 10], files.len());
-        assert!(!out.status.success());
-        let mut bad = stream.to_vec();
-        let at = bad.iter().rposition(|b| *b == b'B').unwrap();
-        bad[at] = b'C';
-        let out = upload(&bad, files.len());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"));
-        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 0, "nothing left behind");
-        // Cut between two files: every file that came is whole, but one is missing.
-        let second = stream.windows(13).rposition(|w| w == b"hafleet-cert ").unwrap();
-        let out = upload(&stream[..second], files.len());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("299 of 300 certificate files"));
-        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 0, "nothing left behind");
-        let out = upload(&stream, files.len());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(std::fs::metadata(&certs).unwrap().permissions().mode() & 0o777, 0o700);
-        assert_eq!(std::fs::read_dir(&certs).unwrap().count(), files.len());
-        for (name, content) in &files {
-            let path = certs.join(name);
-            assert_eq!(std::fs::read_to_string(&path).unwrap(), content.as_str());
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        }
-        // Names and contents the stream cannot carry are refused before anything is sent.
-        let one = |name: &str, content: &str| {
-            cert_stream(&[(name.to_owned(), zeroize::Zeroizing::new(content.to_owned()))])
-        };
-        assert!(one("../x.pem", "a\n").is_err());
-        assert!(one("ab.pem", "a").is_err());
-        assert!(one("ab.pem", "a\r\n").is_err());
-    }
-
-    /// UPLOAD_VALIDATE (with `true` for HAProxy) and UPLOAD_MAPS run by `sh`: the map files
-    /// the host lacks and the config go in one stream and land byte for byte, whatever their
-    /// lines hold (an empty map, one without a final newline, lines that look like the
-    /// stream's own headers); a stream cut short, a map changed on the way or data past the
-    /// config leave no upload and no file of the stream's behind, and a file under a map's
-    /// name is always that map.
-    #[test]
-    fn maps_and_config_land_whole_in_one_round_trip_or_not_at_all() {
-        use hafleet_proto::{MapFile, MapName};
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        let map = |kind: &str, content: &str| MapFile {
-            name: MapName::for_content(kind, content).unwrap(),
-            content: content.to_owned(),
-        };
-        let maps = [
-            map("exact", "a.example.com/ be_a\nb.example.com/x be_b\n"),
-            map("prefix", ""),
-            map("crtlist", "hafleet-config 1 1\nhafleet-map x y 1 1\n  \\x\ty  "),
-        ];
-        let maps: Vec<&MapFile> = maps.iter().collect();
-        let config = "global\n\tdefault-path config\n\nbackend be_a\n    server s 1.2.3.4:80\n";
-        let sha = hafleet_proto::sha256_hex(config.as_bytes());
-        let live_s = live.to_str().unwrap();
-        let validate = |stream: &[u8]| {
-            let args = ["true", live_s, "t1", "/nonexistent.sock", &sha, "3"];
-            sh(scripts::UPLOAD_VALIDATE, &args, stream)
-        };
-        let maps_dir = dir.path().join("hafleet-maps");
-        let left = || left_behind(dir.path(), &maps_dir);
-        let maps_whole = || {
-            for e in std::fs::read_dir(&maps_dir).unwrap() {
-                let name = e.unwrap().file_name().to_string_lossy().into_owned();
-                let m = maps.iter().find(|m| m.name.as_str() == name).expect("a map's name");
-                assert_eq!(std::fs::read_to_string(maps_dir.join(&name)).unwrap(), m.content);
-            }
-        };
-        let stream = Outgoing::whole(&maps, Some(config)).stream();
-        // Cut short, a map changed on the way, or more after the config: nothing lands.
-        for bad in [
-            stream[..stream.len() - 3].to_vec(),
-            String::from_utf8(stream.clone()).unwrap().replacen("be_b", "be_c", 1).into_bytes(),
-            [stream.as_slice(), b"extra\n"].concat(),
-        ] {
-            let out = validate(&bad);
-            assert!(!out.status.success());
-            assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
-            assert_eq!(left(), Vec::<String>::new(), "nothing left behind");
-            maps_whole();
-        }
-        let out = validate(&stream);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("hafleet-stat "));
-        let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
-        assert_eq!(std::fs::read_to_string(&upload).unwrap(), config);
-        for m in &maps {
-            assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
-        }
-        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"]);
-        maps_whole();
-        assert_eq!(std::fs::read_dir(&maps_dir).unwrap().count(), 3);
-        // The maps alone, in their own round trip, as a version checked by its maps sends them.
-        std::fs::remove_dir_all(&maps_dir).unwrap();
-        let out =
-            sh(scripts::UPLOAD_MAPS, &[live_s, "t2", "3"], &Outgoing::whole(&maps, None).stream());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        for m in &maps {
-            assert_eq!(std::fs::read_to_string(maps_dir.join(m.name.as_str())).unwrap(), m.content);
-        }
-        // Two of three announced: refused.
-        let out = sh(
-            scripts::UPLOAD_MAPS,
-            &[live_s, "t3", "3"],
-            &Outgoing::whole(&maps[..2], None).stream(),
-        );
-        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
-        // A directory where a map goes: refused, not moved into it (a put-back that would
-        // "succeed" at every drift check), and the stream's files are gone.
-        let blocked = maps_dir.join(maps[0].name.as_str());
-        std::fs::remove_file(&blocked).unwrap();
-        std::fs::create_dir(&blocked).unwrap();
-        let out =
-            sh(scripts::UPLOAD_MAPS, &[live_s, "t4", "3"], &Outgoing::whole(&maps, None).stream());
-        assert_eq!(out.status.code(), Some(scripts::EXIT_UPLOAD));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("a directory in the way"));
-        assert_eq!(std::fs::read_dir(&blocked).unwrap().count(), 0, "nothing moved into it");
-        assert_eq!(left(), ["haproxy.cfg.hafleet-new-t1"], "nothing of this stream left behind");
-    }
-
-    /// SWAP_RELOAD run by `sh`: a host whose live file or loaded marker is no longer what it
-    /// was prepared on, or whose master cannot say `show proc`, is left as it was, and the
-    /// exit code says so (the applier prepares a changed host again).
-    #[test]
-    fn a_reload_checks_the_host_is_as_prepared_and_changes_nothing_otherwise() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        std::fs::write(&live, "old\n").unwrap();
-        std::fs::write(dir.path().join("haproxy.cfg.hafleet-new-t1"), "new\n").unwrap();
-        let old_sha = hafleet_proto::sha256_hex(b"old\n");
-        let swap_reload = |was_live: &str| {
-            let live = live.to_str().unwrap();
-            let args = [live, "t1", "/nonexistent.sock", "5", "1", "", "", "0", was_live, ""];
-            let out = std::process::Command::new("sh")
-                .args(["-c", scripts::SWAP_RELOAD, "hafleet"])
-                .args(args)
-                .output()
-                .unwrap();
-            let failure = outcome_of(
-                ApplyStage::Verify,
-                Ok(crate::ssh::RemoteOutput {
-                    success: out.status.success(),
-                    code: out.status.code(),
-                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                }),
-            )
-            .unwrap_err();
-            assert!(failure.changed_nothing(), "{}", failure.message);
-            assert_eq!(std::fs::read_to_string(live).unwrap(), "old\n");
-            failure
-        };
-        let stale = swap_reload(&hafleet_proto::sha256_hex(b"other\n"));
-        assert_eq!((stale.code, stale.stage), (Some(scripts::EXIT_STALE), ApplyStage::Swap));
-        assert!(stale.message.contains("changed since it was prepared"), "{}", stale.message);
-        let no_proc = swap_reload(&old_sha);
-        assert_eq!(
-            (no_proc.code, no_proc.stage),
-            (Some(scripts::EXIT_NO_PROC), ApplyStage::Verify)
-        );
-        assert!(no_proc.message.contains("cannot read `show proc`"), "{}", no_proc.message);
-    }
-
-    /// MARK_LOADED run by `sh` on a real directory: it records the file and its reload
-    /// count, keeps it as last-known-good, and deletes only map files an hour old that neither
-    /// config names.
-    #[test]
-    fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps() {
-        let dir = tempfile::tempdir().unwrap();
-        let live = dir.path().join("haproxy.cfg");
-        let maps = dir.path().join("hafleet-maps");
-        std::fs::create_dir(&maps).unwrap();
-        std::fs::write(&live, "x map_str(hafleet-maps/exact-aaa.map)\n").unwrap();
-        for name in ["exact-aaa.map", "exact-bbb.map", "exact-ccc.map"] {
-            std::fs::write(maps.join(name), "").unwrap();
-        }
-        let old = std::time::SystemTime::now() - Duration::from_secs(7200);
-        for name in ["exact-aaa.map", "exact-bbb.map"] {
-            let f = std::fs::File::options().write(true).open(maps.join(name)).unwrap();
-            f.set_modified(old).unwrap();
-        }
-        let sha = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
-        let mark = |expected: &str| {
-            std::process::Command::new("sh")
-                .args(["-c", scripts::MARK_LOADED, "hafleet"])
-                .arg(&live)
-                .args([expected, "7"])
-                .output()
-                .unwrap()
-        };
-        let refused = mark("0000");
-        assert!(!refused.status.success(), "another file than expected is not marked");
-        assert!(String::from_utf8_lossy(&refused.stderr).contains("another applier"));
-        let out = mark(&sha);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let marker = std::fs::read_to_string(dir.path().join("haproxy.cfg.hafleet-loaded"));
-        let marker = marker.unwrap();
-        assert!(marker.starts_with(&format!("{sha}\nreloads 7\nstat ")), "{marker}");
-        assert!(dir.path().join("haproxy.cfg.hafleet-last-good").exists());
-        let mut left: Vec<String> = std::fs::read_dir(&maps)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["exact-aaa.map", "exact-ccc.map"], "named or new maps stay");
-
-        // Certificate files: kept while the config (a default certificate) or a crt-list it
-        // names lists them, or while they are new; an old unnamed one (a rotated key, an
-        // upload left behind) goes.
-        let certs = dir.path().join("hafleet-certs");
-        std::fs::create_dir(&certs).unwrap();
-        std::fs::write(maps.join("crtlist-ddd.map"), "hafleet-certs/a1.pem a.example.com\n")
-            .unwrap();
-        std::fs::write(
-            &live,
-            "x map_str(hafleet-maps/exact-aaa.map)\n bind ssl crt hafleet-certs/b2.pem crt-list hafleet-maps/crtlist-ddd.map\n",
-        )
-        .unwrap();
-        for name in ["a1.pem", "b2.pem", "c3.pem", "d4.pem", ".e5.pem.v1-2-3"] {
-            std::fs::write(certs.join(name), "").unwrap();
-        }
-        for name in ["a1.pem", "b2.pem", "c3.pem", ".e5.pem.v1-2-3"] {
-            let f = std::fs::File::options().write(true).open(certs.join(name)).unwrap();
-            f.set_modified(old).unwrap();
-        }
-        let sha = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
-        let out = mark(&sha);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let mut left: Vec<String> = std::fs::read_dir(&certs)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["a1.pem", "b2.pem", "d4.pem"], "named or new certificate files stay");
-
-        // LIVE_STATE: the marked file is known by its stat; an edit in place is hashed anew.
-        let live_state = || {
-            let out = std::process::Command::new("sh")
-                .args(["-c", scripts::LIVE_STATE, "hafleet"])
-                .arg(&live)
-                .output()
-                .unwrap();
-            String::from_utf8(out.stdout).unwrap()
-        };
-        assert_eq!(live_state(), format!("{sha}\n{sha}\n"));
-        // The names it is asked about come on stdin (10,000 would not fit a command line):
-        // it prints those the host lacks.
-        // Its stdin is a socket, as sshd gives a command: a script that opened /dev/fd/N on
-        // its stdin (fine on a pipe) fails on one.
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let asked = std::process::Command::new("sh")
-            .args(["-c", scripts::LIVE_STATE, "hafleet"])
-            .arg(&live)
-            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(theirs)))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let names: String = (0..10_000).map(|i| format!("../hafleet-certs/n{i}.pem\n")).collect();
-        let names = format!("exact-aaa.map\n../hafleet-certs/a1.pem\n{names}");
-        // Written while the answer is read, as the applier does: the answer is 300 KB.
-        let feed = std::thread::spawn(move || {
-            use std::io::Write as _;
-            let mut ours = ours;
-            ours.write_all(names.as_bytes())?;
-            ours.shutdown(std::net::Shutdown::Write)
-        });
-        let asked = String::from_utf8(asked.wait_with_output().unwrap().stdout).unwrap();
-        feed.join().unwrap().unwrap();
-        let missing: Vec<&str> = asked.lines().skip(2).collect();
-        assert_eq!(missing.len(), 10_000, "only the files the host lacks");
-        assert_eq!(missing[0], "../hafleet-certs/n0.pem");
-        let refresh = std::process::Command::new("sh")
-            .args(["-c", scripts::REFRESH, "hafleet"])
-            .arg(&live)
-            .arg(dir.path().join("no-such.sock"))
-            .output()
-            .unwrap();
-        let refresh = String::from_utf8(refresh.stdout).unwrap();
-        assert!(refresh.starts_with(&format!("{sha}\n{sha}\n--\n")), "{refresh}");
-        std::fs::write(&live, "x map_str(hafleet-maps/exact-ccc.map)\n").unwrap();
-        let edited = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
-        assert_eq!(live_state(), format!("{edited}\n{sha}\n"), "same size, new mtime");
     }
 
     #[test]

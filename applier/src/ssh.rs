@@ -2,6 +2,7 @@
 //! per host). Host keys are checked strictly against a known_hosts file the operator provides:
 //! an unknown or changed key refuses the connection; nothing is ever added on the fly.
 
+use crate::host::scripts::Script;
 use crate::inventory::Host;
 use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
 use std::collections::HashMap;
@@ -130,13 +131,13 @@ impl HostConn {
         Ok(HostConn { session, command_timeout: settings.command_timeout })
     }
 
-    /// Runs `script` with `sh -c` on the host, `args` as `$1`, `$2`, …; each argument is
-    /// quoted for the remote shell by `openssh`. `stdin` is written and closed if given. A
+    /// Runs `script` (its [`Script::text`]) with `sh -c` on the host, `args` as `$1`, `$2`,
+    /// …; each argument is quoted for the remote shell by `openssh`. `stdin` is written and closed if given. A
     /// command that has not finished within the command timeout fails (its remote process is
     /// left to the connection's end).
     pub async fn run(
         &self,
-        script: &str,
+        script: &Script,
         args: &[&str],
         stdin: Option<&[u8]>,
     ) -> Result<RemoteOutput, openssh::Error> {
@@ -156,13 +157,13 @@ impl HostConn {
 
     async fn run_unbounded(
         &self,
-        script: &str,
+        script: &Script,
         args: &[&str],
         stdin: Option<&[u8]>,
     ) -> Result<RemoteOutput, openssh::Error> {
         let started = std::time::Instant::now();
         let mut cmd = self.session.command("sh");
-        cmd.arg("-c").arg(script).arg("hafleet").args(args);
+        cmd.arg("-c").arg(script.text()).arg("hafleet").args(args);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().await?;
@@ -176,7 +177,7 @@ impl HostConn {
         }
         tracing::debug!(
             ms = started.elapsed().as_secs_f64() * 1000.0,
-            script = script.get(..48).unwrap_or(script),
+            script = script.name,
             "remote command"
         );
         Ok(RemoteOutput {
@@ -229,7 +230,7 @@ impl ConnPool {
     pub async fn take_running(
         &self,
         host: &Host,
-        script: &str,
+        script: &Script,
         args: &[&str],
         stdin: Option<&[u8]>,
     ) -> Result<(HostConn, u64, Result<RemoteOutput, openssh::Error>), openssh::Error> {
@@ -290,7 +291,7 @@ impl ConnPool {
 
 /// Writes `bytes` to `stdin` and closes it while `done` (the command's end, its output read)
 /// runs, and gives how the writing went with `done`'s result. Fed while the output is read: a
-/// script that answers as it reads (LIVE_STATE's names) would otherwise fill its stdout while
+/// script that answers as it reads (live_state.sh's names) would otherwise fill its stdout while
 /// this side still writes its stdin. Once the command has ended, the writing is not waited
 /// for: a write still blocked then never ends if something else keeps the pipe open (an ssh
 /// master, say), so it counts as input the command did not read.

@@ -816,6 +816,7 @@ fn parses_as_prometheus_text(text: &str) -> Result<()> {
 /// `--remote-timeout-secs`, naming the timeout, instead of stalling the rollout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
+    use hafleet_applier::host::scripts::{NOOP, Script};
     use hafleet_applier::ssh::{HostConn, SshSettings};
     let world = World::start().await?;
     let h = &world.stack.hosts[0];
@@ -839,9 +840,10 @@ async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
         probes: vec![],
     };
     let conn = HostConn::connect(&host, &settings).await?;
-    assert!(conn.run("true", &[], None).await?.success, "the host answers");
+    assert!(conn.run(&NOOP, &[], None).await?.success, "the host answers");
     let started = std::time::Instant::now();
-    let err = conn.run("sleep 30", &[], None).await.expect_err("a hung command must fail");
+    let hang = Script::new("hang", "sleep 30");
+    let err = conn.run(&hang, &[], None).await.expect_err("a hung command must fail");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     let said = format!("{err:?}");
     assert!(said.contains("remote command did not finish within 1 s"), "{said}");
