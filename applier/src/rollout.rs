@@ -490,7 +490,7 @@ async fn reload_only(
     info!("live file is this version but HAProxy never loaded it; reloading");
     effort.reloads += 1;
     let mark = mark_with_reload(host, version);
-    let ask = ReloadAsk { swap: None, mark, stat: None };
+    let ask = ReloadAsk { swap: None, mark, stat: None, version: Some(version.version) };
     let (after, marked) = match reload(conn, host, settings, ask).await {
         Ok(done) => done,
         Err(failure) if failure.changed_nothing() => {
@@ -507,7 +507,8 @@ async fn reload_only(
     };
     probed(conn, host, settings, effort).await?;
     if !marked {
-        mark_loaded(conn, host, &version.sha256, Some(after.reloads), None).await?;
+        let done = (version.sha256.as_str(), Some(version.version));
+        mark_loaded(conn, host, done, Some(after.reloads), None).await?;
     }
     Ok(ApplyOutcome::Applied)
 }
@@ -582,7 +583,8 @@ async fn go_live(
     if live_without_reload {
         probed(conn, host, settings, effort).await?;
         let stat = stat.as_deref();
-        mark_loaded(conn, host, &version.sha256, Some(before.reloads), stat).await?;
+        let done = (version.sha256.as_str(), Some(version.version));
+        mark_loaded(conn, host, done, Some(before.reloads), stat).await?;
         return Ok(ApplyOutcome::Applied);
     }
 
@@ -591,13 +593,15 @@ async fn go_live(
         swap: swap_with_reload.then_some((token, prepared_state)),
         mark: mark_with_reload(host, version),
         stat: stat.as_deref(),
+        version: Some(version.version),
     };
     match reload(conn, host, settings, ask).await {
         Ok((after, marked)) => {
             probed(conn, host, settings, effort).await?;
             if !marked {
                 let stat = stat.as_deref();
-                mark_loaded(conn, host, &version.sha256, Some(after.reloads), stat).await?;
+                let done = (version.sha256.as_str(), Some(version.version));
+                mark_loaded(conn, host, done, Some(after.reloads), stat).await?;
             }
             Ok(ApplyOutcome::Applied)
         }
@@ -1284,12 +1288,21 @@ fn outcome_of(
 async fn mark_loaded(
     conn: &HostConn,
     host: &Host,
-    expected_sha: &str,
+    (expected_sha, version): (&str, Option<u64>),
     reloads: Option<u64>,
     upload_stat: Option<&str>,
 ) -> Result<(), Failure> {
     let reloads = reloads.map(|r| r.to_string()).unwrap_or_default();
-    let args = [host.config_path.as_str(), expected_sha, &reloads, upload_stat.unwrap_or_default()];
+    // The running worker is told the version it serves (access logs name it).
+    let version = version.map(|v| v.to_string()).unwrap_or_default();
+    let args = [
+        host.config_path.as_str(),
+        expected_sha,
+        &reloads,
+        upload_stat.unwrap_or_default(),
+        &host.master_socket,
+        &version,
+    ];
     remote(conn, ApplyStage::Verify, &scripts::MARK_LOADED, &args, None).await?;
     Ok(())
 }
@@ -1387,6 +1400,8 @@ struct ReloadAsk<'a> {
     mark: Option<&'a str>,
     /// The swapped-in upload's stat, for the mark (see [`Uploaded::stat`]).
     stat: Option<&'a str>,
+    /// The version the new worker is told it serves, once the reload is ours.
+    version: Option<u64>,
 }
 
 /// The sha256 a reload of `version` on `host` may mark loaded in its own round trip: only
@@ -1422,12 +1437,13 @@ async fn reload_once(
     let mark = ask.mark.unwrap_or_default();
     let stat = ask.stat.unwrap_or_default();
     let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat, &first];
+    let version = ask.version.map(|v| v.to_string()).unwrap_or_default();
     let live = host.config_path.as_str();
     let out = match ask.swap {
         Some((token, prepared)) => {
             let mut args = vec![live, token];
             args.extend(wait);
-            args.extend([prepared.live.as_str(), prepared.loaded.as_str()]);
+            args.extend([prepared.live.as_str(), prepared.loaded.as_str(), &version]);
             // Exits Stale, NoProc and Swap say nothing was done; anything else comes after
             // the swap.
             remote(conn, ApplyStage::Verify, &scripts::SWAP_RELOAD, &args, None).await?
@@ -1435,6 +1451,7 @@ async fn reload_once(
         None => {
             let mut args = vec![live];
             args.extend(wait);
+            args.push(&version);
             remote(conn, ApplyStage::Verify, &scripts::RELOAD_WAIT, &args, None).await?
         }
     };
@@ -1499,9 +1516,11 @@ async fn restore(conn: &HostConn, host: &Host, settings: &RolloutSettings) -> bo
     {
         return false;
     }
-    let ask = ReloadAsk { swap: None, mark: None, stat: None };
+    let ask = ReloadAsk { swap: None, mark: None, stat: None, version: None };
     let restored = match reload(conn, host, settings, ask).await {
-        Ok((after, _)) => mark_loaded(conn, host, "", Some(after.reloads), None).await.is_ok(),
+        Ok((after, _)) => {
+            mark_loaded(conn, host, ("", None), Some(after.reloads), None).await.is_ok()
+        }
         Err(_) => false,
     };
     info!(restored, "last-known-good restored");

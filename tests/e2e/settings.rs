@@ -123,6 +123,10 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
     }
     let version = stack.latest_version().await?.context("a version")?.version;
+    // Live is more than the file: each host reports the version once HAProxy runs it.
+    for h in &stack.hosts {
+        world.report(h.name(), version).await?;
+    }
 
     // PROXY protocol: the load balancer's client is the one the backend learns of; a client
     // that does not speak it is refused.
@@ -144,14 +148,16 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         assert_eq!(status, 200, "{}: {body}", h.name());
         assert!(body.contains("haproxy_process_"), "{}: {body}", h.name());
     }
-    // The access log: one line a request, naming the fleet, the host, the backend and the
-    // request.
+    // The access log: one line a request, naming the fleet, the version the host serves, the
+    // host, the backend and the request.
     for h in &stack.hosts {
         let log = std::fs::read_to_string(h.haproxy_log())?;
         let line = log
             .lines()
-            .find(|l| l.starts_with("edge ") && l.contains("echo.example.com"))
-            .with_context(|| format!("{}: no access log line in:\n{log}", h.name()))?;
+            .find(|l| l.starts_with(&format!("edge v{version} ")) && l.contains("echo.example.com"))
+            .with_context(|| {
+                format!("{}: no access log line in:\n{log}\n{}", h.name(), stack.logs())
+            })?;
         assert!(line.contains("be_default_echo_80/") && line.contains(" 200 "), "{line}");
         assert!(line.contains("\"GET / HTTP/1.1\""), "{line}");
     }

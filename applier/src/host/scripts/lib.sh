@@ -328,11 +328,27 @@ reload_and_wait() {
   echo "hafleet-looks $rw_n"
   case $rw_st in
     "done "*)
+      tell_version "$2" "$8"
       if [ -n "$5" ] && (mark_loaded "$1" "$5" "${rw_st#done }" "$6") >/dev/null 2>&1; then
         echo hafleet-marked-loaded
       fi
       ;;
   esac
+}
+
+# tell_version SOCKET VERSION: tells the master's current worker (the one that has seen no
+# reload; old workers finishing their connections keep what they were told) which version it
+# serves, as `proc.hafleet_version` (access logs print it). Best effort: a master that
+# refuses (an HAProxy without `set var` on its CLI) changes nothing else. VERSION is digits
+# only.
+tell_version() {
+  [ -n "$1" ] && [ -n "$2" ] || return 0
+  tv_pid=$(printf '%s\n' "show proc" | socat -t 2 stdio "unix-connect:$1" 2>/dev/null |
+    awk '$2 == "worker" && $3 == "0" { print $1; exit }')
+  [ -n "$tv_pid" ] || return 0
+  printf 'experimental-mode on; @!%s set var proc.hafleet_version str(%s)\n' "$tv_pid" "$2" |
+    socat -t 2 stdio "unix-connect:$1" >/dev/null 2>&1 || true
+  return 0
 }
 
 # mark_loaded LIVE SHA256 RELOADS UPSTAT: records the live file's sha256 (and RELOADS, the

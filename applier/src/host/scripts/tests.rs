@@ -676,7 +676,8 @@ fn new_files_and_their_folder_are_synced_around_each_rename_once_per_batch_in(sh
 
 /// A stand-in for `socat` on a master CLI: `show proc` answers `proc.before` until a reload,
 /// `proc.after` from then on; `reload` answers `reload.answer` if there is one (HAProxy 3.1),
-/// and does not reload while `busy` exists. Reads its state from $FAKE_MASTER.
+/// and does not reload while `busy` exists; what it is told of the version goes to `told`.
+/// Reads its state from $FAKE_MASTER.
 const FAKE_SOCAT: &str = r#"read -r cmd
 case $cmd in
   reload)
@@ -685,6 +686,9 @@ case $cmd in
     ;;
   "show proc")
     if [ -f "$FAKE_MASTER/reloaded" ]; then cat "$FAKE_MASTER/proc.after"; else cat "$FAKE_MASTER/proc.before"; fi
+    ;;
+  "experimental-mode on; @!"*" set var proc.hafleet_version str("*")")
+    printf '%s\n' "$cmd" >> "$FAKE_MASTER/told"
     ;;
   *) exit 1 ;;
 esac"#;
@@ -736,7 +740,7 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
             write("busy", "");
         }
         let _ = std::fs::remove_file(format!("{live}.hafleet-loaded"));
-        let args = [live, "/fake.sock", "150", "5", &sha, "", first];
+        let args = [live, "/fake.sock", "150", "5", &sha, "", first, "42"];
         let started = std::time::Instant::now();
         let out =
             fed(fake.command(shell, &RELOAD_WAIT).env("FAKE_MASTER", &master).args(args), b"");
@@ -754,6 +758,9 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
     assert_eq!((silent.looks, silent.marked), (Some(0), true));
     let marker = std::fs::read_to_string(format!("{live}.hafleet-loaded")).unwrap();
     assert!(marker.starts_with(&format!("{sha}\nreloads 1\nstat ")), "{marker}");
+    let told = std::fs::read_to_string(master.join("told")).unwrap_or_default();
+    // The new worker (200), not the old one still finishing its connections (100).
+    assert_eq!(told, "experimental-mode on; @!200 set var proc.hafleet_version str(42)\n");
 
     let logs = "[NOTICE]   (20559) : haproxy version is 3.1.2-1\n";
     let (loaded, took) = reload(Some(&format!("Success=1\n--\n{logs}")), false, "5");
