@@ -50,6 +50,13 @@ fn render_fixture_with(name: &str, renderer: Renderer) -> Bundle {
 }
 
 fn render_fixture_from(path: &Path, renderer: Renderer) -> Bundle {
+    let (nodes, ingresses) = read_fixture(path);
+    let fleet = FleetName::new("edge").unwrap();
+    renderer.render(&model::build_with(&fleet, &ingresses, &nodes, renderer.options())).unwrap()
+}
+
+/// A fixture file's nodes and Ingresses.
+fn read_fixture(path: &Path) -> (Vec<NodeAddr>, BTreeMap<IngressKey, IngressEntry>) {
     let (nodes, fixtures) =
         match serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap() {
             FixtureFile::WithNodes { nodes, ingresses } => (nodes, ingresses),
@@ -71,8 +78,7 @@ fn render_fixture_from(path: &Path, renderer: Renderer) -> Bundle {
             )
         })
         .collect();
-    let fleet = FleetName::new("edge").unwrap();
-    renderer.render(&model::build_with(&fleet, &ingresses, &nodes, renderer.options())).unwrap()
+    (nodes, ingresses)
 }
 
 /// The bundle as one text for a snapshot: the config, then each map file.
@@ -460,26 +466,8 @@ fn every_setting() -> hafleet_proto::FleetSettings {
 fn shop_fleet_with_every_setting() {
     let renderer = render_settings_off();
     let fleet = FleetName::new("edge").unwrap();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json");
-    let FixtureFile::WithNodes { nodes, ingresses } =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    else {
-        panic!("shop.json has nodes")
-    };
-    let ingresses: BTreeMap<IngressKey, IngressEntry> = ingresses
-        .into_iter()
-        .map(|f| {
-            let entry = IngressEntry {
-                created_unix: f.created_unix,
-                resource_version: "1".into(),
-                routes: f.routes,
-                seq: 0,
-                tls: Vec::new(),
-                quarantined: None,
-            };
-            (IngressKey::new(&f.namespace, &f.name).unwrap(), entry)
-        })
-        .collect();
+    let (nodes, ingresses) =
+        read_fixture(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json"));
     let nodes = [(None, nodes)].into();
     let with = |settings: &hafleet_proto::FleetSettings| {
         let fleetwide = Fleetwide { default_cert: None, settings: Some(settings) };

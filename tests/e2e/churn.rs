@@ -6,6 +6,7 @@
 use crate::refusals::warning_event_in;
 use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::{Context as _, Result};
+use hafleet_tests::fixtures::IngressBuilder;
 use hafleet_tests::stack::Component;
 use hafleet_tests::{HttpBackend, eventually};
 use k8s_openapi::api::core::v1::Node;
@@ -21,18 +22,11 @@ const INTERVAL: Duration = Duration::from_secs(60 / PER_MINUTE as u64);
 const BURST: u32 = 1;
 
 fn ingress(name: &str, host: &str, service: &str, balance: &str) -> Ingress {
-    serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": name, "annotations": {
-            "hafleet.io/fleet": "edge", "hafleet.io/balance": balance,
-        }},
-        "spec": {"rules": [{"host": host, "http": {"paths": [{
-            "path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": service, "port": {"number": 80}}}
-        }]}}]}
-    }))
-    .unwrap()
+    IngressBuilder::new(name)
+        .fleet("edge")
+        .annotate("balance", balance)
+        .route(host, "/", service)
+        .build()
 }
 
 /// Each host's reloads so far.

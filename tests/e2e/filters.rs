@@ -4,6 +4,7 @@
 use crate::settings::{head_echo, raw_get_path};
 use crate::{World, expect_everywhere};
 use anyhow::Result;
+use hafleet_tests::fixtures::IngressBuilder;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -18,20 +19,8 @@ fn annotated(
     service: &str,
     annotations: &[(&str, &str)],
 ) -> Ingress {
-    let mut a = serde_json::json!({"hafleet.io/fleet": "edge"});
-    for (k, v) in annotations {
-        a[format!("hafleet.io/{k}")] = (*v).into();
-    }
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": name, "annotations": a},
-        "spec": {"rules": [{"host": host, "http": {"paths": [{
-            "path": path, "pathType": "Prefix",
-            "backend": {"service": {"name": service, "port": {"number": 80}}}
-        }]}}]}
-    }))
-    .expect("an Ingress")
+    let b = IngressBuilder::new(name).fleet("edge").annotations(annotations);
+    b.route(host, path, service).build()
 }
 
 /// Each filter annotation changes what a request gets, on every host: the backend sees the

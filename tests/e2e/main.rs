@@ -32,11 +32,12 @@ mod tls;
 mod traffic;
 
 use anyhow::Result;
+use hafleet_tests::assert::{on_every_host, on_hosts};
+use hafleet_tests::fixtures::IngressBuilder;
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::{HaproxyHost, HttpBackend, eventually, http_get, random_loopback_ip};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, PostParams};
-use serde_json::json;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -44,18 +45,14 @@ use std::time::Duration;
 /// the first rollout also warms up SSH.
 pub const CONVERGE: Duration = Duration::from_secs(60);
 
+/// An Ingress on `fleet` (none: not hafleet's) routing `host` and `path` (Prefix) to port 80 of
+/// `service`: the most common one; [`IngressBuilder`] builds any other.
 pub fn ingress(name: &str, fleet: Option<&str>, host: &str, path: &str, service: &str) -> Ingress {
-    let annotations = fleet.map(|f| json!({"hafleet.io/fleet": f})).unwrap_or(json!({}));
-    serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"rules": [{"host": host, "http": {"paths": [{
-            "path": path, "pathType": "Prefix",
-            "backend": {"service": {"name": service, "port": {"number": 80}}}
-        }]}}]}
-    }))
-    .unwrap()
+    let b = IngressBuilder::new(name).route(host, path, service);
+    match fleet {
+        Some(f) => b.fleet(f).build(),
+        None => b.build(),
+    }
 }
 
 /// Two Ready nodes and one NodePort Service with a backend on each node at its NodePort (what
@@ -85,16 +82,13 @@ pub async fn metrics(stack: &Stack, c: Component) -> Result<String> {
 /// `node`.
 pub async fn node_listed_everywhere(stack: &Stack, node: &str, want: bool) -> Result<()> {
     let line = format!("server {node} ");
-    for h in &stack.hosts {
-        let what = format!("{}: {line}listed = {want}", h.name());
-        let line = &line;
-        eventually(CONVERGE, &what, || async move {
-            let listed = h.live_config().contains(line.as_str());
-            anyhow::ensure!(listed == want, "listed = {listed}");
-            Ok(())
-        })
-        .await?;
-    }
+    let line = &line;
+    on_every_host(stack, CONVERGE, &format!("{line}listed = {want}"), |h| async move {
+        let listed = h.live_config().contains(line.as_str());
+        anyhow::ensure!(listed == want, "listed = {listed}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -119,17 +113,13 @@ pub async fn expect_on(
     status: u16,
     body_prefix: &str,
 ) -> Result<()> {
-    for h in hosts {
-        let what = format!("{} {host}{path} -> {status} {body_prefix:?}", h.name());
-        let addr = h.http_addr();
-        eventually(CONVERGE, &what, || async move {
-            let (got, body) = http_get(addr, host, path).await?;
-            anyhow::ensure!(got == status && body.starts_with(body_prefix), "got {got} {body:?}");
-            Ok(())
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
-    }
+    let what = format!("{host}{path} -> {status} {body_prefix:?}");
+    on_hosts(stack, hosts, CONVERGE, &what, |h| async move {
+        let (got, body) = http_get(h.http_addr(), host, path).await?;
+        anyhow::ensure!(got == status && body.starts_with(body_prefix), "got {got} {body:?}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 

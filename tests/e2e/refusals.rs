@@ -6,6 +6,7 @@ use crate::{CONVERGE, World, expect_everywhere, expect_on, render_with};
 use anyhow::{Context as _, Result};
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use hafleet_tests::eventually;
+use hafleet_tests::fixtures::IngressBuilder;
 use hafleet_tests::stack::Component;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -172,20 +173,9 @@ async fn hosts_belong_to_the_oldest_ingress_s_namespace_and_losers_are_told() ->
 async fn an_ingress_over_the_size_budget_is_refused_alone() -> Result<()> {
     let mut world = World::start().await?;
     world.stack.restart_with(Component::Watcher, &[("HAFLEET_MAX_PATHS_PER_INGRESS", "3")])?;
-    let paths = |n: usize| -> Vec<serde_json::Value> {
-        (0..n)
-            .map(|i| {
-                serde_json::json!({"path": format!("/p{i}"), "pathType": "Prefix",
-                    "backend": {"service": {"name": "web", "port": {"number": 80}}}})
-            })
-            .collect()
-    };
     let ingress = |name: &str, host: &str, n: usize| -> Result<Ingress> {
-        Ok(serde_json::from_value(serde_json::json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
-            "spec": {"rules": [{"host": host, "http": {"paths": paths(n)}}]}
-        }))?)
+        let b = IngressBuilder::new(name).fleet("edge");
+        Ok((0..n).fold(b, |b, i| b.route(host, &format!("/p{i}"), "web")).build())
     };
     let post = kube::api::PostParams::default();
     world.ingresses.create(&post, &ingress("big", "big.example.com", 4)?).await?;

@@ -5,7 +5,7 @@ use crate::history::ok;
 use crate::refusals::warning_event_in;
 use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::{Context as _, Result};
-use hafleet_tests::eventually;
+use hafleet_tests::assert::on_every_host;
 use hafleet_tests::stack::Component;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -113,15 +113,12 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
     }))?;
     maps.create(&PostParams::default(), &settings).await?;
     let stack = &world.stack;
-    for h in &stack.hosts {
-        eventually(CONVERGE, &format!("{} runs the settings", h.name()), || async move {
-            let live = h.live_config();
-            anyhow::ensure!(live.contains("accept-proxy") && live.contains("timeout tunnel 2h"));
-            Ok(())
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
-    }
+    on_every_host(stack, CONVERGE, "runs the settings", |h| async move {
+        let live = h.live_config();
+        anyhow::ensure!(live.contains("accept-proxy") && live.contains("timeout tunnel 2h"));
+        Ok(())
+    })
+    .await?;
     let version = stack.latest_version().await?.context("a version")?.version;
     // Live is more than the file: each host reports the version once HAProxy runs it.
     for h in &stack.hosts {

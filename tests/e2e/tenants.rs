@@ -5,30 +5,14 @@
 use crate::refusals::warning_event_in;
 use crate::{World, expect_everywhere, ingress};
 use anyhow::Result;
+use hafleet_tests::fixtures::IngressBuilder;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// An Ingress of namespace `ns` named `name` with `rules` (Ingress rules as JSON) and
-/// `annotations` besides the fleet's.
-fn ingress_with(name: &str, rules: serde_json::Value, annotations: &[(&str, &str)]) -> Ingress {
-    let mut a = serde_json::Map::new();
-    a.insert("hafleet.io/fleet".into(), "edge".into());
-    for (k, v) in annotations {
-        a.insert((*k).into(), (*v).into());
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": name, "annotations": a},
-        "spec": {"rules": rules}
-    }))
-    .unwrap()
-}
-
-fn prefix(path: &str, service: &str) -> serde_json::Value {
-    json!({"path": path, "pathType": "Prefix",
-           "backend": {"service": {"name": service, "port": {"number": 80}}}})
+/// An Ingress named `name` on fleet `edge`.
+fn edge(name: &str) -> IngressBuilder {
+    IngressBuilder::new(name).fleet("edge")
 }
 
 /// Namespace `default` routes `*.example.com` and every host (a host-less rule); `team-b` owns
@@ -39,28 +23,16 @@ fn prefix(path: &str, service: &str) -> serde_json::Value {
 async fn an_owned_host_is_answered_by_its_owner_s_rules_only() -> Result<()> {
     let world = World::start().await?;
     let stack = &world.stack;
-    let catch = ingress_with(
-        "catch",
-        json!([
-            {"host": "*.example.com", "http": {"paths": [prefix("/", "api")]}},
-            {"http": {"paths": [prefix("/", "web")]}},
-        ]),
-        &[],
-    );
+    let catch = edge("catch").route("*.example.com", "/", "api").path(None, "/", "Prefix", "web");
+    let catch = catch.build();
     world.ingresses.create(&PostParams::default(), &catch).await?;
     expect_everywhere(stack, "shop.example.com", "/login", 200, "api@").await?;
 
     stack.kube.ensure_namespace("team-b").await?;
     let team_b: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "team-b");
     // Its Service does not exist: its routes answer 503, which nothing else here does.
-    let shop = ingress_with(
-        "shop",
-        json!([
-            {"host": "shop.example.com", "http": {"paths": [prefix("/api", "missing")]}},
-            {"host": "*.b.test", "http": {"paths": [prefix("/only", "missing")]}},
-        ]),
-        &[],
-    );
+    let shop = edge("shop").route("shop.example.com", "/api", "missing");
+    let shop = shop.route("*.b.test", "/only", "missing").build();
     team_b.create(&PostParams::default(), &shop).await?;
     expect_everywhere(stack, "shop.example.com", "/api/x", 503, "").await?;
     for (host, path, status, body) in [
@@ -126,11 +98,8 @@ async fn long_lists_and_long_names_cannot_freeze_the_fleet() -> Result<()> {
     // 255 networks this test does not come from, then its own.
     let mut nets: Vec<String> = (0..255).map(|i| format!("10.{i}.0.0/16")).collect();
     nets.push("127.0.0.0/8".into());
-    let wide = ingress_with(
-        "wide",
-        json!([{"host": "wide.example.com", "http": {"paths": [prefix("/", "web")]}}]),
-        &[("hafleet.io/allow-source", &nets.join(","))],
-    );
+    let wide = edge("wide").annotate("allow-source", &nets.join(","));
+    let wide = wide.route("wide.example.com", "/", "web").build();
     world.ingresses.create(&PostParams::default(), &wide).await?;
     expect_everywhere(stack, "wide.example.com", "/", 200, "web@").await?;
     for h in &stack.hosts {
@@ -141,11 +110,8 @@ async fn long_lists_and_long_names_cannot_freeze_the_fleet() -> Result<()> {
     let mut more: Vec<String> =
         (0..300).map(|i| format!("10.{}.{}.0/24", i / 256, i % 256)).collect();
     more.push("127.0.0.0/8".into());
-    let too_wide = ingress_with(
-        "too-wide",
-        json!([{"host": "too-wide.example.com", "http": {"paths": [prefix("/", "web")]}}]),
-        &[("hafleet.io/allow-source", &more.join(","))],
-    );
+    let too_wide = edge("too-wide").annotate("allow-source", &more.join(","));
+    let too_wide = too_wide.route("too-wide.example.com", "/", "web").build();
     world.ingresses.create(&PostParams::default(), &too_wide).await?;
     let event = warning_event_in(stack, "default", "too-wide", "InvalidIngress").await?;
     let note = event.note.unwrap_or_default();
@@ -183,7 +149,7 @@ async fn the_admin_s_tenancy_policy_says_who_may_claim_what() -> Result<()> {
     use k8s_openapi::api::core::v1::ConfigMap;
     let mut world = World::start().await?;
     // Before any policy: a host-less rule catches any host.
-    let any = ingress_with("any", json!([{"http": {"paths": [prefix("/", "web")]}}]), &[]);
+    let any = edge("any").path(None, "/", "Prefix", "web").build();
     world.ingresses.create(&PostParams::default(), &any).await?;
     world.route("mine", "a.example.com", "/", "api").await?;
     expect_everywhere(&world.stack, "unknown.test", "/", 200, "web@").await?;
@@ -217,19 +183,13 @@ async fn the_admin_s_tenancy_policy_says_who_may_claim_what() -> Result<()> {
     stack.kube.ensure_namespace("team-b").await?;
     stack.kube.ensure_namespace("team-c").await?;
     let ns = |n: &str| Api::<Ingress>::namespaced(client.clone(), n);
-    let rule = |host: &str| json!([{"host": host, "http": {"paths": [prefix("/", "missing")]}}]);
-    ns("team-b")
-        .create(&PostParams::default(), &ingress_with("shop", rule("shop.team-b.test"), &[]))
-        .await?;
-    let mut core = ingress_with("core", rule("core.team-b.test"), &[]);
-    core.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("hafleet.io/fleet".into(), "core".into());
-    ns("team-b").create(&PostParams::default(), &core).await?;
-    ns("team-c")
-        .create(&PostParams::default(), &ingress_with("c", rule("c.example.com"), &[]))
-        .await?;
+    let to_missing = |fleet: &str, name: &str, host: &str| {
+        IngressBuilder::new(name).fleet(fleet).route(host, "/", "missing").build()
+    };
+    let post = PostParams::default();
+    ns("team-b").create(&post, &to_missing("edge", "shop", "shop.team-b.test")).await?;
+    ns("team-b").create(&post, &to_missing("core", "core", "core.team-b.test")).await?;
+    ns("team-c").create(&post, &to_missing("edge", "c", "c.example.com")).await?;
     expect_everywhere(stack, "shop.team-b.test", "/", 503, "").await?;
     for (namespace, name, says) in [
         ("team-b", "core", "does not let namespace team-b use fleet core"),
@@ -282,13 +242,9 @@ async fn an_ingress_whose_lines_haproxy_refuses_is_quarantined_and_the_fleet_mov
     let mut world = World::start().await?;
     world.route("good", "good.example.com", "/", "web").await?;
     // Any host no rule names: what a quarantined Ingress's host must not fall through to.
-    let any = ingress_with("any", json!([{"http": {"paths": [prefix("/", "web")]}}]), &[]);
+    let any = edge("any").path(None, "/", "Prefix", "web").build();
     world.ingresses.create(&PostParams::default(), &any).await?;
-    let mut bad = ingress("bad", Some("edge"), "bad.example.com", "/", "api");
-    bad.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("hafleet.io/max-conn".into(), "77".into());
+    let bad = edge("bad").annotate("max-conn", "77").route("bad.example.com", "/", "api").build();
     world.ingresses.create(&PostParams::default(), &bad).await?;
     expect_everywhere(&world.stack, "bad.example.com", "/", 200, "api@").await?;
     let before = world.stack.latest_version().await?.map(|v| v.version).unwrap_or(0);

@@ -8,6 +8,7 @@ use anyhow::{Context as _, Result};
 use hafleet_applier::tls::FleetIdentity;
 use hafleet_proto::{RouteChange, RouteMessage};
 use hafleet_tests::eventually;
+use hafleet_tests::fixtures::IngressBuilder;
 use hafleet_tests::stack::{Component, kubectl_apply, workspace_file};
 use hafleet_tests::tls::{
     fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret, write_identity,
@@ -20,15 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn tls_ingress(name: &str, host: &str, secret: &str) -> Result<Ingress> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
-        "spec": {
-            "tls": [{"hosts": [host], "secretName": secret}],
-            "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]
-        }
-    }))?)
+    Ok(IngressBuilder::new(name).fleet("edge").route(host, "/", "web").tls(&[host], secret).build())
 }
 
 /// The base64 body lines of a PEM key: what would show if the key travelled in clear.

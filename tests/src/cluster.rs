@@ -94,14 +94,8 @@ pub async fn create_ingresses(
     let api = &api;
     let created = futures::stream::iter(ingresses)
         .map(|(name, host, service)| async move {
-            let ingress = serde_json::from_value(serde_json::json!({
-                "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                "metadata": {"name": name, "annotations": {"hafleet.io/fleet": fleet}},
-                "spec": {"rules": [{"host": host, "http": {"paths": [{
-                    "path": "/", "pathType": "Prefix",
-                    "backend": {"service": {"name": service, "port": {"number": 80}}}
-                }]}}]}
-            }))?;
+            let ingress = crate::fixtures::IngressBuilder::new(&name).fleet(fleet);
+            let ingress = ingress.route(&host, "/", &service).build();
             api.create(&kube::api::PostParams::default(), &ingress).await?;
             anyhow::Ok(())
         })

@@ -5,8 +5,10 @@
 //! Set `HAFLEET_KEEP_TMP=1` to keep the temp dirs (configs, logs) of a failed test.
 
 pub mod ansible;
+pub mod assert;
 pub mod backend;
 pub mod cluster;
+pub mod fixtures;
 pub mod haproxy_host;
 pub mod http;
 pub mod kube_env;

@@ -221,15 +221,9 @@ impl Clone for TlsArgs {
 }
 
 fn tls_ingress(i: usize) -> Result<Ingress> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": format!("tls-{i}"), "annotations": {"hafleet.io/fleet": "edge"}},
-        "spec": {
-            "tls": [{"hosts": [name(i)], "secretName": format!("tls-{i}")}],
-            "rules": [{"host": name(i), "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]
-        }
-    }))?)
+    let (host, secret) = (name(i), format!("tls-{i}"));
+    let b = hafleet_tests::fixtures::IngressBuilder::new(&secret).fleet("edge");
+    Ok(b.route(&host, "/", "web").tls(&[&host], &secret).build())
 }
 
 /// Waits until every host has reported the newest version and its master answers.

@@ -96,13 +96,10 @@ fn ingress(name: &str, host: &str) -> Ingress {
 }
 
 fn ingress_to(name: &str, host: &str, service: &str) -> Ingress {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": name, "annotations": {"hafleet.io/fleet": "edge"}},
-        "spec": {"rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-            "backend": {"service": {"name": service, "port": {"number": 80}}}}]}}]}
-    }))
-    .expect("valid Ingress")
+    hafleet_tests::fixtures::IngressBuilder::new(name)
+        .fleet("edge")
+        .route(host, "/", service)
+        .build()
 }
 
 /// One kind of change measured one at a time.

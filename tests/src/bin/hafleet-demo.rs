@@ -6,6 +6,7 @@ use clap::Parser;
 use hafleet_tests::cluster::{
     create_ingresses, create_services, ready_nodes, service_with_backends,
 };
+use hafleet_tests::fixtures::IngressBuilder;
 use hafleet_tests::haproxy_host::host_haproxy;
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::tls::{
@@ -67,20 +68,11 @@ const DEFAULT_TLS: &str = "edge-default-tls";
 /// An Ingress on `fleet` routing `host`, every path, to Service `service` port 80; served over
 /// HTTPS with the certificate in Secret `tls` (if given), HTTP redirected there.
 fn ingress(name: &str, host: &str, service: &str, tls: Option<&str>) -> Ingress {
-    let mut spec = serde_json::json!({"rules": [{"host": host, "http": {"paths": [{
-        "path": "/", "pathType": "Prefix",
-        "backend": {"service": {"name": service, "port": {"number": 80}}}
-    }]}}]});
-    if let Some(secret) = tls {
-        spec["tls"] = serde_json::json!([{"hosts": [host], "secretName": secret}]);
+    let b = IngressBuilder::new(name).fleet(FLEET).route(host, "/", service);
+    match tls {
+        Some(secret) => b.tls(&[host], secret).build(),
+        None => b.build(),
     }
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {"name": name, "annotations": {"hafleet.io/fleet": FLEET}},
-        "spec": spec
-    }))
-    .expect("a valid Ingress")
 }
 
 #[tokio::main]
