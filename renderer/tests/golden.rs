@@ -2,7 +2,7 @@
 //! reviewed snapshot, and every snapshot passes `haproxy -c` with the real HAProxy.
 
 use hafleet_proto::{Bundle, FleetName, IngressKey, NodeAddr, Route};
-use hafleet_renderer::{
+use hafleet_renderer::core::{
     model,
     render::{Fleetwide, Renderer},
     state::IngressEntry,

@@ -4,13 +4,13 @@
 //! Decisions made here:
 //! - conflicts: the same host + path + match kind claimed by two Ingresses goes to the older
 //!   Ingress (creation time, then namespace/name); the other is named in `notes`;
-//! - order: none that matters. Rules go into map files looked up by key ([`crate::maps`]), which
+//! - order: none that matters. Rules go into map files looked up by key ([`crate::core::maps`]), which
 //!   decide Exact before Prefix and the longest prefix; the model lists rules in claim order;
 //! - backends: one per Service port, shared by every rule that points at it, with the NodePort
 //!   of the newest route event that carries it (an older Ingress's may be stale), on the nodes
 //!   of the newest nodes message (a bounded subset of them for `Cluster` Services).
 
-use crate::state::{IngressEntry, Nodes};
+use crate::core::state::{IngressEntry, Nodes};
 use hafleet_proto::{
     Backend, ClusterId, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
 };
@@ -37,21 +37,21 @@ pub struct RenderModel {
     /// gives it its own backend (applier/src/runtime.rs, `bridge`). Through the template's
     /// `backend` macro, after the other backends.
     pub spares: Vec<Arc<BackendModel>>,
-    /// Certificates and the files that serve them ([`crate::tls::files`]); the template sees
+    /// Certificates and the files that serve them ([`crate::core::certs::files`]); the template sees
     /// them through `maps`.
     #[serde(skip)]
-    pub tls: crate::tls::TlsFiles,
+    pub tls: crate::core::certs::TlsFiles,
     /// Hosts of quarantined Ingresses: in the hosts map without rules, so a request for one
     /// is a 404, never another namespace's wildcard or host-less rule.
     #[serde(skip)]
     pub held_hosts: Vec<String>,
-    /// The fleet's settings, defaults filled in ([`crate::settings`]).
-    pub settings: crate::settings::SettingsModel,
+    /// The fleet's settings, defaults filled in ([`crate::core::settings`]).
+    pub settings: crate::core::settings::SettingsModel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuleModel {
-    /// The key the maps store the rule under ([`crate::maps::key`]).
+    /// The key the maps store the rule under ([`crate::core::maps::key`]).
     pub key: String,
     /// `None`: any host.
     pub host: Option<String>,
@@ -87,7 +87,7 @@ pub struct BackendModel {
     /// Most connections per server.
     pub max_conn: Option<u32>,
     /// Deny, rate limit, redirect, headers, rewrite, tunnel timeout; `None`: none of them.
-    pub filters: Option<crate::filters::FiltersModel>,
+    pub filters: Option<crate::core::filters::FiltersModel>,
     /// `send-proxy` or `send-proxy-v2` on every server: the Service takes the PROXY protocol.
     pub send_proxy: Option<&'static str>,
 }
@@ -126,7 +126,7 @@ pub fn backend_of(route: &hafleet_proto::Route) -> String {
 fn backend_name_in_cluster(b: &Backend) -> String {
     let s = &b.service;
     // A backend only acts on `ssl-redirect: "true"`; "false" is about the Ingress's TLS hosts
-    // (crate::tls), so it must not make a backend of its own (nor rename one).
+    // (crate::core::certs), so it must not make a backend of its own (nor rename one).
     let mut options = std::borrow::Cow::Borrowed(&b.options);
     if options.ssl_redirect == Some(false) {
         options.to_mut().ssl_redirect = None;
@@ -424,7 +424,7 @@ fn backend_model(
         allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
         ssl_redirect: o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
-        filters: crate::filters::FiltersModel::of(o),
+        filters: crate::core::filters::FiltersModel::of(o),
         send_proxy: o.send_proxy.map(|p| p.server_keyword()),
         servers: servers
             .iter()
@@ -498,7 +498,7 @@ fn backend_models(
     // (a fresh renderer, or new nodes).
     let backends: Vec<(&str, &Backend)> =
         backends.into_iter().map(|(name, (_, backend))| (name, backend)).collect();
-    let Ok(all) = crate::par::reuse_or_build(
+    let Ok(all) = crate::core::par::reuse_or_build(
         &backends,
         |(_, backend)| memo.backends.remove_entry(*backend),
         |part| {
@@ -567,7 +567,7 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
                 ingress: ingress.clone(),
                 key: String::new(),
             };
-            rule.key = crate::maps::key(&rule);
+            rule.key = crate::core::maps::key(&rule);
             Arc::new(rule)
         })
         .collect()
@@ -610,7 +610,7 @@ pub fn build_memo(
     // Each Ingress's rules as built last time, unless its routes changed; the others built,
     // on every core if there are many (a fresh renderer).
     let mut old = std::mem::take(&mut memo.rules);
-    let Ok(all) = crate::par::reuse_or_build(
+    let Ok(all) = crate::core::par::reuse_or_build(
         &owners,
         |(key, entry)| old.remove_entry(*key).filter(|(_, kept)| kept.routes == entry.routes),
         |part| {

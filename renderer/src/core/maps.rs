@@ -17,7 +17,7 @@
 //! never contains a space (hosts and paths pass proto's allowlists), and host keys never start
 //! with `/`, so the host-less keys (which do) cannot be mistaken for them.
 
-use crate::model::RuleModel;
+use crate::core::model::RuleModel;
 use hafleet_proto::{MapFile, MapName};
 use serde::Serialize;
 
@@ -46,8 +46,8 @@ pub struct MapPaths {
 }
 
 impl Maps {
-    /// With the TLS files of `tls` ([`crate::tls::files`]).
-    pub fn add_tls(&mut self, tls: &crate::tls::TlsFiles) {
+    /// With the TLS files of `tls` ([`crate::core::certs::files`]).
+    pub fn add_tls(&mut self, tls: &crate::core::certs::TlsFiles) {
         for (file, path) in
             [(&tls.crt_list, &mut self.paths.crt_list), (&tls.redirect, &mut self.paths.redirect)]
         {

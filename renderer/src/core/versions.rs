@@ -1,7 +1,7 @@
 //! Whether a fleet's desired state makes a new config version. Pure: the clock is a parameter.
 
-use crate::render::{RenderError, Renderer};
-use crate::state::Desired;
+use crate::core::render::{RenderError, Renderer};
+use crate::core::state::Desired;
 use hafleet_proto::{Body, Cause, ConfigVersion, FleetName, SCHEMA_VERSION};
 
 /// The newest version a fleet has: its number and sha256.
@@ -24,7 +24,7 @@ pub fn next_version(
     causes: Vec<Cause>,
     now_unix_ms: u64,
 ) -> Result<Option<ConfigVersion>, RenderError> {
-    let fleetwide = crate::render::Fleetwide::of(desired, fleet);
+    let fleetwide = crate::core::render::Fleetwide::of(desired, fleet);
     let model = renderer.model(fleet, desired.ingresses(fleet), &desired.nodes, fleetwide);
     let bundle = renderer.render(&model)?;
     let sha256 = bundle.sha256();
@@ -74,7 +74,7 @@ fn version_notes(mut notes: Vec<String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::IngressEntry;
+    use crate::core::state::IngressEntry;
     use hafleet_proto::IngressKey;
 
     #[test]

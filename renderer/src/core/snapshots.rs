@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use hafleet_proto::{PartsError, RouteMessage};
 
-/// `msg` as [`crate::state::apply`] takes it: as it is, unless it is a snapshot in parts,
+/// `msg` as [`crate::core::state::apply`] takes it: as it is, unless it is a snapshot in parts,
 /// which is joined from the parts `read` returns by stream sequence (`None`: no longer in the
 /// stream). `Ok(Err(_))` when its parts do not make it whole: it must not be applied (a partial
 /// snapshot would sweep what its missing parts name). `Err` only when `read` fails.
@@ -109,7 +109,7 @@ mod tests {
     /// whole would: what replay and the run loop rebuild does not depend on how it was sent.
     #[tokio::test]
     async fn parts_then_the_joined_snapshot_sweep_as_the_whole_one() {
-        use crate::state::{Applied, Desired, SweepGuard, apply};
+        use crate::core::state::{Applied, Desired, SweepGuard, apply};
         let edge = FleetName::new("edge").unwrap();
         let mut before = Desired::new();
         let mut out = Applied::default();

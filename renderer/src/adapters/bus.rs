@@ -192,7 +192,7 @@ pub async fn list_checkpoints(
     let mut out = Vec::new();
     while let Some(info) = list.next().await {
         let info = info.context("cannot list checkpoints")?;
-        if let Some(seq) = crate::checkpoint::parse_object_name(&info.name) {
+        if let Some(seq) = crate::core::checkpoint::parse_object_name(&info.name) {
             out.push(seq);
         }
     }
@@ -203,10 +203,10 @@ pub async fn list_checkpoints(
 pub async fn get_checkpoint(
     store: &jetstream::object_store::ObjectStore,
     seq: u64,
-) -> anyhow::Result<crate::checkpoint::Checkpoint> {
+) -> anyhow::Result<crate::core::checkpoint::Checkpoint> {
     use anyhow::Context as _;
     use tokio::io::AsyncReadExt as _;
-    let name = crate::checkpoint::object_name(seq);
+    let name = crate::core::checkpoint::object_name(seq);
     let mut object =
         store.get(&name).await.with_context(|| format!("cannot read checkpoint {name}"))?;
     let mut bytes = Vec::new();
@@ -214,15 +214,16 @@ pub async fn get_checkpoint(
         .read_to_end(&mut bytes)
         .await
         .with_context(|| format!("cannot read checkpoint {name}"))?;
-    crate::checkpoint::Checkpoint::decode(&bytes).with_context(|| format!("checkpoint {name}"))
+    crate::core::checkpoint::Checkpoint::decode(&bytes)
+        .with_context(|| format!("checkpoint {name}"))
 }
 
 pub async fn put_checkpoint(
     store: &jetstream::object_store::ObjectStore,
-    checkpoint: &crate::checkpoint::Checkpoint,
+    checkpoint: &crate::core::checkpoint::Checkpoint,
 ) -> anyhow::Result<usize> {
     use anyhow::Context as _;
-    let name = crate::checkpoint::object_name(checkpoint.seq);
+    let name = crate::core::checkpoint::object_name(checkpoint.seq);
     let bytes = checkpoint.encode();
     store
         .put(name.as_str(), &mut bytes.as_slice())
@@ -236,6 +237,6 @@ pub async fn delete_checkpoint(
     seq: u64,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let name = crate::checkpoint::object_name(seq);
+    let name = crate::core::checkpoint::object_name(seq);
     store.delete(&name).await.with_context(|| format!("cannot delete checkpoint {name}"))
 }

@@ -3,10 +3,10 @@
 //! that point, once the stream has dropped its oldest messages). It needs neither the renderer's
 //! store nor the renderer: only NATS, read as the `hafleet-operator` user.
 
-use super::cli::{Common, diff, print_bundle};
-use crate::bus;
-use crate::checkpoint::{Base, base_for};
-use crate::state::{self, Applied, Desired};
+use super::history::{Common, diff, print_bundle};
+use crate::adapters::bus;
+use crate::core::checkpoint::{Base, base_for};
+use crate::core::state::{self, Applied, Desired};
 use anyhow::{Context as _, bail};
 use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use futures::StreamExt as _;
@@ -57,7 +57,7 @@ pub struct ReplayArgs {
     /// The renderer's own settings (template, servers per backend, node health): the result
     /// is byte for byte the version of that time only with the ones the renderer used then.
     #[command(flatten)]
-    pub render: crate::run::RenderArgs,
+    pub render: crate::app::run::RenderArgs,
 }
 
 /// How long to wait for the next stream message before calling the stream stuck.
@@ -102,7 +102,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
     };
     // As the renderer builds a version: its certificates and default certificate included.
-    let fleetwide = crate::render::Fleetwide::of(&desired, &common.fleet);
+    let fleetwide = crate::core::render::Fleetwide::of(&desired, &common.fleet);
     let model = renderer.model(&common.fleet, ingresses, &desired.nodes, fleetwide);
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
@@ -118,16 +118,16 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             "fleet": common.fleet, "until_seq": until, "from_seq": from, "events": events,
             "sha256": sha256, "bundle": bundle,
         });
-        super::cli::hide_sealed_keys(&mut out, "/bundle/certs");
+        super::history::hide_sealed_keys(&mut out, "/bundle/certs");
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else if args.diff {
-        let newest = super::cli::newest(&bus, common).await?;
-        let (_, v) = super::cli::version(&bus, common, newest).await?;
+        let newest = super::history::newest(&bus, common).await?;
+        let (_, v) = super::history::version(&bus, common, newest).await?;
         let text = diff(
             (&format!("v{newest}"), v.bundle().context("bundle missing")?),
             (&format!("seq-{until}"), &bundle),
         );
-        print!("{}", super::cli::colour(&text, std::io::stdout().is_terminal()));
+        print!("{}", super::history::colour(&text, std::io::stdout().is_terminal()));
     } else {
         print_bundle(&bundle);
     }
@@ -183,7 +183,7 @@ async fn seq_at(
 async fn apply_range(
     bus: &bus::Bus,
     desired: &mut Desired,
-    guard: &crate::state::SweepGuard,
+    guard: &crate::core::state::SweepGuard,
     from: u64,
     until: u64,
 ) -> anyhow::Result<u64> {
@@ -217,7 +217,7 @@ async fn apply_range(
                     Some(bytes) => Ok(Some(bytes.clone())),
                     None => read_at(bus, part).await,
                 };
-                match crate::snapshots::whole(msg, read).await? {
+                match crate::core::snapshots::whole(msg, read).await? {
                     Ok(msg) => state::apply(desired, seq, &msg, guard, &mut out),
                     Err(e) => eprintln!(
                         "sequence {seq} skipped: snapshot in parts cannot be made whole: {e} \

@@ -11,11 +11,11 @@
 //! A crash anywhere in there repeats work but loses none: unacked messages come back and are
 //! skipped by sequence, and versions stored but not yet published are published at start-up.
 
-use crate::bus;
-use crate::render::Renderer;
-use crate::state::{self, Applied};
-use crate::store::Store;
-use crate::versions::{Latest, next_version};
+use crate::adapters::bus;
+use crate::adapters::store::Store;
+use crate::core::render::Renderer;
+use crate::core::state::{self, Applied};
+use crate::core::versions::{Latest, next_version};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -83,7 +83,7 @@ pub struct RenderArgs {
     /// joining or leaving moves only the backends that hash to it. `Local` Services always
     /// list every node.
     #[arg(long, env = "HAFLEET_SERVERS_PER_BACKEND",
-          default_value_t = crate::model::DEFAULT_SERVERS_PER_BACKEND)]
+          default_value_t = crate::core::model::DEFAULT_SERVERS_PER_BACKEND)]
     pub servers_per_backend: usize,
     /// Empty backends (`hafleet_spare_0`, …) kept in every config while node health checks
     /// are on. A version whose only change HAProxy cannot take at runtime is new Services
@@ -91,7 +91,7 @@ pub struct RenderArgs {
     /// that gives each its own backend: at 10,000 Services a new one answers a reload's time
     /// sooner. 0: no spares (a new Service waits for its reload).
     #[arg(long, env = "HAFLEET_SPARE_BACKENDS",
-          default_value_t = crate::model::DEFAULT_SPARE_BACKENDS)]
+          default_value_t = crate::core::model::DEFAULT_SPARE_BACKENDS)]
     pub spare_backends: usize,
     /// Check each node's health once per HAProxy host, on this port of the node (kube-proxy's
     /// `/healthz` answers on 10256, the default), and have the servers of `Cluster` backends
@@ -99,11 +99,11 @@ pub struct RenderArgs {
     /// reach it: a node whose check fails takes no `Cluster` traffic. 0: every server checks
     /// its own NodePort (for clusters whose nodes do not serve kube-proxy's health port).
     #[arg(long, env = "HAFLEET_NODE_HEALTH_PORT",
-          default_value_t = crate::model::DEFAULT_NODE_HEALTH_PORT)]
+          default_value_t = crate::core::model::DEFAULT_NODE_HEALTH_PORT)]
     pub node_health_port: u16,
     /// The path node health checks ask for.
     #[arg(long, env = "HAFLEET_NODE_HEALTH_PATH",
-          default_value = crate::model::DEFAULT_NODE_HEALTH_PATH)]
+          default_value = crate::core::model::DEFAULT_NODE_HEALTH_PATH)]
     pub node_health_path: hafleet_proto::HttpPath,
     /// Mass-deletion guard: a snapshot of the watcher (after its restart, or a resync that
     /// loses many Ingresses at once) that would withdraw more than this percentage of a
@@ -130,11 +130,11 @@ impl RenderArgs {
 
     /// The renderer these flags describe.
     pub fn renderer(&self) -> anyhow::Result<Renderer> {
-        let node_health = (self.node_health_port != 0).then(|| crate::model::NodeHealth {
+        let node_health = (self.node_health_port != 0).then(|| crate::core::model::NodeHealth {
             port: self.node_health_port,
             path: self.node_health_path.clone(),
         });
-        Ok(Renderer::load(self.template.as_deref())?.with_options(crate::model::Options {
+        Ok(Renderer::load(self.template.as_deref())?.with_options(crate::core::model::Options {
             servers_per_backend: self.servers_per_backend,
             spare_backends: self.spare_backends,
             node_health,
@@ -233,13 +233,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let guard = args.render.guard();
     let mut releases = Releases::default();
     // Versions HAProxy refused: traced to the Ingresses that made them, which are quarantined.
-    let mut refusals = crate::quarantine::adapter::refusals(bus.clone());
+    let mut refusals = crate::core::quarantine::adapter::refusals(bus.clone());
     let mut quarantined = std::collections::BTreeSet::new();
     loop {
         let first = tokio::select! {
             m = messages.next() => m,
             Some(report) = refusals.recv() => {
-                let take = crate::quarantine::adapter::take(&bus, &store, &desired, &report, &mut quarantined);
+                let take = crate::core::quarantine::adapter::take(&bus, &store, &desired, &report, &mut quarantined);
                 if let Err(e) = take.await {
                     warn!(fleet = %report.fleet, version = report.version, error = %format!("{e:#}"),
                           "cannot quarantine what HAProxy refused");
@@ -247,7 +247,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             Some(request) = history.next() => {
-                let ctx = crate::history::service::Ctx {
+                let ctx = crate::app::history_service::Ctx {
                     bus: &bus, store: &store, renderer: &renderer, desired: &desired, signer: &signer,
                 };
                 answer_history(ctx, request).await;
@@ -408,14 +408,14 @@ async fn process(
             }
         };
         // A snapshot in parts reads them from this batch, or back from the stream.
-        let read = async |part: u64| match crate::snapshots::in_batch(entries, part) {
+        let read = async |part: u64| match crate::core::snapshots::in_batch(entries, part) {
             Some(bytes) => Ok(Some(bytes)),
             None => {
                 let what = "the routes stream to read a snapshot's part";
                 hafleet_runtime::nats::retrying(what, || bus::routes_message(stream, part)).await
             }
         };
-        match crate::snapshots::whole(msg, read).await? {
+        match crate::core::snapshots::whole(msg, read).await? {
             Ok(msg) => {
                 applied += 1;
                 state::apply(desired, seq, &msg, guard, &mut out)
@@ -524,7 +524,8 @@ impl Releases {
             }
             let epoch = desired.epoch(held.cluster.as_ref());
             let sent =
-                crate::history::service::publish_confirm(bus, fleet, held, epoch, "policy").await;
+                crate::app::history_service::publish_confirm(bus, fleet, held, epoch, "policy")
+                    .await;
             if let Err(e) = sent {
                 warn!(fleet = %fleet, error = %e, "cannot publish the release of a held sweep; retrying");
                 self.sent.remove(&(fleet.clone(), held.snapshot_seq));
@@ -666,13 +667,13 @@ async fn floors<'a>(
 }
 
 /// Answers one history request and replies; a request without a reply subject is dropped.
-async fn answer_history(ctx: crate::history::service::Ctx<'_>, request: async_nats::Message) {
+async fn answer_history(ctx: crate::app::history_service::Ctx<'_>, request: async_nats::Message) {
     use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
     let Some(reply_to) = request.reply.clone() else { return };
     let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
     let reply =
         match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
-            (Ok(fleet), Ok(req)) => crate::history::service::handle(&ctx, &fleet, req).await,
+            (Ok(fleet), Ok(req)) => crate::app::history_service::handle(&ctx, &fleet, req).await,
             (Err(e), _) => {
                 HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }
             }
@@ -825,11 +826,11 @@ impl Checkpointer {
         }
         let created = store.routes_stream_created()?.unwrap_or_default();
         let now = hafleet_runtime::now_unix_ms();
-        let c = crate::checkpoint::Checkpoint::new(applied, created, now, latest, desired);
+        let c = crate::core::checkpoint::Checkpoint::new(applied, created, now, latest, desired);
         let bytes = bus::put_checkpoint(&self.bucket, &c).await?;
         let first = bus::routes_bounds(bus).await?.first;
         let all = bus::list_checkpoints(&self.bucket).await?;
-        for old in crate::checkpoint::prunable(&all, first) {
+        for old in crate::core::checkpoint::prunable(&all, first) {
             bus::delete_checkpoint(&self.bucket, old).await?;
             info!(seq = old, "checkpoint dropped: the routes stream no longer reaches it");
         }

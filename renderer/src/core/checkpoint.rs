@@ -8,7 +8,7 @@
 //! starts from the newest checkpoint for the same reason, and numbers its versions above the
 //! checkpoint's.
 
-use crate::state::{Desired, IngressEntry};
+use crate::core::state::{Desired, IngressEntry};
 use hafleet_proto::{ClusterId, FleetName, IngressKey, NodeAddr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

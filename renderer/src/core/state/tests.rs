@@ -50,8 +50,12 @@ fn east() -> ClusterId {
 /// Ingress `name` of cluster `cluster` (an upsert of one route to Service `s` there), at
 /// watcher epoch `epoch`.
 fn clustered(name: &str, cluster: Option<&ClusterId>, epoch: u64) -> RouteMessage {
-    let mut route =
-        crate::model::tests::route(Some("a.example"), "/", hafleet_proto::PathKind::Prefix, "s");
+    let mut route = crate::core::model::tests::route(
+        Some("a.example"),
+        "/",
+        hafleet_proto::PathKind::Prefix,
+        "s",
+    );
     route.backend.service.cluster = cluster.cloned();
     let upsert = RouteChange::Upsert { routes: vec![route], tls: vec![] };
     match event(name, upsert) {
@@ -256,8 +260,12 @@ fn a_snapshot_sweeps_what_is_not_live_in_every_fleet() {
 fn fleet_of(n: u64, guard: &SweepGuard) -> Desired {
     let mut d = Desired::new();
     let mut out = Applied::default();
-    let route =
-        crate::model::tests::route(Some("a.example"), "/", hafleet_proto::PathKind::Prefix, "s");
+    let route = crate::core::model::tests::route(
+        Some("a.example"),
+        "/",
+        hafleet_proto::PathKind::Prefix,
+        "s",
+    );
     for i in 1..=n {
         let upsert = RouteChange::Upsert { routes: vec![route.clone()], tls: vec![] };
         apply(&mut d, i, &event(&format!("i{i}"), upsert), guard, &mut out);
@@ -308,7 +316,7 @@ fn a_snapshot_that_would_withdraw_too_much_is_held_until_confirmed() {
 
     // An Ingress that comes back leaves the hold; one deleted explicitly goes.
     let mut out = Applied::default();
-    let route = crate::model::tests::route(None, "/", hafleet_proto::PathKind::Prefix, "s");
+    let route = crate::core::model::tests::route(None, "/", hafleet_proto::PathKind::Prefix, "s");
     apply(
         &mut d,
         33,

@@ -1,10 +1,10 @@
 //! The renderer's side of the history API: answers `hafleet.history.<fleet>` requests from its
 //! own store, between batches, so a rollback is ordered with route events.
 
-use crate::render::Renderer;
-use crate::state::Desired;
-use crate::store::Store;
-use crate::versions::{Latest, next_version};
+use crate::adapters::store::Store;
+use crate::core::render::Renderer;
+use crate::core::state::Desired;
+use crate::core::versions::{Latest, next_version};
 use hafleet_proto::{Cause, FleetName, HistoryErrorKind, HistoryReply, HistoryRequest};
 use hafleet_runtime::nats::Bus;
 
@@ -93,7 +93,7 @@ async fn answer(
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
             store.set_pinned(fleet, Some(number))?;
-            crate::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
+            crate::app::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
             tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
             Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
         }
@@ -125,7 +125,7 @@ async fn answer(
             let number = made.as_ref().map(|v| v.version);
             if let Some(v) = made {
                 store.commit(&[], &[v], store.applied_seq()?)?;
-                crate::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
+                crate::app::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
             }
             tracing::info!(fleet = %fleet, version = ?number, "resumed");
             Ok(HistoryReply::Done { version: number, pinned: None })

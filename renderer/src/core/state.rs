@@ -382,7 +382,7 @@ pub fn apply(
             }
         }
         // A part of a snapshot changes nothing by itself: the snapshot naming it reads it back
-        // (crate::snapshots) and comes here whole.
+        // (crate::core::snapshots) and comes here whole.
         RouteMessage::SnapshotPart(_) => {}
         RouteMessage::Snapshot(snapshot) => {
             debug_assert!(snapshot.parts.is_empty(), "a snapshot in parts is joined first");

@@ -1,4 +1,4 @@
-//! Renders a [`RenderModel`] into a bundle: the map files ([`crate::maps`]) and the config text
+//! Renders a [`RenderModel`] into a bundle: the map files ([`crate::core::maps`]) and the config text
 //! from a minijinja template that names them. The built-in template is compiled in; operators
 //! can replace it. Undefined variables are errors, so a typo in a template fails loudly at
 //! start-up instead of rendering an empty directive.
@@ -8,8 +8,8 @@
 //! only when its backend changed, so one change to a fleet of 10,000 backends renders one
 //! section, not 10,000. `backends` is handed to the template only if it names it.
 
-use crate::maps::{self, MapPaths};
-use crate::model::{BackendModel, RenderModel, RuleModel};
+use crate::core::maps::{self, MapPaths};
+use crate::core::model::{BackendModel, RenderModel, RuleModel};
 use hafleet_proto::Bundle;
 use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, UndefinedBehavior, Value};
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The template shipped with hafleet.
-pub const BUILTIN_TEMPLATE: &str = include_str!("../templates/haproxy.cfg.j2");
+pub const BUILTIN_TEMPLATE: &str = include_str!("../../templates/haproxy.cfg.j2");
 
 const NAME: &str = "haproxy.cfg";
 
@@ -51,7 +51,7 @@ impl Eq for SectionKey {}
 /// What one fleet's last model build and render lend the next.
 #[derive(Debug, Default)]
 struct Kept {
-    memo: crate::model::Memo,
+    memo: crate::core::model::Memo,
     sections: Sections,
 }
 
@@ -59,7 +59,7 @@ struct Kept {
 #[derive(Debug)]
 pub struct Renderer {
     env: Environment<'static>,
-    options: crate::model::Options,
+    options: crate::core::model::Options,
     /// Whether the template names `backends` (otherwise it is not built for it).
     uses_backends: bool,
     /// Whether the template defines the `backend(b)` macro.
@@ -89,13 +89,13 @@ struct Context<'a> {
     /// Every backend's section, rendered by the template's `backend(b)` macro ("" without it).
     backend_sections: &'a str,
     /// Nodes to health-check once each (empty when node health checks are off).
-    nodes: &'a [crate::model::ServerModel],
+    nodes: &'a [crate::core::model::ServerModel],
     node_check_path: Option<&'a str>,
     notes: &'a [String],
     /// Spare backends' sections, by the `backend` macro ("" without it or without spares).
     spare_sections: &'a str,
-    /// The fleet's settings ([`crate::settings::SettingsModel`]).
-    settings: &'a crate::settings::SettingsModel,
+    /// The fleet's settings ([`crate::core::settings::SettingsModel`]).
+    settings: &'a crate::core::settings::SettingsModel,
 }
 
 impl Renderer {
@@ -151,7 +151,7 @@ impl Renderer {
             backends: vec![Arc::new(BackendModel {
                 name: "be_check_check_80".into(),
                 service: "check/check:80".into(),
-                servers: vec![crate::model::ServerModel {
+                servers: vec![crate::core::model::ServerModel {
                     name: "node".into(),
                     addr: "127.0.0.1:30080".into(),
                     track: None,
@@ -166,10 +166,12 @@ impl Renderer {
                 allow_source: vec!["10.0.0.0/8".into()],
                 ssl_redirect: true,
                 max_conn: Some(100),
-                filters: crate::filters::FiltersModel::of(&crate::filters::every_filter()),
+                filters: crate::core::filters::FiltersModel::of(
+                    &crate::core::filters::every_filter(),
+                ),
                 send_proxy: Some("send-proxy-v2"),
             })],
-            settings: crate::settings::SettingsModel::every_one_set(),
+            settings: crate::core::settings::SettingsModel::every_one_set(),
             ..empty
         })?;
         renderer.kept.lock().expect("not poisoned").clear();
@@ -177,23 +179,23 @@ impl Renderer {
     }
 
     /// The same template, building models with `options`.
-    pub fn with_options(mut self, options: crate::model::Options) -> Self {
+    pub fn with_options(mut self, options: crate::core::model::Options) -> Self {
         self.options = options;
         self
     }
 
     /// What the models this renderer renders are built with.
-    pub fn options(&self) -> &crate::model::Options {
+    pub fn options(&self) -> &crate::core::model::Options {
         &self.options
     }
 
     /// The model of `fleet`, built with this renderer's options and with what its last build
-    /// of the same fleet can lend ([`crate::model::Memo`]).
+    /// of the same fleet can lend ([`crate::core::model::Memo`]).
     pub fn model(
         &self,
         fleet: &hafleet_proto::FleetName,
-        ingresses: &crate::state::Ingresses,
-        nodes: &crate::state::Nodes,
+        ingresses: &crate::core::state::Ingresses,
+        nodes: &crate::core::state::Nodes,
         fleetwide: Fleetwide<'_>,
     ) -> RenderModel {
         // Quarantined Ingresses are not in the config (nor in conflicts or certificates),
@@ -201,7 +203,7 @@ impl Renderer {
         // the common case borrows the Ingresses as they are.
         let mut quarantined: Vec<String> = Vec::new();
         let mut held_hosts: std::collections::BTreeSet<String> = Default::default();
-        let without: crate::state::Ingresses;
+        let without: crate::core::state::Ingresses;
         let ingresses = match ingresses.values().any(|e| e.quarantined.is_some()) {
             false => ingresses,
             true => {
@@ -221,10 +223,10 @@ impl Renderer {
         let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let kept = all.entry(fleet.to_string()).or_default();
         let mut model =
-            crate::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
-        model.tls = crate::tls::files(ingresses, fleetwide.default_cert);
+            crate::core::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
+        model.tls = crate::core::certs::files(ingresses, fleetwide.default_cert);
         if let Some(settings) = fleetwide.settings {
-            model.settings = crate::settings::SettingsModel::of(settings);
+            model.settings = crate::core::settings::SettingsModel::of(settings);
         }
         model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
         model.held_hosts = held_hosts.into_iter().collect();
@@ -279,7 +281,7 @@ impl Renderer {
         let mut old = std::mem::take(&mut fleet.sections);
         // A kept section moves over with its key: no backend is cloned for it. New and changed
         // backends go through the macro, which sees the fleet-wide values, not the backends.
-        let texts = crate::par::reuse_or_build(
+        let texts = crate::core::par::reuse_or_build(
             &model.backends,
             |b| old.remove_entry(&SectionKey(Arc::clone(b))),
             |part| {
@@ -400,7 +402,7 @@ impl Object for ServersOf {
     }
 }
 
-/// The `i`th server of a backend: the fields of [`crate::model::ServerModel`].
+/// The `i`th server of a backend: the fields of [`crate::core::model::ServerModel`].
 #[derive(Debug)]
 struct ServerOf(Arc<BackendModel>, usize);
 
@@ -432,7 +434,7 @@ pub struct Fleetwide<'a> {
 
 impl<'a> Fleetwide<'a> {
     /// `fleet`'s, as `desired` holds them.
-    pub fn of(desired: &'a crate::state::Desired, fleet: &hafleet_proto::FleetName) -> Self {
+    pub fn of(desired: &'a crate::core::state::Desired, fleet: &hafleet_proto::FleetName) -> Self {
         Fleetwide {
             default_cert: desired.default_certs.get(fleet),
             settings: desired.settings.get(fleet),
@@ -463,7 +465,7 @@ fn context<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::IngressEntry;
+    use crate::core::state::IngressEntry;
     use hafleet_proto::{
         Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName,
         PathKind, Route, ServiceRef, TrafficPolicy,
@@ -521,22 +523,23 @@ mod tests {
         let r = Renderer::builtin();
         let name = FleetName::new("edge").unwrap();
         let ingresses = fleet(2000);
-        let size = |n| r.render(&crate::model::build(&name, &ingresses, &nodes(n))).unwrap().size();
+        let size =
+            |n| r.render(&crate::core::model::build(&name, &ingresses, &nodes(n))).unwrap().size();
         let (small, large) = (size(20), size(200));
         let growth = large as f64 / small as f64 - 1.0;
         assert!(growth < 0.10, "{small} -> {large} bytes: {:.1}% more", growth * 100.0);
         // Without subsets it would grow about tenfold: the bound is what keeps it flat.
         let all = Renderer::builtin()
-            .with_options(crate::model::Options {
+            .with_options(crate::core::model::Options {
                 servers_per_backend: 0,
                 node_health: None,
                 ..Default::default()
             })
-            .render(&crate::model::build_with(
+            .render(&crate::core::model::build_with(
                 &name,
                 &ingresses,
                 &nodes(200),
-                &crate::model::Options {
+                &crate::core::model::Options {
                     servers_per_backend: 0,
                     node_health: None,
                     ..Default::default()
@@ -551,22 +554,22 @@ mod tests {
     fn a_warm_renderer_builds_and_renders_what_a_fresh_one_does_through_every_change() {
         let name = FleetName::new("edge").unwrap();
         let other = FleetName::new("core").unwrap();
-        let health = crate::model::Options {
+        let health = crate::core::model::Options {
             servers_per_backend: 2,
             spare_backends: 0,
-            node_health: Some(crate::model::NodeHealth {
+            node_health: Some(crate::core::model::NodeHealth {
                 port: 10256,
                 path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
             }),
         };
-        let no_health = crate::model::Options { node_health: None, ..Default::default() };
+        let no_health = crate::core::model::Options { node_health: None, ..Default::default() };
         for options in [no_health, health] {
             let warm = Renderer::builtin().with_options(options.clone());
             let mut ingresses = fleet(50);
             let mut nodes_now = nodes(3);
             let check = |ingresses: &BTreeMap<IngressKey, IngressEntry>, nodes: &[NodeAddr]| {
                 for f in [&name, &other] {
-                    let fresh = crate::model::build_with(f, ingresses, nodes, &options);
+                    let fresh = crate::core::model::build_with(f, ingresses, nodes, &options);
                     let model = warm.model(
                         f,
                         ingresses,
@@ -607,7 +610,8 @@ mod tests {
         let source =
             "{% for b in backends %}{{ b.name }}\n{% endfor %}{{ backend_sections }}".to_owned();
         let r = Renderer::new(source).unwrap();
-        let model = crate::model::build(&FleetName::new("edge").unwrap(), &fleet(2), &nodes(1));
+        let model =
+            crate::core::model::build(&FleetName::new("edge").unwrap(), &fleet(2), &nodes(1));
         assert_eq!(r.render(&model).unwrap().config, "be_team_svc-0_80\nbe_team_svc-1_80\n");
     }
 
@@ -626,14 +630,14 @@ mod tests {
             format!("{{% macro backend(b) %}}{body}{{% endmacro %}}{{{{ backend_sections }}}}");
         let mut ingresses = fleet(3);
         ingresses.values_mut().next().unwrap().routes[0].backend.node_port = None;
-        let model = crate::model::build_with(
+        let model = crate::core::model::build_with(
             &FleetName::new("edge").unwrap(),
             &ingresses,
             &nodes(3),
-            &crate::model::Options {
+            &crate::core::model::Options {
                 servers_per_backend: 2,
                 spare_backends: 0,
-                node_health: Some(crate::model::NodeHealth {
+                node_health: Some(crate::core::model::NodeHealth {
                     port: 10256,
                     path: hafleet_proto::HttpPath::new("/healthz").unwrap(),
                 }),

@@ -18,7 +18,7 @@
 //! every backend) is the template's, not a tenant's: the fleet halts as before, and the
 //! operator is told.
 
-use crate::state::Ingresses;
+use crate::core::state::Ingresses;
 use hafleet_proto::IngressKey;
 use std::collections::BTreeSet;
 
@@ -138,7 +138,7 @@ pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
         let made: Vec<(IngressKey, String)> = ingresses
             .iter()
             .filter(|(_, e)| e.quarantined.is_none())
-            .filter(|(_, e)| e.routes.iter().any(|r| crate::model::backend_of(r) == *backend))
+            .filter(|(_, e)| e.routes.iter().any(|r| crate::core::model::backend_of(r) == *backend))
             .map(|(k, e)| (k.clone(), e.resource_version.clone()))
             .collect();
         if made.is_empty() {
@@ -188,7 +188,7 @@ pub fn trace(config: &str, message: &str, ingresses: &Ingresses) -> Traced {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::IngressEntry;
+    use crate::core::state::IngressEntry;
 
     fn entry(service: &str, rv: &str) -> IngressEntry {
         let route: hafleet_proto::Route = serde_json::from_value(serde_json::json!({
@@ -268,7 +268,7 @@ mod tests {
     /// it was (a restart, a status write), and comes back once what it routes changed.
     #[test]
     fn a_quarantine_lasts_until_the_ingress_changes() {
-        use crate::state::{Applied, Desired, SweepGuard, apply};
+        use crate::core::state::{Applied, Desired, SweepGuard, apply};
         use hafleet_proto::RouteMessage;
         let upsert = |rv: &str, epoch: u64| -> RouteMessage {
             serde_json::from_value(serde_json::json!({
@@ -395,8 +395,8 @@ mod tests {
 /// Reading the fleets' reports and publishing quarantines: the I/O around [`trace`].
 pub mod adapter {
     use super::{Traced, trace};
-    use crate::state::Desired;
-    use crate::store::Store;
+    use crate::adapters::store::Store;
+    use crate::core::state::Desired;
     use anyhow::Context as _;
     use async_nats::jetstream::consumer::DeliverPolicy;
     use futures::StreamExt as _;

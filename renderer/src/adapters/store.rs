@@ -21,7 +21,7 @@
 //! A batch's state writes, its new versions and its `applied_seq` commit in one transaction, so
 //! after a crash the store is either before or after the batch, never in between.
 
-use crate::state::{Desired, IngressEntry, StateWrite};
+use crate::core::state::{Desired, IngressEntry, StateWrite};
 use hafleet_proto::{ConfigVersion, FleetName, IngressKey, VersionSummary};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};

@@ -12,7 +12,7 @@
 //! The crt-list names certificate files by [`SealedCert::id`], so the config (which names the
 //! crt-list by its digest) covers the sealed keys too.
 
-use crate::state::Ingresses;
+use crate::core::state::Ingresses;
 use hafleet_proto::{HttpHost, MapFile, MapName, SealedCert};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -197,7 +197,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::IngressEntry;
+    use crate::core::state::IngressEntry;
     use hafleet_proto::{HttpHost, IngressKey, ObjectName, TlsEntry};
 
     fn cert(tag: &str, names: &[&str]) -> SealedCert {
@@ -220,7 +220,7 @@ mod tests {
         tls: Vec<(Vec<&str>, Option<SealedCert>)>,
         redirect: Option<bool>,
     ) -> IngressEntry {
-        let mut route = crate::model::tests::route(
+        let mut route = crate::core::model::tests::route(
             Some("x.example.com"),
             "/",
             hafleet_proto::PathKind::Prefix,
