@@ -1,6 +1,7 @@
 //! The renderer's side of the history API: answers `hafleet.history.<fleet>` requests from its
 //! own store, between batches, so a rollback is ordered with route events.
 
+use super::publish::{publish_confirm, publish_unpublished};
 use crate::adapters::store::Store;
 use crate::core::render::Renderer;
 use crate::core::state::Desired;
@@ -93,7 +94,7 @@ async fn answer(
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
             store.set_pinned(fleet, Some(number))?;
-            crate::app::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
+            publish_unpublished(ctx.bus, store, ctx.signer).await?;
             tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
             Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
         }
@@ -125,7 +126,7 @@ async fn answer(
             let number = made.as_ref().map(|v| v.version);
             if let Some(v) = made {
                 store.commit(&[], &[v], store.applied_seq()?)?;
-                crate::app::run::publish_unpublished(ctx.bus, store, ctx.signer).await?;
+                publish_unpublished(ctx.bus, store, ctx.signer).await?;
             }
             tracing::info!(fleet = %fleet, version = ?number, "resumed");
             Ok(HistoryReply::Done { version: number, pinned: None })
@@ -154,33 +155,4 @@ async fn answer(
             Ok(HistoryReply::Confirmed { stream_seq })
         }
     }
-}
-
-/// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
-/// names the hold, so a second release of the same hold (by the operator and the policy, say)
-/// is dropped by the stream as a duplicate. It carries `epoch`, the newest watcher epoch the
-/// renderer has seen of the hold's cluster: it is not fenced off while that watcher runs, and
-/// a watcher that starts after it, reading the stream's newest message, still picks an epoch
-/// above it.
-pub async fn publish_confirm(
-    bus: &Bus,
-    fleet: &FleetName,
-    held: &hafleet_proto::HeldSweep,
-    epoch: u64,
-    by: &str,
-) -> anyhow::Result<u64> {
-    let msg = hafleet_proto::RouteMessage::Confirm(hafleet_proto::SweepConfirm {
-        schema: hafleet_proto::route_schema(held.cluster.as_ref()),
-        epoch,
-        fleet: fleet.clone(),
-        snapshot_seq: held.snapshot_seq,
-        by: by.to_owned(),
-        cluster: held.cluster.clone(),
-    });
-    let id = format!("confirm-{fleet}-{}", held.snapshot_seq);
-    let seq =
-        bus.publish(hafleet_proto::ROUTES_CONFIRM_SUBJECT.to_owned(), &id, msg.encode()).await?;
-    tracing::warn!(fleet = %fleet, snapshot_seq = held.snapshot_seq, by, stream_seq = seq,
-                   ingresses = held.ingresses.len(), "held sweep released");
-    Ok(seq)
 }

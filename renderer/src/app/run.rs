@@ -11,6 +11,7 @@
 //! A crash anywhere in there repeats work but loses none: unacked messages come back and are
 //! skipped by sequence, and versions stored but not yet published are published at start-up.
 
+use super::publish::{publish_confirm, publish_unpublished};
 use crate::adapters::bus;
 use crate::adapters::store::Store;
 use crate::core::render::Renderer;
@@ -523,9 +524,7 @@ impl Releases {
                 continue;
             }
             let epoch = desired.epoch(held.cluster.as_ref());
-            let sent =
-                crate::app::history_service::publish_confirm(bus, fleet, held, epoch, "policy")
-                    .await;
+            let sent = publish_confirm(bus, fleet, held, epoch, "policy").await;
             if let Err(e) = sent {
                 warn!(fleet = %fleet, error = %e, "cannot publish the release of a held sweep; retrying");
                 self.sent.remove(&(fleet.clone(), held.snapshot_seq));
@@ -700,44 +699,6 @@ fn load_signer(path: &std::path::Path) -> anyhow::Result<hafleet_proto::Signer> 
     }
     hafleet_proto::Signer::from_pem(&text)
         .with_context(|| format!("cannot use the signing key {}", path.display()))
-}
-
-/// Publishes every version stored but not yet published, oldest first within each fleet.
-/// A fleet whose version cannot be published (the object store full, a permission taken away)
-/// is reported and left for the next try; its later versions wait behind it so its order holds,
-/// and other fleets go on. Returns whether anything is left to publish.
-pub(crate) async fn publish_unpublished(
-    bus: &bus::Bus,
-    store: &Store,
-    signer: &hafleet_proto::Signer,
-) -> anyhow::Result<bool> {
-    let mut stuck: Vec<FleetName> = Vec::new();
-    for v in store.unpublished()? {
-        if stuck.contains(&v.fleet) {
-            continue;
-        }
-        let v = signer.sign(v);
-        match bus.publish_version(&v).await {
-            Ok(_) => {
-                store.set_published(&v.fleet, v.version)?;
-                info!(fleet = %v.fleet, version = v.version, "version published");
-                hafleet_runtime::health::Health::global().count(
-                    (
-                        "hafleet_renderer_versions_published_total",
-                        "Config versions published, by fleet.",
-                    ),
-                    &[("fleet", v.fleet.as_str())],
-                    1.0,
-                );
-            }
-            Err(e) => {
-                error!(fleet = %v.fleet, version = v.version, error = ?anyhow::Error::from(e),
-                       "version cannot be published; other fleets go on, this one is retried");
-                stuck.push(v.fleet.clone());
-            }
-        }
-    }
-    Ok(!stuck.is_empty())
 }
 
 /// Writes checkpoints of the desired state to the object store and drops those that no point
