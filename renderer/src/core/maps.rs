@@ -61,16 +61,6 @@ impl Maps {
     }
 }
 
-/// The key a rule is stored under.
-pub fn key(rule: &RuleModel) -> String {
-    let host = rule.host.as_deref().unwrap_or("");
-    match rule.kind {
-        "exact" => format!("{host}{}", rule.path),
-        _ if rule.path == "/" => format!("{host}/"),
-        _ => format!("{host}{}/", rule.path),
-    }
-}
-
 /// Builds both maps from rules whose `key` is set. Rules hold one claim per (host, path, kind),
 /// so keys are unique; they are sorted so the same rules make the same bytes.
 pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
@@ -138,7 +128,7 @@ mod tests {
             backend: backend.into(),
             ingress: "default/x".into(),
         };
-        rule.key = key(&rule);
+        rule.key = rule.map_key();
         rule
     }
 

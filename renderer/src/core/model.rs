@@ -51,7 +51,7 @@ pub struct RenderModel {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuleModel {
-    /// The key the maps store the rule under ([`crate::core::maps::key`]).
+    /// The key the maps store the rule under ([`RuleModel::map_key`]).
     pub key: String,
     /// `None`: any host.
     pub host: Option<String>,
@@ -62,6 +62,18 @@ pub struct RuleModel {
     pub backend: String,
     /// `namespace/name` of the Ingress the rule comes from.
     pub ingress: String,
+}
+
+impl RuleModel {
+    /// The key the maps ([`crate::core::maps`]) store the rule under.
+    pub fn map_key(&self) -> String {
+        let host = self.host.as_deref().unwrap_or("");
+        match self.kind {
+            "exact" => format!("{host}{}", self.path),
+            _ if self.path == "/" => format!("{host}/"),
+            _ => format!("{host}{}/", self.path),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -567,7 +579,7 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
                 ingress: ingress.clone(),
                 key: String::new(),
             };
-            rule.key = crate::core::maps::key(&rule);
+            rule.key = rule.map_key();
             Arc::new(rule)
         })
         .collect()
