@@ -156,3 +156,24 @@ async fn answer(
         }
     }
 }
+
+/// Answers one history request and replies; a request without a reply subject is dropped.
+pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
+    use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
+    let Some(reply_to) = request.reply.clone() else { return };
+    let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
+    let reply =
+        match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
+            (Ok(fleet), Ok(req)) => handle(&ctx, &fleet, req).await,
+            (Err(e), _) => {
+                HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }
+            }
+            (_, Err(e)) => HistoryReply::Error {
+                kind: HistoryErrorKind::BadRequest,
+                message: format!("not a history request: {e}"),
+            },
+        };
+    if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
+        tracing::warn!(error = %e, "history reply lost");
+    }
+}

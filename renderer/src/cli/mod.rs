@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Consume route events and publish config versions until SIGTERM or Ctrl-C.
-    Run(crate::app::run::RunArgs),
+    Run(crate::app::args::RunArgs),
     /// Print the built-in HAProxy template, as a starting point for --template.
     Template,
     /// Read a fleet's config history from a running renderer (through NATS).

@@ -57,7 +57,7 @@ pub struct ReplayArgs {
     /// The renderer's own settings (template, servers per backend, node health): the result
     /// is byte for byte the version of that time only with the ones the renderer used then.
     #[command(flatten)]
-    pub render: crate::app::run::RenderArgs,
+    pub render: crate::app::args::RenderArgs,
 }
 
 /// How long to wait for the next stream message before calling the stream stuck.
