@@ -316,7 +316,7 @@ mod tests {
 /// error if NATS stops delivering (the caller starts it again).
 pub mod adapter {
     use super::Feedback;
-    use crate::kube::Warnings;
+    use crate::k8s::watch::Warnings;
     use anyhow::Context as _;
     use async_nats::jetstream::consumer::{DeliverPolicy, push};
     use futures::StreamExt as _;

@@ -7,8 +7,8 @@ use hafleet_proto::{FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage
 /// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
 /// message may carry. `None` when it fits.
 pub fn over_budget(
-    r: &crate::resolve::Resolved,
-    args: &crate::run::RunArgs,
+    r: &crate::core::resolve::Resolved,
+    args: &crate::app::run::RunArgs,
     payload_limit: usize,
 ) -> Option<String> {
     if r.routes.len() > args.max_paths_per_ingress {

@@ -1,9 +1,9 @@
 //! Refused Ingresses kept for their last good routes, at most so many per namespace
-//! (`--max-kept-per-namespace`): the pure choice is [`crate::index::beyond_cap`]; this reads
+//! (`--max-kept-per-namespace`): the pure choice is [`crate::core::index::beyond_cap`]; this reads
 //! creation times from the cache and tells the Ingresses that lose their routes.
 
-use crate::index::{self, Desired};
-use crate::kube::Warnings;
+use crate::core::index::{self, Desired};
+use crate::k8s::watch::Warnings;
 use hafleet_proto::IngressKey;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -47,6 +47,6 @@ pub async fn cap(
             key.namespace
         );
         let said = (&key, rv.as_str(), "RefusedNotKept", note);
-        crate::run::tell(warnings, warned, ing, said, "refused ingress no longer kept").await;
+        crate::app::run::tell(warnings, warned, ing, said, "refused ingress no longer kept").await;
     }
 }

@@ -25,7 +25,7 @@
 //! The bucket is kept as the instant it is full again (GCRA's theoretical arrival time), so the
 //! arithmetic is exact in `Duration`s, and a pair whose bucket is full is forgotten.
 
-use crate::index::{Action, Published};
+use crate::core::index::{Action, Published};
 use hafleet_proto::{FleetName, IngressKey, Namespace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -84,7 +84,7 @@ impl Budget {
         (per_minute / 6).max(1)
     }
 
-    /// Splits `actions` (a pass's, from [`crate::index::diff`] against `published`) into what
+    /// Splits `actions` (a pass's, from [`crate::core::index::diff`] against `published`) into what
     /// goes now and what waits, and spends the tokens of what goes.
     pub fn admit(&mut self, actions: Vec<Action>, published: &Published, now: Instant) -> Admitted {
         self.held.clear();
@@ -95,7 +95,7 @@ impl Budget {
         let pair = |fleet: &FleetName, key: &IngressKey| (fleet.clone(), key.namespace.clone());
         // A resend of what may already have been stored changes nothing new.
         let resend =
-            |r: &crate::resolve::Resolved| matches!(published.get(&r.key), Some((_, None)));
+            |r: &crate::core::resolve::Resolved| matches!(published.get(&r.key), Some((_, None)));
         let wanting: BTreeSet<Pair> = actions
             .iter()
             .filter_map(|a| match a {
@@ -188,10 +188,10 @@ pub async fn sleep_until(due: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{self, Desired, Wanted};
-    use crate::resolve::Resolved;
+    use crate::core::index::{self, Desired, Wanted};
+    use crate::core::resolve::Resolved;
 
-    use crate::resolve::tests_support::resolved;
+    use crate::core::resolve::tests_support::resolved;
 
     /// One pass as the watcher makes it: diff, admit, record what went.
     fn pass(

@@ -5,7 +5,7 @@
 //! bad edit never takes a working site down), or gone (publish a delete if anything was
 //! published). A fleet change is a delete on the old fleet and an upsert on the new one.
 
-use crate::resolve::Resolved;
+use crate::core::resolve::Resolved;
 use hafleet_proto::{FleetName, IngressKey, Route, TlsEntry};
 use std::collections::BTreeMap;
 
@@ -185,7 +185,7 @@ mod tests {
     }
 
     fn resolved(name: &str, fleet: &str, n_routes: usize) -> Resolved {
-        crate::resolve::tests_support::resolved("default", name, fleet, n_routes)
+        crate::core::resolve::tests_support::resolved("default", name, fleet, n_routes)
     }
 
     fn apply(published: &mut Published, desired: &Wanted) -> Vec<Action> {

@@ -59,8 +59,8 @@ pub fn watch(
             // kubectl's last-applied-configuration, a copy of the whole object).
             if let Some(a) = i.metadata.annotations.as_mut() {
                 a.retain(|k, _| {
-                    k.starts_with(crate::annotations::PREFIX)
-                        || k == crate::resolve::LEGACY_CLASS_ANNOTATION
+                    k.starts_with(crate::core::annotations::PREFIX)
+                        || k == crate::core::resolve::LEGACY_CLASS_ANNOTATION
                 });
             }
         })
@@ -90,7 +90,7 @@ pub fn watch(
     let mut all = vec![ing.boxed(), svc.boxed(), node.boxed()];
     let tls_secrets = tls.then(|| {
         let (store, writer) = reflector::store::<PartialObjectMeta<Secret>>();
-        let config = cfg().fields(&format!("type={}", crate::tls::SECRET_TYPE));
+        let config = cfg().fields(&format!("type={}", crate::core::tls_secrets::SECRET_TYPE));
         let secrets = watcher(Api::<PartialObjectMeta<Secret>>::all(client.clone()), config)
             .default_backoff()
             .modify(|s| {
@@ -167,7 +167,7 @@ pub async fn secret_data(
     else {
         return Ok(None);
     };
-    if secret.type_.as_deref() != Some(crate::tls::SECRET_TYPE) {
+    if secret.type_.as_deref() != Some(crate::core::tls_secrets::SECRET_TYPE) {
         return Ok(None);
     }
     let mut data = secret.data.take().unwrap_or_default();

@@ -16,7 +16,7 @@
 //! Dropping routes from the message, rather than refusing the Ingress, withdraws them even from
 //! an Ingress that routed the host before the owner appeared, and keeps its other hosts routed.
 
-use crate::resolve::{Resolved, Warning};
+use crate::core::resolve::{Resolved, Warning};
 use hafleet_proto::{IngressKey, PathKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -202,7 +202,7 @@ pub fn keep_apart(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::tests_support::route;
+    use crate::core::resolve::tests_support::route;
     use hafleet_proto::{FleetName, HttpHost, HttpPath};
 
     fn ingress(ns: &str, name: &str, created: i64, hosts: &[Option<&str>]) -> Resolved {

@@ -6,7 +6,7 @@
 //! Also how the start-up loops retry: until done or until a stop is asked for, saying each
 //! distinct failure once.
 
-use crate::index::Published;
+use crate::core::index::Published;
 use hafleet_proto::{ClusterId, FleetName, IngressKey, RouteMessage, RoutesSnapshot};
 use hafleet_runtime::nats::Bus;
 use std::collections::BTreeSet;

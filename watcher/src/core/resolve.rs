@@ -39,8 +39,8 @@ pub struct Resolved {
     /// Things worth telling the Ingress's owner that do not stop it from being routed.
     pub warnings: Vec<Warning>,
     /// Which other namespaces may route the hosts this Ingress's namespace owns
-    /// ([`crate::tenancy::SHARE_ANNOTATION`]).
-    pub sharing: crate::tenancy::Sharing,
+    /// ([`crate::core::tenancy::SHARE_ANNOTATION`]).
+    pub sharing: crate::core::tenancy::Sharing,
     /// The certificates of its `spec.tls` for the hosts it routes (set after tenancy, when
     /// TLS is on).
     pub tls: Vec<hafleet_proto::TlsEntry>,
@@ -177,7 +177,7 @@ pub fn resolve(
         .map_err(|e| errors.push(e.to_string()))
         .ok();
 
-    let settings = crate::annotations::read(annotations).unwrap_or_else(|why| {
+    let settings = crate::core::annotations::read(annotations).unwrap_or_else(|why| {
         errors.extend(why);
         Default::default()
     });

@@ -163,7 +163,7 @@ pub fn refuses_kept(
     policy: &Policy,
     key: &hafleet_proto::IngressKey,
     ing: &k8s_openapi::api::networking::v1::Ingress,
-    published: &crate::index::Published,
+    published: &crate::core::index::Published,
 ) -> Option<String> {
     let ns = key.namespace.as_str();
     match published.get(key) {
@@ -262,7 +262,7 @@ impl InForce {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::tests_support::route;
+    use crate::core::resolve::tests_support::route;
 
     fn routes(hosts: &[Option<&str>]) -> Vec<Route> {
         hosts

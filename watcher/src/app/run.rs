@@ -12,10 +12,10 @@
 //! After start-up, once every cache is listed and every live Ingress is published, a snapshot
 //! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
 
-use crate::index::{self, Action, Desired, Published};
-use crate::kube::{self as kube_adapter, Caches, Warnings};
-use crate::resolve::{self, Refused, Services};
-use crate::tenancy;
+use crate::core::index::{self, Action, Desired, Published};
+use crate::core::resolve::{self, Refused, Services};
+use crate::core::tenancy;
+use crate::k8s::watch::{self as kube_adapter, Caches, Warnings};
 use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteMessage};
@@ -45,8 +45,8 @@ pub struct RunArgs {
     /// Ingress routed on it (so `kubectl get ingress` shows it): `edge=192.0.2.10,192.0.2.11
     /// core=lb.example.com` (fleets separated by spaces, addresses by commas; IPs or
     /// hostnames). Fleets not named leave their Ingresses' status alone.
-    #[arg(long, env = "HAFLEET_FLEET_ADDRESSES", default_value = "", value_parser = crate::status::parse)]
-    pub fleet_addresses: crate::status::FleetAddresses,
+    #[arg(long, env = "HAFLEET_FLEET_ADDRESSES", default_value = "", value_parser = crate::core::status::parse)]
+    pub fleet_addresses: crate::core::status::FleetAddresses,
     /// Most paths one Ingress may route (rules × paths, and its default backend). A larger
     /// Ingress is refused alone with a Warning Event; the others go on.
     #[arg(long, env = "HAFLEET_MAX_PATHS_PER_INGRESS", default_value_t = 1000)]
@@ -78,7 +78,7 @@ pub struct RunArgs {
     /// host (README, "Tenancy policy"). Ingresses outside it are not routed, with a Warning
     /// Event. Read live; a broken policy keeps the last good one; until one is read, nothing
     /// is published. Unset: every namespace may do all of it.
-    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = crate::policy::parse_ref)]
+    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = crate::core::policy::parse_ref)]
     pub tenancy_policy: Option<(String, String)>,
     /// The namespace of the fleets' settings: a ConfigMap `hafleet-fleet-<fleet>` there sets
     /// that fleet's timeouts, X-Forwarded-For, access log, HSTS and PROXY protocol (README,
@@ -105,7 +105,7 @@ pub struct RunArgs {
     /// name is read one by one), which needs the RBAC of deploy/kubernetes/components/tls.
     /// Fleets not named get no certificates; unset: TLS off.
     #[arg(long, env = "HAFLEET_SEAL_TO", value_delimiter = ' ', value_parser = parse_seal_to)]
-    pub seal_to: Vec<(FleetName, crate::tls::SealTo)>,
+    pub seal_to: Vec<(FleetName, crate::core::tls_secrets::SealTo)>,
     /// Each TLS fleet's default certificate: the `kubernetes.io/tls` Secret HTTPS answers with
     /// for a name no Ingress has a certificate for, as `edge=hafleet/edge-default` (fleets
     /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
@@ -123,7 +123,7 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_CLUSTER_ID")]
     pub cluster_id: Option<hafleet_proto::ClusterId>,
     #[command(flatten)]
-    pub lease: crate::lease::LeaseArgs,
+    pub lease: crate::k8s::elector::LeaseArgs,
     #[command(flatten)]
     pub health: hafleet_runtime::health::HealthArgs,
 }
@@ -160,7 +160,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let warnings = Warnings::new(client.clone());
     let mut state = State {
         cluster: args.cluster_id.clone(),
-        epoch: crate::lease::next_epoch(
+        epoch: crate::k8s::elector::next_epoch(
             last_epoch,
             SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
         ),
@@ -201,7 +201,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // With leader election, stand by (keeping the caches warm) until this replica holds the
     // lease; its epoch is when it took it, so a later leader's messages are newer.
     if args.lease.leader_election {
-        let elector = crate::lease::Elector::new(client, &args.lease);
+        let elector = crate::k8s::elector::Elector::new(client, &args.lease);
         // A standby with warm caches is ready: ready to take over.
         health.ready();
         let lead = elector.lead(last_epoch);
@@ -225,14 +225,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(epoch, "caches listed; publishing the initial state");
     // Both retried until done, or until a stop is asked for: NATS may be away for long.
     let initial = async || sync(&args, &caches, &warnings, &bus, &mut state).await;
-    let published = crate::snapshot::until_done("initial publish", shutdown.as_mut(), initial);
+    let published = crate::app::snapshot::until_done("initial publish", shutdown.as_mut(), initial);
     if published.await.is_none() {
         info!("watcher stopping (the initial state was not published)");
         stop(&bus).await;
         return Ok(());
     }
     let snapshot = async || send_snapshot(&bus, &mut state).await;
-    let sent = crate::snapshot::until_done("snapshot publish", shutdown.as_mut(), snapshot);
+    let sent = crate::app::snapshot::until_done("snapshot publish", shutdown.as_mut(), snapshot);
     if sent.await.is_none() {
         info!("watcher stopping (the snapshot was not published)");
         stop(&bus).await;
@@ -240,17 +240,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     health.ready();
     // The initial state restates what the fleets run: only changes from here on are counted.
-    state.churn = crate::churn::Budget::new(args.namespace_changes_per_minute);
+    state.churn = crate::core::churn::Budget::new(args.namespace_changes_per_minute);
     // Events from the fleets' reports on the Ingresses that caused each version: the leader's
     // job, started again if NATS stops delivering (the streams may not exist yet).
     {
         let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
         let cluster = args.cluster_id.clone();
         tokio::spawn(async move {
-            let mut told = crate::feedback::Feedback::for_cluster(cluster);
+            let mut told = crate::core::feedback::Feedback::for_cluster(cluster);
             loop {
                 let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
-                let run = crate::feedback::adapter::run(bus, store, warnings, &mut told);
+                let run = crate::core::feedback::adapter::run(bus, store, warnings, &mut told);
                 if let Err(e) = run.await {
                     debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
                 }
@@ -296,7 +296,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             _ = tokio::time::sleep(resync) => {}
             // Held changes whose namespace has budget again.
-            _ = crate::churn::sleep_until(due) => {}
+            _ = crate::core::churn::sleep_until(due) => {}
             _ = &mut shutdown => break,
         }
         if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
@@ -385,22 +385,22 @@ struct State {
     snapshot_due: bool,
     /// With leader election: the lease this replica holds. Nothing is published unless it
     /// holds.
-    leader: Option<crate::lease::Leadership>,
+    leader: Option<crate::k8s::elector::Leadership>,
     /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
     warned: BTreeSet<(IngressKey, String, String)>,
     tls: TlsState,
     /// Each Ingress's resolution, redone only when it or what it names changed.
     memo: resolve::Memo,
     /// With `--tenancy-policy`: the policy in force.
-    policy: crate::policy::InForce,
+    policy: crate::core::policy::InForce,
     /// `--namespace-changes-per-minute`, once the initial state is out.
-    churn: crate::churn::Budget,
+    churn: crate::core::churn::Budget,
     /// With `--settings-namespace`: the fleets' settings read and published.
-    settings: crate::fleet_settings::InForce,
+    settings: crate::core::fleet_settings::InForce,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
-type ReadCert = (String, Result<std::sync::Arc<crate::tls::CheckedCert>, String>);
+type ReadCert = (String, Result<std::sync::Arc<crate::core::tls_secrets::CheckedCert>, String>);
 
 /// What the watcher keeps for TLS: the checked certificates of the Secrets that Ingresses of
 /// fleets with a sealing key name (only those), by (namespace, name), with the resourceVersion
@@ -408,7 +408,7 @@ type ReadCert = (String, Result<std::sync::Arc<crate::tls::CheckedCert>, String>
 /// bytes, and so the version, for nothing).
 struct TlsState {
     client: Option<kube::Client>,
-    seal_to: BTreeMap<FleetName, crate::tls::SealTo>,
+    seal_to: BTreeMap<FleetName, crate::core::tls_secrets::SealTo>,
     certs: BTreeMap<(String, String), ReadCert>,
     seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
     /// The default certificate last published (and acked) per fleet.
@@ -418,7 +418,9 @@ struct TlsState {
 }
 
 impl TlsState {
-    fn default_for(seal_to: impl IntoIterator<Item = (FleetName, crate::tls::SealTo)>) -> TlsState {
+    fn default_for(
+        seal_to: impl IntoIterator<Item = (FleetName, crate::core::tls_secrets::SealTo)>,
+    ) -> TlsState {
         TlsState {
             client: None,
             seal_to: seal_to.into_iter().collect(),
@@ -456,7 +458,7 @@ impl TlsState {
             else {
                 let why = format!(
                     "no Secret of type {} by that name in namespace {ns}",
-                    crate::tls::SECRET_TYPE
+                    crate::core::tls_secrets::SECRET_TYPE
                 );
                 self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
                 continue;
@@ -467,7 +469,7 @@ impl TlsState {
             let checked = match kube_adapter::secret_data(client, ns, name).await {
                 Ok(Some((rv, crt, key))) => {
                     let key = key.map(zeroize::Zeroizing::new);
-                    let got = crate::tls::check(
+                    let got = crate::core::tls_secrets::check(
                         crt.as_deref(),
                         key.as_deref().map(|k| k.as_slice()),
                         now_unix,
@@ -480,7 +482,7 @@ impl TlsState {
                     rv,
                     Err(format!(
                         "no Secret of type {} by that name in namespace {ns}",
-                        crate::tls::SECRET_TYPE
+                        crate::core::tls_secrets::SECRET_TYPE
                     )),
                 ),
                 Err(e) => {
@@ -527,7 +529,7 @@ fn parse_default_cert(s: &str) -> Result<(FleetName, (String, String)), String> 
 
 /// `FLEET=age1…`. Errors never quote the value: an identity pasted here by mistake (the
 /// private half) must not reach a log.
-fn parse_seal_to(s: &str) -> Result<(FleetName, crate::tls::SealTo), String> {
+fn parse_seal_to(s: &str) -> Result<(FleetName, crate::core::tls_secrets::SealTo), String> {
     if s.to_ascii_uppercase().contains("AGE-SECRET-KEY") {
         return Err("this is a fleet's private identity (AGE-SECRET-KEY-1…), which belongs \
                     with its applier only; give the watcher its recipient (age1…, printed by \
@@ -631,7 +633,7 @@ async fn sync(
             Ok(r)
                 if !index::is_current(&state.published, &r)
                     && let Some(why) =
-                        crate::events::over_budget(&r, args, bus.payload_limit()) =>
+                        crate::core::route_events::over_budget(&r, args, bus.payload_limit()) =>
             {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!("not routed by hafleet: {why}; split the Ingress");
@@ -653,10 +655,9 @@ async fn sync(
                 let said = (&key, rv.as_str(), "InvalidIngress", note);
                 tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
                 // Its last good routes stay only where the policy still allows them.
-                if let Some(why) = policy
-                    .as_ref()
-                    .and_then(|p| crate::policy::refuses_kept(p, &key, &ing, &state.published))
-                {
+                if let Some(why) = policy.as_ref().and_then(|p| {
+                    crate::core::policy::refuses_kept(p, &key, &ing, &state.published)
+                }) {
                     let said =
                         (&key, rv.as_str(), "NotAllowed", format!("not routed by hafleet: {why}"));
                     tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
@@ -679,7 +680,8 @@ async fn sync(
             .filter(|r| state.tls.seal_to.contains_key(&r.fleet))
             .flat_map(|r| {
                 let ing = objects.get(&r.key).map(|(ing, _)| ing);
-                let spec = ing.map(|i| crate::tls::SpecEntry::of(i)).unwrap_or_default();
+                let spec =
+                    ing.map(|i| crate::core::tls_secrets::SpecEntry::of(i)).unwrap_or_default();
                 let ns = r.key.namespace.as_str().to_owned();
                 spec.into_iter().filter_map(move |e| Some((ns.clone(), e.secret?)))
             })
@@ -696,7 +698,7 @@ async fn sync(
         if caches.tls_secrets.is_some()
             && let Some((ing, _)) = objects.get(&r.key)
         {
-            let spec = crate::tls::SpecEntry::of(ing);
+            let spec = crate::core::tls_secrets::SpecEntry::of(ing);
             if !spec.is_empty() && !state.tls.seal_to.contains_key(&r.fleet) {
                 let note = format!(
                     "spec.tls is not served: TLS is off on fleet {} (the watcher has no \
@@ -719,14 +721,16 @@ async fn sync(
             let tls = &mut state.tls;
             let mut lookup = |name: &str| tls.sealed(&r.fleet, ns, name, now_unix);
             let warn_after = now_unix + i64::from(args.cert_expiry_warning_days) * 86_400;
-            let (entries, said) = crate::tls::entries(ns, &spec, &hosts, &mut lookup, warn_after);
+            let (entries, said) =
+                crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
             r.tls = entries;
             told.entry(r.key.clone())
                 .or_default()
                 .extend(said.into_iter().map(|(reason, note)| resolve::Warning { reason, note }));
             // Certificates count against the Ingress's budget too.
             if !index::is_current(&state.published, r)
-                && let Some(why) = crate::events::over_budget(r, args, bus.payload_limit())
+                && let Some(why) =
+                    crate::core::route_events::over_budget(r, args, bus.payload_limit())
             {
                 too_big.push((r.key.clone(), why));
             }
@@ -751,10 +755,10 @@ async fn sync(
         }
     }
     let cap = args.max_kept_per_namespace;
-    crate::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
+    crate::app::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
     let actions = index::diff(&state.published, &desired);
     // Upserts of a namespace over its budget wait, unrecorded: the next diff finds them again.
-    let crate::churn::Admitted { go: actions, held } =
+    let crate::core::churn::Admitted { go: actions, held } =
         state.churn.admit(actions, &state.published, tokio::time::Instant::now());
     // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
     // (Not a reason for a snapshot when it goes: its publish replaces it.)
@@ -812,7 +816,7 @@ async fn sync(
             Action::Upsert(r) => (
                 r.fleet.clone(),
                 r.key.clone(),
-                crate::events::route_event(
+                crate::core::route_events::route_event(
                     &r.fleet,
                     &r.key,
                     r.created_unix,
@@ -824,7 +828,7 @@ async fn sync(
             Action::Delete { fleet, key } => (
                 fleet.clone(),
                 key.clone(),
-                crate::events::route_event(
+                crate::core::route_events::route_event(
                     fleet,
                     key,
                     0,
@@ -867,7 +871,7 @@ async fn sync(
             continue; // held
         }
         let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
-        if !r.routes.is_empty() && !crate::status::shows(ing, addresses) {
+        if !r.routes.is_empty() && !crate::core::status::shows(ing, addresses) {
             warnings.set_status(ing, addresses.clone()).await;
         }
     }
@@ -955,7 +959,7 @@ async fn send_settings(
         let set = update.settings.describe().join(" ");
         info!(fleet = %fleet, stream_seq = seq, settings = %set, "fleet settings published");
         state.settings.published(&update);
-        if let Some(cm) = crate::fleet_settings::InForce::source(config_maps, &update) {
+        if let Some(cm) = crate::core::fleet_settings::InForce::source(config_maps, &update) {
             let note = format!(
                 "published for fleet {fleet}: {}",
                 if set.is_empty() { "the defaults" } else { &set }
@@ -989,9 +993,11 @@ async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyho
 async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
     let cluster = state.cluster.clone();
     let kept: BTreeSet<IngressKey> = state.kept.union(&state.held_new).cloned().collect();
-    let snapshot = crate::snapshot::build(&state.published, &kept, state.epoch, cluster.as_ref());
+    let snapshot =
+        crate::app::snapshot::build(&state.published, &kept, state.epoch, cluster.as_ref());
     let subject = hafleet_proto::routes_snapshot_subject(cluster.as_ref());
-    let sent = crate::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
+    let sent =
+        crate::app::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
     info!(
         epoch = state.epoch,
         ingresses = state.published.len(),

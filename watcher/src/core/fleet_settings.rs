@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::annotations::{millis, number};
+use crate::core::annotations::{millis, number};
 
 /// A fleet's settings live in the ConfigMap of this name followed by the fleet's.
 pub const NAME_PREFIX: &str = "hafleet-fleet-";

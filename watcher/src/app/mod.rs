@@ -1,0 +1,5 @@
+//! Wiring: the watcher's run loop and the effects around the pure steps of [`crate::core`].
+
+pub mod kept;
+pub mod run;
+pub mod snapshot;
