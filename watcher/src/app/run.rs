@@ -707,7 +707,7 @@ async fn sync(
                 );
                 told.entry(r.key.clone())
                     .or_default()
-                    .push(resolve::Warning { reason: "TLSNotEnabled", note });
+                    .push(crate::core::model::Warning { reason: "TLSNotEnabled", note });
             }
             if spec.is_empty() || !state.tls.seal_to.contains_key(&r.fleet) {
                 told.entry(r.key.clone())
@@ -724,9 +724,9 @@ async fn sync(
             let (entries, said) =
                 crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
             r.tls = entries;
-            told.entry(r.key.clone())
-                .or_default()
-                .extend(said.into_iter().map(|(reason, note)| resolve::Warning { reason, note }));
+            told.entry(r.key.clone()).or_default().extend(
+                said.into_iter().map(|(reason, note)| crate::core::model::Warning { reason, note }),
+            );
             // Certificates count against the Ingress's budget too.
             if !index::is_current(&state.published, r)
                 && let Some(why) =

@@ -5,7 +5,7 @@
 //! (it keeps its last good routes, and the Event names the key and the reason); there is no
 //! free-text snippet anywhere.
 
-use crate::core::tenancy::{SHARE_ANNOTATION, Sharing};
+use crate::core::model::{SHARE_ANNOTATION, Sharing};
 use hafleet_proto::{
     BackendOptions, Balance, Cidr, CookieName, HeaderName, HeaderValue, HttpHost, HttpPath,
     REDIRECT_CODES, Redirect, Scheme,

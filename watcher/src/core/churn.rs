@@ -95,7 +95,7 @@ impl Budget {
         let pair = |fleet: &FleetName, key: &IngressKey| (fleet.clone(), key.namespace.clone());
         // A resend of what may already have been stored changes nothing new.
         let resend =
-            |r: &crate::core::resolve::Resolved| matches!(published.get(&r.key), Some((_, None)));
+            |r: &crate::core::model::Resolved| matches!(published.get(&r.key), Some((_, None)));
         let wanting: BTreeSet<Pair> = actions
             .iter()
             .filter_map(|a| match a {
@@ -189,7 +189,7 @@ pub async fn sleep_until(due: Option<Instant>) {
 mod tests {
     use super::*;
     use crate::core::index::{self, Desired, Wanted};
-    use crate::core::resolve::Resolved;
+    use crate::core::model::Resolved;
 
     use crate::core::resolve::tests_support::resolved;
 

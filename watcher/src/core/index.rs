@@ -5,7 +5,7 @@
 //! bad edit never takes a working site down), or gone (publish a delete if anything was
 //! published). A fleet change is a delete on the old fleet and an upsert on the new one.
 
-use crate::core::resolve::Resolved;
+use crate::core::model::Resolved;
 use hafleet_proto::{FleetName, IngressKey, Route, TlsEntry};
 use std::collections::BTreeMap;
 

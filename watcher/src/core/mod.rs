@@ -6,6 +6,7 @@ pub mod churn;
 pub mod feedback;
 pub mod fleet_settings;
 pub mod index;
+pub mod model;
 pub mod policy;
 pub mod resolve;
 pub mod route_events;

@@ -1,5 +1,5 @@
 //! From Kubernetes objects to a fleet's routes. Pure: Ingress, Services and Nodes in, a
-//! validated [`Resolved`] or the reasons it was refused out.
+//! validated [`Resolved`](crate::core::model::Resolved) or the reasons it was refused out.
 //!
 //! Routes go to Ready nodes' InternalIP at the Service's NodePort (kube-proxy takes it from
 //! there). A route names the NodePort; the nodes are resolved apart ([`ready_nodes`]) and
@@ -8,6 +8,7 @@
 //! NodePort: HAProxy answers 503 until that is fixed, and the route never stays on a NodePort
 //! Kubernetes may have given to another Service.
 
+use crate::core::model::{Resolved, Warning};
 use hafleet_proto::{
     Backend, FleetName, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName, PathKind,
     PathRewrite, Route, ServiceRef, TrafficPolicy,
@@ -25,26 +26,6 @@ pub const FLEET_ANNOTATION: &str = "hafleet.io/fleet";
 pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 /// Nodes with this label get no traffic from hafleet, as from any Kubernetes load balancer.
 pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-
-/// An Ingress's routes for its fleet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
-    pub fleet: FleetName,
-    pub key: IngressKey,
-    pub created_unix: i64,
-    pub resource_version: String,
-    /// Shared, so that a pass that finds an Ingress unchanged copies and compares none of
-    /// its routes (`Arc`'s `==` compares the pointers first).
-    pub routes: std::sync::Arc<Vec<Route>>,
-    /// Things worth telling the Ingress's owner that do not stop it from being routed.
-    pub warnings: Vec<Warning>,
-    /// Which other namespaces may route the hosts this Ingress's namespace owns
-    /// ([`crate::core::tenancy::SHARE_ANNOTATION`]).
-    pub sharing: crate::core::tenancy::Sharing,
-    /// The certificates of its `spec.tls` for the hosts it routes (set after tenancy, when
-    /// TLS is on).
-    pub tls: Vec<hafleet_proto::TlsEntry>,
-}
 
 /// Why an Ingress is not routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -408,14 +389,6 @@ pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAdd
         .collect();
     ready.sort();
     ready
-}
-
-/// Something worth telling an Ingress's owner that does not stop it from being routed: the
-/// reason of its Warning Event and the note.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Warning {
-    pub reason: &'static str,
-    pub note: String,
 }
 
 /// The Service port behind an Ingress backend. A route whose Service is missing, or cannot be

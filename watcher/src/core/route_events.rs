@@ -7,7 +7,7 @@ use hafleet_proto::{FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage
 /// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
 /// message may carry. `None` when it fits.
 pub fn over_budget(
-    r: &crate::core::resolve::Resolved,
+    r: &crate::core::model::Resolved,
     args: &crate::app::run::RunArgs,
     payload_limit: usize,
 ) -> Option<String> {

@@ -16,55 +16,9 @@
 //! Dropping routes from the message, rather than refusing the Ingress, withdraws them even from
 //! an Ingress that routed the host before the owner appeared, and keeps its other hosts routed.
 
-use crate::core::resolve::{Resolved, Warning};
+use crate::core::model::{Resolved, SHARE_ANNOTATION, Sharing, Warning};
 use hafleet_proto::{IngressKey, PathKind};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The annotation with which a host's owning namespace lets other namespaces route it: a
-/// comma-separated list of namespaces, or `*` for every namespace.
-pub const SHARE_ANNOTATION: &str = "hafleet.io/share-hosts-with";
-
-/// Which namespaces an Ingress lets route the hosts its namespace owns.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Sharing {
-    #[default]
-    Nobody,
-    Namespaces(BTreeSet<String>),
-    Everyone,
-}
-
-impl Sharing {
-    /// Parses the annotation's value: namespaces (RFC 1123 labels) separated by commas, or `*`.
-    pub fn parse(value: &str) -> Result<Sharing, String> {
-        if value.trim() == "*" {
-            return Ok(Sharing::Everyone);
-        }
-        let mut namespaces = BTreeSet::new();
-        for ns in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
-            namespaces.insert(ns.to_owned());
-        }
-        Ok(Sharing::Namespaces(namespaces))
-    }
-
-    /// Also lets in whom `other` lets in.
-    fn widen(&mut self, other: &Sharing) {
-        match (&mut *self, other) {
-            (Sharing::Everyone, _) | (_, Sharing::Nobody) => {}
-            (_, Sharing::Everyone) => *self = Sharing::Everyone,
-            (Sharing::Nobody, Sharing::Namespaces(ns)) => *self = Sharing::Namespaces(ns.clone()),
-            (Sharing::Namespaces(mine), Sharing::Namespaces(ns)) => mine.extend(ns.iter().cloned()),
-        }
-    }
-
-    fn allows(&self, namespace: &str) -> bool {
-        match self {
-            Sharing::Nobody => false,
-            Sharing::Namespaces(ns) => ns.contains(namespace),
-            Sharing::Everyone => true,
-        }
-    }
-}
+use std::collections::{BTreeMap, HashMap};
 
 /// A route's host as ownership sees it: `""` for a rule without a host.
 fn host_of(route: &hafleet_proto::Route) -> &str {
