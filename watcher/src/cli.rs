@@ -9,7 +9,7 @@ use clap::Parser;
 #[command(name = "hafleet-watcher", version, about)]
 pub struct Cli {
     #[command(flatten)]
-    pub run: crate::app::run::RunArgs,
+    pub run: crate::app::args::RunArgs,
     #[command(flatten)]
     pub log: hafleet_runtime::LogArgs,
 }

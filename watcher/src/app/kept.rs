@@ -47,6 +47,7 @@ pub async fn cap(
             key.namespace
         );
         let said = (&key, rv.as_str(), "RefusedNotKept", note);
-        crate::app::run::tell(warnings, warned, ing, said, "refused ingress no longer kept").await;
+        crate::app::effects::tell(warnings, warned, ing, said, "refused ingress no longer kept")
+            .await;
     }
 }

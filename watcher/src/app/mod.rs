@@ -1,5 +1,8 @@
 //! Wiring: the watcher's run loop and the effects around the pure steps of [`crate::core`].
 
+pub mod args;
+pub mod effects;
 pub mod kept;
 pub mod run;
 pub mod snapshot;
+pub mod state;

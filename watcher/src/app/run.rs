@@ -12,122 +12,22 @@
 //! After start-up, once every cache is listed and every live Ingress is published, a snapshot
 //! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
 
+use super::args::RunArgs;
+use super::effects::{send_default_cert, send_nodes, send_settings, send_snapshot, tell};
+use super::state::{State, TlsState};
 use crate::core::index::{self, Action, Desired, Published};
 use crate::core::resolve::{self, Refused, Services};
 use crate::core::tenancy;
 use crate::k8s::watch::{self as kube_adapter, Caches, Warnings};
 use anyhow::Context as _;
 use futures::StreamExt;
-use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteChange, RouteMessage};
+use hafleet_proto::{IngressKey, RouteChange};
 use hafleet_runtime::nats::Bus;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, info, warn};
 
-/// Settings of `hafleet-watcher`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub nats: hafleet_runtime::NatsArgs,
-    /// Only Ingresses of this class (spec.ingressClassName, or the legacy
-    /// kubernetes.io/ingress.class annotation). Unset: every Ingress carrying hafleet.io/fleet.
-    #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
-    pub ingress_class: Option<String>,
-    /// Most milliseconds to let a burst of cluster changes settle before resolving: a burst
-    /// that goes on longer is published in steps of this.
-    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", default_value_t = 100)]
-    pub debounce_ms: u64,
-    /// Milliseconds without a cluster change after which a burst counts as settled: a lone
-    /// change is resolved after this, not after --debounce-ms.
-    #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
-    pub quiet_ms: u64,
-    /// Where each fleet takes traffic, shown in the `status.loadBalancer.ingress` of every
-    /// Ingress routed on it (so `kubectl get ingress` shows it): `edge=192.0.2.10,192.0.2.11
-    /// core=lb.example.com` (fleets separated by spaces, addresses by commas; IPs or
-    /// hostnames). Fleets not named leave their Ingresses' status alone.
-    #[arg(long, env = "HAFLEET_FLEET_ADDRESSES", default_value = "", value_parser = crate::core::status::parse)]
-    pub fleet_addresses: crate::core::status::FleetAddresses,
-    /// Most paths one Ingress may route (rules × paths, and its default backend). A larger
-    /// Ingress is refused alone with a Warning Event; the others go on.
-    #[arg(long, env = "HAFLEET_MAX_PATHS_PER_INGRESS", default_value_t = 1000)]
-    pub max_paths_per_ingress: usize,
-    /// Most bytes one Ingress's resolved routes may take in a route event (also capped by the
-    /// NATS server's max_payload). A larger Ingress is refused alone with a Warning Event.
-    #[arg(long, env = "HAFLEET_MAX_INGRESS_BYTES", default_value_t = 256 * 1024)]
-    pub max_ingress_bytes: usize,
-    /// Most refused Ingresses per namespace kept for their last good routes (an Ingress that
-    /// fails its checks keeps serving what it served before). Beyond it the oldest of them are
-    /// withdrawn, each with a Warning Event, so that a namespace's broken Ingresses cannot grow
-    /// what every fleet holds and every snapshot names without bound.
-    #[arg(long, env = "HAFLEET_MAX_KEPT_PER_NAMESPACE", default_value_t = 1000)]
-    pub max_kept_per_namespace: usize,
-    /// Most changes per minute one namespace may make to what a fleet runs (each may reload
-    /// its hosts), after a burst of ten seconds' worth. Beyond it the namespace's changed
-    /// Ingresses wait, each with a Throttled Warning Event, and go together, in their latest
-    /// state, when the budget allows. Deletions never wait. 0: no limit.
-    #[arg(long, env = "HAFLEET_NAMESPACE_CHANGES_PER_MINUTE", default_value_t = 30)]
-    pub namespace_changes_per_minute: u32,
-    /// Let any namespace route any host. By default a host belongs, on each fleet, to the
-    /// namespace of the oldest Ingress that routes it, and other namespaces' routes for it are
-    /// ignored (with a Warning Event) unless an Ingress of the owning namespace lists them in
-    /// its `hafleet.io/share-hosts-with` annotation (or `*`). For single-tenant clusters.
-    #[arg(long, env = "HAFLEET_SHARE_HOSTS_ACROSS_NAMESPACES")]
-    pub share_hosts_across_namespaces: bool,
-    /// The cluster admin's tenancy policy, as NAMESPACE/NAME of a ConfigMap whose `policy.yaml`
-    /// says which namespaces may use which fleets, claim which hosts and write rules without a
-    /// host (README, "Tenancy policy"). Ingresses outside it are not routed, with a Warning
-    /// Event. Read live; a broken policy keeps the last good one; until one is read, nothing
-    /// is published. Unset: every namespace may do all of it.
-    #[arg(long, env = "HAFLEET_TENANCY_POLICY", value_parser = crate::core::policy::parse_ref)]
-    pub tenancy_policy: Option<(String, String)>,
-    /// The namespace of the fleets' settings: a ConfigMap `hafleet-fleet-<fleet>` there sets
-    /// that fleet's timeouts, X-Forwarded-For, access log, HSTS and PROXY protocol (README,
-    /// "Fleet settings"). Read live; a ConfigMap with a mistake gets a Warning Event and its
-    /// fleet keeps its last good settings. Give it to one watcher per fleet (with several
-    /// clusters, one cluster's). Unset: no settings are published (the renderer keeps what it
-    /// has; a fleet never given any has the defaults).
-    #[arg(long, env = "HAFLEET_SETTINGS_NAMESPACE")]
-    pub settings_namespace: Option<hafleet_proto::Namespace>,
-    /// Seconds between re-resolving everything from the caches even without changes, which
-    /// retries publishes that failed. Reads only the local caches; never polls the API server.
-    #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
-    pub resync_secs: u64,
-    /// A pass that would delete more than this many Ingresses of one fleet at once (a relist
-    /// after the API server was restored from an empty backup, say) sends no delete events
-    /// for them but a snapshot, which the renderer's mass-deletion guard checks
-    /// (--sweep-guard-percent). 0: every deletion goes as its own event.
-    #[arg(long, env = "HAFLEET_BULK_DELETE_THRESHOLD", default_value_t = 10)]
-    pub bulk_delete_threshold: usize,
-    /// Serve the certificates of Ingresses' `spec.tls` on these fleets, each private key
-    /// sealed to the fleet's age X25519 recipient (`hafleet-applier keygen` prints it):
-    /// `edge=age1… core=age1…`, fleets separated by spaces. Turns on the watch of
-    /// `kubernetes.io/tls` Secrets (metadata only; the data of the Secrets fleet Ingresses
-    /// name is read one by one), which needs the RBAC of deploy/kubernetes/components/tls.
-    /// Fleets not named get no certificates; unset: TLS off.
-    #[arg(long, env = "HAFLEET_SEAL_TO", value_delimiter = ' ', value_parser = parse_seal_to)]
-    pub seal_to: Vec<(FleetName, crate::core::tls_secrets::SealTo)>,
-    /// Each TLS fleet's default certificate: the `kubernetes.io/tls` Secret HTTPS answers with
-    /// for a name no Ingress has a certificate for, as `edge=hafleet/edge-default` (fleets
-    /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
-    #[arg(long, env = "HAFLEET_DEFAULT_CERTS", value_delimiter = ' ', value_parser = parse_default_cert)]
-    pub default_cert: Vec<(FleetName, (String, String))>,
-    /// Days before a served certificate's notAfter from which its Ingress gets a
-    /// CertificateExpiring Warning Event (it is still served until it expires, then refused).
-    #[arg(long, env = "HAFLEET_CERT_EXPIRY_WARNING_DAYS", default_value_t = 14)]
-    pub cert_expiry_warning_days: u32,
-    /// This cluster's id, when several clusters feed the same fleets (an RFC 1123 label, each
-    /// cluster its own): its Ingresses, Services and nodes are told apart from other
-    /// clusters' (HAProxy names its backends `be_…:<id>` and its servers `<node>:<id>`), and
-    /// its snapshots sweep only its own Ingresses. Unset: the one cluster. Setting or changing
-    /// it on a running pipeline makes its Ingresses new ones: the old ones are not swept.
-    #[arg(long, env = "HAFLEET_CLUSTER_ID")]
-    pub cluster_id: Option<hafleet_proto::ClusterId>,
-    #[command(flatten)]
-    pub lease: crate::k8s::elector::LeaseArgs,
-    #[command(flatten)]
-    pub health: hafleet_runtime::health::HealthArgs,
-}
-
+/// Runs the watcher until SIGTERM or Ctrl-C.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     hafleet_runtime::install_shutdown_handler();
     let health =
@@ -359,199 +259,10 @@ const ROUTE_EVENTS: (&str, &str) = (
     "hafleet_watcher_route_events_total",
     "Route events published (and acked), by upsert or delete.",
 );
-const WARNINGS: (&str, &str) =
-    ("hafleet_watcher_warnings_total", "Warning Events posted on Ingresses, by reason.");
 const LEADER: (&str, &str) = (
     "hafleet_watcher_leader",
     "1 while this replica publishes (holds the lease, or runs without leader election).",
 );
-
-struct State {
-    /// `--cluster-id`: stamped on everything published, which this watcher's view of its one
-    /// cluster does not carry.
-    cluster: Option<hafleet_proto::ClusterId>,
-    epoch: u64,
-    seq: u64,
-    published: Published,
-    /// The node set last published (and acked); `None` before the first or after a failed
-    /// publish, so that it is sent (again).
-    nodes: Option<Vec<NodeAddr>>,
-    /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
-    kept: BTreeSet<IngressKey>,
-    /// Ingresses the churn budget holds that this run never published: listed as kept in a
-    /// snapshot (nothing sweeps them), but their going out is no reason for one.
-    held_new: BTreeSet<IngressKey>,
-    /// A snapshot must be published after the next successful sync.
-    snapshot_due: bool,
-    /// With leader election: the lease this replica holds. Nothing is published unless it
-    /// holds.
-    leader: Option<crate::k8s::elector::Leadership>,
-    /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
-    warned: BTreeSet<(IngressKey, String, String)>,
-    tls: TlsState,
-    /// Each Ingress's resolution, redone only when it or what it names changed.
-    memo: resolve::Memo,
-    /// With `--tenancy-policy`: the policy in force.
-    policy: crate::core::policy::InForce,
-    /// `--namespace-changes-per-minute`, once the initial state is out.
-    churn: crate::core::churn::Budget,
-    /// With `--settings-namespace`: the fleets' settings read and published.
-    settings: crate::core::fleet_settings::InForce,
-}
-
-/// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
-type ReadCert = (String, Result<std::sync::Arc<crate::core::tls_secrets::CheckedCert>, String>);
-
-/// What the watcher keeps for TLS: the checked certificates of the Secrets that Ingresses of
-/// fleets with a sealing key name (only those), by (namespace, name), with the resourceVersion
-/// they were read at; and each chain sealed once per fleet (sealing anew would change its
-/// bytes, and so the version, for nothing).
-struct TlsState {
-    client: Option<kube::Client>,
-    seal_to: BTreeMap<FleetName, crate::core::tls_secrets::SealTo>,
-    certs: BTreeMap<(String, String), ReadCert>,
-    seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
-    /// The default certificate last published (and acked) per fleet.
-    defaults: BTreeMap<FleetName, hafleet_proto::SealedCert>,
-    /// (fleet, why) already logged for a default certificate that cannot be used.
-    default_warned: BTreeSet<(FleetName, String)>,
-}
-
-impl TlsState {
-    fn default_for(
-        seal_to: impl IntoIterator<Item = (FleetName, crate::core::tls_secrets::SealTo)>,
-    ) -> TlsState {
-        TlsState {
-            client: None,
-            seal_to: seal_to.into_iter().collect(),
-            certs: BTreeMap::new(),
-            seals: BTreeMap::new(),
-            defaults: BTreeMap::new(),
-            default_warned: BTreeSet::new(),
-        }
-    }
-
-    /// Reads (again) the Secrets among `wanted` whose resourceVersion in the metadata cache is
-    /// not the one read, and forgets the Secrets no longer wanted.
-    async fn refresh(
-        &mut self,
-        meta: &kube::runtime::reflector::Store<
-            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>,
-        >,
-        wanted: &BTreeSet<(String, String)>,
-        now_unix: i64,
-    ) {
-        self.certs.retain(|k, _| wanted.contains(k));
-        let chains: BTreeSet<String> = self
-            .certs
-            .values()
-            .filter_map(|(_, c)| {
-                c.as_ref().ok().map(|c| hafleet_proto::sha256_hex(c.chain_pem.as_bytes()))
-            })
-            .collect();
-        self.seals.retain(|(_, chain), _| chains.contains(chain));
-        let Some(client) = &self.client else { return };
-        for (ns, name) in wanted {
-            let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
-            let Some(rv) =
-                meta.get(&key).map(|m| m.metadata.resource_version.clone().unwrap_or_default())
-            else {
-                let why = format!(
-                    "no Secret of type {} by that name in namespace {ns}",
-                    crate::core::tls_secrets::SECRET_TYPE
-                );
-                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
-                continue;
-            };
-            if self.certs.get(&(ns.clone(), name.clone())).is_some_and(|(seen, _)| *seen == rv) {
-                continue;
-            }
-            let checked = match kube_adapter::secret_data(client, ns, name).await {
-                Ok(Some((rv, crt, key))) => {
-                    let key = key.map(zeroize::Zeroizing::new);
-                    let got = crate::core::tls_secrets::check(
-                        crt.as_deref(),
-                        key.as_deref().map(|k| k.as_slice()),
-                        now_unix,
-                    )
-                    .map(std::sync::Arc::new)
-                    .map_err(|e| e.to_string());
-                    (rv, got)
-                }
-                Ok(None) => (
-                    rv,
-                    Err(format!(
-                        "no Secret of type {} by that name in namespace {ns}",
-                        crate::core::tls_secrets::SECRET_TYPE
-                    )),
-                ),
-                Err(e) => {
-                    // Not cached: read again next pass.
-                    warn!(namespace = %ns, secret = %name, error = %e, "cannot read a TLS Secret");
-                    continue;
-                }
-            };
-            self.certs.insert((ns.clone(), name.clone()), checked);
-        }
-    }
-
-    /// The certificate of Secret `name` in `ns`, sealed to `fleet`; or why not, with the
-    /// Secret's resourceVersion (so a Secret that breaks again is said again), or `None` when
-    /// there is nothing to tell its owner (not read yet: the API server did not answer).
-    fn sealed(
-        &mut self,
-        fleet: &FleetName,
-        ns: &str,
-        name: &str,
-        now_unix: i64,
-    ) -> Result<hafleet_proto::SealedCert, Option<String>> {
-        let to = self.seal_to.get(fleet).ok_or(None)?;
-        let (rv, checked) = self.certs.get(&(ns.to_owned(), name.to_owned())).ok_or(None)?;
-        let at = |why: String| {
-            Some(if rv.is_empty() { why } else { format!("{why} (resourceVersion {rv})") })
-        };
-        let cert = checked.as_ref().map_err(|why| at(why.clone()))?;
-        cert.usable_at(now_unix).map_err(|e| at(e.to_string()))?;
-        let chain = hafleet_proto::sha256_hex(cert.chain_pem.as_bytes());
-        Ok(self.seals.entry((fleet.clone(), chain)).or_insert_with(|| cert.seal(to)).clone())
-    }
-}
-
-/// `FLEET=NAMESPACE/NAME`.
-fn parse_default_cert(s: &str) -> Result<(FleetName, (String, String)), String> {
-    let (fleet, secret) = s.split_once('=').ok_or("expected FLEET=NAMESPACE/NAME")?;
-    let fleet = FleetName::new(fleet).map_err(|e| e.to_string())?;
-    let (ns, name) = secret.split_once('/').ok_or("expected FLEET=NAMESPACE/NAME")?;
-    hafleet_proto::Namespace::new(ns).map_err(|e| e.to_string())?;
-    hafleet_proto::ObjectName::new(name).map_err(|e| e.to_string())?;
-    Ok((fleet, (ns.to_owned(), name.to_owned())))
-}
-
-/// `FLEET=age1…`. Errors never quote the value: an identity pasted here by mistake (the
-/// private half) must not reach a log.
-fn parse_seal_to(s: &str) -> Result<(FleetName, crate::core::tls_secrets::SealTo), String> {
-    if s.to_ascii_uppercase().contains("AGE-SECRET-KEY") {
-        return Err("this is a fleet's private identity (AGE-SECRET-KEY-1…), which belongs \
-                    with its applier only; give the watcher its recipient (age1…, printed by \
-                    `hafleet-applier keygen`)"
-            .into());
-    }
-    let (fleet, recipient) = s.split_once('=').ok_or("expected FLEET=age1…")?;
-    let fleet =
-        FleetName::new(fleet).map_err(|_| "the fleet before '=' is not a valid fleet name")?;
-    Ok((fleet, recipient.parse()?))
-}
-
-impl State {
-    fn next_msg_id(&mut self) -> String {
-        self.seq += 1;
-        match &self.cluster {
-            Some(c) => format!("watcher-{c}-{}-{}", self.epoch, self.seq),
-            None => format!("watcher-{}-{}", self.epoch, self.seq),
-        }
-    }
-}
-
 /// Resolves everything from the caches and publishes what changed. Stops at the first failed
 /// publish; what was not published is found again next time.
 async fn sync(
@@ -632,8 +343,11 @@ async fn sync(
             // Only routes that differ from what was published can have grown too large.
             Ok(r)
                 if !index::is_current(&state.published, &r)
-                    && let Some(why) =
-                        crate::core::route_events::over_budget(&r, args, bus.payload_limit()) =>
+                    && let Some(why) = crate::core::route_events::over_budget(
+                        &r,
+                        &args.ingress_limits(),
+                        bus.payload_limit(),
+                    ) =>
             {
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!("not routed by hafleet: {why}; split the Ingress");
@@ -729,8 +443,11 @@ async fn sync(
             );
             // Certificates count against the Ingress's budget too.
             if !index::is_current(&state.published, r)
-                && let Some(why) =
-                    crate::core::route_events::over_budget(r, args, bus.payload_limit())
+                && let Some(why) = crate::core::route_events::over_budget(
+                    r,
+                    &args.ingress_limits(),
+                    bus.payload_limit(),
+                )
             {
                 too_big.push((r.key.clone(), why));
             }
@@ -875,138 +592,5 @@ async fn sync(
             warnings.set_status(ing, addresses.clone()).await;
         }
     }
-    Ok(())
-}
-
-/// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
-/// logging it as `what` and counting it. One the API server did not take is tried again on
-/// the next pass.
-pub(crate) async fn tell(
-    warnings: &Warnings,
-    warned: &mut BTreeSet<(IngressKey, String, String)>,
-    ing: &k8s_openapi::api::networking::v1::Ingress,
-    (key, rv, reason, note): (&IngressKey, &str, &'static str, String),
-    what: &'static str,
-) {
-    if !warned.insert((key.clone(), rv.to_owned(), note.clone())) {
-        return;
-    }
-    warn!(ingress = %key, reason, note = %note, "{what}");
-    hafleet_runtime::health::Health::global().count(WARNINGS, &[("reason", reason)], 1.0);
-    if !warnings.warn(ing, reason, note.clone()).await {
-        warned.remove(&(key.clone(), rv.to_owned(), note));
-    }
-}
-
-/// Publishes `fleet`'s default certificate when it is not the one last published. A Secret
-/// that cannot be used is logged (there is no Ingress to tell) and the fleet keeps the one it
-/// had.
-async fn send_default_cert(
-    bus: &Bus,
-    state: &mut State,
-    fleet: &FleetName,
-    (ns, name): (&str, &str),
-    now_unix: i64,
-) -> anyhow::Result<()> {
-    let cert = match state.tls.sealed(fleet, ns, name, now_unix) {
-        Ok(cert) => cert,
-        Err(why) => {
-            if let Some(why) = why
-                && state.tls.default_warned.insert((fleet.clone(), why.clone()))
-            {
-                warn!(fleet = %fleet, secret = %format!("{ns}/{name}"), %why, "the fleet's default certificate is not usable; it keeps the one it had");
-            }
-            return Ok(());
-        }
-    };
-    if state.tls.defaults.get(fleet) == Some(&cert) {
-        return Ok(());
-    }
-    let msg = RouteMessage::DefaultCert(hafleet_proto::DefaultCert {
-        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
-        epoch: state.epoch,
-        cluster: state.cluster.clone(),
-        fleet: fleet.clone(),
-        cert: Some(cert.clone()),
-    });
-    let id = state.next_msg_id();
-    let seq = bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await?;
-    info!(fleet = %fleet, fingerprint = %cert.fingerprint, stream_seq = seq, "default certificate published");
-    state.tls.defaults.insert(fleet.clone(), cert);
-    Ok(())
-}
-
-/// Publishes each fleet's settings that changed, and tells the ConfigMaps' admin what was
-/// taken and what was not.
-async fn send_settings(
-    bus: &Bus,
-    warnings: &Warnings,
-    state: &mut State,
-    config_maps: &[std::sync::Arc<k8s_openapi::api::core::v1::ConfigMap>],
-    fleets: Vec<FleetName>,
-) -> anyhow::Result<()> {
-    let at = (state.epoch, state.cluster.as_ref());
-    let plan = state.settings.plan(config_maps, fleets, at);
-    for (cm, warning, reason, note) in plan.tell {
-        warn!(configmap = ?cm.metadata.name, note = %note, "fleet settings refused");
-        warnings.post(&*cm, warning, reason, note).await;
-    }
-    for update in plan.publish {
-        let fleet = update.fleet.clone();
-        let msg = RouteMessage::Settings(update.clone());
-        let id = state.next_msg_id();
-        let seq = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await?;
-        let set = update.settings.describe().join(" ");
-        info!(fleet = %fleet, stream_seq = seq, settings = %set, "fleet settings published");
-        state.settings.published(&update);
-        if let Some(cm) = crate::core::fleet_settings::InForce::source(config_maps, &update) {
-            let note = format!(
-                "published for fleet {fleet}: {}",
-                if set.is_empty() { "the defaults" } else { &set }
-            );
-            warnings.post(&**cm, false, "SettingsPublished", note).await;
-        }
-    }
-    Ok(())
-}
-
-/// Publishes the node set that every route's servers come from.
-async fn send_nodes(bus: &Bus, state: &mut State, nodes: Vec<NodeAddr>) -> anyhow::Result<()> {
-    let msg = RouteMessage::Nodes(NodesUpdate {
-        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
-        epoch: state.epoch,
-        cluster: state.cluster.clone(),
-        nodes: nodes.clone(),
-    });
-    let id = state.next_msg_id();
-    state.nodes = None;
-    let seq = bus
-        .publish(hafleet_proto::routes_nodes_subject(state.cluster.as_ref()), &id, msg.encode())
-        .await?;
-    info!(nodes = nodes.len(), stream_seq = seq, "nodes published");
-    state.nodes = Some(nodes);
-    Ok(())
-}
-
-/// Publishes a snapshot: every Ingress this watcher knows, live or kept (in parts when it is
-/// larger than a NATS message). The renderer sweeps whatever else it holds.
-async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
-    let cluster = state.cluster.clone();
-    let kept: BTreeSet<IngressKey> = state.kept.union(&state.held_new).cloned().collect();
-    let snapshot =
-        crate::app::snapshot::build(&state.published, &kept, state.epoch, cluster.as_ref());
-    let subject = hafleet_proto::routes_snapshot_subject(cluster.as_ref());
-    let sent =
-        crate::app::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
-    info!(
-        epoch = state.epoch,
-        ingresses = state.published.len(),
-        kept = state.kept.len(),
-        stream_seq = sent.seq,
-        parts = sent.parts,
-        bytes = sent.bytes,
-        "snapshot published"
-    );
-    state.snapshot_due = false;
     Ok(())
 }

@@ -3,31 +3,42 @@
 
 use hafleet_proto::{FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage};
 
+/// What one Ingress's route event may take, from the watcher's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct IngressLimits<'a> {
+    /// `--max-paths-per-ingress`.
+    pub max_paths: usize,
+    /// `--max-ingress-bytes`.
+    pub max_bytes: usize,
+    /// `--cluster-id`: the cluster the event names its Services in.
+    pub cluster: Option<&'a hafleet_proto::ClusterId>,
+}
+
 /// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than
 /// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
 /// message may carry. `None` when it fits.
 pub fn over_budget(
     r: &crate::core::model::Resolved,
-    args: &crate::app::run::RunArgs,
+    limits: &IngressLimits<'_>,
     payload_limit: usize,
 ) -> Option<String> {
-    if r.routes.len() > args.max_paths_per_ingress {
+    if r.routes.len() > limits.max_paths {
         return Some(format!(
             "it has {} paths, more than --max-paths-per-ingress ({})",
             r.routes.len(),
-            args.max_paths_per_ingress
+            limits.max_paths
         ));
     }
     let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
-    let at = (0, args.cluster_id.as_ref());
+    let at = (0, limits.cluster);
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
     let size = msg.encode().len();
-    let limit = args.max_ingress_bytes.min(payload_limit);
+    let limit = limits.max_bytes.min(payload_limit);
     (size > limit).then(|| {
         format!(
             "its resolved routes take {size} bytes, more than {limit} (--max-ingress-bytes {}, \
              NATS max_payload {payload_limit})",
-            args.max_ingress_bytes
+            limits.max_bytes
         )
     })
 }
