@@ -3,7 +3,7 @@
 //! Events, each said once).
 
 use super::state::State;
-use crate::k8s::watch::Warnings;
+use crate::k8s::events::Warnings;
 use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteMessage};
 use hafleet_runtime::nats::Bus;
 use std::collections::BTreeSet;

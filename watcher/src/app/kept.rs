@@ -3,7 +3,7 @@
 //! creation times from the cache and tells the Ingresses that lose their routes.
 
 use crate::core::index::{self, Desired};
-use crate::k8s::watch::Warnings;
+use crate::k8s::events::Warnings;
 use hafleet_proto::IngressKey;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::runtime::reflector::{ObjectRef, Store};

@@ -3,6 +3,7 @@
 pub mod args;
 pub mod effects;
 pub mod kept;
+pub mod notices;
 pub mod run;
 pub mod snapshot;
 pub mod state;

@@ -18,7 +18,8 @@ use super::state::{State, TlsState};
 use crate::core::index::{self, Action, Desired, Published};
 use crate::core::resolve::{self, Refused, Services};
 use crate::core::tenancy;
-use crate::k8s::watch::{self as kube_adapter, Caches, Warnings};
+use crate::k8s::events::Warnings;
+use crate::k8s::watch::{self as kube_adapter, Caches};
 use anyhow::Context as _;
 use futures::StreamExt;
 use hafleet_proto::{IngressKey, RouteChange};
@@ -150,7 +151,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let mut told = crate::core::feedback::Feedback::for_cluster(cluster);
             loop {
                 let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
-                let run = crate::core::feedback::adapter::run(bus, store, warnings, &mut told);
+                let run = super::notices::run(bus, store, warnings, &mut told);
                 if let Err(e) = run.await {
                     debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
                 }

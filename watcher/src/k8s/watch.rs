@@ -1,13 +1,12 @@
-//! Kubernetes adapter: reflectors (watch-driven caches, never polling) for Ingresses, Services,
-//! Nodes and EndpointSlices, a stream that ticks whenever any of them changes, and Warning
-//! Events.
+//! Kubernetes adapter, reading: reflectors (watch-driven caches, never polling) for Ingresses,
+//! Services, Nodes and EndpointSlices, and a stream that ticks whenever any of them changes.
+//! Events and status go the other way, through [`crate::k8s::events`].
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -223,80 +222,5 @@ impl Caches {
             settings.wait_until_ready().await?;
         }
         Ok(())
-    }
-}
-
-/// Writes back to Ingresses: Warning Events on those hafleet refuses or routes with caveats,
-/// and the status of those it routes.
-#[derive(Clone)]
-pub struct Warnings {
-    recorder: Recorder,
-    client: Client,
-}
-
-impl Warnings {
-    pub fn new(client: Client) -> Self {
-        let reporter = Reporter { controller: "hafleet-watcher".into(), instance: None };
-        Warnings { recorder: Recorder::new(client.clone(), reporter), client }
-    }
-
-    /// Sets `status.loadBalancer.ingress`; a failure is logged and retried on the next pass.
-    pub async fn set_status(
-        &self,
-        ingress: &Ingress,
-        entries: Vec<k8s_openapi::api::networking::v1::IngressLoadBalancerIngress>,
-    ) {
-        let (Some(ns), Some(name)) =
-            (ingress.metadata.namespace.as_deref(), ingress.metadata.name.as_deref())
-        else {
-            return;
-        };
-        let api: Api<Ingress> = Api::namespaced(self.client.clone(), ns);
-        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": entries}}});
-        let params = kube::api::PatchParams::default();
-        match api.patch_status(name, &params, &kube::api::Patch::Merge(&patch)).await {
-            Ok(_) => {
-                info!(ingress = %format!("{ns}/{name}"), "status set to the fleet's addresses")
-            }
-            Err(e) => warn!(ingress = %format!("{ns}/{name}"), error = %e, "cannot set status"),
-        }
-    }
-
-    /// Posts a Warning Event; whether the API server took it.
-    pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) -> bool {
-        self.post(ingress, true, reason, note).await
-    }
-
-    /// Posts an Event (Warning or Normal) on `object`; repeats are counted by the recorder.
-    /// Whether the API server took it (a failure is logged).
-    pub async fn post<K: kube::Resource<DynamicType = ()>>(
-        &self,
-        object: &K,
-        warning: bool,
-        reason: &str,
-        note: String,
-    ) -> bool {
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        let event = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: "Route".into(),
-            secondary: None,
-        };
-        match self.recorder.publish(&event, &object.object_ref(&())).await {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(error = %e, reason, "cannot post event; it is posted again on the next pass");
-                false
-            }
-        }
     }
 }
