@@ -1,5 +1,5 @@
 //! From Kubernetes objects to a fleet's routes. Pure: Ingress, Services and Nodes in, a
-//! validated [`Resolved`](crate::core::model::Resolved) or the reasons it was refused out.
+//! validated [`Resolved`] or the reasons it was refused out.
 //!
 //! Routes go to Ready nodes' InternalIP at the Service's NodePort (kube-proxy takes it from
 //! there). A route names the NodePort; the nodes are resolved apart ([`ready_nodes`]) and
