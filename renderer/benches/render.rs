@@ -5,7 +5,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 mod common;
 
 use hafleet_proto::FleetName;
-use hafleet_renderer::{model, render::Renderer};
+use hafleet_renderer::core::{model, render::Renderer};
 
 fn render(c: &mut Criterion) {
     let renderer = Renderer::builtin();

@@ -14,10 +14,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use hafleet_proto::{
     Cause, FleetName, HistoryReply, RouteChange, RouteEvent, RouteMessage, SCHEMA_VERSION,
 };
-use hafleet_renderer::render::Renderer;
-use hafleet_renderer::state::{self, Applied, Desired};
-use hafleet_renderer::store::Store;
-use hafleet_renderer::versions::{Latest, next_version};
+use hafleet_renderer::adapters::store::Store;
+use hafleet_renderer::core::render::Renderer;
+use hafleet_renderer::core::state::{self, Applied, Desired};
+use hafleet_renderer::core::versions::{Latest, next_version};
 use std::time::Instant;
 
 struct Args {
@@ -152,7 +152,7 @@ fn main() {
         let (mut build, mut render, mut hash) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
             let started = Instant::now();
-            let model = hafleet_renderer::model::build(
+            let model = hafleet_renderer::core::model::build(
                 &fleet,
                 desired.ingresses(&fleet),
                 &desired.nodes[&None],

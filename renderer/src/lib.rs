@@ -1,88 +1,35 @@
 //! hafleet-renderer: keeps each fleet's desired state in sled, renders HAProxy configs with
 //! minijinja, and publishes numbered, explained config versions.
 //!
-//! Pure decisions: [`state`] (messages → desired state), [`model`] (state → render model),
-//! [`maps`] and [`render`] (model → map files and config text), [`versions`] (text → new version or not),
-//! [`quarantine`] (a refused version → the Ingresses that made it). Adapters: [`store`]
-//! (sled) and [`bus`] (NATS). Wiring: [`run`].
+//! The folders are the layers, and each step of the pipeline is one module in them:
+//!
+//! ```text
+//! cli/       the command line (`run`), and the operator's commands, which need only NATS:
+//!   history          history, rollback, resume, sweep: asked of the running renderer
+//!   replay           a past config rebuilt from the routes stream and a checkpoint
+//! app/       wiring: the effects around the pure steps
+//!   run              start-up, the loop that selects between the sources below, shutdown
+//!   args             the settings of `run` (RenderArgs: what decides a config; replay's too)
+//!   intake           route messages → state::apply → versions → store.commit; bad ones parked
+//!   publish          stored versions and sweep releases out on NATS
+//!   history_service  answers history requests, rolls back, resumes, releases sweeps
+//!   refusals         HAProxy refused a version → quarantine its Ingresses
+//!   checkpointer     desired state → object store, and back into an empty store
+//! core/      pure decisions: no sled, no NATS, the clock a parameter
+//!   state            route messages → desired state (snapshots: parts made whole)
+//!   model            desired state → render model (filters, settings, certs, par)
+//!   maps, render     render model → map files and config text
+//!   versions         config text → a new version or none
+//!   checkpoint       which checkpoint to write, start from, drop
+//!   quarantine       a refused version → the Ingresses that made it
+//! adapters/  I/O: store (sled), bus (NATS)
+//! ```
+//! Arrows run down the list and never back: `cli` and `app` use `core` and `adapters`,
+//! `adapters` use `core` for its types, and `core` uses neither.
 
-pub mod bus;
-pub mod checkpoint;
-pub mod filters;
-pub mod history;
-pub mod maps;
-pub mod model;
-pub mod par;
-pub mod quarantine;
-pub mod render;
-pub mod run;
-pub mod settings;
-pub mod snapshots;
-pub mod state;
-pub mod store;
-pub mod tls;
-pub mod versions;
+pub mod adapters;
+pub mod app;
+pub mod cli;
+pub mod core;
 
-use clap::{Parser, Subcommand};
-
-/// Renders HAProxy configs for hafleet fleets from the route events the watcher publishes.
-#[derive(Debug, Parser)]
-#[command(name = "hafleet-renderer", version, about, long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-    #[command(flatten)]
-    pub log: hafleet_runtime::LogArgs,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Consume route events and publish config versions until SIGTERM or Ctrl-C.
-    Run(run::RunArgs),
-    /// Print the built-in HAProxy template, as a starting point for --template.
-    Template,
-    /// Read a fleet's config history from a running renderer (through NATS).
-    #[command(subcommand)]
-    History(history::cli::HistoryCommand),
-    /// Republish version N's config as a new version and pin the fleet to it: later changes
-    /// are rendered and recorded as held, not published, until `resume`.
-    Rollback {
-        #[command(flatten)]
-        common: history::cli::Common,
-        /// The version to put back.
-        version: u64,
-    },
-    /// Rebuild a fleet's config as it was at a point of the routes stream (a sequence or a
-    /// time), from the stream and the newest checkpoint before that point, and print it.
-    Replay(history::replay::ReplayArgs),
-    /// Unpin a rolled-back fleet and publish the config its current state renders.
-    Resume {
-        #[command(flatten)]
-        common: history::cli::Common,
-    },
-    /// Show or release a sweep the mass-deletion guard holds (through NATS).
-    #[command(subcommand)]
-    Sweep(history::cli::SweepCommand),
-}
-
-impl Cli {
-    /// Parses the command line and runs it; `main` is nothing more.
-    pub async fn parse_and_run() -> anyhow::Result<()> {
-        let cli = Cli::parse();
-        hafleet_runtime::init_tracing(&cli.log);
-        match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::Template => {
-                print!("{}", render::BUILTIN_TEMPLATE);
-                Ok(())
-            }
-            Command::History(command) => history::cli::history(command).await,
-            Command::Sweep(command) => history::cli::sweep(command).await,
-            Command::Rollback { common, version } => {
-                history::cli::rollback_or_resume(common, Some(version)).await
-            }
-            Command::Replay(args) => history::replay::replay(args).await,
-            Command::Resume { common } => history::cli::rollback_or_resume(common, None).await,
-        }
-    }
-}
+pub use cli::{Cli, Command};

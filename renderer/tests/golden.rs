@@ -2,7 +2,7 @@
 //! reviewed snapshot, and every snapshot passes `haproxy -c` with the real HAProxy.
 
 use hafleet_proto::{Bundle, FleetName, IngressKey, NodeAddr, Route};
-use hafleet_renderer::{
+use hafleet_renderer::core::{
     model,
     render::{Fleetwide, Renderer},
     state::IngressEntry,
@@ -327,12 +327,14 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
     use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
     let dir = tempfile::tempdir().unwrap();
     let identity = hafleet_applier::tls::FleetIdentity::generate();
-    let to: hafleet_watcher::tls::SealTo = identity.recipient().parse().unwrap();
+    let to: hafleet_watcher::core::tls_secrets::SealTo = identity.recipient().parse().unwrap();
     let sealed = |names: &[&str]| {
         let (crt, key) = openssl_cert(dir.path(), names);
         // Read after the certificate is made: its notBefore is the second it was made in.
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        hafleet_watcher::tls::check(Some(&crt), Some(&key), now.as_secs() as i64).unwrap().seal(&to)
+        hafleet_watcher::core::tls_secrets::check(Some(&crt), Some(&key), now.as_secs() as i64)
+            .unwrap()
+            .seal(&to)
     };
     let (shop, wild) = (sealed(&["shop.example.com"]), sealed(&["*.example.org"]));
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shop.json");
@@ -540,12 +542,13 @@ fn a_certificate_for_more_hosts_than_a_line_holds_is_split_and_haproxy_accepts_i
     use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
     let dir = tempfile::tempdir().unwrap();
     let identity = hafleet_applier::tls::FleetIdentity::generate();
-    let to: hafleet_watcher::tls::SealTo = identity.recipient().parse().unwrap();
+    let to: hafleet_watcher::core::tls_secrets::SealTo = identity.recipient().parse().unwrap();
     let (crt, key) = openssl_cert(dir.path(), &["*.example.org"]);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let wild = hafleet_watcher::tls::check(Some(&crt), Some(&key), now.as_secs() as i64)
-        .unwrap()
-        .seal(&to);
+    let wild =
+        hafleet_watcher::core::tls_secrets::check(Some(&crt), Some(&key), now.as_secs() as i64)
+            .unwrap()
+            .seal(&to);
     let route = |host: &str| -> hafleet_proto::Route {
         serde_json::from_value(serde_json::json!({
             "host": host, "path": "/", "kind": "Prefix",

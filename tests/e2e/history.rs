@@ -127,8 +127,8 @@ async fn served(world: &World, name: &str, host: &str) -> Result<u64> {
 /// Sequences of the checkpoints in the object store, read as the tests' admin.
 async fn checkpoints(world: &World) -> Result<Vec<u64>> {
     let bus = hafleet_runtime::nats::Bus::connect(&world.stack.nats.url()).await?;
-    match hafleet_renderer::bus::checkpoint_store(&bus, false).await? {
-        Some(b) => hafleet_renderer::bus::list_checkpoints(&b).await,
+    match hafleet_renderer::adapters::bus::checkpoint_store(&bus, false).await? {
+        Some(b) => hafleet_renderer::adapters::bus::list_checkpoints(&b).await,
         None => Ok(vec![]),
     }
 }

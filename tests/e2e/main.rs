@@ -205,7 +205,7 @@ pub async fn render_with(
     edit: impl Fn(&str) -> String,
     marker: &str,
 ) -> Result<u64> {
-    let template = edit(hafleet_renderer::render::BUILTIN_TEMPLATE);
+    let template = edit(hafleet_renderer::core::render::BUILTIN_TEMPLATE);
     assert!(template.contains(marker));
     let path = world.stack.dir().join(name);
     std::fs::write(&path, template)?;

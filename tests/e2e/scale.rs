@@ -92,7 +92,7 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
     let marker = "# hafleet-padding";
     let template = format!(
         "{}\n{{% if fleet == \"edge\" %}}{{% for i in range(30000) %}}{marker} {{{{ i }}}} {}\n{{% endfor %}}{{% endif %}}",
-        hafleet_renderer::render::BUILTIN_TEMPLATE,
+        hafleet_renderer::core::render::BUILTIN_TEMPLATE,
         "x".repeat(60)
     );
     let path = world.stack.dir().join("edge-padded.cfg.j2");

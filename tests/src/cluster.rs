@@ -7,12 +7,12 @@ use crate::stack::Stack;
 use crate::{HttpBackend, random_loopback_ip};
 use anyhow::Result;
 use hafleet_proto::{Backend, Namespace, NodeAddr, ObjectName, ServiceRef, TrafficPolicy};
-use hafleet_renderer::model::{DEFAULT_SERVERS_PER_BACKEND, NodePool, subset};
+use hafleet_renderer::core::model::{DEFAULT_SERVERS_PER_BACKEND, NodePool, subset};
 use std::net::IpAddr;
 
 /// Where nodes answer for their health: kube-proxy's `/healthz` port, which the renderer checks
 /// by default (`--node-health-port`).
-pub const NODE_HEALTH_PORT: u16 = hafleet_renderer::model::DEFAULT_NODE_HEALTH_PORT;
+pub const NODE_HEALTH_PORT: u16 = hafleet_renderer::core::model::DEFAULT_NODE_HEALTH_PORT;
 
 /// Creates `count` Ready nodes `node-1`… on random loopback addresses, each answering 200 at
 /// [`NODE_HEALTH_PORT`] as kube-proxy would (the returned processes; keep them).

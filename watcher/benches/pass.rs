@@ -6,8 +6,8 @@
 //! BENCHMARKS.md.
 //! Run: `cargo bench -p hafleet-watcher --bench pass` (`-- --ingresses N --passes N`).
 
-use hafleet_watcher::index::{self, Desired, Published};
-use hafleet_watcher::resolve::{self, Services};
+use hafleet_watcher::core::index::{self, Desired, Published};
+use hafleet_watcher::core::resolve::{self, Services};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::BTreeMap;
@@ -104,7 +104,7 @@ fn main() {
         assert_eq!(memo.fresh(), if pass == 0 { n } else { 1 }, "only the changed Ingress");
         let t = Instant::now();
         let mut routed = index::routed_mut(&mut desired);
-        let told = hafleet_watcher::tenancy::keep_apart(&mut routed, true);
+        let told = hafleet_watcher::core::tenancy::keep_apart(&mut routed, true);
         assert!(told.is_empty());
         let tenancy_ms = ms(t);
         let t = Instant::now();

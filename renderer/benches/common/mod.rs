@@ -6,7 +6,7 @@ use hafleet_proto::{
     Backend, HttpHost, HttpPath, IngressKey, Namespace, NodeAddr, ObjectName, PathKind, Route,
     ServiceRef,
 };
-use hafleet_renderer::state::IngressEntry;
+use hafleet_renderer::core::state::IngressEntry;
 use std::collections::BTreeMap;
 
 /// The routes of Ingress `i`.

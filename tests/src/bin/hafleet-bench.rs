@@ -18,7 +18,7 @@
 use anyhow::Result;
 use clap::Parser;
 use hafleet_proto::IngressKey;
-use hafleet_renderer::state::IngressEntry;
+use hafleet_renderer::core::state::IngressEntry;
 use hafleet_tests::cluster::{
     create_ingresses, create_services, ready_nodes, service_with_backends,
 };
@@ -414,7 +414,7 @@ mod routing {
 
     use anyhow::{Context, Result, bail};
     use hafleet_proto::{FleetName, IngressKey, NodeAddr, ObjectName};
-    use hafleet_renderer::{model, render::Renderer, state::IngressEntry};
+    use hafleet_renderer::core::{model, render::Renderer, state::IngressEntry};
     use hafleet_tests::{ChildGuard, HttpBackend, TestDir, free_port, random_loopback_ip};
     use std::collections::BTreeMap;
     use std::net::SocketAddr;
@@ -614,7 +614,7 @@ mod reload {
     use anyhow::{Context, Result};
     use hafleet_applier::{plan, runtime};
     use hafleet_proto::{Bundle, FleetName, NodeAddr, ObjectName};
-    use hafleet_renderer::{model, render::Renderer};
+    use hafleet_renderer::core::{model, render::Renderer};
     use hafleet_tests::{ChildGuard, TestDir};
     use std::io::Write as _;
     use std::path::Path;

@@ -1,0 +1,179 @@
+//! The renderer's side of the history API: answers `hafleet.history.<fleet>` requests from its
+//! own store, between batches, so a rollback is ordered with route events.
+
+use super::publish::{publish_confirm, publish_unpublished};
+use crate::adapters::store::Store;
+use crate::core::render::Renderer;
+use crate::core::state::Desired;
+use crate::core::versions::{Latest, next_version};
+use hafleet_proto::{Cause, FleetName, HistoryErrorKind, HistoryReply, HistoryRequest};
+use hafleet_runtime::nats::Bus;
+
+/// Everything a request may read or change.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub bus: &'a Bus,
+    pub store: &'a Store,
+    pub renderer: &'a Renderer,
+    pub desired: &'a Desired,
+    pub signer: &'a hafleet_proto::Signer,
+}
+
+fn error(kind: HistoryErrorKind, message: impl Into<String>) -> HistoryReply {
+    HistoryReply::Error { kind, message: message.into() }
+}
+
+/// Answers one request. Failures become error replies; nothing here stops the renderer.
+pub async fn handle(ctx: &Ctx<'_>, fleet: &FleetName, request: HistoryRequest) -> HistoryReply {
+    match answer(ctx, fleet, request).await {
+        Ok(reply) => reply,
+        Err(e) => error(HistoryErrorKind::Internal, format!("{e:#}")),
+    }
+}
+
+async fn answer(
+    ctx: &Ctx<'_>,
+    fleet: &FleetName,
+    request: HistoryRequest,
+) -> anyhow::Result<HistoryReply> {
+    let store = ctx.store;
+    if !store.knows(fleet)? {
+        return Ok(error(HistoryErrorKind::UnknownFleet, format!("fleet {fleet} has no versions")));
+    }
+    let no_such = |n: u64| {
+        error(HistoryErrorKind::NoSuchVersion, format!("fleet {fleet} has no version {n}"))
+    };
+    match request {
+        HistoryRequest::List { limit } => Ok(HistoryReply::List {
+            versions: store.summaries(fleet, limit.max(1))?,
+            pinned: store.pinned(fleet)?,
+        }),
+        HistoryRequest::Show { version } => {
+            let (Some(summary), Some(v)) =
+                (store.summary(fleet, version)?, store.version(fleet, version)?)
+            else {
+                return Ok(no_such(version));
+            };
+            let limit = ctx.bus.payload_limit();
+            let whole =
+                HistoryReply::Version { summary: summary.clone(), version: Box::new(v.clone()) };
+            if whole.encode().len() <= limit {
+                return Ok(whole);
+            }
+            // A bundle too large for a reply goes to the object store (the reply names it),
+            // and its causes are cut too if they alone are more than a reply takes.
+            let stashed = ctx.bus.stash_bundle(&v).await?;
+            Ok(HistoryReply::version_within(summary, &stashed, limit).unwrap_or_else(|| {
+                error(
+                    HistoryErrorKind::Internal,
+                    format!("version {version}'s record does not fit a reply of {limit} bytes"),
+                )
+            }))
+        }
+        HistoryRequest::Rollback { version } => {
+            let Some(old) = store.version(fleet, version)? else { return Ok(no_such(version)) };
+            let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
+            let mut v = old;
+            v.version = latest + 1;
+            v.parent = Some(latest);
+            v.created_unix_ms = hafleet_runtime::now_unix_ms();
+            v.restores = Some(version);
+            v.causes = vec![Cause {
+                stream_seq: store.applied_seq()?,
+                ingress: None,
+                what: "rollback".into(),
+                resource_version: None,
+                added: vec![],
+                removed: vec![],
+                note: None,
+            }];
+            v.notes = vec![format!(
+                "rolled back to version {version} by an operator; the fleet stays on it until \
+                 `hafleet-renderer resume --fleet {fleet}`"
+            )];
+            let number = v.version;
+            store.commit(&[], &[v], store.applied_seq()?)?;
+            store.set_pinned(fleet, Some(number))?;
+            publish_unpublished(ctx.bus, store, ctx.signer).await?;
+            tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
+            Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
+        }
+        HistoryRequest::Resume => {
+            let Some(pinned) = store.pinned(fleet)? else {
+                return Ok(HistoryReply::Done { version: None, pinned: None });
+            };
+            let pinned_sha = store.summary(fleet, pinned)?.map(|s| s.sha256).unwrap_or_default();
+            let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
+            store.set_pinned(fleet, None)?;
+            let cause = Cause {
+                stream_seq: store.applied_seq()?,
+                ingress: None,
+                what: "resume".into(),
+                resource_version: None,
+                added: vec![],
+                removed: vec![],
+                note: None,
+            };
+            let made = next_version(
+                ctx.renderer,
+                fleet,
+                ctx.desired,
+                Some(Latest { version: latest, sha256: &pinned_sha }),
+                0,
+                vec![cause],
+                hafleet_runtime::now_unix_ms(),
+            )?;
+            let number = made.as_ref().map(|v| v.version);
+            if let Some(v) = made {
+                store.commit(&[], &[v], store.applied_seq()?)?;
+                publish_unpublished(ctx.bus, store, ctx.signer).await?;
+            }
+            tracing::info!(fleet = %fleet, version = ?number, "resumed");
+            Ok(HistoryReply::Done { version: number, pinned: None })
+        }
+        HistoryRequest::HeldSweep => {
+            let mut held = ctx.desired.held_in(fleet).cloned();
+            Ok(HistoryReply::Held { sweep: held.next(), more: held.collect() })
+        }
+        HistoryRequest::ConfirmSweep { snapshot_seq } => {
+            let held = ctx.desired.held_in(fleet).find(|h| h.snapshot_seq == snapshot_seq);
+            let Some(held) = held else {
+                let seqs: Vec<String> =
+                    ctx.desired.held_in(fleet).map(|h| h.snapshot_seq.to_string()).collect();
+                let now = match seqs.as_slice() {
+                    [] => "no sweep is held".to_owned(),
+                    [one] => format!("the sweep held is the snapshot at {one}"),
+                    _ => format!("the sweeps held are the snapshots at {}", seqs.join(", ")),
+                };
+                return Ok(error(
+                    HistoryErrorKind::NoSuchSweep,
+                    format!("fleet {fleet}: no sweep held for snapshot {snapshot_seq}; {now}"),
+                ));
+            };
+            let epoch = ctx.desired.epoch(held.cluster.as_ref());
+            let stream_seq = publish_confirm(ctx.bus, fleet, held, epoch, "operator").await?;
+            Ok(HistoryReply::Confirmed { stream_seq })
+        }
+    }
+}
+
+/// Answers one history request and replies; a request without a reply subject is dropped.
+pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
+    use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
+    let Some(reply_to) = request.reply.clone() else { return };
+    let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
+    let reply =
+        match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
+            (Ok(fleet), Ok(req)) => handle(&ctx, &fleet, req).await,
+            (Err(e), _) => {
+                HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }
+            }
+            (_, Err(e)) => HistoryReply::Error {
+                kind: HistoryErrorKind::BadRequest,
+                message: format!("not a history request: {e}"),
+            },
+        };
+    if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
+        tracing::warn!(error = %e, "history reply lost");
+    }
+}

@@ -1,0 +1,75 @@
+//! Publishing what the renderer decided: stored versions that are not out yet, and releases of
+//! held sweeps. The run loop and the history service both publish; both come here, so neither
+//! depends on the other.
+
+use crate::adapters::bus::{self, Bus};
+use crate::adapters::store::Store;
+use hafleet_proto::FleetName;
+use tracing::{error, info};
+
+/// Publishes every version stored but not yet published, oldest first within each fleet.
+/// A fleet whose version cannot be published (the object store full, a permission taken away)
+/// is reported and left for the next try; its later versions wait behind it so its order holds,
+/// and other fleets go on. Returns whether anything is left to publish.
+pub async fn publish_unpublished(
+    bus: &bus::Bus,
+    store: &Store,
+    signer: &hafleet_proto::Signer,
+) -> anyhow::Result<bool> {
+    let mut stuck: Vec<FleetName> = Vec::new();
+    for v in store.unpublished()? {
+        if stuck.contains(&v.fleet) {
+            continue;
+        }
+        let v = signer.sign(v);
+        match bus.publish_version(&v).await {
+            Ok(_) => {
+                store.set_published(&v.fleet, v.version)?;
+                info!(fleet = %v.fleet, version = v.version, "version published");
+                hafleet_runtime::health::Health::global().count(
+                    (
+                        "hafleet_renderer_versions_published_total",
+                        "Config versions published, by fleet.",
+                    ),
+                    &[("fleet", v.fleet.as_str())],
+                    1.0,
+                );
+            }
+            Err(e) => {
+                error!(fleet = %v.fleet, version = v.version, error = ?anyhow::Error::from(e),
+                       "version cannot be published; other fleets go on, this one is retried");
+                stuck.push(v.fleet.clone());
+            }
+        }
+    }
+    Ok(!stuck.is_empty())
+}
+
+/// Publishes the release of `held` on the routes stream; returns its sequence. Its message id
+/// names the hold, so a second release of the same hold (by the operator and the policy, say)
+/// is dropped by the stream as a duplicate. It carries `epoch`, the newest watcher epoch the
+/// renderer has seen of the hold's cluster: it is not fenced off while that watcher runs, and
+/// a watcher that starts after it, reading the stream's newest message, still picks an epoch
+/// above it.
+pub async fn publish_confirm(
+    bus: &Bus,
+    fleet: &FleetName,
+    held: &hafleet_proto::HeldSweep,
+    epoch: u64,
+    by: &str,
+) -> anyhow::Result<u64> {
+    let msg = hafleet_proto::RouteMessage::Confirm(hafleet_proto::SweepConfirm {
+        schema: hafleet_proto::route_schema(held.cluster.as_ref()),
+        epoch,
+        fleet: fleet.clone(),
+        snapshot_seq: held.snapshot_seq,
+        by: by.to_owned(),
+        cluster: held.cluster.clone(),
+    });
+    let id = format!("confirm-{fleet}-{}", held.snapshot_seq);
+    let seq =
+        bus.publish(hafleet_proto::ROUTES_CONFIRM_SUBJECT.to_owned(), &id, msg.encode()).await?;
+    tracing::warn!(fleet = %fleet, snapshot_seq = held.snapshot_seq, by, stream_seq = seq,
+                   ingresses = held.ingresses.len(), "held sweep released");
+    Ok(seq)
+}

@@ -1,0 +1,210 @@
+//! The renderer's loop: consume route messages, coalesce bursts, commit state and versions,
+//! publish, then ack.
+//!
+//! ```text
+//! routes stream ──▶ batch (first message + what follows it, until --quiet-ms pass without
+//!   one or --coalesce-ms after the first)
+//!   ──▶ skip seq ≤ applied_seq ──▶ state::apply ──▶ versions::next_version per touched fleet
+//!   ──▶ store.commit (state + versions + applied_seq, one transaction, flushed)
+//!   ──▶ publish unpublished versions ──▶ ack the batch
+//! ```
+//! A crash anywhere in there repeats work but loses none: unacked messages come back and are
+//! skipped by sequence, and versions stored but not yet published are published at start-up.
+
+use super::args::RunArgs;
+use super::checkpointer::Checkpointer;
+use super::history_service::answer_history;
+use super::intake::{check_same_stream, fill_gaps, floors, held_gauge, process, rerender_all};
+use super::publish::{publish_confirm, publish_unpublished};
+use crate::adapters::bus;
+use crate::adapters::store::Store;
+use crate::core::state;
+use anyhow::Context as _;
+use futures::StreamExt;
+use hafleet_proto::FleetName;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Runs the renderer until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    hafleet_runtime::install_shutdown_handler();
+    let health =
+        hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
+            .await?;
+    let renderer = args.render.renderer()?;
+    let signer = load_signer(&args.signing_key)?;
+    info!(key = signer.key_id(), "versions are signed");
+    let store = Store::open(&args.data_dir)?;
+    let bus = args.nats.connect_waiting().await?;
+    let r = &args.retention;
+    let routes = bus::Retention { max_age: r.routes_max_age, max_bytes: r.routes_max_bytes };
+    let configs = bus::Retention { max_age: r.configs_max_age, max_bytes: r.configs_max_bytes };
+    bus::ensure_retention(&bus, hafleet_proto::ROUTES, routes).await?;
+    bus::ensure_retention(&bus, hafleet_proto::CONFIGS, configs).await?;
+    bus.ensure_stream(hafleet_proto::DEADLETTER).await?;
+    let mut checkpoints = Checkpointer::start(&bus, r).await?;
+    if store.is_empty()? {
+        checkpoints.restore(&bus, &store).await?;
+    }
+    // The desired state lives in memory; the store is its journal. Work follows the change.
+    let mut desired = store.desired()?;
+    for ((fleet, cluster), held) in &desired.held {
+        held_gauge(&desired, fleet);
+        error!(fleet = %fleet, cluster = cluster.as_ref().map(|c| c.as_str()),
+               snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
+               "a sweep is held since before this start; see `hafleet-renderer sweep status`");
+    }
+    let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
+    rerender_all(&store, &renderer, &desired, &start_floors)?;
+    let mut unpublished = publish_unpublished(&bus, &store, &signer).await?;
+    let mut history = bus
+        .client
+        .subscribe(hafleet_proto::HISTORY_SUBJECTS)
+        .await
+        .context("cannot subscribe to history requests")?;
+
+    let applied = store.applied_seq()?;
+    let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
+    check_same_stream(&store, stream.cached_info())?;
+    let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
+    info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
+    health.ready();
+
+    let coalesce = Duration::from_millis(args.coalesce_ms);
+    let quiet = Duration::from_millis(args.quiet_ms.min(args.coalesce_ms));
+    let shutdown = hafleet_runtime::shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_secs(60).min(r.checkpoint_interval));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = tokio::time::interval(Duration::from_secs(args.publish_retry_secs.max(1)));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let guard = args.render.guard();
+    let mut releases = Releases::default();
+    // Versions HAProxy refused: traced to the Ingresses that made them, which are quarantined.
+    let mut refusals = super::refusals::refusals(bus.clone());
+    let mut quarantined = std::collections::BTreeSet::new();
+    loop {
+        let first = tokio::select! {
+            m = messages.next() => m,
+            Some(report) = refusals.recv() => {
+                let take = super::refusals::take(&bus, &store, &desired, &report, &mut quarantined);
+                if let Err(e) = take.await {
+                    warn!(fleet = %report.fleet, version = report.version, error = %format!("{e:#}"),
+                          "cannot quarantine what HAProxy refused");
+                }
+                continue;
+            }
+            Some(request) = history.next() => {
+                let ctx = crate::app::history_service::Ctx {
+                    bus: &bus, store: &store, renderer: &renderer, desired: &desired, signer: &signer,
+                };
+                answer_history(ctx, request).await;
+                // A rollback or resume may have left a version unpublished: the retry sees it.
+                unpublished = true;
+                continue;
+            }
+            _ = tick.tick() => {
+                checkpoints.maybe(&bus, &store, &desired).await;
+                continue;
+            }
+            _ = releases.tick.tick(), if !args.sweep_release_after.is_zero() => {
+                releases.due(&bus, &desired, args.sweep_release_after).await;
+                continue;
+            }
+            _ = retry.tick(), if unpublished => {
+                unpublished = publish_unpublished(&bus, &store, &signer).await?;
+                continue;
+            }
+            _ = &mut shutdown => break,
+        };
+        let first = match first {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                warn!(error = %e, "routes stream hiccup; continuing");
+                continue;
+            }
+            None => break,
+        };
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + coalesce;
+        while batch.len() < args.max_batch {
+            let until = deadline.min(tokio::time::Instant::now() + quiet);
+            match tokio::time::timeout_at(until, messages.next()).await {
+                Ok(Some(Ok(m))) => batch.push(m),
+                Ok(Some(Err(e))) => {
+                    warn!(error = %e, "routes stream hiccup while batching");
+                    break;
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
+        process(&bus, &stream, &store, &renderer, &mut desired, &guard, &entries).await?;
+        // Committed versions are safe in the store: the batch is acked even if a fleet's
+        // version could not be published yet; it is retried on its own.
+        unpublished = publish_unpublished(&bus, &store, &signer).await?;
+        for m in &batch {
+            if let Err(e) = m.ack().await {
+                // Not fatal: the message comes back and is skipped by its sequence.
+                warn!(error = %e, "ack failed");
+            }
+        }
+        checkpoints.maybe(&bus, &store, &desired).await;
+    }
+    info!("renderer stopping");
+    bus.drain().await;
+    Ok(())
+}
+
+/// Releases of held sweeps by --sweep-release-after.
+struct Releases {
+    tick: tokio::time::Interval,
+    /// Holds already released, (fleet, snapshot sequence): the stream has the release.
+    sent: std::collections::BTreeSet<(FleetName, u64)>,
+}
+
+impl Default for Releases {
+    fn default() -> Self {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Releases { tick, sent: Default::default() }
+    }
+}
+
+impl Releases {
+    /// Publishes a release for each hold older than `after`.
+    async fn due(&mut self, bus: &bus::Bus, desired: &state::Desired, after: Duration) {
+        let now = hafleet_runtime::now_unix_ms();
+        self.sent.retain(|(f, seq)| desired.held_in(f).any(|h| h.snapshot_seq == *seq));
+        for ((fleet, _), held) in &desired.held {
+            let age = Duration::from_millis(now.saturating_sub(held.since_unix_ms));
+            if held.since_unix_ms == 0 || age < after {
+                continue;
+            }
+            if !self.sent.insert((fleet.clone(), held.snapshot_seq)) {
+                continue;
+            }
+            let epoch = desired.epoch(held.cluster.as_ref());
+            let sent = publish_confirm(bus, fleet, held, epoch, "policy").await;
+            if let Err(e) = sent {
+                warn!(fleet = %fleet, error = %e, "cannot publish the release of a held sweep; retrying");
+                self.sent.remove(&(fleet.clone(), held.snapshot_seq));
+            }
+        }
+    }
+}
+
+/// The signing key at `path`. A key others may read is used, with a warning: in Kubernetes it
+/// comes from a Secret mounted with `defaultMode: 0400`.
+fn load_signer(path: &std::path::Path) -> anyhow::Result<hafleet_proto::Signer> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the signing key {}", path.display()))?;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777),
+              "the signing key is readable by others; make it 0400 or 0600");
+    }
+    hafleet_proto::Signer::from_pem(&text)
+        .with_context(|| format!("cannot use the signing key {}", path.display()))
+}

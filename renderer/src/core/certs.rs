@@ -1,0 +1,329 @@
+//! Which certificate each TLS host of a fleet is served with, and the files that say so. Pure.
+//!
+//! ```text
+//! crtlist-<sha>.map   (crt-list)  hafleet-certs/<id>.pem shop.example.com www.example.com
+//! redirect-<sha>.map  (map_str)   shop.example.com 1      plain HTTP for it answers 308
+//! ```
+//! A host gets the certificate of the oldest Ingress (creation time, then namespace/name) that
+//! has a TLS entry for it with a certificate: the same order routing conflicts are settled in,
+//! and the watcher has already kept each host to the namespace that routes it. The crt-list
+//! filters each certificate by the hosts it serves, so a client's SNI selects it and no other
+//! tenant's; the bind line's `strict-sni` refuses names that no certificate is listed for.
+//! The crt-list names certificate files by [`SealedCert::id`], so the config (which names the
+//! crt-list by its digest) covers the sealed keys too.
+
+use crate::core::state::Ingresses;
+use hafleet_proto::{HttpHost, MapFile, MapName, SealedCert};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A fleet's TLS: the certificates to put on hosts and the two files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Sorted by id, each once; empty when no host has a certificate and the fleet has no
+    /// default one (then no HTTPS bind).
+    pub certs: Vec<SealedCert>,
+    /// The fleet's default certificate's file: what a name no certificate is listed for gets.
+    pub default_cert: Option<String>,
+    pub crt_list: Option<MapFile>,
+    pub redirect: Option<MapFile>,
+    /// What the crt-list could not say within HAProxy's line limits (for the version's notes).
+    pub notes: Vec<String>,
+}
+
+/// HAProxy reads at most 2,048 words and 65,535 characters on a crt-list line, and refuses
+/// the whole config beyond either; hafleet's lines stay well under both.
+pub const MAX_LINE_WORDS: usize = 1000;
+pub const MAX_LINE_BYTES: usize = 60_000;
+
+/// Words and characters of a crt-list line naming `path`, `names` and `!excluded`.
+fn line_size(path: &str, names: &[&HttpHost], excluded: &[&HttpHost]) -> (usize, usize) {
+    let words = 1 + names.len() + excluded.len();
+    let bytes = path.len()
+        + names.iter().map(|h| h.as_str().len() + 1).sum::<usize>()
+        + excluded.iter().map(|h| h.as_str().len() + 2).sum::<usize>();
+    (words, bytes)
+}
+
+/// Appends the crt-list line `path names… !excluded…`.
+fn push_line(out: &mut String, path: &str, names: &[&HttpHost], excluded: &[&HttpHost]) {
+    out.push_str(path);
+    for h in names {
+        out.push(' ');
+        out.push_str(h.as_str());
+    }
+    for h in excluded {
+        out.push_str(" !");
+        out.push_str(h.as_str());
+    }
+    out.push('\n');
+}
+
+/// Whether two certificates make the same file (what their ids compare, without hashing).
+fn same_file(a: &SealedCert, b: &SealedCert) -> bool {
+    a.chain_pem == b.chain_pem && a.sealed_key == b.sealed_key
+}
+
+/// The TLS files of a fleet's Ingresses.
+///
+/// A wildcard certificate line never catches an exact host it does not list: every exact host
+/// the fleet routes that the wildcard covers, and that this line does not serve, is excluded
+/// from it (`!host`), so another tenant's host under it is refused (strict-sni) rather than
+/// served this certificate. The redirect map holds `1` (redirect) or `0` for each TLS host and
+/// `0` for each such excluded host, and the template looks the wildcard form up only when the
+/// exact host is not in it.
+pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFiles {
+    let mut order: Vec<_> = ingresses.iter().filter(|(_, e)| !e.tls.is_empty()).collect();
+    order.sort_by(|(ka, a), (kb, b)| (a.created_unix, ka).cmp(&(b.created_unix, kb)));
+    // host -> (certificate, redirect plain HTTP)
+    let mut hosts: BTreeMap<&HttpHost, (&SealedCert, bool)> = BTreeMap::new();
+    for (_, entry) in order {
+        let redirect =
+            entry.routes.first().is_none_or(|r| r.backend.options.ssl_redirect != Some(false));
+        for tls in &entry.tls {
+            let Some(cert) = &tls.cert else { continue };
+            for h in &tls.hosts {
+                hosts.entry(h).or_insert((cert, redirect));
+            }
+        }
+    }
+    if hosts.is_empty() && default_cert.is_none() {
+        return TlsFiles::default();
+    }
+    // Exact hosts the fleet routes: what a wildcard line must not catch unless it lists them.
+    let routed: BTreeSet<&HttpHost> = ingresses
+        .values()
+        .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
+        .filter(|h| !h.as_str().starts_with("*."))
+        .collect();
+    let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&HttpHost>)> = BTreeMap::new();
+    let mut redirect: BTreeMap<&str, bool> = BTreeMap::new();
+    for (host, (cert, wants_redirect)) in &hosts {
+        by_cert.entry(cert.id()).or_insert_with(|| (cert, Vec::new())).1.push(host);
+        redirect.insert(host.as_str(), *wants_redirect);
+    }
+    let mut crt_list = String::new();
+    // Each certificate's id (a sha256 of its chain and sealed key, 1.5 KB) is computed once:
+    // at 10,000 certificates, sorting by a recomputed id hashed 400 MB a render.
+    let mut certs: Vec<(String, SealedCert)> = Vec::with_capacity(by_cert.len() + 1);
+    let mut notes = Vec::new();
+    for (id, (cert, listed)) in by_cert {
+        let path = format!("{}/{id}.pem", hafleet_proto::tls::CERTS_DIR);
+        let wildcards: Vec<&HttpHost> =
+            listed.iter().copied().filter(|h| h.as_str().starts_with("*.")).collect();
+        // Only a wildcard line has exclusions (the walk over every routed host is for it).
+        let excluded: Vec<&HttpHost> = routed
+            .iter()
+            .copied()
+            .filter(|_| !wildcards.is_empty())
+            .filter(|exact| {
+                wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact))
+                    && !listed.contains(exact)
+                    && hosts.get(exact).is_none_or(|(c, _)| !same_file(c, cert))
+            })
+            .collect();
+        let (words, bytes) = line_size(&path, &listed, &excluded);
+        if words <= MAX_LINE_WORDS && bytes <= MAX_LINE_BYTES {
+            push_line(&mut crt_list, &path, &listed, &excluded);
+            for exact in &excluded {
+                redirect.entry(exact.as_str()).or_insert(false);
+            }
+        } else {
+            // Too long for one line. A line's `!` filters apply to that line's names only, so
+            // the wildcards go on one line with all they exclude, or, if that is too long
+            // too, are not served at all (rather than served to other tenants' hosts under
+            // them, or written on a line HAProxy refuses, which would freeze the fleet). The
+            // exact names go on as many lines as they need.
+            let exact: Vec<&HttpHost> =
+                listed.iter().copied().filter(|h| !h.as_str().starts_with("*.")).collect();
+            let (words, bytes) = line_size(&path, &wildcards, &excluded);
+            let fits = words <= MAX_LINE_WORDS && bytes <= MAX_LINE_BYTES;
+            if !wildcards.is_empty() && fits {
+                push_line(&mut crt_list, &path, &wildcards, &excluded);
+                for exact in &excluded {
+                    redirect.entry(exact.as_str()).or_insert(false);
+                }
+            } else if !wildcards.is_empty() {
+                for w in &wildcards {
+                    redirect.remove(w.as_str());
+                }
+                let names: Vec<&str> = wildcards.iter().map(|w| w.as_str()).collect();
+                notes.push(format!(
+                    "certificate {}: {} not served over HTTPS: {} hosts under it are other \
+                     certificates' or have none, more than one crt-list line can exclude",
+                    &id[..12],
+                    names.join(", "),
+                    excluded.len()
+                ));
+            }
+            let mut from = 0;
+            while from < exact.len() {
+                let mut to = from;
+                let (mut words, mut bytes) = (1, path.len());
+                while to < exact.len()
+                    && words < MAX_LINE_WORDS
+                    && bytes + exact[to].as_str().len() < MAX_LINE_BYTES
+                {
+                    (words, bytes) = (words + 1, bytes + exact[to].as_str().len() + 1);
+                    to += 1;
+                }
+                push_line(&mut crt_list, &path, &exact[from..to], &[]);
+                from = to;
+            }
+        }
+        certs.push((id, cert.clone()));
+    }
+    if let Some(d) = default_cert
+        && !certs.iter().any(|(_, c)| same_file(c, d))
+    {
+        certs.push((d.id(), d.clone()));
+    }
+    certs.sort_by(|a, b| a.0.cmp(&b.0));
+    let certs: Vec<SealedCert> = certs.into_iter().map(|(_, c)| c).collect();
+    let redirect: String =
+        redirect.into_iter().map(|(h, on)| format!("{h} {}\n", u8::from(on))).collect();
+    let file = |kind: &str, content: String| MapFile {
+        name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
+        content,
+    };
+    TlsFiles {
+        certs,
+        default_cert: default_cert.map(SealedCert::relative_path),
+        crt_list: Some(file("crtlist", crt_list)),
+        redirect: Some(file("redirect", redirect)),
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::state::IngressEntry;
+    use hafleet_proto::{HttpHost, IngressKey, ObjectName, TlsEntry};
+
+    fn cert(tag: &str, names: &[&str]) -> SealedCert {
+        let der = tag.as_bytes();
+        SealedCert {
+            fingerprint: hafleet_proto::sha256_hex(der),
+            names: names.iter().map(|n| HttpHost::new(*n).unwrap()).collect(),
+            not_after_unix: 2_000_000_000,
+            chain_pem: hafleet_proto::tls::certificates_pem([der]),
+            sealed_key: format!(
+                "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj{}\n-----END AGE ENCRYPTED FILE-----\n",
+                tag.len()
+            ),
+            recipient: String::new(),
+        }
+    }
+
+    fn entry(
+        created: i64,
+        tls: Vec<(Vec<&str>, Option<SealedCert>)>,
+        redirect: Option<bool>,
+    ) -> IngressEntry {
+        let mut route = crate::core::model::tests::route(
+            Some("x.example.com"),
+            "/",
+            hafleet_proto::PathKind::Prefix,
+            "web",
+        );
+        route.backend.options.ssl_redirect = redirect;
+        IngressEntry {
+            created_unix: created,
+            resource_version: "1".into(),
+            routes: vec![route],
+            seq: 0,
+            tls: tls
+                .into_iter()
+                .map(|(hosts, cert)| TlsEntry {
+                    hosts: hosts.into_iter().map(|h| HttpHost::new(h).unwrap()).collect(),
+                    secret: ObjectName::new("s").unwrap(),
+                    cert,
+                })
+                .collect(),
+            quarantined: None,
+        }
+    }
+
+    #[test]
+    fn the_oldest_ingress_serves_a_host_and_each_cert_lists_its_hosts() {
+        let (a, b) =
+            (cert("a", &["a.example.com", "*.w.example.com"]), cert("b", &["a.example.com"]));
+        let mut ing = Ingresses::new();
+        ing.insert(
+            IngressKey::new("team", "new").unwrap(),
+            entry(20, vec![(vec!["a.example.com"], Some(b.clone()))], None),
+        );
+        ing.insert(
+            IngressKey::new("team", "old").unwrap(),
+            entry(
+                10,
+                vec![(vec!["a.example.com", "x.w.example.com"], Some(a.clone()))],
+                Some(false),
+            ),
+        );
+        ing.insert(
+            IngressKey::new("team", "broken").unwrap(),
+            entry(5, vec![(vec!["c.example.com"], None)], None),
+        );
+        let f = files(&ing, None);
+        assert_eq!(f.certs, vec![a.clone()]);
+        let list = f.crt_list.unwrap();
+        assert_eq!(list.content, format!("{} a.example.com x.w.example.com\n", a.relative_path()));
+        assert!(list.name.as_str().starts_with("crtlist-"));
+        let redirect = f.redirect.unwrap().content;
+        assert_eq!(
+            redirect, "a.example.com 0\nx.w.example.com 0\n",
+            "the owner said ssl-redirect: false"
+        );
+    }
+
+    #[test]
+    fn no_certificate_no_files_and_redirects_by_default() {
+        let mut ing = Ingresses::new();
+        ing.insert(
+            IngressKey::new("t", "a").unwrap(),
+            entry(1, vec![(vec!["c.example.com"], None)], None),
+        );
+        assert_eq!(files(&ing, None), TlsFiles::default());
+        let c = cert("c", &["c.example.com"]);
+        ing.insert(
+            IngressKey::new("t", "b").unwrap(),
+            entry(2, vec![(vec!["c.example.com"], Some(c))], None),
+        );
+        let f = files(&ing, None);
+        assert_eq!(f.redirect.unwrap().content, "c.example.com 1\n");
+    }
+
+    #[test]
+    fn a_wildcard_line_never_catches_an_exact_host_it_does_not_serve() {
+        let wild = cert("w", &["*.example.com"]);
+        let own = cert("o", &["b.example.com"]);
+        let mut ing = Ingresses::new();
+        // Team A's wildcard; team B routes c.example.com without TLS and b.example.com with
+        // its own certificate.
+        ing.insert(
+            IngressKey::new("a", "wild").unwrap(),
+            entry(1, vec![(vec!["*.example.com"], Some(wild.clone()))], None),
+        );
+        let mut plain = entry(2, vec![], None);
+        plain.routes[0].host = Some(HttpHost::new("c.example.com").unwrap());
+        ing.insert(IngressKey::new("b", "plain").unwrap(), plain);
+        let mut b = entry(3, vec![(vec!["b.example.com"], Some(own.clone()))], None);
+        b.routes[0].host = Some(HttpHost::new("b.example.com").unwrap());
+        ing.insert(IngressKey::new("b", "own").unwrap(), b);
+        let f = files(&ing, None);
+        let list = f.crt_list.unwrap().content;
+        let wild_line = list.lines().find(|l| l.starts_with(&wild.relative_path())).unwrap();
+        assert!(wild_line.contains(" *.example.com"), "{list}");
+        assert!(
+            wild_line.contains(" !c.example.com") && wild_line.contains(" !b.example.com"),
+            "{list}"
+        );
+        // Even its own Ingress's exact host: served by the wildcard only if its TLS entry
+        // lists it (the conservative side: refused, never served by mistake).
+        assert!(wild_line.contains(" !x.example.com"), "{list}");
+        let redirect = f.redirect.unwrap().content;
+        assert!(redirect.contains("c.example.com 0\n"), "{redirect}");
+        assert!(redirect.contains("*.example.com 1\n") && redirect.contains("b.example.com 1\n"));
+    }
+}

@@ -1,0 +1,221 @@
+//! From a fleet's rules to the map files HAProxy looks routes up in. Pure.
+//!
+//! Three maps, each looked up as a tree, so a request costs the same with 10 or 100,000 routes:
+//!
+//! ```text
+//! exact.map  (map_str)  key <host><path>    e.g. shop.example.com/api   Exact rules
+//! prefix.map (map_beg)  key <host><path>/   e.g. shop.example.com/api/  Prefix rules
+//! hosts.map  (map_str)  key <host>          e.g. shop.example.com       hosts that have rules
+//! ```
+//! The frontend looks up `<host><path>` in the exact map, then `<host><path>/` in the prefix map
+//! (the longest key that begins the lookup key wins), then, only for a host that has no rules
+//! of its own (not in the hosts map), the same for its wildcard (`*.example.com`), and only
+//! when that has no rules either, the same two without a host for rules that match any host.
+//! So a host's owner answers every request for it: a path it does not route is a 404, never
+//! another namespace's wildcard or host-less rule. Appending `/` to both the prefix keys and the lookup key makes
+//! prefixes match whole segments: `/foo` matches `/foo` and `/foo/x`, never `/foobar`. A key
+//! never contains a space (hosts and paths pass proto's allowlists), and host keys never start
+//! with `/`, so the host-less keys (which do) cannot be mistaken for them.
+
+use crate::core::model::RuleModel;
+use hafleet_proto::{MapFile, MapName};
+use serde::Serialize;
+
+/// The map files of a fleet and the paths the template names them by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Maps {
+    pub files: Vec<MapFile>,
+    pub paths: MapPaths,
+}
+
+/// What the template sees: each map's path relative to the config's folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MapPaths {
+    pub exact: String,
+    pub prefix: String,
+    /// Hosts (exact and wildcard) that have rules: a request for one is answered by its rules
+    /// only (`map_str`, value `1`).
+    pub hosts: String,
+    /// The crt-list of the HTTPS bind; `None`: no host has a certificate (no HTTPS).
+    pub crt_list: Option<String>,
+    /// Hosts whose plain-HTTP requests are redirected to HTTPS (`map_str`); `None`: none.
+    pub redirect: Option<String>,
+    /// The fleet's default certificate's file (not a map: it goes on the HTTPS bind's `crt`);
+    /// `None`: names no certificate is listed for are refused (`strict-sni`).
+    pub default_cert: Option<String>,
+}
+
+impl Maps {
+    /// With the TLS files of `tls` ([`crate::core::certs::files`]).
+    pub fn add_tls(&mut self, tls: &crate::core::certs::TlsFiles) {
+        for (file, path) in
+            [(&tls.crt_list, &mut self.paths.crt_list), (&tls.redirect, &mut self.paths.redirect)]
+        {
+            if let Some(file) = file {
+                *path = Some(file.name.relative_path());
+                self.files.push(file.clone());
+            }
+        }
+        self.paths.default_cert.clone_from(&tls.default_cert);
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+}
+
+/// Builds both maps from rules whose `key` is set. Rules hold one claim per (host, path, kind),
+/// so keys are unique; they are sorted so the same rules make the same bytes.
+pub fn build<R: std::borrow::Borrow<RuleModel>>(rules: &[R]) -> Maps {
+    build_holding(rules, &[])
+}
+
+/// [`build`], with `held` (hosts of quarantined Ingresses) in the hosts map too: without
+/// rules, a request for one is a 404, not another host's or the host-less rules'.
+pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[String]) -> Maps {
+    let mut exact = Vec::new();
+    let mut prefix = Vec::new();
+    let mut hosts = Vec::new();
+    for rule in rules {
+        let rule = rule.borrow();
+        let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
+        map.push((rule.key.as_str(), rule.backend.as_str()));
+        if let Some(host) = rule.host.as_deref() {
+            hosts.push((host, "1"));
+        }
+    }
+    hosts.extend(held.iter().map(|h| (h.as_str(), "1")));
+    hosts.sort_unstable();
+    hosts.dedup();
+    let text = |mut map: Vec<(&str, &str)>| {
+        map.sort_unstable();
+        let mut out = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
+        for (k, v) in map {
+            out.push_str(k);
+            out.push(' ');
+            out.push_str(v);
+            out.push('\n');
+        }
+        out
+    };
+    let file = |kind: &str, content: String| MapFile {
+        name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
+        content,
+    };
+    let exact = file("exact", text(exact));
+    let prefix = file("prefix", text(prefix));
+    let hosts = file("hosts", text(hosts));
+    let paths = MapPaths {
+        exact: exact.name.relative_path(),
+        prefix: prefix.name.relative_path(),
+        hosts: hosts.name.relative_path(),
+        crt_list: None,
+        redirect: None,
+        default_cert: None,
+    };
+    let mut files = vec![exact, prefix, hosts];
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Maps { files, paths }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(host: Option<&str>, path: &str, kind: &'static str, backend: &str) -> RuleModel {
+        let mut rule = RuleModel {
+            key: String::new(),
+            host: host.map(str::to_owned),
+            path: path.into(),
+            kind,
+            backend: backend.into(),
+            ingress: "default/x".into(),
+        };
+        rule.key = rule.map_key();
+        rule
+    }
+
+    /// What the built-in template does with the maps: exact on `<host><path>`, longest
+    /// `map_beg` on `<host><path>/`, then, for a host not in the hosts map, both for its
+    /// wildcard, then, for a wildcard not in it either, both without the host.
+    fn lookup(maps: &Maps, host: &str, path: &str) -> Option<String> {
+        let parse = |kind: &str| -> Vec<(String, String)> {
+            let file = maps.files.iter().find(|f| f.name.as_str().starts_with(kind)).unwrap();
+            file.content
+                .lines()
+                .map(|l| {
+                    let (k, v) = l.split_once(' ').unwrap();
+                    (k.to_owned(), v.to_owned())
+                })
+                .collect()
+        };
+        let (exact, prefix, owned) = (parse("exact-"), parse("prefix-"), parse("hosts-"));
+        let wildcard = format!("*{}", &host[host.find('.').unwrap_or(host.len())..]);
+        for h in [host, &wildcard, ""] {
+            let k = format!("{h}{path}");
+            if let Some((_, v)) = exact.iter().find(|(key, _)| *key == k) {
+                return Some(v.clone());
+            }
+            let k = format!("{h}{path}/");
+            if let Some((_, v)) = prefix
+                .iter()
+                .filter(|(key, _)| k.starts_with(key.as_str()))
+                .max_by_key(|(key, _)| key.len())
+            {
+                return Some(v.clone());
+            }
+            if owned.iter().any(|(key, _)| *key == h) {
+                return None;
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn lookups_keep_kubernetes_matching() {
+        let maps = build(&[
+            rule(Some("a.com"), "/", "prefix", "root"),
+            rule(Some("a.com"), "/api", "prefix", "api"),
+            rule(Some("a.com"), "/api", "exact", "api-exact"),
+            rule(Some("a.com"), "/api/v1", "prefix", "v1"),
+            rule(Some("b.com"), "/only", "prefix", "only"),
+            rule(None, "/", "prefix", "any"),
+            rule(None, "/static", "exact", "static"),
+            rule(Some("*.w.com"), "/w", "prefix", "wild"),
+            rule(Some("own.w.com"), "/own", "prefix", "own"),
+        ]);
+        let cases = [
+            ("a.com", "/api", Some("api-exact")),
+            ("a.com", "/api/", Some("api")),
+            ("a.com", "/api/x", Some("api")),
+            ("a.com", "/api/v1", Some("v1")),
+            ("a.com", "/api/v1/users", Some("v1")),
+            ("a.com", "/apix", Some("root")),
+            ("a.com", "/", Some("root")),
+            ("b.com", "/only/x", Some("only")),
+            ("b.com", "/onlyx", None), // b.com has rules: only they answer it
+            ("b.com", "/static", None),
+            ("c.com", "/x", Some("any")),
+            ("c.com", "/static", Some("static")),
+            ("a.com.evil", "/api", Some("any")),
+            ("x.w.com", "/w", Some("wild")),
+            ("x.w.com", "/x", None), // the wildcard has rules: host-less ones never answer
+            ("own.w.com", "/w", None), // an exact host with rules: not its wildcard's
+            ("own.w.com", "/own", Some("own")),
+            ("x.y.w.com", "/x", Some("any")), // one label deep: not the wildcard's
+        ];
+        for (host, path, want) in cases {
+            assert_eq!(lookup(&maps, host, path).as_deref(), want, "{host}{path}");
+        }
+        let no_default = build(&[rule(Some("a.com"), "/app", "prefix", "app")]);
+        assert_eq!(lookup(&no_default, "a.com", "/application"), None, "404, not a prefix");
+        assert_eq!(lookup(&no_default, "b.com", "/app"), None);
+        let hosts = maps.files.iter().find(|f| f.name.as_str().starts_with("hosts-")).unwrap();
+        assert_eq!(hosts.content, "*.w.com 1\na.com 1\nb.com 1\nown.w.com 1\n");
+    }
+
+    #[test]
+    fn the_same_rules_make_the_same_files_whatever_their_order() {
+        let a = rule(Some("a.com"), "/x", "prefix", "x");
+        let b = rule(Some("b.com"), "/y", "exact", "y");
+        assert_eq!(build(&[a.clone(), b.clone()]), build(&[b, a]));
+        assert_ne!(build::<RuleModel>(&[]).paths, build(&[rule(None, "/", "prefix", "z")]).paths);
+    }
+}

@@ -1,0 +1,150 @@
+//! Effects of a pass: what [`super::run`] decided, published on NATS (nodes, default
+//! certificates, fleet settings, snapshots) or told on the Ingresses and ConfigMaps (Warning
+//! Events, each said once).
+
+use super::state::State;
+use crate::k8s::events::Warnings;
+use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteMessage};
+use hafleet_runtime::nats::Bus;
+use std::collections::BTreeSet;
+use tracing::{info, warn};
+
+const WARNINGS: (&str, &str) =
+    ("hafleet_watcher_warnings_total", "Warning Events posted on Ingresses, by reason.");
+
+/// Posts a Warning Event (`reason`, `note`) on `ing` once per Ingress, generation and note,
+/// logging it as `what` and counting it. One the API server did not take is tried again on
+/// the next pass.
+pub(crate) async fn tell(
+    warnings: &Warnings,
+    warned: &mut BTreeSet<(IngressKey, String, String)>,
+    ing: &k8s_openapi::api::networking::v1::Ingress,
+    (key, rv, reason, note): (&IngressKey, &str, &'static str, String),
+    what: &'static str,
+) {
+    if !warned.insert((key.clone(), rv.to_owned(), note.clone())) {
+        return;
+    }
+    warn!(ingress = %key, reason, note = %note, "{what}");
+    hafleet_runtime::health::Health::global().count(WARNINGS, &[("reason", reason)], 1.0);
+    if !warnings.warn(ing, reason, note.clone()).await {
+        warned.remove(&(key.clone(), rv.to_owned(), note));
+    }
+}
+
+/// Publishes `fleet`'s default certificate when it is not the one last published. A Secret
+/// that cannot be used is logged (there is no Ingress to tell) and the fleet keeps the one it
+/// had.
+pub(crate) async fn send_default_cert(
+    bus: &Bus,
+    state: &mut State,
+    fleet: &FleetName,
+    (ns, name): (&str, &str),
+    now_unix: i64,
+) -> anyhow::Result<()> {
+    let cert = match state.tls.sealed(fleet, ns, name, now_unix) {
+        Ok(cert) => cert,
+        Err(why) => {
+            if let Some(why) = why
+                && state.tls.default_warned.insert((fleet.clone(), why.clone()))
+            {
+                warn!(fleet = %fleet, secret = %format!("{ns}/{name}"), %why, "the fleet's default certificate is not usable; it keeps the one it had");
+            }
+            return Ok(());
+        }
+    };
+    if state.tls.defaults.get(fleet) == Some(&cert) {
+        return Ok(());
+    }
+    let msg = RouteMessage::DefaultCert(hafleet_proto::DefaultCert {
+        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
+        epoch: state.epoch,
+        cluster: state.cluster.clone(),
+        fleet: fleet.clone(),
+        cert: Some(cert.clone()),
+    });
+    let id = state.next_msg_id();
+    let seq = bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await?;
+    info!(fleet = %fleet, fingerprint = %cert.fingerprint, stream_seq = seq, "default certificate published");
+    state.tls.defaults.insert(fleet.clone(), cert);
+    Ok(())
+}
+
+/// Publishes each fleet's settings that changed, and tells the ConfigMaps' admin what was
+/// taken and what was not.
+pub(crate) async fn send_settings(
+    bus: &Bus,
+    warnings: &Warnings,
+    state: &mut State,
+    config_maps: &[std::sync::Arc<k8s_openapi::api::core::v1::ConfigMap>],
+    fleets: Vec<FleetName>,
+) -> anyhow::Result<()> {
+    let at = (state.epoch, state.cluster.as_ref());
+    let plan = state.settings.plan(config_maps, fleets, at);
+    for (cm, warning, reason, note) in plan.tell {
+        warn!(configmap = ?cm.metadata.name, note = %note, "fleet settings refused");
+        warnings.post(&*cm, warning, reason, note).await;
+    }
+    for update in plan.publish {
+        let fleet = update.fleet.clone();
+        let msg = RouteMessage::Settings(update.clone());
+        let id = state.next_msg_id();
+        let seq = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await?;
+        let set = update.settings.describe().join(" ");
+        info!(fleet = %fleet, stream_seq = seq, settings = %set, "fleet settings published");
+        state.settings.published(&update);
+        if let Some(cm) = crate::core::fleet_settings::InForce::source(config_maps, &update) {
+            let note = format!(
+                "published for fleet {fleet}: {}",
+                if set.is_empty() { "the defaults" } else { &set }
+            );
+            warnings.post(&**cm, false, "SettingsPublished", note).await;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes the node set that every route's servers come from.
+pub(crate) async fn send_nodes(
+    bus: &Bus,
+    state: &mut State,
+    nodes: Vec<NodeAddr>,
+) -> anyhow::Result<()> {
+    let msg = RouteMessage::Nodes(NodesUpdate {
+        schema: hafleet_proto::route_schema(state.cluster.as_ref()),
+        epoch: state.epoch,
+        cluster: state.cluster.clone(),
+        nodes: nodes.clone(),
+    });
+    let id = state.next_msg_id();
+    state.nodes = None;
+    let seq = bus
+        .publish(hafleet_proto::routes_nodes_subject(state.cluster.as_ref()), &id, msg.encode())
+        .await?;
+    info!(nodes = nodes.len(), stream_seq = seq, "nodes published");
+    state.nodes = Some(nodes);
+    Ok(())
+}
+
+/// Publishes a snapshot: every Ingress this watcher knows, live or kept (in parts when it is
+/// larger than a NATS message). The renderer sweeps whatever else it holds.
+pub(crate) async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Result<()> {
+    let cluster = state.cluster.clone();
+    let kept: BTreeSet<IngressKey> = state.kept.union(&state.held_new).cloned().collect();
+    let snapshot =
+        crate::app::snapshot::build(&state.published, &kept, state.epoch, cluster.as_ref());
+    let subject = hafleet_proto::routes_snapshot_subject(cluster.as_ref());
+    let sent =
+        crate::app::snapshot::publish(bus, &subject, &snapshot, || state.next_msg_id()).await?;
+    info!(
+        epoch = state.epoch,
+        ingresses = state.published.len(),
+        kept = state.kept.len(),
+        stream_seq = sent.seq,
+        parts = sent.parts,
+        bytes = sent.bytes,
+        "snapshot published"
+    );
+    state.snapshot_due = false;
+    Ok(())
+}

@@ -1,0 +1,597 @@
+//! The watcher's loop.
+//!
+//! ```text
+//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet-ms without a change,
+//!   at most --debounce-ms) ──▶ Ready nodes changed? publish them
+//!   ──▶ resolve every Ingress from the caches (resolve::Memo: anew only where an Ingress, a
+//!   Service it names or their endpoints changed) ──▶ index::diff against what was published
+//!   ──▶ publish (acked) ──▶ index::record
+//! ```
+//! Routes name NodePorts, not nodes: a node joining, leaving or going NotReady is one nodes
+//! message, whatever the number of Ingresses.
+//! After start-up, once every cache is listed and every live Ingress is published, a snapshot
+//! names them all, so the renderer can sweep Ingresses deleted while no watcher ran.
+
+use super::args::RunArgs;
+use super::effects::{send_default_cert, send_nodes, send_settings, send_snapshot, tell};
+use super::state::{State, TlsState};
+use crate::core::index::{self, Action, Desired, Published};
+use crate::core::resolve::{self, Refused, Services};
+use crate::core::tenancy;
+use crate::k8s::events::Warnings;
+use crate::k8s::watch::{self as kube_adapter, Caches};
+use anyhow::Context as _;
+use futures::StreamExt;
+use hafleet_proto::{IngressKey, RouteChange};
+use hafleet_runtime::nats::Bus;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{debug, info, warn};
+
+/// Runs the watcher until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    hafleet_runtime::install_shutdown_handler();
+    let health =
+        hafleet_runtime::health::start(&args.health, "the watches have not listed yet").await?;
+    health.gauge(LEADER, &[], f64::from(!args.lease.leader_election));
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG, or in-cluster service account)")?;
+    // Discovery (which EndpointSlice version) must see the real server, not guess without it.
+    let version =
+        hafleet_runtime::wait_for("the Kubernetes API server", || client.apiserver_version())
+            .await?;
+    info!(version = %version.git_version, "Kubernetes API server answers");
+    let bus = args.nats.connect_waiting().await?;
+    let routes = bus.ensure_stream(hafleet_proto::ROUTES).await?;
+    // The renderer fences off messages of an epoch older than the newest it has seen: this
+    // run's must be above every earlier run's, whatever this machine's clock says.
+    let last_epoch = newest_epoch(&routes, args.cluster_id.as_ref()).await?;
+
+    let slices = kube_adapter::endpoint_slice_api(&client).await;
+    let policy_ref = args.tenancy_policy.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str()));
+    let settings_ns = args.settings_namespace.as_ref().map(|ns| ns.as_str());
+    let (caches, mut changes) = kube_adapter::watch(
+        client.clone(),
+        slices,
+        !args.seal_to.is_empty(),
+        (policy_ref, settings_ns),
+    );
+    let secrets_client = client.clone();
+    let warnings = Warnings::new(client.clone());
+    let mut state = State {
+        cluster: args.cluster_id.clone(),
+        epoch: crate::k8s::elector::next_epoch(
+            last_epoch,
+            SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
+        ),
+        seq: 0,
+        published: Published::default(),
+        nodes: None,
+        kept: BTreeSet::new(),
+        held_new: BTreeSet::new(),
+        snapshot_due: false,
+        warned: BTreeSet::new(),
+        leader: None,
+        tls: TlsState {
+            client: Some(secrets_client),
+            ..TlsState::default_for(args.seal_to.iter().cloned())
+        },
+        memo: resolve::Memo::default(),
+        policy: Default::default(),
+        churn: Default::default(),
+        settings: Default::default(),
+    };
+    let shutdown = hafleet_runtime::shutdown_signal();
+    tokio::pin!(shutdown);
+
+    // Drive the watches until every cache holds its initial list.
+    let ready = caches.ready();
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            r = &mut ready => { r.context("watch caches never became ready")?; break; }
+            _ = changes.next() => {}
+            _ = &mut shutdown => {
+                info!("watcher stopping (the watches had not listed yet)");
+                stop(&bus).await;
+                return Ok(());
+            }
+        }
+    }
+    // With leader election, stand by (keeping the caches warm) until this replica holds the
+    // lease; its epoch is when it took it, so a later leader's messages are newer.
+    if args.lease.leader_election {
+        let elector = crate::k8s::elector::Elector::new(client, &args.lease);
+        // A standby with warm caches is ready: ready to take over.
+        health.ready();
+        let lead = elector.lead(last_epoch);
+        tokio::pin!(lead);
+        let leadership = loop {
+            tokio::select! {
+                l = &mut lead => break l,
+                _ = changes.next() => {}
+                _ = &mut shutdown => {
+                    info!("watcher stopping (standing by)");
+                    bus.drain().await;
+                    return Ok(());
+                }
+            }
+        };
+        state.epoch = leadership.since_unix_nanos;
+        health.gauge(LEADER, &[], 1.0);
+        state.leader = Some(leadership);
+    }
+    let epoch = state.epoch;
+    info!(epoch, "caches listed; publishing the initial state");
+    // Both retried until done, or until a stop is asked for: NATS may be away for long.
+    let initial = async || sync(&args, &caches, &warnings, &bus, &mut state).await;
+    let published = crate::app::snapshot::until_done("initial publish", shutdown.as_mut(), initial);
+    if published.await.is_none() {
+        info!("watcher stopping (the initial state was not published)");
+        stop(&bus).await;
+        return Ok(());
+    }
+    let snapshot = async || send_snapshot(&bus, &mut state).await;
+    let sent = crate::app::snapshot::until_done("snapshot publish", shutdown.as_mut(), snapshot);
+    if sent.await.is_none() {
+        info!("watcher stopping (the snapshot was not published)");
+        stop(&bus).await;
+        return Ok(());
+    }
+    health.ready();
+    // The initial state restates what the fleets run: only changes from here on are counted.
+    state.churn = crate::core::churn::Budget::new(args.namespace_changes_per_minute);
+    // Events from the fleets' reports on the Ingresses that caused each version: the leader's
+    // job, started again if NATS stops delivering (the streams may not exist yet).
+    {
+        let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
+        let cluster = args.cluster_id.clone();
+        tokio::spawn(async move {
+            let mut told = crate::core::feedback::Feedback::for_cluster(cluster);
+            loop {
+                let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
+                let run = super::notices::run(bus, store, warnings, &mut told);
+                if let Err(e) = run.await {
+                    debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+    }
+
+    let debounce = Duration::from_millis(args.debounce_ms);
+    let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
+    let resync = Duration::from_secs(args.resync_secs.max(1));
+    let mut leadership = state.leader.clone();
+    let lost = async move {
+        match leadership.as_mut() {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
+    loop {
+        let due = state.churn.next_due(tokio::time::Instant::now());
+        tokio::select! {
+            _ = &mut lost => {
+                // Another replica may hold it now: stop publishing at once, and come back as
+                // a standby (the process manager restarts it).
+                bus.drain().await;
+                anyhow::bail!("lost the lease: exiting, to come back as a standby");
+            }
+            tick = changes.next() => {
+                if tick.is_none() { break; }
+                // Let the burst settle, keeping the caches current meanwhile: until no change
+                // came for `quiet`, or `debounce` after the first.
+                let settle = tokio::time::sleep(debounce);
+                tokio::pin!(settle);
+                loop {
+                    tokio::select! {
+                        _ = &mut settle => break,
+                        more = tokio::time::timeout(quiet, changes.next()) => {
+                            if more.is_err() { break; }
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep(resync) => {}
+            // Held changes whose namespace has budget again.
+            _ = crate::core::churn::sleep_until(due) => {}
+            _ = &mut shutdown => break,
+        }
+        if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
+            warn!(error = %format!("{e:#}"), "publish failed; will retry");
+        }
+    }
+    info!("watcher stopping");
+    bus.drain().await;
+    Ok(())
+}
+
+/// Flushes what NATS has pending and closes, for at most a few seconds: NATS may be what the
+/// watcher was waiting for when the stop came.
+async fn stop(bus: &Bus) {
+    if tokio::time::timeout(Duration::from_secs(5), bus.drain()).await.is_err() {
+        warn!("NATS did not drain in 5 s; exiting without");
+    }
+}
+
+/// The newest epoch this watcher's run must be above (`None` when the stream holds nothing
+/// to go by): of the stream's last message, and of the last node set and snapshot of its own
+/// cluster (the last message may be another cluster's, whose watcher's clock is behind).
+async fn newest_epoch(
+    routes: &async_nats::jetstream::stream::Stream,
+    cluster: Option<&hafleet_proto::ClusterId>,
+) -> anyhow::Result<Option<u64>> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound;
+    // No such message is an answer (dropped by retention, or none sent yet), not a failure
+    // to wait out.
+    let found = |got: Result<
+        async_nats::jetstream::message::StreamMessage,
+        async_nats::jetstream::stream::LastRawMessageError,
+    >| match got {
+        Ok(m) => Ok(hafleet_proto::RouteMessage::decode(&m.payload).ok().map(|m| m.epoch())),
+        Err(e) if e.kind() == NoMessageFound => Ok(None),
+        Err(e) => Err(e),
+    };
+    let mut newest = None;
+    let last = routes.cached_info().state.last_sequence;
+    if last > 0 {
+        let read = || async { found(routes.get_raw_message(last).await) };
+        newest = hafleet_runtime::nats::retrying("the routes stream's newest message", read)
+            .await
+            .context("cannot read the routes stream's newest message")?;
+    }
+    for subject in [
+        hafleet_proto::routes_nodes_subject(cluster),
+        hafleet_proto::routes_snapshot_subject(cluster),
+    ] {
+        let read = || async { found(routes.get_last_raw_message_by_subject(&subject).await) };
+        let epoch = hafleet_runtime::nats::retrying("this cluster's newest message", read)
+            .await
+            .with_context(|| format!("cannot read the last message on {subject}"))?;
+        newest = newest.max(epoch);
+    }
+    Ok(newest)
+}
+
+const ROUTE_EVENTS: (&str, &str) = (
+    "hafleet_watcher_route_events_total",
+    "Route events published (and acked), by upsert or delete.",
+);
+const LEADER: (&str, &str) = (
+    "hafleet_watcher_leader",
+    "1 while this replica publishes (holds the lease, or runs without leader election).",
+);
+/// Resolves everything from the caches and publishes what changed. Stops at the first failed
+/// publish; what was not published is found again next time.
+async fn sync(
+    args: &RunArgs,
+    caches: &Caches,
+    warnings: &Warnings,
+    bus: &Bus,
+    state: &mut State,
+) -> anyhow::Result<()> {
+    if let Some(lease) = &state.leader {
+        anyhow::ensure!(lease.holds(), "the lease may have run out: not publishing");
+    }
+    let started = std::time::Instant::now();
+    let services: Services = caches
+        .services
+        .state()
+        .into_iter()
+        .filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s)))
+        .collect();
+    let all_nodes = caches.nodes.state();
+    let nodes = resolve::ready_nodes(all_nodes.iter().map(|n| n.as_ref()));
+    // Only Local Services look their endpoints up: the others' slices (most of a cluster's,
+    // and its busiest objects) are not read.
+    let endpoints = caches.endpoint_slices.as_ref().map(|slices| {
+        let slices = slices.state();
+        let local = slices.iter().map(|s| s.as_ref()).filter(|s| {
+            resolve::slice_service(s).is_some_and(|(ns, name)| {
+                services.get(&(ns.clone(), name.clone())).is_some_and(|svc| resolve::is_local(svc))
+            })
+        });
+        resolve::endpoints(local, all_nodes.iter().map(|n| n.as_ref()))
+    });
+    if state.nodes.as_ref() != Some(&nodes) {
+        send_nodes(bus, state, nodes).await?;
+    }
+
+    let policy = match (&caches.policy, &args.tenancy_policy) {
+        (Some(store), Some(at)) => {
+            let cm = store.state().into_iter().next();
+            Some(state.policy.in_force(at, cm.as_deref()).map_err(anyhow::Error::msg)?.clone())
+        }
+        _ => None,
+    };
+
+    let mut desired = index::Wanted::default();
+    // (Ingress, resourceVersion) of every Ingress that exists now, when some warning said
+    // before may be about one that changed or went (warnings said in this pass are current).
+    let prune_warned = !state.warned.is_empty();
+    let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
+    // The routed Ingresses' objects, to post Events on once tenants are kept apart.
+    let mut objects: HashMap<IngressKey, _, foldhash::fast::RandomState> = HashMap::default();
+    state.memo.begin_pass();
+    for ing in caches.ingresses.state() {
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let name = ing.metadata.name.as_deref().unwrap_or_default();
+        // What a warning is said once per: the spec's generation (a status update, ours
+        // included, must not repeat every warning), else the resourceVersion.
+        let rv = match (ing.metadata.generation, &ing.metadata.resource_version) {
+            (Some(generation), _) => format!("g{generation}"),
+            (None, rv) => rv.clone().unwrap_or_default(),
+        };
+        if prune_warned && let Ok(key) = IngressKey::new(ns, name) {
+            current.insert((key, rv.clone()));
+        }
+        let resolved =
+            state.memo.resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref());
+        match resolved {
+            // Outside the admin's policy: not routed (what it had is withdrawn), and told.
+            Ok(r)
+                if let Some(why) = policy
+                    .as_ref()
+                    .and_then(|p| p.refuses(r.key.namespace.as_str(), &r.fleet, &r.routes)) =>
+            {
+                let note = format!("not routed by hafleet: {why}");
+                let said = (&r.key, rv.as_str(), "NotAllowed", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+            }
+            // Only routes that differ from what was published can have grown too large.
+            Ok(r)
+                if !index::is_current(&state.published, &r)
+                    && let Some(why) = crate::core::route_events::over_budget(
+                        &r,
+                        &args.ingress_limits(),
+                        bus.payload_limit(),
+                    ) =>
+            {
+                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
+                let note = format!("not routed by hafleet: {why}; split the Ingress");
+                let said = (&r.key, rv.as_str(), "RoutesTooLarge", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+                desired.insert(r.key.clone(), Desired::Keep);
+            }
+            Ok(r) => {
+                objects.insert(r.key.clone(), (ing.clone(), rv));
+                desired.insert(r.key.clone(), Desired::Routed(r));
+            }
+            Err(Refused::NotSelected) => {}
+            Err(Refused::Invalid(why)) => {
+                let Ok(key) = IngressKey::new(ns, name) else {
+                    warn!(namespace = ns, name, "ingress with an invalid name ignored");
+                    continue;
+                };
+                let note = format!("not routed by hafleet: {}", why.join("; "));
+                let said = (&key, rv.as_str(), "InvalidIngress", note);
+                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+                // Its last good routes stay only where the policy still allows them.
+                if let Some(why) = policy.as_ref().and_then(|p| {
+                    crate::core::policy::refuses_kept(p, &key, &ing, &state.published)
+                }) {
+                    let said =
+                        (&key, rv.as_str(), "NotAllowed", format!("not routed by hafleet: {why}"));
+                    tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
+                    continue;
+                }
+                desired.insert(key, Desired::Keep);
+            }
+        }
+    }
+    state.memo.end_pass();
+    let resolved = started.elapsed();
+    // Hosts kept to the namespace that owns them; the losers of conflicts told.
+    let mut routed = index::routed_mut(&mut desired);
+    let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
+    let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+    let mut too_big: Vec<(IngressKey, String)> = Vec::new();
+    if let Some(meta) = &caches.tls_secrets {
+        let wanted: BTreeSet<(String, String)> = routed
+            .iter()
+            .filter(|r| state.tls.seal_to.contains_key(&r.fleet))
+            .flat_map(|r| {
+                let ing = objects.get(&r.key).map(|(ing, _)| ing);
+                let spec =
+                    ing.map(|i| crate::core::tls_secrets::SpecEntry::of(i)).unwrap_or_default();
+                let ns = r.key.namespace.as_str().to_owned();
+                spec.into_iter().filter_map(move |e| Some((ns.clone(), e.secret?)))
+            })
+            .chain(
+                args.default_cert
+                    .iter()
+                    .filter(|(f, _)| state.tls.seal_to.contains_key(f))
+                    .map(|(_, secret)| secret.clone()),
+            )
+            .collect();
+        state.tls.refresh(meta, &wanted, now_unix).await;
+    }
+    for r in routed {
+        if caches.tls_secrets.is_some()
+            && let Some((ing, _)) = objects.get(&r.key)
+        {
+            let spec = crate::core::tls_secrets::SpecEntry::of(ing);
+            if !spec.is_empty() && !state.tls.seal_to.contains_key(&r.fleet) {
+                let note = format!(
+                    "spec.tls is not served: TLS is off on fleet {} (the watcher has no \
+                     --seal-to for it)",
+                    r.fleet
+                );
+                told.entry(r.key.clone())
+                    .or_default()
+                    .push(crate::core::model::Warning { reason: "TLSNotEnabled", note });
+            }
+            if spec.is_empty() || !state.tls.seal_to.contains_key(&r.fleet) {
+                told.entry(r.key.clone())
+                    .or_default()
+                    .splice(0..0, std::mem::take(&mut r.warnings));
+                continue;
+            }
+            let hosts: BTreeSet<hafleet_proto::HttpHost> =
+                r.routes.iter().filter_map(|route| route.host.clone()).collect();
+            let ns = r.key.namespace.as_str();
+            let tls = &mut state.tls;
+            let mut lookup = |name: &str| tls.sealed(&r.fleet, ns, name, now_unix);
+            let warn_after = now_unix + i64::from(args.cert_expiry_warning_days) * 86_400;
+            let (entries, said) =
+                crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
+            r.tls = entries;
+            told.entry(r.key.clone()).or_default().extend(
+                said.into_iter().map(|(reason, note)| crate::core::model::Warning { reason, note }),
+            );
+            // Certificates count against the Ingress's budget too.
+            if !index::is_current(&state.published, r)
+                && let Some(why) = crate::core::route_events::over_budget(
+                    r,
+                    &args.ingress_limits(),
+                    bus.payload_limit(),
+                )
+            {
+                too_big.push((r.key.clone(), why));
+            }
+        }
+        // Nothing reads a Resolved's warnings after this (publishing compares routes).
+        told.entry(r.key.clone()).or_default().splice(0..0, std::mem::take(&mut r.warnings));
+    }
+    for (key, why) in too_big {
+        // Refused like any Ingress over budget: alone, keeping what it had.
+        desired.insert(key.clone(), Desired::Keep);
+        if let Some((ing, rv)) = objects.get(&key) {
+            let note = format!("not routed by hafleet: {why}; split the Ingress");
+            let said = (&key, rv.as_str(), "RoutesTooLarge", note);
+            tell(warnings, &mut state.warned, ing, said, "ingress refused").await;
+        }
+    }
+    for (key, said) in told {
+        let Some((ing, rv)) = objects.get(&key) else { continue };
+        for w in said {
+            let said = (&key, rv.as_str(), w.reason, w.note);
+            tell(warnings, &mut state.warned, ing, said, "ingress routed with a caveat").await;
+        }
+    }
+    let cap = args.max_kept_per_namespace;
+    crate::app::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
+    let actions = index::diff(&state.published, &desired);
+    // Upserts of a namespace over its budget wait, unrecorded: the next diff finds them again.
+    let crate::core::churn::Admitted { go: actions, held } =
+        state.churn.admit(actions, &state.published, tokio::time::Instant::now());
+    // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
+    // (Not a reason for a snapshot when it goes: its publish replaces it.)
+    state.held_new = held
+        .iter()
+        .map(|(_, k)| k)
+        .filter(|k| !state.published.contains_key(*k))
+        .cloned()
+        .collect();
+    let kept: BTreeSet<IngressKey> = desired
+        .iter()
+        .filter(|(_, d)| matches!(d, Desired::Keep))
+        .map(|(k, _)| k.clone())
+        .collect();
+    // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
+    // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
+    if state.kept.iter().any(|k| !kept.contains(k)) {
+        state.snapshot_due = true;
+    }
+    state.kept = kept;
+    // Forget warnings about objects that changed or went away, so the set stays bounded.
+    if prune_warned {
+        state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
+    }
+    for (fleet, key) in &held {
+        let Some((ing, rv)) = objects.get(key) else { continue };
+        let said = (key, rv.as_str(), "Throttled", state.churn.note(fleet, &key.namespace));
+        tell(warnings, &mut state.warned, ing, said, "ingress changes held").await;
+    }
+    // What a pass costs before it publishes; only Ingresses whose inputs changed are resolved.
+    debug!(
+        ingresses = desired.len(),
+        changed = actions.len(),
+        resolved_anew = state.memo.fresh(),
+        resolve_ms = resolved.as_secs_f64() * 1000.0,
+        pass_ms = started.elapsed().as_secs_f64() * 1000.0,
+        held = held.len(),
+        "pass over the cluster's objects"
+    );
+    let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
+    for (fleet, keys) in &bulk {
+        warn!(fleet = %fleet, ingresses = keys.len(),
+              "many Ingresses gone at once: publishing a snapshot for the renderer's guard to check instead of deletes");
+    }
+    for action in actions {
+        if let Action::Delete { fleet, key } = &action
+            && bulk.get(fleet).is_some_and(|keys| keys.contains(key))
+        {
+            // The snapshot below leaves it out of `live`.
+            index::record(&mut state.published, &action);
+            state.snapshot_due = true;
+            continue;
+        }
+        let (fleet, key, msg) = match &action {
+            Action::Upsert(r) => (
+                r.fleet.clone(),
+                r.key.clone(),
+                crate::core::route_events::route_event(
+                    &r.fleet,
+                    &r.key,
+                    r.created_unix,
+                    &r.resource_version,
+                    RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() },
+                    (state.epoch, state.cluster.as_ref()),
+                ),
+            ),
+            Action::Delete { fleet, key } => (
+                fleet.clone(),
+                key.clone(),
+                crate::core::route_events::route_event(
+                    fleet,
+                    key,
+                    0,
+                    "",
+                    RouteChange::Delete,
+                    (state.epoch, state.cluster.as_ref()),
+                ),
+            ),
+        };
+        let id = state.next_msg_id();
+        let published = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await;
+        let seq = match published {
+            Ok(seq) => seq,
+            Err(e) => {
+                // The publish may or may not have been stored: the next sync sends what is
+                // desired for this Ingress again (an upsert or a delete repeated is harmless).
+                index::record_unknown(&mut state.published, &action);
+                return Err(e.into());
+            }
+        };
+        let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
+        info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
+        hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
+        index::record(&mut state.published, &action);
+    }
+    if state.snapshot_due {
+        send_snapshot(bus, state).await?;
+    }
+    for (fleet, (ns, name)) in &args.default_cert {
+        send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
+    }
+    if let Some(store) = &caches.settings {
+        let fleets = state.published.values().map(|(fleet, _)| fleet.clone());
+        send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
+    }
+    // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
+    for (key, (ing, _)) in &objects {
+        let Some(Desired::Routed(r)) = desired.get(key) else { continue };
+        if !state.published.contains_key(key) {
+            continue; // held
+        }
+        let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
+        if !r.routes.is_empty() && !crate::core::status::shows(ing, addresses) {
+            warnings.set_status(ing, addresses.clone()).await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! What the watcher keeps between passes: what it published and under which epoch, what it
+//! told, the certificates it read and sealed, and the policies, budgets and settings in force.
+
+use crate::core::index::Published;
+use crate::core::resolve;
+use crate::k8s::watch as kube_adapter;
+use hafleet_proto::{FleetName, IngressKey, NodeAddr};
+use std::collections::{BTreeMap, BTreeSet};
+use tracing::warn;
+
+pub(crate) struct State {
+    /// `--cluster-id`: stamped on everything published, which this watcher's view of its one
+    /// cluster does not carry.
+    pub(crate) cluster: Option<hafleet_proto::ClusterId>,
+    pub(crate) epoch: u64,
+    pub(crate) seq: u64,
+    pub(crate) published: Published,
+    /// The node set last published (and acked); `None` before the first or after a failed
+    /// publish, so that it is sent (again).
+    pub(crate) nodes: Option<Vec<NodeAddr>>,
+    /// Ingresses meant for hafleet but refused as they stand: they keep their routes.
+    pub(crate) kept: BTreeSet<IngressKey>,
+    /// Ingresses the churn budget holds that this run never published: listed as kept in a
+    /// snapshot (nothing sweeps them), but their going out is no reason for one.
+    pub(crate) held_new: BTreeSet<IngressKey>,
+    /// A snapshot must be published after the next successful sync.
+    pub(crate) snapshot_due: bool,
+    /// With leader election: the lease this replica holds. Nothing is published unless it
+    /// holds.
+    pub(crate) leader: Option<crate::k8s::elector::Leadership>,
+    /// (ingress, generation or resourceVersion, reason) already reported, so each is said once.
+    pub(crate) warned: BTreeSet<(IngressKey, String, String)>,
+    pub(crate) tls: TlsState,
+    /// Each Ingress's resolution, redone only when it or what it names changed.
+    pub(crate) memo: resolve::Memo,
+    /// With `--tenancy-policy`: the policy in force.
+    pub(crate) policy: crate::core::policy::InForce,
+    /// `--namespace-changes-per-minute`, once the initial state is out.
+    pub(crate) churn: crate::core::churn::Budget,
+    /// With `--settings-namespace`: the fleets' settings read and published.
+    pub(crate) settings: crate::core::fleet_settings::InForce,
+}
+
+/// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.
+pub(crate) type ReadCert =
+    (String, Result<std::sync::Arc<crate::core::tls_secrets::CheckedCert>, String>);
+
+/// What the watcher keeps for TLS: the checked certificates of the Secrets that Ingresses of
+/// fleets with a sealing key name (only those), by (namespace, name), with the resourceVersion
+/// they were read at; and each chain sealed once per fleet (sealing anew would change its
+/// bytes, and so the version, for nothing).
+pub(crate) struct TlsState {
+    pub(crate) client: Option<kube::Client>,
+    pub(crate) seal_to: BTreeMap<FleetName, crate::core::tls_secrets::SealTo>,
+    pub(crate) certs: BTreeMap<(String, String), ReadCert>,
+    pub(crate) seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
+    /// The default certificate last published (and acked) per fleet.
+    pub(crate) defaults: BTreeMap<FleetName, hafleet_proto::SealedCert>,
+    /// (fleet, why) already logged for a default certificate that cannot be used.
+    pub(crate) default_warned: BTreeSet<(FleetName, String)>,
+}
+
+impl TlsState {
+    pub(crate) fn default_for(
+        seal_to: impl IntoIterator<Item = (FleetName, crate::core::tls_secrets::SealTo)>,
+    ) -> TlsState {
+        TlsState {
+            client: None,
+            seal_to: seal_to.into_iter().collect(),
+            certs: BTreeMap::new(),
+            seals: BTreeMap::new(),
+            defaults: BTreeMap::new(),
+            default_warned: BTreeSet::new(),
+        }
+    }
+
+    /// Reads (again) the Secrets among `wanted` whose resourceVersion in the metadata cache is
+    /// not the one read, and forgets the Secrets no longer wanted.
+    pub(crate) async fn refresh(
+        &mut self,
+        meta: &kube::runtime::reflector::Store<
+            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>,
+        >,
+        wanted: &BTreeSet<(String, String)>,
+        now_unix: i64,
+    ) {
+        self.certs.retain(|k, _| wanted.contains(k));
+        let chains: BTreeSet<String> = self
+            .certs
+            .values()
+            .filter_map(|(_, c)| {
+                c.as_ref().ok().map(|c| hafleet_proto::sha256_hex(c.chain_pem.as_bytes()))
+            })
+            .collect();
+        self.seals.retain(|(_, chain), _| chains.contains(chain));
+        let Some(client) = &self.client else { return };
+        for (ns, name) in wanted {
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
+            let Some(rv) =
+                meta.get(&key).map(|m| m.metadata.resource_version.clone().unwrap_or_default())
+            else {
+                let why = format!(
+                    "no Secret of type {} by that name in namespace {ns}",
+                    crate::core::tls_secrets::SECRET_TYPE
+                );
+                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
+                continue;
+            };
+            if self.certs.get(&(ns.clone(), name.clone())).is_some_and(|(seen, _)| *seen == rv) {
+                continue;
+            }
+            let checked = match kube_adapter::secret_data(client, ns, name).await {
+                Ok(Some((rv, crt, key))) => {
+                    let key = key.map(zeroize::Zeroizing::new);
+                    let got = crate::core::tls_secrets::check(
+                        crt.as_deref(),
+                        key.as_deref().map(|k| k.as_slice()),
+                        now_unix,
+                    )
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| e.to_string());
+                    (rv, got)
+                }
+                Ok(None) => (
+                    rv,
+                    Err(format!(
+                        "no Secret of type {} by that name in namespace {ns}",
+                        crate::core::tls_secrets::SECRET_TYPE
+                    )),
+                ),
+                Err(e) => {
+                    // Not cached: read again next pass.
+                    warn!(namespace = %ns, secret = %name, error = %e, "cannot read a TLS Secret");
+                    continue;
+                }
+            };
+            self.certs.insert((ns.clone(), name.clone()), checked);
+        }
+    }
+
+    /// The certificate of Secret `name` in `ns`, sealed to `fleet`; or why not, with the
+    /// Secret's resourceVersion (so a Secret that breaks again is said again), or `None` when
+    /// there is nothing to tell its owner (not read yet: the API server did not answer).
+    pub(crate) fn sealed(
+        &mut self,
+        fleet: &FleetName,
+        ns: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Result<hafleet_proto::SealedCert, Option<String>> {
+        let to = self.seal_to.get(fleet).ok_or(None)?;
+        let (rv, checked) = self.certs.get(&(ns.to_owned(), name.to_owned())).ok_or(None)?;
+        let at = |why: String| {
+            Some(if rv.is_empty() { why } else { format!("{why} (resourceVersion {rv})") })
+        };
+        let cert = checked.as_ref().map_err(|why| at(why.clone()))?;
+        cert.usable_at(now_unix).map_err(|e| at(e.to_string()))?;
+        let chain = hafleet_proto::sha256_hex(cert.chain_pem.as_bytes());
+        Ok(self.seals.entry((fleet.clone(), chain)).or_insert_with(|| cert.seal(to)).clone())
+    }
+}
+
+impl State {
+    pub(crate) fn next_msg_id(&mut self) -> String {
+        self.seq += 1;
+        match &self.cluster {
+            Some(c) => format!("watcher-{c}-{}-{}", self.epoch, self.seq),
+            None => format!("watcher-{}-{}", self.epoch, self.seq),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! What the watcher has published and what it must publish next. Pure.
+//!
+//! Each Ingress is in one of three desired states: routed (publish its routes when they differ
+//! from what was published), invalid (publish nothing: the fleet keeps the routes it had, so a
+//! bad edit never takes a working site down), or gone (publish a delete if anything was
+//! published). A fleet change is a delete on the old fleet and an upsert on the new one.
+
+use crate::core::model::Resolved;
+use hafleet_proto::{FleetName, IngressKey, Route, TlsEntry};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+// Nearly every entry is `Routed`: boxing it would add an allocation per Ingress and save nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Desired {
+    Routed(Resolved),
+    /// Refused: keep whatever was published before.
+    Keep,
+}
+
+/// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
+/// failed and may or may not have been stored, so whatever is desired must be sent again.
+/// Hashed: every pass looks up every Ingress in it.
+pub type Published = std::collections::HashMap<
+    IngressKey,
+    (FleetName, Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>),
+    foldhash::fast::RandomState,
+>;
+
+/// What a pass wants for each Ingress. Hashed, as [`Published`] is; [`diff`] puts its
+/// actions in key order.
+pub type Wanted = std::collections::HashMap<IngressKey, Desired, foldhash::fast::RandomState>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Upsert(Resolved),
+    Delete { fleet: FleetName, key: IngressKey },
+}
+
+/// The routed Ingresses of `desired`, to keep tenants apart and add certificates to.
+pub fn routed_mut(desired: &mut Wanted) -> Vec<&mut Resolved> {
+    desired
+        .values_mut()
+        .filter_map(|d| match d {
+            Desired::Routed(r) => Some(r),
+            Desired::Keep => None,
+        })
+        .collect()
+}
+
+/// Whether exactly these routes, for this fleet, are what was last published for the Ingress.
+pub fn is_current(published: &Published, r: &Resolved) -> bool {
+    matches!(published.get(&r.key), Some((fleet, Some((routes, tls))))
+        if fleet == &r.fleet && routes == &r.routes && tls == &r.tls)
+}
+
+/// The actions that bring `published` to `desired`, deletes first, each kind in key order: a
+/// delete for what is gone or moved to another fleet, an upsert for every routed Ingress that
+/// is not current.
+pub fn diff(published: &Published, desired: &Wanted) -> Vec<Action> {
+    let mut deletes = Vec::new();
+    for (key, (fleet, _)) in published {
+        match desired.get(key) {
+            Some(Desired::Keep) => {}
+            Some(Desired::Routed(r)) if &r.fleet == fleet => {}
+            _ => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
+        }
+    }
+    let mut upserts = Vec::new();
+    for want in desired.values() {
+        if let Desired::Routed(r) = want
+            && !is_current(published, r)
+        {
+            upserts.push(Action::Upsert(r.clone()));
+        }
+    }
+    let key = |a: &Action| match a {
+        Action::Upsert(r) => r.key.clone(),
+        Action::Delete { key, .. } => key.clone(),
+    };
+    deletes.sort_by_cached_key(key);
+    upserts.sort_by_cached_key(key);
+    deletes.extend(upserts);
+    deletes
+}
+
+/// The deletions of `actions` that make a mass deletion: of a fleet from which they delete
+/// more than `threshold` Ingresses (0: never), by fleet. They go as one snapshot for the
+/// renderer's guard rather than event by event. An Ingress that moves to another fleet (an
+/// upsert of it there in the same pass) is not deleted and is not counted.
+pub fn bulk_deletes(
+    actions: &[Action],
+    threshold: usize,
+) -> BTreeMap<FleetName, std::collections::BTreeSet<IngressKey>> {
+    let moved: std::collections::BTreeSet<&IngressKey> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Upsert(r) => Some(&r.key),
+            Action::Delete { .. } => None,
+        })
+        .collect();
+    let mut deletes: BTreeMap<FleetName, std::collections::BTreeSet<IngressKey>> = BTreeMap::new();
+    for action in actions {
+        if let Action::Delete { fleet, key } = action
+            && !moved.contains(key)
+        {
+            deletes.entry(fleet.clone()).or_default().insert(key.clone());
+        }
+    }
+    deletes.retain(|_, keys| threshold > 0 && keys.len() > threshold);
+    deletes
+}
+
+/// Records that `action` was published.
+pub fn record(published: &mut Published, action: &Action) {
+    match action {
+        Action::Upsert(r) => {
+            published
+                .insert(r.key.clone(), (r.fleet.clone(), Some((r.routes.clone(), r.tls.clone()))));
+        }
+        Action::Delete { fleet, key } => {
+            if published.get(key).is_some_and(|(f, _)| f == fleet) {
+                published.remove(key);
+            }
+        }
+    }
+}
+
+/// Records that publishing `action` failed: its effect is unknown, so the next diff sends
+/// whatever is desired for that Ingress again.
+pub fn record_unknown(published: &mut Published, action: &Action) {
+    let (fleet, key) = match action {
+        Action::Upsert(r) => (&r.fleet, &r.key),
+        Action::Delete { fleet, key } => (fleet, key),
+    };
+    published.insert(key.clone(), (fleet.clone(), None));
+}
+
+/// The refused Ingresses among `kept` (each with its creation time, Unix seconds) that are
+/// not kept any more: per namespace, all but the `cap` newest (the oldest go first; equal
+/// times by key, so a pass picks the same ones as the one before). Keeping a refused Ingress
+/// holds its last good routes and a line in every snapshot: a namespace with many broken
+/// Ingresses must not grow them without bound.
+pub fn beyond_cap(
+    kept: impl IntoIterator<Item = (IngressKey, i64)>,
+    cap: usize,
+) -> Vec<IngressKey> {
+    let mut by_namespace: BTreeMap<hafleet_proto::Namespace, Vec<(i64, IngressKey)>> =
+        BTreeMap::new();
+    for (key, created) in kept {
+        by_namespace.entry(key.namespace.clone()).or_default().push((created, key));
+    }
+    let mut out = Vec::new();
+    for (_, mut keys) in by_namespace {
+        if keys.len() <= cap {
+            continue;
+        }
+        // Newest first; the ones after the first `cap` go.
+        keys.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        out.extend(keys.into_iter().skip(cap).map(|(_, k)| k));
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_ingresses_are_kept_up_to_the_cap_per_namespace_the_newest_first() {
+        let key = |ns: &str, name: &str| IngressKey::new(ns, name).unwrap();
+        let kept = [
+            (key("a", "old"), 100),
+            (key("a", "new"), 300),
+            (key("a", "mid-2"), 200),
+            (key("a", "mid-1"), 200),
+            (key("b", "oldest"), 1),
+            (key("b", "other"), 2),
+        ];
+        assert_eq!(beyond_cap(kept.clone(), 2), [key("a", "mid-2"), key("a", "old")]);
+        assert_eq!(beyond_cap(kept.clone(), 3), [key("a", "old")]);
+        assert!(beyond_cap(kept.clone(), 4).is_empty());
+        assert_eq!(beyond_cap(kept.clone(), 0).len(), kept.len());
+    }
+
+    fn resolved(name: &str, fleet: &str, n_routes: usize) -> Resolved {
+        crate::core::resolve::tests_support::resolved("default", name, fleet, n_routes)
+    }
+
+    fn apply(published: &mut Published, desired: &Wanted) -> Vec<Action> {
+        let actions = diff(published, desired);
+        for a in &actions {
+            record(published, a);
+        }
+        actions
+    }
+
+    #[test]
+    fn new_changed_unchanged_and_gone() {
+        let mut published = Published::default();
+        let mut desired = Wanted::default();
+        let a = resolved("a", "edge", 1);
+        desired.insert(a.key.clone(), Desired::Routed(a.clone()));
+        assert_eq!(apply(&mut published, &desired), [Action::Upsert(a.clone())]);
+        assert!(apply(&mut published, &desired).is_empty(), "unchanged publishes nothing");
+        let a2 = resolved("a", "edge", 2);
+        desired.insert(a.key.clone(), Desired::Routed(a2.clone()));
+        assert_eq!(apply(&mut published, &desired), [Action::Upsert(a2)]);
+        desired.clear();
+        assert_eq!(
+            apply(&mut published, &desired),
+            [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }]
+        );
+        assert!(published.is_empty());
+    }
+
+    #[test]
+    fn more_deletes_of_one_fleet_than_the_threshold_are_a_bulk_deletion() {
+        let delete = |name: &str, fleet: &str| Action::Delete {
+            fleet: FleetName::new(fleet).unwrap(),
+            key: IngressKey::new("default", name).unwrap(),
+        };
+        let mut actions: Vec<Action> = (0..11).map(|i| delete(&format!("e{i}"), "edge")).collect();
+        actions.extend((0..10).map(|i| delete(&format!("c{i}"), "core")));
+        actions.push(Action::Upsert(resolved("new", "core", 1)));
+        let bulk = bulk_deletes(&actions, 10);
+        let sizes: Vec<_> = bulk.iter().map(|(f, keys)| (f.as_str(), keys.len())).collect();
+        assert_eq!(sizes, [("edge", 11)]);
+        assert!(bulk_deletes(&actions, 0).is_empty(), "0 turns it off");
+        assert_eq!(bulk_deletes(&actions, 9).len(), 2);
+        // Moving to another fleet is not deleting.
+        actions.push(Action::Upsert(resolved("e0", "core", 1)));
+        assert!(bulk_deletes(&actions, 10).is_empty());
+        assert!(
+            !bulk_deletes(&actions, 9)[&FleetName::new("edge").unwrap()]
+                .contains(&IngressKey::new("default", "e0").unwrap())
+        );
+    }
+
+    #[test]
+    fn an_invalid_edit_keeps_the_old_routes() {
+        let mut published = Published::default();
+        let a = resolved("a", "edge", 1);
+        let mut desired = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
+        apply(&mut published, &desired);
+        desired.insert(a.key.clone(), Desired::Keep);
+        assert!(apply(&mut published, &desired).is_empty());
+        assert_eq!(published.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_publish_is_sent_again_whatever_it_was() {
+        let mut published = Published::default();
+        let a = resolved("a", "edge", 1);
+        let routed = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
+        apply(&mut published, &routed);
+        // A delete that may have been stored, then the same Ingress back with the same routes.
+        let delete = Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() };
+        record_unknown(&mut published, &delete);
+        assert_eq!(diff(&published, &routed), [Action::Upsert(a.clone())]);
+        // A delete that may have failed, and the Ingress still gone.
+        record_unknown(&mut published, &delete);
+        assert_eq!(diff(&published, &Wanted::default()), [delete]);
+    }
+
+    #[test]
+    fn moving_to_another_fleet_deletes_then_upserts() {
+        let mut published = Published::default();
+        let a = resolved("a", "edge", 1);
+        apply(&mut published, &Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]));
+        let moved = resolved("a", "core", 1);
+        let actions = apply(
+            &mut published,
+            &Wanted::from_iter([(a.key.clone(), Desired::Routed(moved.clone()))]),
+        );
+        assert_eq!(
+            actions,
+            [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }, Action::Upsert(moved)]
+        );
+        assert_eq!(published[&a.key].0.as_str(), "core");
+    }
+}

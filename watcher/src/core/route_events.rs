@@ -1,0 +1,70 @@
+//! The route events the watcher publishes, and whether one Ingress's fits what one may take.
+//! Pure.
+
+use hafleet_proto::{FleetName, IngressKey, RouteChange, RouteEvent, RouteMessage};
+
+/// What one Ingress's route event may take, from the watcher's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct IngressLimits<'a> {
+    /// `--max-paths-per-ingress`.
+    pub max_paths: usize,
+    /// `--max-ingress-bytes`.
+    pub max_bytes: usize,
+    /// `--cluster-id`: the cluster the event names its Services in.
+    pub cluster: Option<&'a hafleet_proto::ClusterId>,
+}
+
+/// Why the Ingress's share of its fleet is more than one Ingress may take: more paths than
+/// `--max-paths-per-ingress`, or a route event larger than `--max-ingress-bytes` or than a NATS
+/// message may carry. `None` when it fits.
+pub fn over_budget(
+    r: &crate::core::model::Resolved,
+    limits: &IngressLimits<'_>,
+    payload_limit: usize,
+) -> Option<String> {
+    if r.routes.len() > limits.max_paths {
+        return Some(format!(
+            "it has {} paths, more than --max-paths-per-ingress ({})",
+            r.routes.len(),
+            limits.max_paths
+        ));
+    }
+    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
+    let at = (0, limits.cluster);
+    let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
+    let size = msg.encode().len();
+    let limit = limits.max_bytes.min(payload_limit);
+    (size > limit).then(|| {
+        format!(
+            "its resolved routes take {size} bytes, more than {limit} (--max-ingress-bytes {}, \
+             NATS max_payload {payload_limit})",
+            limits.max_bytes
+        )
+    })
+}
+
+/// The route event of `key` on `fleet`, its Services named as of `cluster`.
+pub fn route_event(
+    fleet: &FleetName,
+    key: &IngressKey,
+    created_unix: i64,
+    resource_version: &str,
+    mut change: RouteChange,
+    (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
+) -> RouteMessage {
+    // The Ingress and the Services its routes go to are this cluster's.
+    if let RouteChange::Upsert { routes, .. } = &mut change {
+        for route in routes.iter_mut() {
+            route.backend.service.cluster = cluster.cloned();
+        }
+    }
+    RouteMessage::Event(RouteEvent {
+        schema: hafleet_proto::route_schema(cluster),
+        fleet: fleet.clone(),
+        ingress: key.clone().in_cluster(cluster),
+        created_unix,
+        resource_version: resource_version.to_owned(),
+        change,
+        epoch,
+    })
+}
