@@ -859,8 +859,11 @@ async fn json_logs_carry_fleet_version_host_and_ingress_as_fields_and_no_secrets
     let components = [Component::Watcher, Component::Renderer, Component::Applier];
     let mut offsets = Vec::new();
     for c in components {
+        // Measured once the process is gone: one still starting (a loaded machine) would
+        // write its first text lines after the mark otherwise.
+        world.stack.kill(c);
         offsets.push(std::fs::metadata(world.stack.log_path(c))?.len() as usize);
-        world.stack.restart_with(c, &[("HAFLEET_LOG_FORMAT", "json")])?;
+        world.stack.start_component_with(c, &[("HAFLEET_LOG_FORMAT", "json")])?;
     }
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;

@@ -458,7 +458,8 @@ async fn the_demo_runs_with_many_ingresses_and_more_nodes_than_a_subset() -> Res
         "Host: app-29.local through HAProxy lb-1 -> 200 app-29@node-",
         "Host: app-29.local through HAProxy lb-2 -> 200 app-29@node-",
         "Host: app-1.local through HAProxy lb-1 -> 503",
-        "30 Ingresses on 12 nodes",
+        // --ingresses 30, and ws.local's.
+        "31 Ingresses on 12 nodes",
         "smoke test passed",
     ] {
         assert!(stdout.contains(line), "{line:?} missing:\n{stdout}");
