@@ -146,7 +146,7 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
         assert!(body.contains("haproxy_process_"), "{}: {body}", h.name());
     }
     // The access log: one line a request, naming the fleet, the version the host serves, the
-    // host, the backend and the request.
+    // route (the Ingress), the host, the backend and the request.
     for h in &stack.hosts {
         let log = std::fs::read_to_string(h.haproxy_log())?;
         let line = log
@@ -155,9 +155,30 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
             .with_context(|| {
                 format!("{}: no access log line in:\n{log}\n{}", h.name(), stack.logs())
             })?;
-        assert!(line.contains("be_default_echo_80/") && line.contains(" 200 "), "{line}");
+        assert!(line.contains(" route=default/echo be_default_echo_80/"), "{line}");
+        assert!(line.contains(" 200 "), "{line}");
         assert!(line.contains("\"GET / HTTP/1.1\""), "{line}");
     }
+
+    // A route added to a running backend goes live without a reload, route maps included:
+    // its requests are logged under its own Ingress.
+    let reloads: Vec<u32> = stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
+    world.route("more", "more.example.com", "/", "echo").await?;
+    on_every_host(stack, CONVERGE, "logs more.example.com under its route", |h| async move {
+        let proxy = format!("PROXY TCP4 203.0.113.8 {} 40001 80\r\n", h.http_addr().ip());
+        let answer = raw_get(h.http_addr(), &proxy, "more.example.com", "").await?;
+        anyhow::ensure!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let log = std::fs::read_to_string(h.haproxy_log())?;
+        anyhow::ensure!(
+            log.lines()
+                .any(|l| l.contains(" route=default/more ") && l.contains("more.example.com")),
+            "no line for more.example.com under route=default/more"
+        );
+        Ok(())
+    })
+    .await?;
+    let now: Vec<u32> = stack.hosts.iter().map(|h| h.reload_count()).collect::<Result<_>>()?;
+    assert_eq!(now, reloads, "a route on a running backend reloads nothing, logging or not");
 
     // History: the version's cause is the settings change, with each key set.
     let why: serde_json::Value = serde_json::from_str(
@@ -178,6 +199,7 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
     assert!(replayed.contains("accept-proxy") && replayed.contains("log stdout format raw"));
 
     // A mistake: told on the ConfigMap, and the fleet keeps what it has.
+    let current = stack.latest_version().await?.context("a version")?.version;
     let bad = serde_json::json!({"data": {"timeout-client": "1 minute"}});
     maps.patch("hafleet-fleet-edge", &PatchParams::default(), &Patch::Merge(&bad)).await?;
     let event = warning_event_in(stack, "hafleet", "hafleet-fleet-edge", "InvalidSettings").await?;
@@ -185,7 +207,7 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
     assert!(note.contains("timeout-client=\"1 minute\"") && note.contains("last good"), "{note}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let newest = stack.latest_version().await?.context("a version")?.version;
-    assert_eq!(newest, version, "a broken ConfigMap makes no version");
+    assert_eq!(newest, current, "a broken ConfigMap makes no version");
     for s in servers {
         s.abort();
     }

@@ -43,6 +43,9 @@ pub struct MapPaths {
     /// The fleet's default certificate's file (not a map: it goes on the HTTPS bind's `crt`);
     /// `None`: names no certificate is listed for are refused (`strict-sni`).
     pub default_cert: Option<String>,
+    /// The route maps ([`Maps::add_routes`]), when the fleet has an access log.
+    pub exact_route: Option<String>,
+    pub prefix_route: Option<String>,
 }
 
 impl Maps {
@@ -84,21 +87,6 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
     hosts.extend(held.iter().map(|h| (h.as_str(), "1")));
     hosts.sort_unstable();
     hosts.dedup();
-    let text = |mut map: Vec<(&str, &str)>| {
-        map.sort_unstable();
-        let mut out = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
-        for (k, v) in map {
-            out.push_str(k);
-            out.push(' ');
-            out.push_str(v);
-            out.push('\n');
-        }
-        out
-    };
-    let file = |kind: &str, content: String| MapFile {
-        name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
-        content,
-    };
     let exact = file("exact", text(exact));
     let prefix = file("prefix", text(prefix));
     let hosts = file("hosts", text(hosts));
@@ -109,10 +97,53 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
         crt_list: None,
         redirect: None,
         default_cert: None,
+        exact_route: None,
+        prefix_route: None,
     };
     let mut files = vec![exact, prefix, hosts];
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Maps { files, paths }
+}
+
+/// A map's text: `key value` lines, sorted, so the same entries make the same bytes.
+fn text(mut map: Vec<(&str, &str)>) -> String {
+    map.sort_unstable();
+    let mut out = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
+    for (k, v) in map {
+        out.push_str(k);
+        out.push(' ');
+        out.push_str(v);
+        out.push('\n');
+    }
+    out
+}
+
+/// A map file of `kind`, named by its content.
+fn file(kind: &str, content: String) -> MapFile {
+    MapFile {
+        name: MapName::for_content(kind, &content).expect("kinds are lowercase letters"),
+        content,
+    }
+}
+
+impl Maps {
+    /// With the route maps: the same keys as the exact and prefix maps, each naming the
+    /// Ingress whose rule it is, for the access log (only when the fleet logs: they double
+    /// the lookups of a request).
+    pub fn add_routes<R: std::borrow::Borrow<RuleModel>>(&mut self, rules: &[R]) {
+        let mut exact = Vec::new();
+        let mut prefix = Vec::new();
+        for rule in rules {
+            let rule = rule.borrow();
+            let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
+            map.push((rule.key.as_str(), rule.ingress.as_str()));
+        }
+        let (exact, prefix) = (file("exactroute", text(exact)), file("prefixroute", text(prefix)));
+        self.paths.exact_route = Some(exact.name.relative_path());
+        self.paths.prefix_route = Some(prefix.name.relative_path());
+        self.files.extend([exact, prefix]);
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
 }
 
 #[cfg(test)]
@@ -217,5 +248,27 @@ mod tests {
         let b = rule(Some("b.com"), "/y", "exact", "y");
         assert_eq!(build(&[a.clone(), b.clone()]), build(&[b, a]));
         assert_ne!(build::<RuleModel>(&[]).paths, build(&[rule(None, "/", "prefix", "z")]).paths);
+    }
+
+    #[test]
+    fn the_route_maps_have_the_routing_maps_keys_each_naming_its_ingress() {
+        let mut shop = rule(Some("shop.example.com"), "/api", "prefix", "be_api");
+        shop.ingress = "team-a/shop".into();
+        let rules = [shop, rule(None, "/healthz", "exact", "be_web")];
+        let mut maps = build(&rules);
+        assert_eq!(maps.paths.exact_route, None, "none unless asked for");
+        maps.add_routes(&rules);
+        let content = |kind: &str| {
+            let file = maps.files.iter().find(|f| f.name.kind() == kind).unwrap();
+            file.content.clone()
+        };
+        assert_eq!(content("prefixroute"), "shop.example.com/api/ team-a/shop\n");
+        assert_eq!(content("exactroute"), "/healthz default/x\n");
+        let keys = |text: String| -> Vec<String> {
+            text.lines().map(|l| l.split(' ').next().unwrap().to_owned()).collect()
+        };
+        assert_eq!(keys(content("prefix")), keys(content("prefixroute")));
+        assert_eq!(keys(content("exact")), keys(content("exactroute")));
+        assert!(maps.paths.prefix_route.as_deref().is_some_and(|p| p.contains("prefixroute-")));
     }
 }

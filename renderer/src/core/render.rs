@@ -235,6 +235,9 @@ impl Renderer {
 
     pub fn render(&self, model: &RenderModel) -> Result<Bundle, RenderError> {
         let mut maps = maps::build_holding(&model.rules, &model.held_hosts);
+        if model.settings.log.is_some() {
+            maps.add_routes(&model.rules);
+        }
         maps.add_tls(&model.tls);
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
         let (sections, spares) = if self.has_backend_macro {
