@@ -43,11 +43,10 @@
 //! config that names them, so a config on disk never names a map that is missing or different.
 
 use crate::host::answer::{self, Exit, LiveShas, LiveState};
-use crate::host::scripts;
+use crate::host::ops::{self, Failure, HostOps, Hosts, Mark, ReloadRequest, fail};
 use crate::inventory::Host;
 use crate::plan::{self, HostPlan, ReloadCheck};
 use crate::runtime;
-use crate::ssh::{ConnPool, HostConn};
 use hafleet_proto::{ApplyOutcome, ApplyStage, Bundle, ConfigVersion};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -55,8 +54,9 @@ use tracing::{info, warn};
 /// How rollouts behave.
 #[derive(Debug)]
 pub struct RolloutSettings {
-    /// SSH connections to the hosts, kept between versions.
-    pub ssh: ConnPool,
+    /// How the hosts are reached (over SSH, connections kept between versions; in memory in
+    /// tests).
+    pub hosts: Box<dyn Hosts>,
     /// Hosts updated at once after the canary.
     pub parallelism: usize,
     /// How long a reload may take before it counts as failed.
@@ -166,35 +166,6 @@ fn worth_bridging(settings: &RolloutSettings, host: &Host) -> bool {
 /// See [`worth_bridging`].
 const BRIDGE_RELOADS_FROM: Duration = Duration::from_millis(250);
 
-/// A failure on one host, before it becomes an [`ApplyOutcome`].
-struct Failure {
-    stage: ApplyStage,
-    message: String,
-    restored: bool,
-    /// The step the script that failed names by its exit code, if it does.
-    exit: Option<Exit>,
-}
-
-impl Failure {
-    /// Failed before it changed anything on the host (the swap, or what comes before it).
-    fn changed_nothing(&self) -> bool {
-        self.exit.is_some_and(Exit::changed_nothing)
-    }
-}
-
-fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
-    let mut message: String = message.into();
-    if message.len() > 2000 {
-        let mut cut = 2000;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-        message.push('…');
-    }
-    Failure { stage, message, restored: false, exit: None }
-}
-
 /// What an apply asked of HAProxy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Effort {
@@ -228,8 +199,8 @@ pub async fn apply_host(
 /// [`finish`] puts it live; [`abandon`] removes the upload.
 pub struct Prepared<'a> {
     host: &'a Host,
-    /// The connection and its known_hosts generation; `None` if none could be made.
-    conn: Option<(HostConn, u64)>,
+    /// The session with the host; `None` if none could be opened.
+    conn: Option<Box<dyn HostOps>>,
     step: Next,
     /// When preparing began.
     pub started: std::time::Instant,
@@ -274,7 +245,6 @@ pub async fn prepare<'a>(
     settings: &RolloutSettings,
 ) -> Prepared<'a> {
     let started = std::time::Instant::now();
-    let live = host.config_path.as_str();
     let mut names = String::new();
     for m in version.bundle().iter().flat_map(|b| &b.maps) {
         names.push_str(m.name.as_str());
@@ -284,26 +254,21 @@ pub async fn prepare<'a>(
     for c in version.bundle().iter().flat_map(|b| &b.certs) {
         names.push_str(&format!("../{}\n", c.relative_path()));
     }
-    let names = Some(names.as_bytes());
-    let (conn, generation, state) =
-        match settings.ssh.take_running(host, &scripts::LIVE_STATE, &[live], names).await {
-            Ok(c) => c,
-            Err(e) => {
-                let step = Next::Done(Err(connect_failure(host, &e).await));
-                return Prepared { host, conn: None, step, started, state: LiveShas::default() };
-            }
-        };
-    let (step, state) = match outcome_of(ApplyStage::Upload, state) {
-        Ok(out) => {
-            let state = LiveState::parse(&out);
-            match stage(&conn, host, version, &state, known, settings).await {
-                Ok(step) => (step, state.shas),
-                Err(f) => (Next::Done(Err(f)), LiveShas::default()),
-            }
+    let (conn, state) = match settings.hosts.open(host, names.as_bytes()).await {
+        Ok(c) => c,
+        Err(failure) => {
+            let step = Next::Done(Err(failure));
+            return Prepared { host, conn: None, step, started, state: LiveShas::default() };
         }
+    };
+    let (step, state) = match state {
+        Ok(state) => match stage(&*conn, host, version, &state, known, settings).await {
+            Ok(step) => (step, state.shas),
+            Err(f) => (Next::Done(Err(f)), LiveShas::default()),
+        },
         Err(f) => (Next::Done(Err(f)), LiveShas::default()),
     };
-    Prepared { host, conn: Some((conn, generation)), step, started, state }
+    Prepared { host, conn: Some(conn), step, started, state }
 }
 
 /// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
@@ -317,13 +282,11 @@ async fn refresh<'a>(
     settings: &RolloutSettings,
 ) -> Prepared<'a> {
     let host = prepared.host;
-    let (Some((conn, _)), Next::Staged { .. }) = (&prepared.conn, &prepared.step) else {
+    let (Some(conn), Next::Staged { .. }) = (&prepared.conn, &prepared.step) else {
         return prepared;
     };
-    let args = [host.config_path.as_str(), host.master_socket.as_str()];
-    let now = conn.run(&scripts::REFRESH, &args, None).await;
-    let before = match now.map(|out| (out.success, answer::Refresh::parse(&out.stdout))) {
-        Ok((true, now)) if now.shas == prepared.state => now.proc,
+    let before = match conn.refresh().await {
+        Some(now) if now.shas == prepared.state => now.proc,
         _ => None,
     };
     match (before, &mut prepared.step) {
@@ -333,7 +296,7 @@ async fn refresh<'a>(
         }
         _ => {
             warn!(host = %host.name, "the host changed while the canary went live; preparing it again");
-            abandon(prepared, settings).await;
+            abandon(prepared).await;
             prepare(host, version, known, settings).await
         }
     }
@@ -348,71 +311,42 @@ async fn finish(
 ) -> (Result<ApplyOutcome, Failure>, Effort) {
     let Prepared { host, conn, step, state, .. } = prepared;
     let mut effort = Effort::default();
-    let Some((conn, generation)) = conn else {
+    let Some(conn) = conn else {
         let Next::Done(result) = step else { unreachable!("only a failure has no connection") };
         return (result, effort);
     };
     let result = match step {
         Next::Done(result) => result,
-        Next::ReloadOnly => reload_only(&conn, host, version, settings, &mut effort).await,
+        Next::ReloadOnly => reload_only(&*conn, host, version, settings, &mut effort).await,
         Next::Staged { token, uploaded, change, bridge } => {
             let staged = Staged { token: token.as_str(), uploaded, change: &change, bridge };
-            go_live(&conn, host, version, staged, &state, settings, &mut effort).await
+            go_live(&*conn, host, version, staged, &state, settings, &mut effort).await
         }
     };
-    settings.ssh.give_back(host, conn, generation, result.is_ok()).await;
+    conn.give_back(result.is_ok()).await;
     (result, effort)
 }
 
 /// Drops a prepared host that must not go live (its rollout halted): removes its upload and
 /// gives its connection back.
 #[tracing::instrument(skip_all, fields(host = %prepared.host.name))]
-pub async fn abandon(prepared: Prepared<'_>, settings: &RolloutSettings) {
-    let Prepared { host, conn, step, .. } = prepared;
-    let Some((conn, generation)) = conn else { return };
+pub async fn abandon(prepared: Prepared<'_>) {
+    let Prepared { conn, step, .. } = prepared;
+    let Some(conn) = conn else { return };
     if let Next::Staged { token, .. } = &step {
-        let _ = conn.run(&scripts::DISCARD, &[&host.config_path, token], None).await;
+        conn.discard(token).await;
     }
     let healthy = !matches!(step, Next::Done(Err(_)));
-    settings.ssh.give_back(host, conn, generation, healthy).await;
-}
-
-/// Why the connection failed: a host key that is not the pinned one (with the fingerprints the
-/// host offers, from `ssh-keyscan`), or the host not being reachable.
-async fn connect_failure(host: &Host, e: &openssh::Error) -> Failure {
-    let mut said = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        said.push_str(": ");
-        said.push_str(&s.to_string());
-        source = s.source();
-    }
-    if !plan::is_host_key_refusal(&said) {
-        return fail(ApplyStage::Connect, said);
-    }
-    let offered = crate::ssh::offered_fingerprints(host).await;
-    let offered = match offered.is_empty() {
-        true => "its key could not be read".to_owned(),
-        false => format!("it offers {}", offered.join(", ")),
-    };
-    warn!(host = %host.name, %offered, "host key is not the pinned one; refused");
-    fail(
-        ApplyStage::HostKey,
-        format!(
-            "host key of {}:{} is not the one pinned in --ssh-known-hosts (unknown or changed); \
-             {offered}. Refused: pin the right key to let it in. ssh said: {said}",
-            host.address, host.port
-        ),
-    )
+    conn.give_back(healthy).await;
 }
 
 fn failed(f: Failure) -> ApplyOutcome {
-    ApplyOutcome::Failed { stage: f.stage, message: f.message, restored: f.restored }
+    f.outcome()
 }
 
 /// [`prepare`]'s work once `state` (what live_state.sh printed) is known.
 async fn stage(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     version: &ConfigVersion,
     state: &LiveState,
@@ -420,7 +354,6 @@ async fn stage(
     settings: &RolloutSettings,
 ) -> Result<Next, Failure> {
     let tls_identity = settings.tls_identity.as_deref();
-    let live = host.config_path.as_str();
     let (live_sha, loaded_sha) = (state.shas.live(), state.shas.loaded());
     let missing: Vec<&str> = state.missing.iter().map(String::as_str).collect();
     match plan::host_plan(live_sha, loaded_sha, &version.sha256) {
@@ -432,7 +365,7 @@ async fn stage(
                 return Ok(Next::Done(Ok(ApplyOutcome::Unchanged)));
             };
             let token = attempt_token(version.version);
-            put_files(conn, host, bundle, &missing, &token, tls_identity).await?;
+            put_files(conn, bundle, &missing, &token, tls_identity).await?;
             info!(files = missing.len(), "files of the version were missing; put back, no reload");
             return Ok(Next::Done(Ok(ApplyOutcome::Applied)));
         }
@@ -473,7 +406,7 @@ async fn stage(
         Ok(uploaded) => Ok(Next::Staged { token, uploaded, change, bridge }),
         Err(failure) => {
             // Leave no copy of a config that is not live behind (best effort).
-            let _ = conn.run(&scripts::DISCARD, &[live, &token], None).await;
+            conn.discard(&token).await;
             Err(failure)
         }
     }
@@ -481,7 +414,7 @@ async fn stage(
 
 /// The live file is the version but HAProxy never loaded it: reload, verify, mark.
 async fn reload_only(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     version: &ConfigVersion,
     settings: &RolloutSettings,
@@ -508,7 +441,7 @@ async fn reload_only(
     probed(conn, host, settings, effort).await?;
     if !marked {
         let done = (version.sha256.as_str(), Some(version.version));
-        mark_loaded(conn, host, done, Some(after.reloads), None).await?;
+        mark_loaded(conn, done, Some(after.reloads), None).await?;
     }
     Ok(ApplyOutcome::Applied)
 }
@@ -516,7 +449,7 @@ async fn reload_only(
 /// Swaps a staged upload in and makes HAProxy take it: through the runtime API when `change`
 /// allows, else with a reload; then probes and marks it loaded, or puts last-known-good back.
 async fn go_live(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     version: &ConfigVersion,
     staged: Staged<'_>,
@@ -524,7 +457,6 @@ async fn go_live(
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) -> Result<ApplyOutcome, Failure> {
-    let live = host.config_path.as_str();
     let Staged { token, uploaded: Uploaded { before, stat, sent }, change, bridge } = staged;
     effort.sent_bytes += sent;
     // For a reload: its bridge, if one was found (looked for while the host checked the
@@ -538,7 +470,7 @@ async fn go_live(
     // leaves a live file HAProxy has not loaded (reloaded at the next look).
     let swap_with_reload = matches!(change, runtime::Plan::Reload(_)) && bridge.is_none();
     if !swap_with_reload {
-        remote(conn, ApplyStage::Swap, &scripts::SWAP, &[live, token], None).await?;
+        conn.swap(token).await?;
     }
 
     // The files hold the version now; the running process takes it without a reload if it can.
@@ -549,7 +481,6 @@ async fn go_live(
         }
         runtime::Plan::Runtime(steps) => match apply_runtime(
             conn,
-            host,
             &before,
             steps,
             (version.bundle(), settings.tls_identity.as_deref()),
@@ -569,14 +500,14 @@ async fn go_live(
         runtime::Plan::Reload(why) => {
             match &bridge {
                 Some(bridge) => {
-                    bridged(conn, host, version, &before, (why, bridge), settings, effort).await
+                    bridged(conn, version, &before, (why, bridge), settings, effort).await
                 }
                 None => info!(%why, "the change needs a reload"),
             }
             false
         }
         runtime::Plan::Bridged { why, bridge } => {
-            bridged(conn, host, version, &before, (why, bridge), settings, effort).await;
+            bridged(conn, version, &before, (why, bridge), settings, effort).await;
             false
         }
     };
@@ -584,7 +515,7 @@ async fn go_live(
         probed(conn, host, settings, effort).await?;
         let stat = stat.as_deref();
         let done = (version.sha256.as_str(), Some(version.version));
-        mark_loaded(conn, host, done, Some(before.reloads), stat).await?;
+        mark_loaded(conn, done, Some(before.reloads), stat).await?;
         return Ok(ApplyOutcome::Applied);
     }
 
@@ -601,14 +532,14 @@ async fn go_live(
             if !marked {
                 let stat = stat.as_deref();
                 let done = (version.sha256.as_str(), Some(version.version));
-                mark_loaded(conn, host, done, Some(after.reloads), stat).await?;
+                mark_loaded(conn, done, Some(after.reloads), stat).await?;
             }
             Ok(ApplyOutcome::Applied)
         }
         Err(failure) if failure.changed_nothing() => {
             // Nothing changed: the live file is the one HAProxy runs.
             effort.reloads -= 1;
-            let _ = conn.run(&scripts::DISCARD, &[live, token], None).await;
+            conn.discard(token).await;
             Err(failure)
         }
         Err(mut failure) => {
@@ -633,15 +564,14 @@ struct Staged<'a> {
 /// which follows whatever happens here: the files hold the version already, and the reload
 /// makes the process serve them.
 async fn bridged(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     version: &ConfigVersion,
     before: &plan::ProcState,
     (why, bridge): (&str, &runtime::Bridge),
     settings: &RolloutSettings,
     effort: &mut Effort,
 ) {
-    match bridge_steps(conn, host, version, before, bridge, settings).await {
+    match bridge_steps(conn, version, before, bridge, settings).await {
         Ok(sent) => {
             effort.runtime_commands = sent;
             effort.bridged = bridge.spares.len() as u32;
@@ -658,24 +588,22 @@ async fn bridged(
 /// another Service's servers, which a map entry must never reach); every new server is in its
 /// spare; then the maps name the spares. Returns the commands sent.
 async fn bridge_steps(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     version: &ConfigVersion,
     before: &plan::ProcState,
     bridge: &runtime::Bridge,
     settings: &RolloutSettings,
 ) -> Result<u32, String> {
     let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
-    let socket = host.master_socket.as_str();
     let checks = runtime::spare_checks(bridge);
-    let answers = session(conn, socket, pid, &checks).await?;
+    let answers = session(conn, pid, &checks).await?;
     if let Some(busy) = runtime::busy_spare(bridge, &answers) {
         return Err(format!("{busy} is not empty in the running process"));
     }
     let (servers, maps) = runtime::split_bridge(&bridge.steps);
     let keys = (version.bundle(), settings.tls_identity.as_deref());
-    let added = apply_runtime(conn, host, before, &servers, keys).await?;
-    let mapped = apply_runtime(conn, host, before, &maps, keys).await?;
+    let added = apply_runtime(conn, before, &servers, keys).await?;
+    let mapped = apply_runtime(conn, before, &maps, keys).await?;
     Ok(checks.len() as u32 + added + mapped)
 }
 
@@ -691,18 +619,7 @@ pub async fn drift_of(
     let files = expected_files(version, settings);
     let files: Vec<(&str, &str)> = files.iter().map(|(n, s)| (n.as_str(), s.as_str())).collect();
     let names: String = files.iter().map(|(name, _)| format!("{name}\n")).collect();
-    let args = [host.config_path.as_str(), host.master_socket.as_str()];
-    let (conn, generation, out) = settings
-        .ssh
-        .take_running(host, &scripts::DRIFT_STATE, &args, Some(names.as_bytes()))
-        .await
-        .map_err(|e| e.to_string())?;
-    settings.ssh.give_back(host, conn, generation, out.is_ok()).await;
-    let out = out.map_err(|e| e.to_string())?;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let found = answer::drift_state(&out.stdout);
+    let found = settings.hosts.drift_state(host, names.as_bytes()).await?;
     Ok((plan::drift(&version.sha256, &files, &found), found.nodes))
 }
 
@@ -775,17 +692,15 @@ pub async fn put_back_files(
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     // A connection from the pool (a no-op checks it), then the uploads on it: each writes
     // under this attempt's own token, never run twice.
-    let (conn, generation, out) =
-        match settings.ssh.take_running(host, &scripts::NOOP, &[], None).await {
-            Ok(running) => running,
-            Err(e) => return failed(fail(ApplyStage::Upload, format!("ssh: {e}"))),
-        };
-    let mut done = outcome_of(ApplyStage::Upload, out).map(|_| ());
+    let (conn, mut done) = match settings.hosts.open_checked(host).await {
+        Ok(running) => running,
+        Err(failure) => return failed(failure),
+    };
     if done.is_ok() {
         let (token, identity) = (attempt_token(version.version), settings.tls_identity.as_deref());
-        done = put_files(&conn, host, bundle, &names, &token, identity).await;
+        done = put_files(&*conn, bundle, &names, &token, identity).await;
     }
-    settings.ssh.give_back(host, conn, generation, done.is_ok()).await;
+    conn.give_back(done.is_ok()).await;
     match done {
         Ok(()) => ApplyOutcome::Applied,
         Err(f) => failed(f),
@@ -793,24 +708,23 @@ pub async fn put_back_files(
 }
 
 /// Writes the map and certificate files of `bundle` that `names` lists (LIVE_STATE's and
-/// DRIFT_STATE's names) on `host`, each checked on arrival and renamed over in place: maps in
+/// DRIFT_STATE's names) on the host, each checked on arrival and renamed over in place: maps in
 /// one round trip, then certificates opened with `identity`.
 async fn put_files(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     bundle: &Bundle,
     names: &[&str],
     token: &str,
     identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<(), Failure> {
-    upload_maps(conn, host, &missing_maps(bundle, names), token).await?;
-    upload_certs(conn, host, bundle, names, token, identity).await.map(|_| ())
+    upload_maps(conn, &missing_maps(bundle, names), token).await?;
+    upload_certs(conn, bundle, names, token, identity).await.map(|_| ())
 }
 
 /// Runs the host's probes against what now runs; if they do not pass in time, puts
 /// last-known-good back (a config that loaded and passed them) and fails at `Probe`.
 async fn probed(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     settings: &RolloutSettings,
     effort: &mut Effort,
@@ -833,14 +747,12 @@ async fn probed(
 /// went, or why the running process did not take the change (then it needs a reload, which
 /// makes it serve the files whatever the commands did).
 async fn apply_runtime(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     before: &plan::ProcState,
     steps: &[runtime::Step],
     (bundle, identity): (Option<&Bundle>, Option<&crate::tls::FleetIdentity>),
 ) -> Result<u32, String> {
     let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
-    let socket = host.master_socket.as_str();
     let mut sent = 0;
     let mut certs = runtime::CertInputs::default();
     let cert_steps = steps
@@ -848,12 +760,9 @@ async fn apply_runtime(
         .any(|s| matches!(s, runtime::Step::AddCert { .. } | runtime::Step::RemoveCert { .. }));
     if cert_steps {
         let show = format!("@!{pid} show ssl crt-list");
-        let out = conn
-            .run(&scripts::MASTER_CLI, &[socket, &show], None)
-            .await
-            .map_err(|e| format!("ssh: {e}"))?;
+        let out = conn.master_cli(&show).await?;
         sent += 1;
-        certs.crt_list = runtime::running_crt_list(&out.stdout)
+        certs.crt_list = runtime::running_crt_list(&out)
             .ok_or("`show ssl crt-list` does not list exactly one crt-list of hafleet's")?;
         let identity = identity.ok_or("no --tls-identity to open the certificates' keys")?;
         let by_path = certs_by_path(bundle);
@@ -869,19 +778,16 @@ async fn apply_runtime(
     let kinds = runtime::map_kinds(steps);
     if !kinds.is_empty() {
         let show = format!("@!{pid} show map");
-        let out = conn
-            .run(&scripts::MASTER_CLI, &[socket, &show], None)
-            .await
-            .map_err(|e| format!("ssh: {e}"))?;
-        let ids = runtime::map_ids(&out.stdout, &kinds)
+        let out = conn.master_cli(&show).await?;
+        let ids = runtime::map_ids(&out, &kinds)
             .ok_or_else(|| format!("`show map` does not list one map of each kind {kinds:?}"))?;
         let prepare = runtime::prepare_commands(&ids);
-        let answers = session(conn, socket, pid, &prepare).await?;
+        let answers = session(conn, pid, &prepare).await?;
         sent += prepare.len() + 1;
         prepared = runtime::prepared_maps(ids, &answers)?;
     }
     let commands = runtime::commands(steps, &prepared, &certs)?;
-    let answers = session(conn, socket, pid, &commands).await?;
+    let answers = session(conn, pid, &commands).await?;
     sent += commands.len();
     let answers: Vec<&str> = answers.iter().map(String::as_str).collect();
     if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
@@ -892,20 +798,13 @@ async fn apply_runtime(
 
 /// One interactive master CLI session: the answers to `commands`, in order.
 async fn session(
-    conn: &HostConn,
-    socket: &str,
+    conn: &dyn HostOps,
     pid: u32,
     commands: &[runtime::Command],
 ) -> Result<Vec<String>, String> {
     let input = runtime::session(pid, commands);
-    let out = conn
-        .run(&scripts::MASTER_SESSION, &[socket], Some(input.as_bytes()))
-        .await
-        .map_err(|e| format!("ssh: {e}"))?;
-    if !out.success {
-        return Err(format!("master CLI session failed: {}", out.stderr.trim()));
-    }
-    Ok(runtime::answers(&out.stdout, commands.len()).into_iter().map(str::to_owned).collect())
+    let out = conn.session(input.as_bytes()).await?;
+    Ok(runtime::answers(&out, commands.len()).into_iter().map(str::to_owned).collect())
 }
 
 /// What an upload sends and how it is checked.
@@ -937,31 +836,29 @@ struct Uploaded {
 /// Uploads the version under this attempt's name, checks what landed, validates it with
 /// `haproxy -c`, and reads `show proc` for the reload check to come.
 async fn upload_and_validate(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     version: &ConfigVersion,
     check: &UploadCheck<'_>,
     token: &str,
 ) -> Result<Uploaded, Failure> {
     let missing = check.missing_maps;
-    let live = host.config_path.as_str();
     let Some(bundle) = version.bundle() else {
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
     let maps = missing_maps(bundle, missing);
-    let certs = upload_certs(conn, host, bundle, missing, token, check.tls_identity).await?;
+    let certs = upload_certs(conn, bundle, missing, token, check.tls_identity).await?;
     // The maps and the config in one round trip, as edits of the host's own where the applier
     // holds the bundle its live file is.
     let diffed = std::time::Instant::now();
     let outgoing = Outgoing::edited(&maps, &bundle.config, check.live);
     tracing::debug!(diff_ms = diffed.elapsed().as_secs_f64() * 1e3, "files to send worked out");
-    let count = maps.len().to_string();
+    let count = maps.len();
     // The upload's stat, the bytes sent, and `show proc`.
     let (stat, bytes, proc) = match check.map_check {
         Some(map_check) => {
-            let args = [live, token, &count];
-            let (landed, bytes) = send(conn, &scripts::UPLOAD_FILES, &args, &outgoing).await?;
-            let landed = answer::Uploaded::parse(&landed);
+            let landing = ops::UploadCheck::Landed;
+            let (landed, bytes) = send(conn, token, landing, count, &outgoing).await?;
             let sha = landed.sha.as_deref().unwrap_or_default();
             if sha != version.sha256 {
                 return Err(fail(
@@ -973,23 +870,12 @@ async fn upload_and_validate(
                 "the config is the running one but for its maps and certificates: checking \
                  those alone"
             );
-            let args = [host.haproxy_bin.as_str(), live, token, &host.master_socket];
-            let stdin = Some(map_check.as_bytes());
-            let checked =
-                remote(conn, ApplyStage::Validate, &scripts::VALIDATE_MAPS, &args, stdin).await?;
-            (landed.stat, bytes, answer::Uploaded::parse(&checked).proc)
+            let checked = conn.validate_maps(token, map_check).await?;
+            (landed.stat, bytes, checked.proc)
         }
         None => {
-            let args = [
-                host.haproxy_bin.as_str(),
-                live,
-                token,
-                &host.master_socket,
-                &version.sha256,
-                &count,
-            ];
-            let (out, bytes) = send(conn, &scripts::UPLOAD_VALIDATE, &args, &outgoing).await?;
-            let out = answer::Uploaded::parse(&out);
+            let check = ops::UploadCheck::Validated { sha256: &version.sha256 };
+            let (out, bytes) = send(conn, token, check, count, &outgoing).await?;
             (out.stat, bytes, out.proc)
         }
     };
@@ -1015,8 +901,7 @@ fn missing_maps<'a>(bundle: &'a Bundle, missing: &[&str]) -> Vec<&'a hafleet_pro
 
 /// Uploads `maps` whole in one round trip (UPLOAD_MAPS), each checked on arrival.
 async fn upload_maps(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     maps: &[&hafleet_proto::MapFile],
     token: &str,
 ) -> Result<(), Failure> {
@@ -1024,29 +909,21 @@ async fn upload_maps(
         return Ok(());
     }
     let stream = Outgoing::whole(maps, None).stream();
-    let count = maps.len().to_string();
-    let args = [host.config_path.as_str(), token, count.as_str()];
-    remote(conn, ApplyStage::Upload, &scripts::UPLOAD_MAPS, &args, Some(&stream)).await?;
-    Ok(())
+    conn.upload_maps(token, maps.len(), &stream).await
 }
 
-/// Runs `script` (UPLOAD_FILES or UPLOAD_VALIDATE) with `outgoing` on stdin. Files sent as
-/// edits that do not come out as the version's on the host (its own file was not the one the
-/// edit was made from) are sent again whole, at once: the same round trip again. Returns the
-/// script's output and the bytes sent.
+/// Uploads `outgoing` (its config and `maps` map files) under `token`, checked as `check`
+/// says. Files sent as edits that do not come out as the version's on the host (its own file
+/// was not the one the edit was made from) are sent again whole, at once: the same round trip
+/// again. Returns the host's answer and the bytes sent.
 async fn send(
-    conn: &HostConn,
-    script: &scripts::Script,
-    args: &[&str],
+    conn: &dyn HostOps,
+    token: &str,
+    check: ops::UploadCheck<'_>,
+    maps: usize,
     outgoing: &Outgoing<'_>,
-) -> Result<(String, u64), Failure> {
-    let run = |stream: Vec<u8>| async move {
-        match conn.run(script, args, Some(&stream)).await {
-            // A dropped connection is an upload that may pass, not a refused config.
-            Err(e) => Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
-            ran => outcome_of(ApplyStage::Validate, ran),
-        }
-    };
+) -> Result<(answer::Uploaded, u64), Failure> {
+    let run = |stream: Vec<u8>| async move { conn.upload(token, check, maps, &stream).await };
     let stream = outgoing.stream();
     let bytes = stream.len() as u64;
     tracing::debug!(bytes, edits = outgoing.has_edits(), "files sent");
@@ -1167,14 +1044,12 @@ impl<'a> Outgoing<'a> {
 /// identity, sent over SSH, written 0600 in a 0700 folder and checked on arrival. The opened
 /// key exists only in this process's memory (zeroed after) and in that file.
 async fn upload_certs(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     bundle: &Bundle,
     missing: &[&str],
     token: &str,
     identity: Option<&crate::tls::FleetIdentity>,
 ) -> Result<u64, Failure> {
-    let live = host.config_path.as_str();
     if !missing.iter().any(|name| name.starts_with("../")) {
         return Ok(0);
     }
@@ -1204,9 +1079,7 @@ async fn upload_certs(
             files.push((format!("{}.pem", cert.id()), file));
         }
         let stream = cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))?;
-        let count = files.len().to_string();
-        let args = [live, token, count.as_str()];
-        remote(conn, ApplyStage::Upload, &scripts::UPLOAD_CERTS, &args, Some(&stream)).await?;
+        conn.upload_certs(token, files.len(), &stream).await?;
         sent += stream.len() as u64;
     }
     Ok(sent)
@@ -1250,35 +1123,6 @@ fn attempt_token(version: u64) -> String {
     format!("v{version}-{}-{nanos}", std::process::id())
 }
 
-/// Runs a script; a non-zero exit becomes a failure of `stage` carrying the script's output.
-async fn remote(
-    conn: &HostConn,
-    stage: ApplyStage,
-    script: &scripts::Script,
-    args: &[&str],
-    stdin: Option<&[u8]>,
-) -> Result<String, Failure> {
-    outcome_of(stage, conn.run(script, args, stdin).await)
-}
-
-/// A script's stdout; a non-zero exit becomes a failure of `stage` carrying its output.
-/// A script that does several steps names the one that failed by its exit code.
-fn outcome_of(
-    stage: ApplyStage,
-    run: Result<crate::ssh::RemoteOutput, openssh::Error>,
-) -> Result<String, Failure> {
-    match run {
-        Ok(out) if out.success => Ok(out.stdout),
-        Ok(out) => {
-            let exit = Exit::of(out.code);
-            let stage = exit.map_or(stage, Exit::stage);
-            let said = format!("{}{}", out.stdout, out.stderr);
-            Err(Failure { exit, ..fail(stage, said.trim()) })
-        }
-        Err(e) => Err(fail(stage, format!("ssh: {e}"))),
-    }
-}
-
 /// Records the live file as what HAProxy loaded, if it is `expected_sha` (empty: whatever is
 /// live, after a restore), with the master's reload count after our reload (`reloads`), so a
 /// later reload by anyone else shows. A live file with the stat of the upload that became it
@@ -1286,44 +1130,17 @@ fn outcome_of(
 /// Another applier may have swapped in a different file meanwhile; then this is a failure, not
 /// a report of something HAProxy does not run.
 async fn mark_loaded(
-    conn: &HostConn,
-    host: &Host,
+    conn: &dyn HostOps,
     (expected_sha, version): (&str, Option<u64>),
     reloads: Option<u64>,
     upload_stat: Option<&str>,
 ) -> Result<(), Failure> {
-    let reloads = reloads.map(|r| r.to_string()).unwrap_or_default();
     // The running worker is told the version it serves (access logs name it).
-    let version = version.map(|v| v.to_string()).unwrap_or_default();
-    let args = [
-        host.config_path.as_str(),
-        expected_sha,
-        &reloads,
-        upload_stat.unwrap_or_default(),
-        &host.master_socket,
-        &version,
-    ];
-    remote(conn, ApplyStage::Verify, &scripts::MARK_LOADED, &args, None).await?;
-    Ok(())
-}
-
-async fn show_proc(conn: &HostConn, host: &Host) -> Result<plan::ProcState, String> {
-    let out = conn
-        .run(&scripts::MASTER_CLI, &[&host.master_socket, "show proc"], None)
-        .await
-        .map_err(|e| format!("ssh: {e}"))?;
-    parse_show_proc(host, &out.stdout, &out.stderr)
+    conn.mark_loaded(Mark { expected_sha, reloads, upload_stat, version }).await
 }
 
 fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::ProcState, String> {
-    plan::parse_show_proc(stdout).ok_or_else(|| {
-        format!(
-            "cannot read `show proc` from the master socket {}: {}{}",
-            host.master_socket,
-            stdout.trim(),
-            stderr.trim()
-        )
-    })
+    answer::show_proc(&host.master_socket, stdout, stderr)
 }
 
 /// Asks the master to reload and waits until a new worker runs, after exactly the one reload
@@ -1336,7 +1153,7 @@ fn parse_show_proc(host: &Host, stdout: &str, stderr: &str) -> Result<plan::Proc
 /// What else the reload's round trip does: see [`ReloadAsk`]. Also returns whether the live
 /// file was marked loaded.
 async fn reload(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     settings: &RolloutSettings,
     mut ask: ReloadAsk<'_>,
@@ -1414,7 +1231,7 @@ fn mark_with_reload<'a>(host: &Host, version: &'a ConfigVersion) -> Option<&'a s
 /// One reload: `Ok(Ok(after))` when it is provably ours, `Ok(Err(again))` when it must be asked
 /// for again.
 async fn reload_once(
-    conn: &HostConn,
+    conn: &dyn HostOps,
     host: &Host,
     settings: &RolloutSettings,
     ask: ReloadAsk<'_>,
@@ -1424,41 +1241,25 @@ async fn reload_once(
     let deadline = asked + timeout;
     // Never past the reload timeout.
     let first = first_look(settings, host).min(timeout / 2);
-    let first = match first.is_zero() {
-        true => "0".to_owned(),
-        false => format!("{}.{:03}", first.as_secs(), first.subsec_millis()),
-    };
     // A reload usually completes within tens of milliseconds: the host itself looks every
     // 3 ms (one round trip in all), at most 150 times (about a second) and for at most the
     // reload timeout in whole seconds (1 to 10; a look that hangs is cut after a second);
     // after that the applier looks, backing off to 100 ms, until the deadline.
-    let looks = (timeout.as_millis() / 8).clamp(1, 150).to_string();
-    let secs = timeout.as_secs().clamp(1, 10).to_string();
-    let mark = ask.mark.unwrap_or_default();
-    let stat = ask.stat.unwrap_or_default();
-    let wait = [host.master_socket.as_str(), &looks, &secs, mark, stat, &first];
-    let version = ask.version.map(|v| v.to_string()).unwrap_or_default();
-    let live = host.config_path.as_str();
-    let out = match ask.swap {
-        Some((token, prepared)) => {
-            let mut args = vec![live, token];
-            args.extend(wait);
-            args.extend([prepared.live.as_str(), prepared.loaded.as_str(), &version]);
-            // Exits Stale, NoProc and Swap say nothing was done; anything else comes after
-            // the swap.
-            remote(conn, ApplyStage::Verify, &scripts::SWAP_RELOAD, &args, None).await?
-        }
-        None => {
-            let mut args = vec![live];
-            args.extend(wait);
-            args.push(&version);
-            remote(conn, ApplyStage::Verify, &scripts::RELOAD_WAIT, &args, None).await?
-        }
+    let request = ReloadRequest {
+        // Exits Stale, NoProc and Swap say nothing was done; anything else comes after the
+        // swap.
+        swap: ask.swap,
+        looks: (timeout.as_millis() / 8).clamp(1, 150) as u64,
+        secs: timeout.as_secs().clamp(1, 10),
+        mark: ask.mark,
+        stat: ask.stat,
+        first_look: first,
+        version: ask.version,
     };
-    let answer::Reload { before, master, after, looks, marked } = answer::Reload::parse(&out);
+    let answer::Reload { before, master, after, looks, marked } = conn.reload(request).await?;
     let before = parse_show_proc(host, &before, "").map_err(|m| fail(ApplyStage::Verify, m))?;
     let before = &before;
-    tracing::debug!(first_look = %first, pending_looks = looks, ms = asked.elapsed().as_millis() as u64, "reload seen from the host");
+    tracing::debug!(first_look = ?first, pending_looks = looks, ms = asked.elapsed().as_millis() as u64, "reload seen from the host");
     match master {
         answer::MasterAnswer::Busy => return Ok(Err(Again::Busy)),
         answer::MasterAnswer::Refused { logs } => {
@@ -1505,22 +1306,19 @@ async fn reload_once(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 5 / 4).min(Duration::from_millis(100));
-        seen = show_proc(conn, host).await.ok();
+        seen = conn.show_proc().await.ok();
         marked = false;
     }
 }
 
 /// Puts last-known-good back and reloads onto it. True if HAProxy runs it again.
-async fn restore(conn: &HostConn, host: &Host, settings: &RolloutSettings) -> bool {
-    if remote(conn, ApplyStage::Swap, &scripts::RESTORE, &[&host.config_path], None).await.is_err()
-    {
+async fn restore(conn: &dyn HostOps, host: &Host, settings: &RolloutSettings) -> bool {
+    if conn.restore().await.is_err() {
         return false;
     }
     let ask = ReloadAsk { swap: None, mark: None, stat: None, version: None };
     let restored = match reload(conn, host, settings, ask).await {
-        Ok((after, _)) => {
-            mark_loaded(conn, host, ("", None), Some(after.reloads), None).await.is_ok()
-        }
+        Ok((after, _)) => mark_loaded(conn, ("", None), Some(after.reloads), None).await.is_ok(),
         Err(_) => false,
     };
     info!(restored, "last-known-good restored");
@@ -1658,7 +1456,7 @@ pub async fn roll_out(
             plan::CanaryVerdict::Passed => break,
             plan::CanaryVerdict::Failed => {
                 for (_, p) in ready.drain() {
-                    abandon(p, settings).await;
+                    abandon(p).await;
                 }
                 halted(&mut result, &order[next..]);
                 return result;
@@ -1683,7 +1481,7 @@ pub async fn roll_out(
     }
     // Prepared for a wave that never came (a halt): nothing of theirs may stay behind.
     for (_, p) in ready.drain() {
-        abandon(p, settings).await;
+        abandon(p).await;
     }
     result
 }
