@@ -10,6 +10,8 @@
 //! ```
 
 pub mod answer;
+#[cfg(test)]
+pub mod fake;
 pub mod ops;
 pub mod scripts;
 pub mod ssh;
