@@ -1487,6 +1487,9 @@ pub async fn roll_out(
 }
 
 #[cfg(test)]
+mod against_fake;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
