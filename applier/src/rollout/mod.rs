@@ -41,6 +41,12 @@
 //! The live file is only ever replaced by rename, so it is always a complete file that passed
 //! `haproxy -c` (invariant 1). Map files are named by their content and written before any
 //! config that names them, so a config on disk never names a map that is missing or different.
+//!
+//! Every step asks the host through [`crate::host::HostOps`] (SSH, or the in-memory fake in
+//! `against_fake`). Here: the settings, the canary and the waves ([`roll_out`]). Beside it:
+//! `plans` (plans between versions, once per pair), `prepare` (up to a host staged),
+//! `go_live` (swap, runtime API, bridge, probes, mark), `reload` (a reload watched until it is
+//! ours; restore), `repair` (drift, files put back).
 
 use crate::host::answer::{self, Exit, LiveShas, LiveState};
 use crate::host::ops::{self, Failure, HostOps, Hosts, Mark, ReloadRequest, fail};
