@@ -4,8 +4,10 @@
 //!
 //! Pure decisions: [`inventory`] (what hosts and how), [`plan`] (waves, reading the master CLI),
 //! [`patch`] (a file sent as an edit of the host's).
-//! Adapters: [`ssh`] (openssh) and [`bus`] (NATS); [`host`] (the scripts run on hosts, and
-//! the one reader of their answers). Steps: [`rollout`]. Wiring: [`run`].
+//! Adapters: [`host`] (what the applier asks of a host, as a trait with an SSH implementation
+//! over [`ssh`] (openssh) and the scripts, and an in-memory fake for tests; the one reader of
+//! the scripts' answers) and [`bus`] (NATS). Steps: [`rollout`] (against the [`host`] trait).
+//! Wiring: [`run`].
 
 pub mod bus;
 pub mod host;

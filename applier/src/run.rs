@@ -7,6 +7,7 @@
 //! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
 
 use crate::bus;
+use crate::host::ssh::SshHosts;
 use crate::inventory::{self, Host};
 use crate::rollout::{self, RolloutSettings};
 use crate::ssh::{ConnPool, SshSettings};
@@ -129,7 +130,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(keys = ?verifier.key_ids(), "applying only versions signed by these keys");
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
     let settings = RolloutSettings {
-        ssh: ConnPool::new(
+        hosts: Box::new(SshHosts::new(ConnPool::new(
             SshSettings::new(
                 args.ssh_identity.clone(),
                 args.ssh_known_hosts.clone(),
@@ -138,7 +139,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             )
             .context("cannot write the applier's ssh_config")?
             .with_command_timeout(Duration::from_secs(args.remote_timeout_secs.max(1))),
-        ),
+        ))),
         parallelism: args.parallelism,
         reload_timeout: Duration::from_millis(args.reload_timeout_ms),
         probe_timeout: Duration::from_secs(args.probe_timeout_secs),
@@ -306,7 +307,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     info!("applier stopping");
-    settings.ssh.close_all().await;
+    settings.hosts.close_all().await;
     bus.drain().await;
     Ok(())
 }

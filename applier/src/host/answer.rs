@@ -233,6 +233,18 @@ impl Reload {
     }
 }
 
+/// `show proc` as the master printed it (`stdout`, `stderr`), or why it cannot be read from
+/// `socket`.
+pub fn show_proc(socket: &str, stdout: &str, stderr: &str) -> Result<ProcState, String> {
+    plan::parse_show_proc(stdout).ok_or_else(|| {
+        format!(
+            "cannot read `show proc` from the master socket {socket}: {}{}",
+            stdout.trim(),
+            stderr.trim()
+        )
+    })
+}
+
 /// What drift_state.sh prints: the two sha256 lines (empty if unknown), the loaded marker's
 /// second line (`reloads <count>`, empty if none), then `<name> <sha256 or ->` per file,
 /// then `show proc` after a `--` line, then the node checks' `show stat` after another.

@@ -1,0 +1,387 @@
+//! [`HostOps`] and [`Hosts`] over SSH: each operation is one of [`super::scripts`] run on the
+//! host through a pooled [`crate::ssh::HostConn`], its answer read by [`super::answer`].
+
+use super::answer::{self, Exit, LiveState};
+use super::ops::{Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, UploadCheck, fail};
+use super::scripts::{self, Script};
+use crate::inventory::Host;
+use crate::plan::{self, HostFiles, ProcState};
+use crate::ssh::{ConnPool, HostConn, RemoteOutput};
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use hafleet_proto::ApplyStage;
+use std::sync::Arc;
+use tracing::warn;
+
+/// The fleet's hosts over SSH, sessions kept between versions in a [`ConnPool`].
+#[derive(Debug)]
+pub struct SshHosts {
+    pool: Arc<ConnPool>,
+}
+
+impl SshHosts {
+    pub fn new(pool: ConnPool) -> Self {
+        SshHosts { pool: Arc::new(pool) }
+    }
+
+    fn session(&self, host: &Host, conn: HostConn, generation: u64) -> Box<dyn HostOps> {
+        let pool = self.pool.clone();
+        Box::new(SshHost { host: host.clone(), conn, generation, pool })
+    }
+}
+
+/// One session with one host over SSH.
+#[derive(Debug)]
+pub struct SshHost {
+    host: Host,
+    conn: HostConn,
+    /// The known_hosts generation the connection belongs to.
+    generation: u64,
+    pool: Arc<ConnPool>,
+}
+
+impl SshHost {
+    /// Runs a script; a non-zero exit becomes a failure of `stage` carrying its output.
+    async fn remote(
+        &self,
+        stage: ApplyStage,
+        script: &Script,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<String, Failure> {
+        outcome_of(stage, self.conn.run(script, args, stdin).await)
+    }
+
+    fn live(&self) -> &str {
+        self.host.config_path.as_str()
+    }
+
+    fn socket(&self) -> &str {
+        self.host.master_socket.as_str()
+    }
+}
+
+impl HostOps for SshHost {
+    fn refresh(&self) -> BoxFuture<'_, Option<answer::Refresh>> {
+        async move {
+            let args = [self.live(), self.socket()];
+            match self.conn.run(&scripts::REFRESH, &args, None).await {
+                Ok(out) if out.success => Some(answer::Refresh::parse(&out.stdout)),
+                _ => None,
+            }
+        }
+        .boxed()
+    }
+
+    fn discard<'a>(&'a self, token: &'a str) -> BoxFuture<'a, ()> {
+        async move {
+            let _ = self.conn.run(&scripts::DISCARD, &[self.live(), token], None).await;
+        }
+        .boxed()
+    }
+
+    fn upload_maps<'a>(
+        &'a self,
+        token: &'a str,
+        count: usize,
+        stream: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Failure>> {
+        async move {
+            let count = count.to_string();
+            let args = [self.live(), token, count.as_str()];
+            self.remote(ApplyStage::Upload, &scripts::UPLOAD_MAPS, &args, Some(stream)).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn upload_certs<'a>(
+        &'a self,
+        token: &'a str,
+        count: usize,
+        stream: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Failure>> {
+        async move {
+            let count = count.to_string();
+            let args = [self.live(), token, count.as_str()];
+            self.remote(ApplyStage::Upload, &scripts::UPLOAD_CERTS, &args, Some(stream)).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn upload<'a>(
+        &'a self,
+        token: &'a str,
+        check: UploadCheck<'a>,
+        maps: usize,
+        stream: &'a [u8],
+    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
+        async move {
+            let count = maps.to_string();
+            let host = &self.host;
+            let ran = match check {
+                UploadCheck::Landed => {
+                    let args = [self.live(), token, &count];
+                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(stream)).await
+                }
+                UploadCheck::Validated { sha256 } => {
+                    let args = [
+                        host.haproxy_bin.as_str(),
+                        self.live(),
+                        token,
+                        self.socket(),
+                        sha256,
+                        &count,
+                    ];
+                    self.conn.run(&scripts::UPLOAD_VALIDATE, &args, Some(stream)).await
+                }
+            };
+            match ran {
+                // A dropped connection is an upload that may pass, not a refused config.
+                Err(e) => Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+                ran => {
+                    outcome_of(ApplyStage::Validate, ran).map(|out| answer::Uploaded::parse(&out))
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn validate_maps<'a>(
+        &'a self,
+        token: &'a str,
+        config: &'a str,
+    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
+        async move {
+            let args = [self.host.haproxy_bin.as_str(), self.live(), token, self.socket()];
+            let stdin = Some(config.as_bytes());
+            let checked =
+                self.remote(ApplyStage::Validate, &scripts::VALIDATE_MAPS, &args, stdin).await?;
+            Ok(answer::Uploaded::parse(&checked))
+        }
+        .boxed()
+    }
+
+    fn swap<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), Failure>> {
+        async move {
+            self.remote(ApplyStage::Swap, &scripts::SWAP, &[self.live(), token], None).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn reload<'a>(
+        &'a self,
+        request: ReloadRequest<'a>,
+    ) -> BoxFuture<'a, Result<answer::Reload, Failure>> {
+        async move {
+            let first = request.first_look;
+            let first = match first.is_zero() {
+                true => "0".to_owned(),
+                false => format!("{}.{:03}", first.as_secs(), first.subsec_millis()),
+            };
+            let looks = request.looks.to_string();
+            let secs = request.secs.to_string();
+            let mark = request.mark.unwrap_or_default();
+            let stat = request.stat.unwrap_or_default();
+            let wait = [self.socket(), &looks, &secs, mark, stat, &first];
+            let version = request.version.map(|v| v.to_string()).unwrap_or_default();
+            let live = self.live();
+            let out = match request.swap {
+                Some((token, prepared)) => {
+                    let mut args = vec![live, token];
+                    args.extend(wait);
+                    args.extend([prepared.live.as_str(), prepared.loaded.as_str(), &version]);
+                    // Exits Stale, NoProc and Swap say nothing was done; anything else comes
+                    // after the swap.
+                    self.remote(ApplyStage::Verify, &scripts::SWAP_RELOAD, &args, None).await?
+                }
+                None => {
+                    let mut args = vec![live];
+                    args.extend(wait);
+                    args.push(&version);
+                    self.remote(ApplyStage::Verify, &scripts::RELOAD_WAIT, &args, None).await?
+                }
+            };
+            Ok(answer::Reload::parse(&out))
+        }
+        .boxed()
+    }
+
+    fn restore(&self) -> BoxFuture<'_, Result<(), Failure>> {
+        async move {
+            self.remote(ApplyStage::Swap, &scripts::RESTORE, &[self.live()], None).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn mark_loaded<'a>(&'a self, mark: Mark<'a>) -> BoxFuture<'a, Result<(), Failure>> {
+        async move {
+            let reloads = mark.reloads.map(|r| r.to_string()).unwrap_or_default();
+            let version = mark.version.map(|v| v.to_string()).unwrap_or_default();
+            let args = [
+                self.live(),
+                mark.expected_sha,
+                &reloads,
+                mark.upload_stat.unwrap_or_default(),
+                self.socket(),
+                &version,
+            ];
+            self.remote(ApplyStage::Verify, &scripts::MARK_LOADED, &args, None).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn show_proc(&self) -> BoxFuture<'_, Result<ProcState, String>> {
+        async move {
+            let out = self
+                .conn
+                .run(&scripts::MASTER_CLI, &[self.socket(), "show proc"], None)
+                .await
+                .map_err(|e| format!("ssh: {e}"))?;
+            answer::show_proc(self.socket(), &out.stdout, &out.stderr)
+        }
+        .boxed()
+    }
+
+    fn master_cli<'a>(&'a self, command: &'a str) -> BoxFuture<'a, Result<String, String>> {
+        async move {
+            let out = self
+                .conn
+                .run(&scripts::MASTER_CLI, &[self.socket(), command], None)
+                .await
+                .map_err(|e| format!("ssh: {e}"))?;
+            Ok(out.stdout)
+        }
+        .boxed()
+    }
+
+    fn session<'a>(&'a self, input: &'a [u8]) -> BoxFuture<'a, Result<String, String>> {
+        async move {
+            let out = self
+                .conn
+                .run(&scripts::MASTER_SESSION, &[self.socket()], Some(input))
+                .await
+                .map_err(|e| format!("ssh: {e}"))?;
+            if !out.success {
+                return Err(format!("master CLI session failed: {}", out.stderr.trim()));
+            }
+            Ok(out.stdout)
+        }
+        .boxed()
+    }
+
+    fn give_back(self: Box<Self>, healthy: bool) -> BoxFuture<'static, ()> {
+        async move {
+            let SshHost { host, conn, generation, pool } = *self;
+            pool.give_back(&host, conn, generation, healthy).await;
+        }
+        .boxed()
+    }
+}
+
+impl Hosts for SshHosts {
+    fn open<'a>(&'a self, host: &'a Host, names: &'a [u8]) -> BoxFuture<'a, Opened<LiveState>> {
+        async move {
+            let live = host.config_path.as_str();
+            let running =
+                self.pool.take_running(host, &scripts::LIVE_STATE, &[live], Some(names)).await;
+            let (conn, generation, state) = match running {
+                Ok(c) => c,
+                Err(e) => return Err(connect_failure(host, &e).await),
+            };
+            let state = outcome_of(ApplyStage::Upload, state).map(|out| LiveState::parse(&out));
+            Ok((self.session(host, conn, generation), state))
+        }
+        .boxed()
+    }
+
+    fn open_checked<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Opened<()>> {
+        async move {
+            let (conn, generation, out) =
+                match self.pool.take_running(host, &scripts::NOOP, &[], None).await {
+                    Ok(running) => running,
+                    Err(e) => return Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+                };
+            let done = outcome_of(ApplyStage::Upload, out).map(|_| ());
+            Ok((self.session(host, conn, generation), done))
+        }
+        .boxed()
+    }
+
+    fn drift_state<'a>(
+        &'a self,
+        host: &'a Host,
+        names: &'a [u8],
+    ) -> BoxFuture<'a, Result<HostFiles, String>> {
+        async move {
+            let args = [host.config_path.as_str(), host.master_socket.as_str()];
+            let (conn, generation, out) = self
+                .pool
+                .take_running(host, &scripts::DRIFT_STATE, &args, Some(names))
+                .await
+                .map_err(|e| e.to_string())?;
+            self.pool.give_back(host, conn, generation, out.is_ok()).await;
+            let out = out.map_err(|e| e.to_string())?;
+            if !out.success {
+                return Err(out.stderr);
+            }
+            Ok(answer::drift_state(&out.stdout))
+        }
+        .boxed()
+    }
+
+    fn close_all(&self) -> BoxFuture<'_, ()> {
+        self.pool.close_all().boxed()
+    }
+}
+
+/// A script's stdout; a non-zero exit becomes a failure of `stage` carrying its output.
+/// A script that does several steps names the one that failed by its exit code.
+fn outcome_of(
+    stage: ApplyStage,
+    run: Result<RemoteOutput, openssh::Error>,
+) -> Result<String, Failure> {
+    match run {
+        Ok(out) if out.success => Ok(out.stdout),
+        Ok(out) => {
+            let exit = Exit::of(out.code);
+            let stage = exit.map_or(stage, Exit::stage);
+            let said = format!("{}{}", out.stdout, out.stderr);
+            Err(Failure { exit, ..fail(stage, said.trim()) })
+        }
+        Err(e) => Err(fail(stage, format!("ssh: {e}"))),
+    }
+}
+
+/// Why the connection failed: a host key that is not the pinned one (with the fingerprints the
+/// host offers, from `ssh-keyscan`), or the host not being reachable.
+async fn connect_failure(host: &Host, e: &openssh::Error) -> Failure {
+    let mut said = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        said.push_str(": ");
+        said.push_str(&s.to_string());
+        source = s.source();
+    }
+    if !plan::is_host_key_refusal(&said) {
+        return fail(ApplyStage::Connect, said);
+    }
+    let offered = crate::ssh::offered_fingerprints(host).await;
+    let offered = match offered.is_empty() {
+        true => "its key could not be read".to_owned(),
+        false => format!("it offers {}", offered.join(", ")),
+    };
+    warn!(host = %host.name, %offered, "host key is not the pinned one; refused");
+    fail(
+        ApplyStage::HostKey,
+        format!(
+            "host key of {}:{} is not the one pinned in --ssh-known-hosts (unknown or changed); \
+             {offered}. Refused: pin the right key to let it in. ssh said: {said}",
+            host.address, host.port
+        ),
+    )
+}

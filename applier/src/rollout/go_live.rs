@@ -1,0 +1,334 @@
+//! Putting a prepared host live: the swap, the runtime API or a reload (bridged through spares
+//! where it can be), the probes, the loaded marker; last-known-good back on any failure.
+
+use super::*;
+
+/// Puts a prepared host live (see [`prepare`]) and gives its connection back.
+#[tracing::instrument(skip_all, fields(host = %prepared.host.name, version = version.version))]
+pub(super) async fn finish(
+    prepared: Prepared<'_>,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> (Result<ApplyOutcome, Failure>, Effort) {
+    let Prepared { host, conn, step, state, .. } = prepared;
+    let mut effort = Effort::default();
+    let Some(conn) = conn else {
+        let Next::Done(result) = step else { unreachable!("only a failure has no connection") };
+        return (result, effort);
+    };
+    let result = match step {
+        Next::Done(result) => result,
+        Next::ReloadOnly => reload_only(&*conn, host, version, settings, &mut effort).await,
+        Next::Staged { token, uploaded, change, bridge } => {
+            let staged = Staged { token: token.as_str(), uploaded, change: &change, bridge };
+            go_live(&*conn, host, version, staged, &state, settings, &mut effort).await
+        }
+    };
+    conn.give_back(result.is_ok()).await;
+    (result, effort)
+}
+
+/// The live file is the version but HAProxy never loaded it: reload, verify, mark.
+pub(super) async fn reload_only(
+    conn: &dyn HostOps,
+    host: &Host,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) -> Result<ApplyOutcome, Failure> {
+    info!("live file is this version but HAProxy never loaded it; reloading");
+    effort.reloads += 1;
+    let mark = mark_with_reload(host, version);
+    let ask = ReloadAsk { swap: None, mark, stat: None, version: Some(version.version) };
+    let (after, marked) = match reload(conn, host, settings, ask).await {
+        Ok(done) => done,
+        Err(failure) if failure.changed_nothing() => {
+            effort.reloads -= 1;
+            return Err(failure);
+        }
+        Err(mut failure) => {
+            // The live file is one HAProxy will not load: put last-known-good back, so a host
+            // restart does not start HAProxy on it.
+            effort.reloads += 1;
+            failure.restored = restore(conn, host, settings).await;
+            return Err(failure);
+        }
+    };
+    probed(conn, host, settings, effort).await?;
+    if !marked {
+        let done = (version.sha256.as_str(), Some(version.version));
+        mark_loaded(conn, done, Some(after.reloads), None).await?;
+    }
+    Ok(ApplyOutcome::Applied)
+}
+
+/// Swaps a staged upload in and makes HAProxy take it: through the runtime API when `change`
+/// allows, else with a reload; then probes and marks it loaded, or puts last-known-good back.
+pub(super) async fn go_live(
+    conn: &dyn HostOps,
+    host: &Host,
+    version: &ConfigVersion,
+    staged: Staged<'_>,
+    prepared_state: &LiveShas,
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) -> Result<ApplyOutcome, Failure> {
+    let Staged { token, uploaded: Uploaded { before, stat, sent }, change, bridge } = staged;
+    effort.sent_bytes += sent;
+    // For a reload: its bridge, if one was found (looked for while the host checked the
+    // version, so by now it is there).
+    let bridge = match (change, bridge) {
+        (runtime::Plan::Reload(_), Some(pending)) => pending.await,
+        _ => None,
+    };
+    // A change that needs a reload swaps in the same round trip as the reload (below); one
+    // bridged to spares first swaps before its runtime commands, so that a stop in between
+    // leaves a live file HAProxy has not loaded (reloaded at the next look).
+    let swap_with_reload = matches!(change, runtime::Plan::Reload(_)) && bridge.is_none();
+    if !swap_with_reload {
+        conn.swap(token).await?;
+    }
+
+    // The files hold the version now; the running process takes it without a reload if it can.
+    let live_without_reload = match change {
+        runtime::Plan::Nothing => {
+            info!("the new config differs from the running one in comments only; no reload");
+            true
+        }
+        runtime::Plan::Runtime(steps) => match apply_runtime(
+            conn,
+            &before,
+            steps,
+            (version.bundle(), settings.tls_identity.as_deref()),
+        )
+        .await
+        {
+            Ok(sent) => {
+                effort.runtime_commands = sent;
+                info!(commands = sent, "applied through the runtime API; no reload");
+                true
+            }
+            Err(why) => {
+                warn!(%why, "the runtime API did not take the change; reloading instead");
+                false
+            }
+        },
+        runtime::Plan::Reload(why) => {
+            match &bridge {
+                Some(bridge) => {
+                    bridged(conn, version, &before, (why, bridge), settings, effort).await
+                }
+                None => info!(%why, "the change needs a reload"),
+            }
+            false
+        }
+        runtime::Plan::Bridged { why, bridge } => {
+            bridged(conn, version, &before, (why, bridge), settings, effort).await;
+            false
+        }
+    };
+    if live_without_reload {
+        probed(conn, host, settings, effort).await?;
+        let stat = stat.as_deref();
+        let done = (version.sha256.as_str(), Some(version.version));
+        mark_loaded(conn, done, Some(before.reloads), stat).await?;
+        return Ok(ApplyOutcome::Applied);
+    }
+
+    effort.reloads += 1;
+    let ask = ReloadAsk {
+        swap: swap_with_reload.then_some((token, prepared_state)),
+        mark: mark_with_reload(host, version),
+        stat: stat.as_deref(),
+        version: Some(version.version),
+    };
+    match reload(conn, host, settings, ask).await {
+        Ok((after, marked)) => {
+            probed(conn, host, settings, effort).await?;
+            if !marked {
+                let stat = stat.as_deref();
+                let done = (version.sha256.as_str(), Some(version.version));
+                mark_loaded(conn, done, Some(after.reloads), stat).await?;
+            }
+            Ok(ApplyOutcome::Applied)
+        }
+        Err(failure) if failure.changed_nothing() => {
+            // Nothing changed: the live file is the one HAProxy runs.
+            effort.reloads -= 1;
+            conn.discard(token).await;
+            Err(failure)
+        }
+        Err(mut failure) => {
+            warn!(stage = ?failure.stage, message = %failure.message, "reload failed; restoring last-known-good");
+            effort.reloads += 1;
+            failure.restored = restore(conn, host, settings).await;
+            Err(failure)
+        }
+    }
+}
+
+/// What [`go_live`] puts live: the staged upload, and how.
+pub(super) struct Staged<'a> {
+    pub(super) token: &'a str,
+    pub(super) uploaded: Uploaded,
+    pub(super) change: &'a runtime::Plan,
+    /// For a reload: its bridge, being looked for.
+    pub(super) bridge: Option<PendingBridge>,
+}
+
+/// Serves a reload's new backends through spares (see [`runtime::bridge`]) until the reload,
+/// which follows whatever happens here: the files hold the version already, and the reload
+/// makes the process serve them.
+pub(super) async fn bridged(
+    conn: &dyn HostOps,
+    version: &ConfigVersion,
+    before: &plan::ProcState,
+    (why, bridge): (&str, &runtime::Bridge),
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) {
+    match bridge_steps(conn, version, before, bridge, settings).await {
+        Ok(sent) => {
+            effort.runtime_commands = sent;
+            effort.bridged = bridge.spares.len() as u32;
+            info!(%why, spares = ?bridge.spares, commands = sent, "the change needs a reload; its new backends are served through spares until then");
+        }
+        Err(failed) => {
+            warn!(%why, %failed, "the change needs a reload; spares did not take its new backends");
+        }
+    }
+}
+
+/// [`bridged`]'s commands, in three steps, each only if the one before went through: the
+/// spares are empty in the running process too (a failed restore can leave one holding
+/// another Service's servers, which a map entry must never reach); every new server is in its
+/// spare; then the maps name the spares. Returns the commands sent.
+pub(super) async fn bridge_steps(
+    conn: &dyn HostOps,
+    version: &ConfigVersion,
+    before: &plan::ProcState,
+    bridge: &runtime::Bridge,
+    settings: &RolloutSettings,
+) -> Result<u32, String> {
+    let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
+    let checks = runtime::spare_checks(bridge);
+    let answers = session(conn, pid, &checks).await?;
+    if let Some(busy) = runtime::busy_spare(bridge, &answers) {
+        return Err(format!("{busy} is not empty in the running process"));
+    }
+    let (servers, maps) = runtime::split_bridge(&bridge.steps);
+    let keys = (version.bundle(), settings.tls_identity.as_deref());
+    let added = apply_runtime(conn, before, &servers, keys).await?;
+    let mapped = apply_runtime(conn, before, &maps, keys).await?;
+    Ok(checks.len() as u32 + added + mapped)
+}
+
+/// Runs the host's probes against what now runs; if they do not pass in time, puts
+/// last-known-good back (a config that loaded and passed them) and fails at `Probe`.
+pub(super) async fn probed(
+    conn: &dyn HostOps,
+    host: &Host,
+    settings: &RolloutSettings,
+    effort: &mut Effort,
+) -> Result<(), Failure> {
+    let (Some(address), false) = (&host.probe_address, host.probes.is_empty()) else {
+        return Ok(());
+    };
+    let Err(why) = crate::probe::until_pass(address, &host.probes, settings.probe_timeout).await
+    else {
+        return Ok(());
+    };
+    warn!(%why, "probes failed; rolling back to last-known-good");
+    let mut failure = fail(ApplyStage::Probe, why);
+    effort.reloads += 1;
+    failure.restored = restore(conn, host, settings).await;
+    Err(failure)
+}
+
+/// Sends `steps` to the running worker through the master CLI. Returns how many commands
+/// went, or why the running process did not take the change (then it needs a reload, which
+/// makes it serve the files whatever the commands did).
+pub(super) async fn apply_runtime(
+    conn: &dyn HostOps,
+    before: &plan::ProcState,
+    steps: &[runtime::Step],
+    (bundle, identity): (Option<&Bundle>, Option<&crate::tls::FleetIdentity>),
+) -> Result<u32, String> {
+    let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
+    let mut sent = 0;
+    let mut certs = runtime::CertInputs::default();
+    let cert_steps = steps
+        .iter()
+        .any(|s| matches!(s, runtime::Step::AddCert { .. } | runtime::Step::RemoveCert { .. }));
+    if cert_steps {
+        let show = format!("@!{pid} show ssl crt-list");
+        let out = conn.master_cli(&show).await?;
+        sent += 1;
+        certs.crt_list = runtime::running_crt_list(&out)
+            .ok_or("`show ssl crt-list` does not list exactly one crt-list of hafleet's")?;
+        let identity = identity.ok_or("no --tls-identity to open the certificates' keys")?;
+        let by_path = certs_by_path(bundle);
+        for path in runtime::added_certs(steps) {
+            let cert =
+                by_path.get(path).ok_or_else(|| format!("the version does not hold {path}"))?;
+            certs
+                .files
+                .insert(path.to_owned(), identity.cert_file(cert).map_err(|e| e.to_string())?);
+        }
+    }
+    let mut prepared = runtime::PreparedMaps::new();
+    let kinds = runtime::map_kinds(steps);
+    if !kinds.is_empty() {
+        let show = format!("@!{pid} show map");
+        let out = conn.master_cli(&show).await?;
+        let ids = runtime::map_ids(&out, &kinds)
+            .ok_or_else(|| format!("`show map` does not list one map of each kind {kinds:?}"))?;
+        let prepare = runtime::prepare_commands(&ids);
+        let answers = session(conn, pid, &prepare).await?;
+        sent += prepare.len() + 1;
+        prepared = runtime::prepared_maps(ids, &answers)?;
+    }
+    let commands = runtime::commands(steps, &prepared, &certs)?;
+    let answers = session(conn, pid, &commands).await?;
+    sent += commands.len();
+    let answers: Vec<&str> = answers.iter().map(String::as_str).collect();
+    if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
+        return Err(format!("HAProxy answered {answer:?} to `{command}`"));
+    }
+    Ok(sent as u32)
+}
+
+/// One interactive master CLI session: the answers to `commands`, in order.
+pub(super) async fn session(
+    conn: &dyn HostOps,
+    pid: u32,
+    commands: &[runtime::Command],
+) -> Result<Vec<String>, String> {
+    let input = runtime::session(pid, commands);
+    let out = conn.session(input.as_bytes()).await?;
+    Ok(runtime::answers(&out, commands.len()).into_iter().map(str::to_owned).collect())
+}
+
+/// Records the live file as what HAProxy loaded, if it is `expected_sha` (empty: whatever is
+/// live, after a restore), with the master's reload count after our reload (`reloads`), so a
+/// later reload by anyone else shows. A live file with the stat of the upload that became it
+/// (`upload_stat`) is that upload, whose sha256 was checked on arrival: it is not hashed again.
+/// Another applier may have swapped in a different file meanwhile; then this is a failure, not
+/// a report of something HAProxy does not run.
+pub(super) async fn mark_loaded(
+    conn: &dyn HostOps,
+    (expected_sha, version): (&str, Option<u64>),
+    reloads: Option<u64>,
+    upload_stat: Option<&str>,
+) -> Result<(), Failure> {
+    // The running worker is told the version it serves (access logs name it).
+    conn.mark_loaded(Mark { expected_sha, reloads, upload_stat, version }).await
+}
+
+pub(super) fn parse_show_proc(
+    host: &Host,
+    stdout: &str,
+    stderr: &str,
+) -> Result<plan::ProcState, String> {
+    answer::show_proc(&host.master_socket, stdout, stderr)
+}

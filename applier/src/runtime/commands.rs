@@ -1,0 +1,305 @@
+//! The runtime API commands of a plan, the master CLI session that sends them and how its
+//! answers read.
+
+use super::*;
+
+/// What HAProxy must answer to a command for it to count as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Nothing (or only the payload's continuation prompts).
+    Empty,
+    /// An answer starting with one of these.
+    OneOf(&'static [&'static str]),
+    /// An answer that holds this (`Success!` after a line saying what was done).
+    Contains(&'static str),
+    /// Whatever it answers: a refusal leaves a state that serves as well (a server in
+    /// maintenance that HAProxy keeps while connections last).
+    Anything,
+}
+
+/// One command for HAProxy's CLI, without the master CLI's `@!<pid>` prefix. Its `Debug`
+/// shows the payload's size only (a `set ssl cert` payload holds a private key).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Command {
+    pub line: String,
+    /// Lines sent after `line <<`, ended by an empty line.
+    pub payload: Option<String>,
+    pub expect: Expect,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Command")
+            .field("line", &self.line)
+            .field("payload_bytes", &self.payload.as_ref().map(String::len))
+            .field("expect", &self.expect)
+            .finish()
+    }
+}
+
+impl Command {
+    pub(super) fn new(line: String, expect: Expect) -> Self {
+        Command { line, payload: None, expect }
+    }
+
+    /// Whether `answer` says the command was done.
+    pub fn accepted(&self, answer: &str) -> bool {
+        // A payload's continuation prompts come back before the answer.
+        let mut answer = answer.trim_start();
+        while let Some(rest) = answer.strip_prefix('+') {
+            answer = rest.trim_start();
+        }
+        let answer = answer.trim();
+        match self.expect {
+            Expect::Empty => answer.is_empty(),
+            Expect::OneOf(prefixes) => prefixes.iter().any(|p| answer.starts_with(p)),
+            Expect::Contains(part) => answer.contains(part),
+            Expect::Anything => true,
+        }
+    }
+}
+
+/// Where each changed map lives in the running process, by kind: the `#<id>` that `show map`
+/// lists for it, and the version `prepare map` allocated.
+pub type PreparedMaps = BTreeMap<String, (String, u32)>;
+
+/// The kinds of map a plan replaces.
+pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::ReplaceMap { kind, .. } => Some(kind.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// From `show map`: the `#<id>` of the map file of each kind in `kinds`. The running process
+/// knows a map by the name it loaded it under, which a runtime change before this one may have
+/// made older than the live file's: it is found by kind. None if a kind is not there exactly
+/// once.
+pub fn map_ids(show_map: &str, kinds: &[&str]) -> Option<BTreeMap<String, String>> {
+    let mut ids = BTreeMap::new();
+    for kind in kinds {
+        let mut found = show_map.lines().filter_map(|line| {
+            // `<id> (<file>) pattern loaded from file …`
+            let (id, rest) = line.split_once(' ')?;
+            let file = rest.strip_prefix('(')?.split_once(')')?.0;
+            let name = file.rsplit('/').next()?;
+            let parsed = hafleet_proto::MapName::new(name.to_owned()).ok()?;
+            (parsed.kind() == *kind && id.parse::<i64>().is_ok()).then(|| format!("#{id}"))
+        });
+        let id = found.next()?;
+        if found.next().is_some() {
+            return None;
+        }
+        ids.insert((*kind).to_owned(), id);
+    }
+    Some(ids)
+}
+
+/// `prepare map` for each id.
+pub fn prepare_commands(ids: &BTreeMap<String, String>) -> Vec<Command> {
+    ids.values()
+        .map(|id| {
+            Command::new(format!("prepare map {id}"), Expect::OneOf(&["New version created:"]))
+        })
+        .collect()
+}
+
+/// The version number in `prepare map`'s answer.
+pub fn prepared_version(answer: &str) -> Option<u32> {
+    answer.trim().strip_prefix("New version created:")?.trim().parse().ok()
+}
+
+/// The maps prepared by [`prepare_commands`]`(ids)`, from HAProxy's answers to them in order:
+/// each kind's map id and the version `prepare map` created.
+pub fn prepared_maps<S: AsRef<str>>(
+    ids: BTreeMap<String, String>,
+    answers: &[S],
+) -> Result<PreparedMaps, String> {
+    if answers.len() != ids.len() {
+        return Err(format!("{} answers to {} `prepare map`", answers.len(), ids.len()));
+    }
+    ids.into_iter()
+        .zip(answers)
+        .map(|((kind, id), answer)| {
+            let answer = answer.as_ref();
+            let version = prepared_version(answer)
+                .ok_or_else(|| format!("prepare map {id}: {}", answer.trim()))?;
+            Ok((kind, (id, version)))
+        })
+        .collect()
+}
+
+/// What the certificate steps need from outside the plan: the running crt-list's name
+/// ([`running_crt_list`]) and the content of each file [`added_certs`] names (chain and key).
+#[derive(Default)]
+pub struct CertInputs {
+    pub crt_list: String,
+    pub files: BTreeMap<String, zeroize::Zeroizing<String>>,
+}
+
+impl std::fmt::Debug for CertInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertInputs")
+            .field("crt_list", &self.crt_list)
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The commands that carry out `steps`, given the prepared maps and the certificates' inputs.
+/// A `set ssl cert` command's payload holds a key: whoever logs commands logs their `line`.
+pub fn commands(
+    steps: &[Step],
+    maps: &PreparedMaps,
+    certs: &CertInputs,
+) -> Result<Vec<Command>, String> {
+    let mut out = Vec::new();
+    for step in steps {
+        match step {
+            Step::AddCert { path, filters } => {
+                let file = certs.files.get(path).ok_or_else(|| format!("no file for {path}"))?;
+                let list = &certs.crt_list;
+                out.push(Command::new(
+                    format!("new ssl cert {path}"),
+                    Expect::OneOf(&["New empty certificate store"]),
+                ));
+                out.push(Command {
+                    line: format!("set ssl cert {path}"),
+                    // A payload's lines each end in a newline; `session` adds the empty line
+                    // that ends it.
+                    payload: Some(format!("{}\n", file.trim_end())),
+                    expect: Expect::OneOf(&["Transaction created", "Transaction updated"]),
+                });
+                out.push(Command::new(
+                    format!("commit ssl cert {path}"),
+                    Expect::Contains("Success!"),
+                ));
+                let mut line = path.clone();
+                for f in filters {
+                    line.push(' ');
+                    line.push_str(f);
+                }
+                line.push('\n');
+                out.push(Command {
+                    line: format!("add ssl crt-list {list}"),
+                    payload: Some(line),
+                    expect: Expect::Contains("Success!"),
+                });
+            }
+            Step::RemoveCert { path } => {
+                out.push(Command::new(
+                    format!("del ssl crt-list {} {path}", certs.crt_list),
+                    Expect::OneOf(&["Entry "]),
+                ));
+                out.push(Command::new(format!("del ssl cert {path}"), Expect::Anything));
+            }
+            Step::SetAddr { backend, server, ip, port } => out.push(Command::new(
+                format!("set server {backend}/{server} addr {ip} port {port}"),
+                Expect::OneOf(&["IP changed from", "no need to change the addr"]),
+            )),
+            Step::SetWeight { backend, server, weight } => out.push(Command::new(
+                format!("set server {backend}/{server} weight {weight}"),
+                Expect::Empty,
+            )),
+            Step::AddServer { backend, server, addr, params } => {
+                let mut line = format!("add server {backend}/{server} {addr}");
+                for p in params {
+                    line.push(' ');
+                    line.push_str(p);
+                }
+                out.push(Command::new(line, Expect::OneOf(&["New server registered."])));
+                out.push(Command::new(format!("enable server {backend}/{server}"), Expect::Empty));
+            }
+            Step::RemoveServer { backend, server } => {
+                out.push(Command::new(
+                    format!("set server {backend}/{server} state maint"),
+                    Expect::Empty,
+                ));
+                out.push(Command::new(format!("del server {backend}/{server}"), Expect::Anything));
+            }
+            Step::ReplaceMap { kind, content } => {
+                let (id, version) =
+                    maps.get(kind).ok_or_else(|| format!("map {kind} was not prepared"))?;
+                for chunk in payload_chunks(content) {
+                    out.push(Command {
+                        line: format!("add map @{version} {id}"),
+                        payload: Some(chunk),
+                        expect: Expect::Empty,
+                    });
+                }
+                out.push(Command::new(format!("commit map @{version} {id}"), Expect::Empty));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A map file's entries in payloads of at most [`MAP_PAYLOAD_BYTES`] (a longer single entry
+/// goes alone). Comment and blank lines are left out: a blank line ends a payload.
+fn payload_chunks(content: &str) -> Vec<String> {
+    let mut chunks = Vec::new();
+    let mut chunk = String::new();
+    for line in content.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        if !chunk.is_empty() && chunk.len() + line.len() + 1 > MAP_PAYLOAD_BYTES {
+            chunks.push(std::mem::take(&mut chunk));
+        }
+        chunk.push_str(line);
+        chunk.push('\n');
+    }
+    if !chunk.is_empty() {
+        chunks.push(chunk);
+    }
+    chunks
+}
+
+/// The master CLI session that sends `commands` to the worker `pid`: interactive mode, so that
+/// each answer is followed by a prompt and can be told apart, and `quit` at the end.
+pub fn session(pid: u32, commands: &[Command]) -> String {
+    let mut s = String::from("prompt\n");
+    for c in commands {
+        s.push_str(&format!("@!{pid} {}", c.line));
+        match &c.payload {
+            Some(payload) => {
+                s.push_str(" <<\n");
+                s.push_str(payload);
+                s.push('\n');
+            }
+            None => s.push('\n'),
+        }
+    }
+    s.push_str("quit\n");
+    s
+}
+
+/// Splits what a [`session`] printed into one answer per command. The first thing printed is
+/// the prompt itself (the answer to `prompt`); after that every answer ends with a newline and
+/// the prompt. Answers missing at the end (the connection closed early) are absent.
+pub fn answers(output: &str, commands: usize) -> Vec<&str> {
+    let Some(end) = output.find("> ") else { return Vec::new() };
+    let prompt = &output[..end + 2];
+    let separator = format!("\n{prompt}");
+    let rest = &output[prompt.len()..];
+    let mut parts: Vec<&str> = rest.split(separator.as_str()).collect();
+    // The last part is what followed the last prompt: never a whole answer.
+    parts.pop();
+    parts.truncate(commands);
+    parts
+}
+
+/// The first command HAProxy did not accept, and its answer.
+pub fn first_refused<'a>(
+    commands: &'a [Command],
+    answers: &[&'a str],
+) -> Option<(&'a str, String)> {
+    for (i, c) in commands.iter().enumerate() {
+        match answers.get(i) {
+            None => return Some((c.line.as_str(), "no answer".to_owned())),
+            Some(a) if !c.accepted(a) => return Some((c.line.as_str(), a.trim().to_owned())),
+            Some(_) => {}
+        }
+    }
+    None
+}
