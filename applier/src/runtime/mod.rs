@@ -106,7 +106,7 @@ pub struct Bridge {
     pub steps: Vec<Step>,
 }
 
-/// The names of the spare backends start with this (renderer/src/model.rs, `SPARE_PREFIX`).
+/// The names of the spare backends start with this (renderer/src/core/model.rs, `SPARE_PREFIX`).
 pub const SPARE_PREFIX: &str = "hafleet_spare_";
 
 /// A config reduced to what HAProxy acts on.
@@ -679,7 +679,7 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
     Ok(steps)
 }
 
-/// The map kind of the crt-list (renderer/src/tls.rs).
+/// The map kind of the crt-list (renderer/src/core/certs.rs).
 pub const CRT_LIST: &str = "crtlist";
 
 /// The certificate steps from `loaded`'s crt-list to `next`'s: certificates listed now and not
