@@ -289,4 +289,80 @@ mod tests {
         assert_eq!(hosts(&other_fleet), ["shop.com"], "hosts are owned per fleet");
         assert!(warnings.is_empty(), "{warnings:?}");
     }
+
+    /// One Ingress for the property test: (namespace, creation time, sharing, routes as
+    /// (host, path, exact)), from small sets so that claims collide often.
+    type Drawn = (usize, i64, usize, Vec<(Option<usize>, usize, bool)>);
+
+    fn drawn_ingress(i: usize, (ns, created, share, routes): &Drawn) -> Resolved {
+        const HOSTS: [&str; 4] = ["shop.com", "*.shop.com", "a.shop.com", "b.com"];
+        const PATHS: [&str; 3] = ["/", "/api", "/api/"];
+        let namespace = ["team-a", "team-b", "team-c"][*ns];
+        let mut r = ingress(namespace, &format!("ing-{i}"), *created, &[]);
+        r.routes = std::sync::Arc::new(
+            routes
+                .iter()
+                .map(|(host, path, exact)| {
+                    let mut route = route();
+                    route.host = host.map(|h| HttpHost::new(HOSTS[h]).unwrap());
+                    route.path = HttpPath::new(PATHS[*path]).unwrap();
+                    route.kind = if *exact { PathKind::Exact } else { PathKind::Prefix };
+                    route
+                })
+                .collect(),
+        );
+        r.sharing = match share {
+            0 => Sharing::Everyone,
+            1 => Sharing::Namespaces(["team-b".to_owned()].into()),
+            _ => Sharing::Nobody,
+        };
+        r
+    }
+
+    /// Each Ingress's kept routes and what it is told.
+    type Outcome = BTreeMap<IngressKey, (Vec<hafleet_proto::Route>, Vec<(&'static str, String)>)>;
+
+    fn outcome(mut all: Vec<Resolved>, own_hosts: bool) -> Outcome {
+        let told = {
+            let mut refs: Vec<&mut Resolved> = all.iter_mut().collect();
+            keep_apart(&mut refs, own_hosts)
+        };
+        all.into_iter()
+            .map(|r| {
+                let said = told.get(&r.key).into_iter().flatten();
+                let said = said.map(|w| (w.reason, w.note.clone())).collect();
+                (r.key.clone(), (r.routes.to_vec(), said))
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// Who owns a host and who wins a path depends on the Ingresses, never on the order
+        /// the watcher's caches listed them in.
+        #[test]
+        fn tenancy_does_not_depend_on_input_order(
+            drawn in proptest::collection::vec(
+                (
+                    0usize..3,
+                    0i64..4,
+                    0usize..6,
+                    proptest::collection::vec(
+                        (proptest::option::of(0usize..4), 0usize..3, proptest::bool::ANY),
+                        1..4,
+                    ),
+                ),
+                1..8,
+            ),
+            rotate in 0usize..8,
+            own_hosts in proptest::bool::ANY,
+        ) {
+            let ingresses: Vec<Resolved> =
+                drawn.iter().enumerate().map(|(i, d)| drawn_ingress(i, d)).collect();
+            let mut reordered = ingresses.clone();
+            reordered.reverse();
+            let k = rotate % reordered.len();
+            reordered.rotate_left(k);
+            proptest::prop_assert_eq!(outcome(ingresses, own_hosts), outcome(reordered, own_hosts));
+        }
+    }
 }
