@@ -32,8 +32,15 @@ pub fn sed_script(old: &str, new: &str) -> Option<String> {
     // Changes next to each other make one command: an `a` after a line that a `d` or `c`
     // removed would never run.
     let mut hunk: Option<(Range<usize>, Range<usize>)> = None;
+    // Where each op is, counted from the ops' lengths: `similar` may report an insertion that
+    // follows an equal run at the run's start (an `a` after a line a `d` just removed, which
+    // sed never runs), so its indices are not trusted.
+    let (mut at_old, mut at_new) = (0, 0);
     for op in ops {
         let (tag, old_range, new_range) = op.as_tag_tuple();
+        let old_range = at_old..at_old + old_range.len();
+        let new_range = at_new..at_new + new_range.len();
+        (at_old, at_new) = (old_range.end, new_range.end);
         if tag == DiffTag::Equal {
             if let Some((o, n)) = hunk.take() {
                 command(&mut script, o, &b[n]);
@@ -81,6 +88,7 @@ fn command(script: &mut String, old: Range<usize>, text: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     /// Runs `sed -f script` on `old` as the upload scripts do.
     fn sed(old: &str, script: &str) -> String {
@@ -187,5 +195,58 @@ mod tests {
         assert_eq!(sed_script("a\nb\n", "a\nb"), None);
         assert_eq!(sed_script("a\nb", "a\nb\n"), None);
         assert_eq!(sed_script("a\r\nb\n", "a\r\nc\n"), None);
+    }
+
+    /// The case the property below found: a line deleted, then, after an equal line, one
+    /// inserted, which `similar` reports at the equal line's start (`10,10d` then `10a`,
+    /// whose text sed never wrote).
+    #[test]
+    fn an_insertion_after_an_equal_line_after_a_deletion_lands() {
+        let mut old: Vec<String> = vec![String::new(); 7];
+        old.extend(["b", "b", "b", "", "b"].map(String::from));
+        old.extend(vec![String::new(); 14]);
+        let mut new = old.clone();
+        new.insert(9, String::new());
+        new.remove(10);
+        let (old, new) = (text(&old), text(&new));
+        assert_eq!(sed(&old, &sed_script(&old, &new).unwrap()), new);
+    }
+
+    /// A line of the kinds that trip `sed` up, or any printable ASCII.
+    fn any_line() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::prop_oneof![
+            proptest::sample::select(LINES).prop_map(str::to_owned),
+            "[ -~]{0,12}",
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// A file of the lines that trip `sed` up (and printable ASCII besides), edited a few
+        /// times (lines inserted, deleted, replaced anywhere): the script makes the new file
+        /// from the old one byte for byte, and a failing case shrinks to the fewest lines and
+        /// edits that show it.
+        #[test]
+        fn an_edit_script_round_trips_through_sed(
+            old in proptest::collection::vec(any_line(), 4..40),
+            edits in proptest::collection::vec((0u8..3, 0usize..64, any_line()), 1..4),
+        ) {
+            let mut new = old.clone();
+            for (op, at, line) in edits {
+                let at = at % (new.len() + 1);
+                match op {
+                    0 => new.insert(at, line),
+                    1 if at < new.len() => {
+                        new.remove(at);
+                    }
+                    _ if at < new.len() => new[at] = line,
+                    _ => new.push(line),
+                }
+            }
+            let (old, new) = (text(&old), text(&new));
+            let script = sed_script(&old, &new);
+            proptest::prop_assume!(script.is_some(), "sent whole: nothing to check");
+            proptest::prop_assert_eq!(sed(&old, &script.unwrap()), new);
+        }
     }
 }
