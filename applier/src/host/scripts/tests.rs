@@ -777,3 +777,66 @@ fn a_reload_reads_the_masters_answer_and_marks_its_own_reload_in(shell: Shell) {
     assert!(took < Duration::from_secs(1), "did not wait for a reload that never came: {took:?}");
     assert!(!std::path::Path::new(&format!("{live}.hafleet-loaded")).exists());
 }
+
+/// Map content of lines that look like the stream's own records, backslashes, tabs, blanks
+/// and sed's escapes, ending with a newline or not.
+fn tricky_content() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::strategy::Strategy as _;
+    let line = proptest::prop_oneof![
+        proptest::sample::select(vec![
+            "",
+            " ",
+            "\t x",
+            "\\",
+            "a\\tb\\n",
+            "hafleet-map exact-0.map 0 1 1",
+            "hafleet-config 3 1",
+            "example.com/ be_x",
+            "%[src] $HOME `id`",
+        ])
+        .prop_map(str::to_owned),
+        "[ -~]{0,16}",
+    ];
+    (proptest::collection::vec(line, 0..12), proptest::bool::ANY).prop_map(|(lines, end)| {
+        let mut text = lines.join("\n");
+        if end && !text.is_empty() {
+            text.push('\n');
+        }
+        text
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+    /// Whatever the maps hold (lines that look like the stream's own records, no final
+    /// newline, nothing at all), upload_maps.sh unpacks the stream the applier sends into
+    /// exactly those files, under their content names.
+    #[test]
+    fn the_upload_stream_unpacks_to_what_was_sent(
+        contents in proptest::collection::vec(tricky_content(), 1..4),
+    ) {
+        use hafleet_proto::{MapFile, MapName};
+        let Some(shell) = SHELLS.into_iter().find(|s| s.installed()) else { return Ok(()) };
+        let maps: Vec<MapFile> = contents
+            .iter()
+            .zip(["exact", "prefix", "hosts"])
+            .map(|(content, kind)| MapFile {
+                name: MapName::for_content(kind, content).unwrap(),
+                content: content.clone(),
+            })
+            .collect();
+        let refs: Vec<&MapFile> = maps.iter().collect();
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("haproxy.cfg");
+        let count = maps.len().to_string();
+        let stream = Outgoing::whole(&refs, None).stream();
+        let out = sh(shell, &UPLOAD_MAPS, &[live.to_str().unwrap(), "t1", &count], &stream);
+        proptest::prop_assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let landed = dir.path().join("hafleet-maps");
+        for m in &maps {
+            let got = std::fs::read_to_string(landed.join(m.name.as_str())).unwrap();
+            proptest::prop_assert_eq!(&got, &m.content);
+        }
+        proptest::prop_assert_eq!(std::fs::read_dir(&landed).unwrap().count(), maps.len());
+    }
+}
