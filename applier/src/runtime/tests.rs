@@ -641,3 +641,84 @@ fn haproxy_checks_new_certificate_files_alone() {
     std::fs::write(dir.path().join(&paths[57]), format!("{crt}{k2}")).unwrap();
     assert!(!haproxy_c().status.success(), "a key of another certificate");
 }
+
+/// What the running process serves, as far as a plan can change it: each backend's servers
+/// and their addresses, and each map's content.
+type Served = (BTreeMap<(String, String), String>, BTreeMap<String, String>);
+
+fn served(b: &Bundle) -> Served {
+    let mut servers = BTreeMap::new();
+    let mut backend = String::new();
+    for line in b.config.lines() {
+        if let Some(name) = line.strip_prefix("backend ") {
+            backend = name.to_owned();
+        } else if let ["server", name, addr, ..] =
+            line.split_whitespace().collect::<Vec<_>>().as_slice()
+        {
+            servers.insert((backend.clone(), (*name).to_owned()), (*addr).to_owned());
+        }
+    }
+    let maps = b.maps.iter().map(|m| (m.name.kind().to_owned(), m.content.clone())).collect();
+    (servers, maps)
+}
+
+/// `steps` carried out on what `served` describes, as HAProxy carries them out.
+fn carried_out((mut servers, mut maps): Served, steps: &[Step]) -> Served {
+    for step in steps {
+        match step {
+            Step::SetAddr { backend, server, ip, port } => {
+                servers.insert((backend.clone(), server.clone()), format!("{ip}:{port}"));
+            }
+            Step::AddServer { backend, server, addr, .. } => {
+                servers.insert((backend.clone(), server.clone()), addr.clone());
+            }
+            Step::RemoveServer { backend, server } => {
+                servers.remove(&(backend.clone(), server.clone()));
+            }
+            Step::ReplaceMap { kind, content } => {
+                maps.insert(kind.clone(), content.clone());
+            }
+            other => panic!("no certificates here: {other:?}"),
+        }
+    }
+    (servers, maps)
+}
+
+proptest::proptest! {
+    /// Between two configs of the same backends (servers moved, added, removed, re-addressed;
+    /// maps changed), the plan needs no reload, and its steps carried out on what the loaded
+    /// config serves give what the next one serves.
+    #[test]
+    fn a_runtime_plan_carried_out_on_the_loaded_bundle_gives_the_next(
+        a in proptest::collection::vec(proptest::collection::btree_map(0usize..4, 0u16..3, 0..4), 2),
+        b in proptest::collection::vec(proptest::collection::btree_map(0usize..4, 0u16..3, 0..4), 2),
+        maps in (0usize..3, 0usize..3),
+    ) {
+        const NODES4: &[(&str, &str)] =
+            &[("n1", "10.0.0.1"), ("n2", "10.0.0.2"), ("n3", "10.0.0.3"), ("n4", "10.0.0.4")];
+        const EXACT: [&str; 3] = ["", "x be_a\n", "x be_a\ny be_b\n"];
+        let make = |drawn: &[BTreeMap<usize, u16>], exact: &str| {
+            let servers: Vec<Vec<(&str, String)>> = drawn
+                .iter()
+                .map(|b| {
+                    b.iter()
+                        .map(|(n, p)| (NODES4[*n].0, format!("{}:{}", NODES4[*n].1, 30080 + p)))
+                        .collect()
+                })
+                .collect();
+            let refs: Vec<Vec<(&str, &str)>> = servers
+                .iter()
+                .map(|s| s.iter().map(|(n, a)| (*n, a.as_str())).collect())
+                .collect();
+            bundle(NODES4, &[("be_a", &refs[0]), ("be_b", &refs[1])], exact)
+        };
+        let (loaded, next) = (make(&a, EXACT[maps.0]), make(&b, EXACT[maps.1]));
+        match plan(&loaded, &next) {
+            Plan::Nothing => proptest::prop_assert_eq!(served(&loaded), served(&next)),
+            Plan::Runtime(steps) => {
+                proptest::prop_assert_eq!(carried_out(served(&loaded), &steps), served(&next));
+            }
+            other => proptest::prop_assert!(false, "needs no reload, planned {other:?}"),
+        }
+    }
+}
