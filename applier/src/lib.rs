@@ -2,26 +2,25 @@
 //! fleet and puts it live on every HAProxy host of the fleet over SSH, safely: validate, atomic
 //! swap, reload, verify, roll back on any failure, report per host.
 //!
-//! Pure decisions: [`inventory`] (what hosts and how), [`plan`] (waves, reading the master CLI),
-//! [`patch`] (a file sent as an edit of the host's).
-//! Adapters: [`host`] (what the applier asks of a host, as a trait with an SSH implementation
-//! over [`ssh`] (openssh) and the scripts, and an in-memory fake for tests; the one reader of
-//! the scripts' answers) and [`bus`] (NATS). Steps: [`rollout`] (against the [`host`] trait).
-//! Wiring: [`run`].
+//! The folders, in the order a version meets them:
+//! - [`app`]: wiring, the run loop ([`app::run`]) that takes each version;
+//! - [`rollout`]: the steps of a rollout (prepare, go live, reload, repair) over the hosts,
+//!   canary first, then waves;
+//! - [`core`]: pure decisions: hosts ([`core::inventory`]), waves and the master CLI's words
+//!   ([`core::plan`]), runtime API or reload ([`core::runtime_api`]), edits ([`core::patch`]),
+//!   the fleet's TLS identity ([`core::identity`]);
+//! - [`host`]: what the applier asks of a host, as a trait ([`host::ops`]) with the SSH
+//!   implementation ([`host::ssh`] over the openssh pool [`host::conn`] and the `sh` scripts),
+//!   an in-memory fake for tests, and the one reader of the scripts' answers;
+//! - [`adapters`]: NATS ([`adapters::bus`]) and HTTP probes ([`adapters::probe`]);
+//! - [`cli`]: the operator's commands (`status`, `nats-permissions`).
 
-pub mod bus;
+pub mod adapters;
+pub mod app;
+pub mod cli;
+pub mod core;
 pub mod host;
-pub mod inventory;
-pub mod patch;
-pub mod permissions;
-pub mod plan;
-pub mod probe;
 pub mod rollout;
-pub mod run;
-pub mod runtime;
-pub mod ssh;
-pub mod status;
-pub mod tls;
 
 use clap::Parser;
 
@@ -40,7 +39,7 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
-    pub run: Option<run::RunArgs>,
+    pub run: Option<app::run::RunArgs>,
     #[command(flatten)]
     pub log: hafleet_runtime::LogArgs,
 }
@@ -50,7 +49,7 @@ pub struct Cli {
 #[command(name = "hafleet-applier")]
 struct RunOnly {
     #[command(flatten)]
-    run: run::RunArgs,
+    run: app::run::RunArgs,
     #[command(flatten)]
     log: hafleet_runtime::LogArgs,
 }
@@ -59,7 +58,7 @@ struct RunOnly {
 pub enum Command {
     /// What each host of a fleet runs: live version and sha256, its last outcome and when,
     /// drift. Read from the reports stream through NATS, from any machine.
-    Status(status::StatusArgs),
+    Status(cli::status::StatusArgs),
     /// Print the NATS permissions of one fleet's applier, for the server's config (see
     /// deploy/nats/hafleet-permissions.conf): it may consume, read and report for that fleet
     /// only.
@@ -84,16 +83,16 @@ impl Cli {
         let cli = Cli::parse();
         hafleet_runtime::init_tracing(&cli.log);
         match cli {
-            Cli { command: Some(Command::Status(args)), .. } => status::status(args).await,
+            Cli { command: Some(Command::Status(args)), .. } => cli::status::status(args).await,
             Cli { command: Some(Command::NatsPermissions { fleet }), .. } => {
-                print!("{}", permissions::nats_permissions(&fleet));
+                print!("{}", cli::permissions::nats_permissions(&fleet));
                 Ok(())
             }
             Cli { command: Some(Command::Keygen { out }), .. } => keygen(&out),
             // Read the run settings as the run command alone, with its required arguments
             // required again: `run` is `None` when they all come from the environment (as
             // under systemd).
-            Cli { command: None, .. } => run::run(RunOnly::parse().run).await,
+            Cli { command: None, .. } => app::run::run(RunOnly::parse().run).await,
         }
     }
 }
@@ -103,7 +102,7 @@ fn keygen(out: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let id = tls::FleetIdentity::generate();
+    let id = core::identity::FleetIdentity::generate();
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

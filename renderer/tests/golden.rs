@@ -326,7 +326,7 @@ fn openssl_cert(dir: &Path, names: &[&str]) -> (Vec<u8>, Vec<u8>) {
 fn a_fleet_with_certificates_passes_haproxy_check() {
     use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
     let dir = tempfile::tempdir().unwrap();
-    let identity = hafleet_applier::tls::FleetIdentity::generate();
+    let identity = hafleet_applier::core::identity::FleetIdentity::generate();
     let to: hafleet_watcher::core::tls_secrets::SealTo = identity.recipient().parse().unwrap();
     let sealed = |names: &[&str]| {
         let (crt, key) = openssl_cert(dir.path(), names);
@@ -501,7 +501,10 @@ fn shop_fleet_with_every_setting() {
 
 /// Lays `bundle` out as the applier does (each certificate's file holds its chain and its key,
 /// opened with `identity`) and runs the real `haproxy -c` on it.
-fn assert_tls_bundle_loads(bundle: &Bundle, identity: &hafleet_applier::tls::FleetIdentity) {
+fn assert_tls_bundle_loads(
+    bundle: &Bundle,
+    identity: &hafleet_applier::core::identity::FleetIdentity,
+) {
     let host = tempfile::tempdir().unwrap();
     std::fs::write(host.path().join("haproxy.cfg"), &bundle.config).unwrap();
     std::fs::create_dir(host.path().join(hafleet_proto::MAPS_DIR)).unwrap();
@@ -541,7 +544,7 @@ fn assert_tls_bundle_loads(bundle: &Bundle, identity: &hafleet_applier::tls::Fle
 fn a_certificate_for_more_hosts_than_a_line_holds_is_split_and_haproxy_accepts_it() {
     use hafleet_proto::{HttpHost, ObjectName, TlsEntry};
     let dir = tempfile::tempdir().unwrap();
-    let identity = hafleet_applier::tls::FleetIdentity::generate();
+    let identity = hafleet_applier::core::identity::FleetIdentity::generate();
     let to: hafleet_watcher::core::tls_secrets::SealTo = identity.recipient().parse().unwrap();
     let (crt, key) = openssl_cert(dir.path(), &["*.example.org"]);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();

@@ -816,8 +816,8 @@ fn parses_as_prometheus_text(text: &str) -> Result<()> {
 /// `--remote-timeout-secs`, naming the timeout, instead of stalling the rollout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
+    use hafleet_applier::host::conn::{HostConn, SshSettings};
     use hafleet_applier::host::scripts::{NOOP, Script};
-    use hafleet_applier::ssh::{HostConn, SshSettings};
     let world = World::start().await?;
     let h = &world.stack.hosts[0];
     let control = hafleet_tests::TestDir::new("hafleet-ssh-timeout")?;
@@ -828,7 +828,7 @@ async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
         control.path().to_owned(),
     )?
     .with_command_timeout(Duration::from_secs(1));
-    let host = hafleet_applier::inventory::Host {
+    let host = hafleet_applier::core::inventory::Host {
         name: hafleet_proto::HostName::new(h.name())?,
         address: h.ssh_host().to_string(),
         port: h.ssh_port(),

@@ -630,7 +630,7 @@ async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
         .take_while(|l| l.is_empty() || l.starts_with("    "))
         .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
         .collect();
-    let hosts = hafleet_applier::inventory::parse(&inventory)?;
+    let hosts = hafleet_applier::core::inventory::parse(&inventory)?;
     assert_eq!(hosts.len(), 2);
     assert_eq!(hosts[0].probes.len(), 1);
     Ok(())

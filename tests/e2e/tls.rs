@@ -5,7 +5,7 @@
 
 use crate::{CONVERGE, World};
 use anyhow::{Context as _, Result};
-use hafleet_applier::tls::FleetIdentity;
+use hafleet_applier::core::identity::FleetIdentity;
 use hafleet_proto::{RouteChange, RouteMessage};
 use hafleet_tests::eventually;
 use hafleet_tests::fixtures::IngressBuilder;

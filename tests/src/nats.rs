@@ -185,7 +185,7 @@ impl NatsServer {
     fn write_config(&self, node: usize) -> Result<PathBuf> {
         let dir = self.node_dir(node);
         std::fs::create_dir_all(&dir)?;
-        use hafleet_applier::permissions;
+        use hafleet_applier::cli::permissions;
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/hafleet-permissions.conf");
         let example = permissions::nats_permissions(&hafleet_proto::FleetName::new("edge")?);
@@ -249,7 +249,7 @@ impl NatsServer {
     /// operator adding a fleet would. Returns once the user can connect.
     pub async fn add_applier(&self, fleet: &str) -> Result<()> {
         let fleet = hafleet_proto::FleetName::new(fleet)?;
-        let user = hafleet_applier::permissions::user(&fleet);
+        let user = hafleet_applier::cli::permissions::user(&fleet);
         {
             let mut fleets = self.fleets.lock().expect("not poisoned");
             if fleets.contains(&fleet) {

@@ -4,7 +4,7 @@
 
 use crate::stack::{Component, Stack, kubectl_apply, workspace_file};
 use anyhow::{Context as _, Result};
-use hafleet_applier::tls::FleetIdentity;
+use hafleet_applier::core::identity::FleetIdentity;
 use k8s_openapi::api::core::v1::Secret;
 use std::path::{Path, PathBuf};
 

@@ -1,9 +1,9 @@
 //! What the host scripts answer, read in one place: each operation's stdout and exit code
 //! become a typed value here, and nothing else in the applier splits a script's output or
 //! matches its exit codes. (HAProxy's own answers inside them, such as `show proc`, are read
-//! by [`crate::plan`] and [`crate::runtime`].)
+//! by [`crate::core::plan`] and [`crate::core::runtime_api`].)
 
-use crate::plan::{self, HostFiles, NodeChecks, ProcState};
+use crate::core::plan::{self, HostFiles, NodeChecks, ProcState};
 use hafleet_proto::ApplyStage;
 
 /// The step a script that does several in one round trip failed at, from its exit code

@@ -10,8 +10,8 @@
 
 use super::answer::{self, Exit, LiveShas, LiveState, MasterAnswer};
 use super::ops::{Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, UploadCheck, fail};
-use crate::inventory::Host;
-use crate::plan::{HostFiles, ProcState};
+use crate::core::inventory::Host;
+use crate::core::plan::{HostFiles, ProcState};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use hafleet_proto::ApplyStage;

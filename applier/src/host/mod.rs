@@ -10,6 +10,7 @@
 //! ```
 
 pub mod answer;
+pub mod conn;
 #[cfg(test)]
 pub mod fake;
 pub mod ops;

@@ -10,8 +10,8 @@
 //! ```
 
 use super::answer::{self, Exit, LiveShas, LiveState};
-use crate::inventory::Host;
-use crate::plan::{HostFiles, ProcState};
+use crate::core::inventory::Host;
+use crate::core::plan::{HostFiles, ProcState};
 use futures::future::BoxFuture;
 use hafleet_proto::{ApplyOutcome, ApplyStage};
 use std::time::Duration;

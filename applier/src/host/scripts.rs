@@ -1,7 +1,7 @@
 //! The scripts hafleet runs on HAProxy hosts: POSIX sh files in `scripts/`, one per operation,
 //! each opening with what it takes as `$1`, `$2`, … and what it prints. Those that call
 //! functions of `scripts/lib.sh` have it joined before them at compile time. Each runs as
-//! `sh -c <text> hafleet ARG...` (see [`crate::ssh::HostConn::run`]); what it prints is read
+//! `sh -c <text> hafleet ARG...` (see [`crate::host::conn::HostConn::run`]); what it prints is read
 //! by [`super::answer`] alone.
 
 use std::sync::OnceLock;

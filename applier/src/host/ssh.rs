@@ -1,12 +1,12 @@
 //! [`HostOps`] and [`Hosts`] over SSH: each operation is one of [`super::scripts`] run on the
-//! host through a pooled [`crate::ssh::HostConn`], its answer read by [`super::answer`].
+//! host through a pooled [`crate::host::conn::HostConn`], its answer read by [`super::answer`].
 
 use super::answer::{self, Exit, LiveState};
 use super::ops::{Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, UploadCheck, fail};
 use super::scripts::{self, Script};
-use crate::inventory::Host;
-use crate::plan::{self, HostFiles, ProcState};
-use crate::ssh::{ConnPool, HostConn, RemoteOutput};
+use crate::core::inventory::Host;
+use crate::core::plan::{self, HostFiles, ProcState};
+use crate::host::conn::{ConnPool, HostConn, RemoteOutput};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use hafleet_proto::ApplyStage;
@@ -370,7 +370,7 @@ async fn connect_failure(host: &Host, e: &openssh::Error) -> Failure {
     if !plan::is_host_key_refusal(&said) {
         return fail(ApplyStage::Connect, said);
     }
-    let offered = crate::ssh::offered_fingerprints(host).await;
+    let offered = crate::host::conn::offered_fingerprints(host).await;
     let offered = match offered.is_empty() {
         true => "its key could not be read".to_owned(),
         false => format!("it offers {}", offered.join(", ")),

@@ -234,7 +234,8 @@ pub(super) async fn probed(
     let (Some(address), false) = (&host.probe_address, host.probes.is_empty()) else {
         return Ok(());
     };
-    let Err(why) = crate::probe::until_pass(address, &host.probes, settings.probe_timeout).await
+    let Err(why) =
+        crate::adapters::probe::until_pass(address, &host.probes, settings.probe_timeout).await
     else {
         return Ok(());
     };
@@ -252,7 +253,7 @@ pub(super) async fn apply_runtime(
     conn: &dyn HostOps,
     before: &plan::ProcState,
     steps: &[runtime::Step],
-    (bundle, identity): (Option<&Bundle>, Option<&crate::tls::FleetIdentity>),
+    (bundle, identity): (Option<&Bundle>, Option<&crate::core::identity::FleetIdentity>),
 ) -> Result<u32, String> {
     let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
     let mut sent = 0;

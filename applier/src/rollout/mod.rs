@@ -12,7 +12,7 @@
 //!              (refused: Failed, live file untouched)                      │
 //!            show proc (before)                                            ┘
 //!              (maps and config go as `sed` edits of the host's own where the applier holds
-//!               the version its live file is (crate::patch), each checked by its sha256;
+//!               the version its live file is (crate::core::patch), each checked by its sha256;
 //!               whole otherwise, or again whole when an edit does not come out right.
 //!               A version that differs from the running config only in its map files and
 //!               crt-list: haproxy -c runs on a config that loads those maps alone, as the
@@ -22,7 +22,7 @@
 //!               as they were, else it is prepared again, and reads show proc anew: in the
 //!               reload's own round trip when the change needs one)
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
-//!            the change fits the runtime API (see crate::runtime) and HAProxy takes every
+//!            the change fits the runtime API (see crate::core::runtime_api) and HAProxy takes every
 //!            command? ──yes──▶ no reload
 //!              │ no (then the swap above is in the reload's round trip, unless the reload
 //!              │ has a bridge: its new backends go into empty spares first, the spares
@@ -48,11 +48,11 @@
 //! `go_live` (swap, runtime API, bridge, probes, mark), `reload` (a reload watched until it is
 //! ours; restore), `repair` (drift, files put back).
 
+use crate::core::inventory::Host;
+use crate::core::plan::{self, HostPlan, ReloadCheck};
+use crate::core::runtime_api as runtime;
 use crate::host::answer::{self, Exit, LiveShas, LiveState};
 use crate::host::ops::{self, Failure, HostOps, Hosts, Mark, ReloadRequest, fail};
-use crate::inventory::Host;
-use crate::plan::{self, HostPlan, ReloadCheck};
-use crate::runtime;
 use hafleet_proto::{ApplyOutcome, ApplyStage, Bundle, ConfigVersion};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -89,7 +89,7 @@ pub struct RolloutSettings {
     /// only some).
     pub fleet_hosts: usize,
     /// Opens the versions' certificate keys (`--tls-identity`).
-    pub tls_identity: Option<std::sync::Arc<crate::tls::FleetIdentity>>,
+    pub tls_identity: Option<std::sync::Arc<crate::core::identity::FleetIdentity>>,
     /// How long each host's last reload took to show its new worker, by host name (see
     /// [`first_look`]).
     pub reload_times:

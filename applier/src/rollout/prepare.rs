@@ -204,7 +204,7 @@ pub(super) struct UploadCheck<'a> {
     /// that changes a few of its lines is sent as an edit of it.
     pub(super) live: Option<&'a Bundle>,
     /// Opens the version's certificate keys.
-    pub(super) tls_identity: Option<&'a crate::tls::FleetIdentity>,
+    pub(super) tls_identity: Option<&'a crate::core::identity::FleetIdentity>,
 }
 
 /// What an upload leaves for the rest of the apply.
@@ -329,7 +329,7 @@ pub(super) async fn send(
 /// A version's files on their way to a host: the map files it lacks and the config, each
 /// whole or as an edit of the host's own (a map of the same kind, the live file), where the
 /// applier holds the bundle the host's live file is and the edit is smaller (see
-/// [`crate::patch`]).
+/// [`crate::core::patch`]).
 pub(crate) struct Outgoing<'a> {
     /// Each map, and the map of the host's it is an edit of with the `sed` script.
     pub(crate) maps:
@@ -361,12 +361,13 @@ impl<'a> Outgoing<'a> {
             .iter()
             .map(|m| {
                 let edit = base(m).and_then(|b| {
-                    crate::patch::sed_script(&b.content, &m.content).map(|script| (&b.name, script))
+                    crate::core::patch::sed_script(&b.content, &m.content)
+                        .map(|script| (&b.name, script))
                 });
                 (*m, edit)
             })
             .collect();
-        let edit = crate::patch::sed_script(&live.config, config);
+        let edit = crate::core::patch::sed_script(&live.config, config);
         Outgoing { maps, config: Some((config, edit)) }
     }
 
@@ -436,7 +437,7 @@ pub(super) async fn upload_certs(
     bundle: &Bundle,
     missing: &[&str],
     token: &str,
-    identity: Option<&crate::tls::FleetIdentity>,
+    identity: Option<&crate::core::identity::FleetIdentity>,
 ) -> Result<u64, Failure> {
     if !missing.iter().any(|name| name.starts_with("../")) {
         return Ok(0);

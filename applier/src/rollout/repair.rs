@@ -114,7 +114,7 @@ pub(super) async fn put_files(
     bundle: &Bundle,
     names: &[&str],
     token: &str,
-    identity: Option<&crate::tls::FleetIdentity>,
+    identity: Option<&crate::core::identity::FleetIdentity>,
 ) -> Result<(), Failure> {
     upload_maps(conn, &missing_maps(bundle, names), token).await?;
     upload_certs(conn, bundle, names, token, identity).await.map(|_| ())

@@ -34,7 +34,7 @@ pub struct RenderModel {
     /// With node health checks on, `--spare-backends` empty backends named
     /// `hafleet_spare_<n>` ([`SPARE_PREFIX`]), each with a default backend's settings: the
     /// applier serves a new Service through one of them, at runtime, until the reload that
-    /// gives it its own backend (applier/src/runtime.rs, `bridge`). Through the template's
+    /// gives it its own backend (applier/src/core/runtime_api/mod.rs, `bridge`). Through the template's
     /// `backend` macro, after the other backends.
     pub spares: Vec<Arc<BackendModel>>,
     /// Certificates and the files that serve them ([`crate::core::certs::files`]); the template sees

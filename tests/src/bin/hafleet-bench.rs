@@ -612,7 +612,7 @@ mod reload {
     //! Nodes are 127.1.x.y addresses where nothing listens: their checks fail fast, locally.
 
     use anyhow::{Context, Result};
-    use hafleet_applier::{plan, runtime};
+    use hafleet_applier::core::{plan, runtime_api as runtime};
     use hafleet_proto::{Bundle, FleetName, NodeAddr, ObjectName};
     use hafleet_renderer::core::{model, render::Renderer};
     use hafleet_tests::{ChildGuard, TestDir};
@@ -718,7 +718,7 @@ mod reload {
         Ok((sent + commands.len(), started.elapsed().as_secs_f64() * 1000.0))
     }
 
-    /// What the applier sets for its `haproxy -c` (applier/src/rollout.rs, `validate!`).
+    /// What the applier sets for its `haproxy -c` (applier/src/host/scripts/lib.sh, `validate`).
     const HUGE_PAGES: &str = "glibc.malloc.hugetlb=1";
 
     /// Starts a master-worker HAProxy on `config` with its master socket at `socket` (and

@@ -82,7 +82,7 @@ missing_files() {
 }
 
 # unpack LIVE TOKEN WANT COUNT: unpacks the stream on stdin (Outgoing::stream in
-# applier/src/rollout.rs) of COUNT map files and, if WANT is 1, a config. Each map goes to a
+# applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a config. Each map goes to a
 # name of this attempt's in hafleet-maps/, the config to this attempt's upload
 # LIVE.hafleet-new-TOKEN (same file system as LIVE: the later rename is atomic); a file sent
 # as an edit is made by `sed` from the host's own (a map from the map it names, the config

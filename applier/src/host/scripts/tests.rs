@@ -5,8 +5,8 @@
 //! installed is skipped, with a line on stderr saying so (tests/setup.sh installs them all).
 
 use super::*;
+use crate::core::plan;
 use crate::host::answer::{self, Exit};
-use crate::plan;
 use crate::rollout::{Outgoing, cert_stream};
 use hafleet_proto::{ApplyStage, Bundle};
 use std::io::Write as _;

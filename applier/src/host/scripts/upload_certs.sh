@@ -1,6 +1,6 @@
 # upload_certs LIVE TOKEN COUNT: on stdin COUNT certificate files (chain and private key), each
 # a line `hafleet-cert <name> <sha256> <lines>` and then its `<lines>` lines (cert_stream in
-# applier/src/rollout.rs). Writes them into a folder of this attempt's inside hafleet-certs/
+# applier/src/rollout/prepare.rs). Writes them into a folder of this attempt's inside hafleet-certs/
 # beside LIVE, which only the SSH user may enter (0700), each readable by it alone (0600);
 # checks every sha256 (one `sha256sum -c`), and only then syncs them (one `sync`), renames
 # them all to their own names, so a file under a certificate's name is always that content,

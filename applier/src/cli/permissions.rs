@@ -79,7 +79,7 @@ mod tests {
 
     #[test]
     fn the_shipped_example_is_what_the_command_prints() {
-        let shipped = include_str!("../../deploy/nats/hafleet-permissions.conf");
+        let shipped = include_str!("../../../deploy/nats/hafleet-permissions.conf");
         let edge = nats_permissions(&FleetName::new("edge").unwrap());
         assert!(shipped.contains(&edge), "deploy/nats/hafleet-permissions.conf is stale:\n{edge}");
     }

@@ -2,8 +2,8 @@
 //! per host). Host keys are checked strictly against a known_hosts file the operator provides:
 //! an unknown or changed key refuses the connection; nothing is ever added on the fly.
 
+use crate::core::inventory::Host;
 use crate::host::scripts::Script;
-use crate::inventory::Host;
 use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -87,7 +87,7 @@ pub async fn offered_fingerprints(host: &Host) -> Vec<String> {
         let _ = stdin.write_all(&scan.stdout).await;
     }
     match keygen.wait_with_output().await {
-        Ok(out) => crate::plan::fingerprints(&String::from_utf8_lossy(&out.stdout)),
+        Ok(out) => crate::core::plan::fingerprints(&String::from_utf8_lossy(&out.stdout)),
         Err(_) => vec![],
     }
 }

@@ -6,11 +6,11 @@
 //! same version again after `--retry-secs`, until a newer one arrives. Hosts that could not be
 //! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
 
-use crate::bus;
+use crate::adapters::bus;
+use crate::core::inventory::{self, Host};
+use crate::host::conn::{ConnPool, SshSettings};
 use crate::host::ssh::SshHosts;
-use crate::inventory::{self, Host};
 use crate::rollout::{self, RolloutSettings};
-use crate::ssh::{ConnPool, SshSettings};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -114,7 +114,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read the TLS identity {}", path.display()))?,
             );
-            let id = crate::tls::FleetIdentity::from_text(&text)
+            let id = crate::core::identity::FleetIdentity::from_text(&text)
                 .map_err(|e| anyhow::anyhow!("TLS identity {}: {e}", path.display()))?;
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(path)?.permissions().mode();
@@ -462,7 +462,7 @@ async fn check_drift(
 /// Sets `host`'s node-check gauges from what its drift check read, and warns when every node
 /// it checks fails: then every `Cluster` Service answers 503 there, and the likely cause is a
 /// host that cannot reach the nodes' health port, not the nodes.
-fn node_checks_seen(host: &str, nodes: Option<&crate::plan::NodeChecks>) {
+fn node_checks_seen(host: &str, nodes: Option<&crate::core::plan::NodeChecks>) {
     let m = hafleet_runtime::health::Health::global();
     let (down, checked) = nodes.map_or((f64::NAN, f64::NAN), |n| (n.down as f64, n.checked as f64));
     m.gauge(

@@ -23,7 +23,7 @@
 //! answer its status within the applier's `--probe-timeout-secs`, or the host goes back to
 //! last-known-good and the rollout halts.
 
-use crate::probe::Probe;
+use crate::adapters::probe::Probe;
 use hafleet_proto::{HostName, HttpHost};
 use serde::Deserialize;
 use std::collections::BTreeSet;
