@@ -48,7 +48,7 @@ impl FiltersModel {
                 }
             }),
             request_headers: header_ops(&o.request_headers),
-            rewrite: o.rewrite.as_ref().map(rewrite_rules).unwrap_or_default(),
+            rewrite: o.rewrite.as_deref().map(rewrite_rules).unwrap_or_default(),
             response_headers: header_ops(&o.response_headers),
             timeout_tunnel: o.timeout_tunnel_ms.map(hafleet_proto::duration_text),
         };
@@ -126,16 +126,20 @@ pub fn every_filter() -> BackendOptions {
         deny_source: vec![hafleet_proto::Cidr::parse("10.0.0.0/8").unwrap()],
         rate_limit_rps: Some(10),
         timeout_tunnel_ms: Some(60_000),
-        request_headers: rules(),
-        response_headers: rules(),
-        redirect: Some(Redirect {
+        request_headers: Box::new(rules()),
+        response_headers: Box::new(rules()),
+        redirect: Some(Box::new(Redirect {
             scheme: Scheme::Https,
             host: HttpHost::new("check.invalid").unwrap(),
             port: Some(8443),
             path: Some(HttpPath::root()),
             code: 308,
-        }),
-        rewrite: Some(PathRewrite { from: HttpPath::root(), to: HttpPath::root(), exact: false }),
+        })),
+        rewrite: Some(Box::new(PathRewrite {
+            from: HttpPath::root(),
+            to: HttpPath::root(),
+            exact: false,
+        })),
         ..Default::default()
     }
 }
@@ -155,13 +159,13 @@ mod tests {
         o.request_headers.set =
             vec![(HeaderName::new("X-Env").unwrap(), HeaderValue::new("prod x").unwrap())];
         o.request_headers.remove = vec![HeaderName::new("X-Debug").unwrap()];
-        o.redirect = Some(Redirect {
+        o.redirect = Some(Box::new(Redirect {
             scheme: Scheme::Https,
             host: HttpHost::new("www.example.com").unwrap(),
             port: None,
             path: Some(HttpPath::new("/a%20b").unwrap()),
             code: 301,
-        });
+        }));
         let f = FiltersModel::of(&o).unwrap();
         assert_eq!(f.redirect.as_deref(), Some("location https://www.example.com/a%%20b code 301"));
         let ops: Vec<_> = f.request_headers.iter().map(|h| (h.action, h.name.as_str())).collect();

@@ -99,7 +99,7 @@ pub struct BackendModel {
     /// Most connections per server.
     pub max_conn: Option<u32>,
     /// Deny, rate limit, redirect, headers, rewrite, tunnel timeout; `None`: none of them.
-    pub filters: Option<crate::core::filters::FiltersModel>,
+    pub filters: Option<Box<crate::core::filters::FiltersModel>>,
     /// `send-proxy` or `send-proxy-v2` on every server: the Service takes the PROXY protocol.
     pub send_proxy: Option<&'static str>,
 }
@@ -436,7 +436,7 @@ fn backend_model(
         allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
         ssl_redirect: o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
-        filters: crate::core::filters::FiltersModel::of(o),
+        filters: crate::core::filters::FiltersModel::of(o).map(Box::new),
         send_proxy: o.send_proxy.map(|p| p.server_keyword()),
         servers: servers
             .iter()

@@ -168,7 +168,8 @@ impl Renderer {
                 max_conn: Some(100),
                 filters: crate::core::filters::FiltersModel::of(
                     &crate::core::filters::every_filter(),
-                ),
+                )
+                .map(Box::new),
                 send_proxy: Some("send-proxy-v2"),
             })],
             settings: crate::core::settings::SettingsModel::every_one_set(),

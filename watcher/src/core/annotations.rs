@@ -133,7 +133,7 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
         )),
         (Some(mut r), None) | (None, Some(mut r)) => {
             r.code = code.unwrap_or(302);
-            o.redirect = Some(r);
+            o.redirect = Some(Box::new(r));
         }
         (None, None) if code.is_some() => errors.push(format!(
             "annotation {PREFIX}redirect-code needs {PREFIX}redirect-to or {PREFIX}redirect-prefix"

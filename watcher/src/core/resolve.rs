@@ -218,10 +218,12 @@ pub fn resolve(
         route.backend.options = settings.options.clone();
         route.backend.options.send_proxy = send_proxy;
         // A rewrite replaces the route's own path: routes with other paths are other backends.
-        route.backend.options.rewrite = settings.rewrite_to.as_ref().map(|to| PathRewrite {
-            from: route.path.trimmed(),
-            to: to.clone(),
-            exact: route.kind == PathKind::Exact,
+        route.backend.options.rewrite = settings.rewrite_to.as_ref().map(|to| {
+            Box::new(PathRewrite {
+                from: route.path.trimmed(),
+                to: to.clone(),
+                exact: route.kind == PathKind::Exact,
+            })
         });
     }
     match (fleet, key) {
