@@ -1,12 +1,14 @@
 //! One watcher pass at cluster scale, without I/O: `n` annotated Ingresses, each on its own
-//! host with its own NodePort Service. Times each part of a pass (the Services' index, the
-//! Ingresses resolved through the memo, tenancy, the diff against what was published) over
+//! host with its own NodePort Service. Times each part of a pass as the watcher runs it
+//! ([`pass::resolve`]: the Ingresses through the memo and tenancy; [`pass::finish`]: the diff
+//! against what was published, the caps and budgets) and the Services' index, over
 //! repeated passes in which one Ingress changed, and, for comparison, resolving every Ingress
 //! anew as passes did before the memo. A bench binary; the report is a table for
 //! BENCHMARKS.md.
 //! Run: `cargo bench -p hafleet-watcher --bench pass` (`-- --ingresses N --passes N`).
 
-use hafleet_watcher::core::index::{self, Desired, Published};
+use hafleet_watcher::core::index::{self, Published};
+use hafleet_watcher::core::pass;
 use hafleet_watcher::core::resolve::{self, Services};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -71,6 +73,21 @@ fn main() {
     let services_store: Vec<Arc<Service>> = (0..n).map(service).collect();
     let mut published = Published::default();
     let mut memo = resolve::Memo::default();
+    let mut churn = hafleet_watcher::core::churn::Budget::default();
+    let now = tokio::time::Instant::now;
+    let rules = pass::Rules {
+        ingress_class: None,
+        namespaces_own_hosts: true,
+        limits: hafleet_watcher::core::route_events::IngressLimits {
+            max_paths: 1000,
+            max_bytes: 1 << 20,
+            cluster: None,
+        },
+        payload_limit: 1 << 20,
+        max_kept_per_namespace: 100,
+        cert_expiry_warning_days: 14,
+        bulk_delete_threshold: 0,
+    };
     let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for pass in 0..passes + 1 {
         // One Ingress changed since the last pass, as when a user edits one.
@@ -92,24 +109,20 @@ fn main() {
         assert_eq!(fresh, n);
         let every_ms = ms(t);
         let t = Instant::now();
-        let mut desired = index::Wanted::default();
-        memo.begin_pass();
-        for ing in &ingresses {
-            if let Ok(r) = memo.resolve(ing, None, &services, None) {
-                desired.insert(r.key.clone(), Desired::Routed(r));
-            }
-        }
-        memo.end_pass();
+        let objects = pass::Objects {
+            ingresses: &ingresses,
+            services: &services,
+            endpoints: None,
+            policy: None,
+        };
+        let resolution = pass::resolve(&objects, &rules, &mut memo, &published, false);
         let resolve_ms = ms(t);
-        assert_eq!(memo.fresh(), if pass == 0 { n } else { 1 }, "only the changed Ingress");
+        assert_eq!(resolution.resolved_anew, if pass == 0 { n } else { 1 }, "only the changed one");
         let t = Instant::now();
-        let mut routed = index::routed_mut(&mut desired);
-        let told = hafleet_watcher::core::tenancy::keep_apart(&mut routed, true);
-        assert!(told.is_empty());
-        let tenancy_ms = ms(t);
-        let t = Instant::now();
-        let actions = index::diff(&published, &desired);
-        let diff_ms = ms(t);
+        let plan = pass::finish(resolution, None, &rules, &published, &mut churn, now());
+        assert!(plan.tells.is_empty());
+        let actions = plan.actions;
+        let finish_ms = ms(t);
         let pass_ms = ms(started) - every_ms;
         for action in &actions {
             index::record(&mut published, action);
@@ -122,9 +135,8 @@ fn main() {
         for (part, ms) in [
             ("services index", index_ms),
             ("resolve every Ingress (not in the pass)", every_ms),
-            ("resolve, memoized", resolve_ms),
-            ("tenancy", tenancy_ms),
-            ("diff", diff_ms),
+            ("resolve (memoized) and tenancy", resolve_ms),
+            ("finish: the diff, caps and budgets", finish_ms),
             ("pass", pass_ms),
         ] {
             times.entry(part).or_default().push(ms);
@@ -135,9 +147,8 @@ fn main() {
     for part in [
         "services index",
         "resolve every Ingress (not in the pass)",
-        "resolve, memoized",
-        "tenancy",
-        "diff",
+        "resolve (memoized) and tenancy",
+        "finish: the diff, caps and budgets",
         "pass",
     ] {
         println!("| {part} | {} |", p50_p90(times.remove(part).unwrap()));

@@ -2,7 +2,6 @@
 
 pub mod args;
 pub mod effects;
-pub mod kept;
 pub mod notices;
 pub mod run;
 pub mod snapshot;

@@ -15,16 +15,17 @@
 use super::args::RunArgs;
 use super::effects::{send_default_cert, send_nodes, send_settings, send_snapshot, tell};
 use super::state::{State, TlsState};
-use crate::core::index::{self, Action, Desired, Published};
-use crate::core::resolve::{self, Refused, Services};
-use crate::core::tenancy;
+use crate::core::index::{self, Action, Published};
+use crate::core::pass;
+use crate::core::resolve::{self, Services};
+use crate::core::route_events::route_event;
 use crate::k8s::events::Warnings;
 use crate::k8s::watch::{self as kube_adapter, Caches};
 use anyhow::Context as _;
 use futures::StreamExt;
-use hafleet_proto::{IngressKey, RouteChange};
+use hafleet_proto::{FleetName, RouteChange};
 use hafleet_runtime::nats::Bus;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, info, warn};
 
@@ -264,7 +265,8 @@ const LEADER: (&str, &str) = (
     "hafleet_watcher_leader",
     "1 while this replica publishes (holds the lease, or runs without leader election).",
 );
-/// Resolves everything from the caches and publishes what changed. Stops at the first failed
+/// Resolves everything from the caches ([`crate::core::pass`] decides) and carries the plan
+/// out: tells, publishes what changed, records what was acked. Stops at the first failed
 /// publish; what was not published is found again next time.
 async fn sync(
     args: &RunArgs,
@@ -299,7 +301,6 @@ async fn sync(
     if state.nodes.as_ref() != Some(&nodes) {
         send_nodes(bus, state, nodes).await?;
     }
-
     let policy = match (&caches.policy, &args.tenancy_policy) {
         (Some(store), Some(at)) => {
             let cm = store.state().into_iter().next();
@@ -307,270 +308,89 @@ async fn sync(
         }
         _ => None,
     };
-
-    let mut desired = index::Wanted::default();
-    // (Ingress, resourceVersion) of every Ingress that exists now, when some warning said
-    // before may be about one that changed or went (warnings said in this pass are current).
+    let rules = pass::Rules {
+        ingress_class: args.ingress_class.as_deref(),
+        namespaces_own_hosts: !args.share_hosts_across_namespaces,
+        limits: args.ingress_limits(),
+        payload_limit: bus.payload_limit(),
+        max_kept_per_namespace: args.max_kept_per_namespace,
+        cert_expiry_warning_days: args.cert_expiry_warning_days,
+        bulk_delete_threshold: args.bulk_delete_threshold,
+    };
+    let ingresses = caches.ingresses.state();
+    let objects = pass::Objects {
+        ingresses: &ingresses,
+        services: &services,
+        endpoints: endpoints.as_ref(),
+        policy: policy.as_ref(),
+    };
+    // Warnings said before may be about Ingresses that changed or went since.
     let prune_warned = !state.warned.is_empty();
-    let mut current: BTreeSet<(IngressKey, String)> = BTreeSet::new();
-    // The routed Ingresses' objects, to post Events on once tenants are kept apart.
-    let mut objects: HashMap<IngressKey, _, foldhash::fast::RandomState> = HashMap::default();
-    state.memo.begin_pass();
-    for ing in caches.ingresses.state() {
-        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
-        let name = ing.metadata.name.as_deref().unwrap_or_default();
-        // What a warning is said once per: the spec's generation (a status update, ours
-        // included, must not repeat every warning), else the resourceVersion.
-        let rv = match (ing.metadata.generation, &ing.metadata.resource_version) {
-            (Some(generation), _) => format!("g{generation}"),
-            (None, rv) => rv.clone().unwrap_or_default(),
-        };
-        if prune_warned && let Ok(key) = IngressKey::new(ns, name) {
-            current.insert((key, rv.clone()));
-        }
-        let resolved =
-            state.memo.resolve(&ing, args.ingress_class.as_deref(), &services, endpoints.as_ref());
-        match resolved {
-            // Outside the admin's policy: not routed (what it had is withdrawn), and told.
-            Ok(r)
-                if let Some(why) = policy
-                    .as_ref()
-                    .and_then(|p| p.refuses(r.key.namespace.as_str(), &r.fleet, &r.routes)) =>
-            {
-                let note = format!("not routed by hafleet: {why}");
-                let said = (&r.key, rv.as_str(), "NotAllowed", note);
-                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
-            }
-            // Only routes that differ from what was published can have grown too large.
-            Ok(r)
-                if !index::is_current(&state.published, &r)
-                    && let Some(why) = crate::core::route_events::over_budget(
-                        &r,
-                        &args.ingress_limits(),
-                        bus.payload_limit(),
-                    ) =>
-            {
-                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
-                let note = format!("not routed by hafleet: {why}; split the Ingress");
-                let said = (&r.key, rv.as_str(), "RoutesTooLarge", note);
-                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
-                desired.insert(r.key.clone(), Desired::Keep);
-            }
-            Ok(r) => {
-                objects.insert(r.key.clone(), (ing.clone(), rv));
-                desired.insert(r.key.clone(), Desired::Routed(r));
-            }
-            Err(Refused::NotSelected) => {}
-            Err(Refused::Invalid(why)) => {
-                let Ok(key) = IngressKey::new(ns, name) else {
-                    warn!(namespace = ns, name, "ingress with an invalid name ignored");
-                    continue;
-                };
-                let note = format!("not routed by hafleet: {}", why.join("; "));
-                let said = (&key, rv.as_str(), "InvalidIngress", note);
-                tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
-                // Its last good routes stay only where the policy still allows them.
-                if let Some(why) = policy.as_ref().and_then(|p| {
-                    crate::core::policy::refuses_kept(p, &key, &ing, &state.published)
-                }) {
-                    let said =
-                        (&key, rv.as_str(), "NotAllowed", format!("not routed by hafleet: {why}"));
-                    tell(warnings, &mut state.warned, &ing, said, "ingress refused").await;
-                    continue;
-                }
-                desired.insert(key, Desired::Keep);
-            }
-        }
-    }
-    state.memo.end_pass();
+    let resolution =
+        pass::resolve(&objects, &rules, &mut state.memo, &state.published, prune_warned);
     let resolved = started.elapsed();
-    // Hosts kept to the namespace that owns them; the losers of conflicts told.
-    let mut routed = index::routed_mut(&mut desired);
-    let mut told = tenancy::keep_apart(&mut routed, !args.share_hosts_across_namespaces);
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
-    let mut too_big: Vec<(IngressKey, String)> = Vec::new();
+    // The one read in the middle of a pass: the TLS Secrets the routed Ingresses name whose
+    // resourceVersion changed.
     if let Some(meta) = &caches.tls_secrets {
-        let wanted: BTreeSet<(String, String)> = routed
-            .iter()
-            .filter(|r| state.tls.seal_to.contains_key(&r.fleet))
-            .flat_map(|r| {
-                let ing = objects.get(&r.key).map(|(ing, _)| ing);
-                let spec =
-                    ing.map(|i| crate::core::tls_secrets::SpecEntry::of(i)).unwrap_or_default();
-                let ns = r.key.namespace.as_str().to_owned();
-                spec.into_iter().filter_map(move |e| Some((ns.clone(), e.secret?)))
-            })
-            .chain(
-                args.default_cert
-                    .iter()
-                    .filter(|(f, _)| state.tls.seal_to.contains_key(f))
-                    .map(|(_, secret)| secret.clone()),
-            )
-            .collect();
-        state.tls.refresh(meta, &wanted, now_unix).await;
+        let seal_to = &state.tls.seal_to;
+        let wanted = resolution.secrets(|fleet| seal_to.contains_key(fleet));
+        let defaults = args.default_cert.iter().filter(|(f, _)| seal_to.contains_key(f));
+        let wanted = wanted.into_iter().chain(defaults.map(|(_, secret)| secret.clone()));
+        state.tls.refresh(meta, &wanted.collect(), now_unix).await;
     }
-    for r in routed {
-        if caches.tls_secrets.is_some()
-            && let Some((ing, _)) = objects.get(&r.key)
-        {
-            let spec = crate::core::tls_secrets::SpecEntry::of(ing);
-            if !spec.is_empty() && !state.tls.seal_to.contains_key(&r.fleet) {
-                let note = format!(
-                    "spec.tls is not served: TLS is off on fleet {} (the watcher has no \
-                     --seal-to for it)",
-                    r.fleet
-                );
-                told.entry(r.key.clone())
-                    .or_default()
-                    .push(crate::core::model::Warning { reason: "TLSNotEnabled", note });
-            }
-            if spec.is_empty() || !state.tls.seal_to.contains_key(&r.fleet) {
-                told.entry(r.key.clone())
-                    .or_default()
-                    .splice(0..0, std::mem::take(&mut r.warnings));
-                continue;
-            }
-            let hosts: BTreeSet<hafleet_proto::HttpHost> =
-                r.routes.iter().filter_map(|route| route.host.clone()).collect();
-            let ns = r.key.namespace.as_str();
-            let tls = &mut state.tls;
-            let mut lookup = |name: &str| tls.sealed(&r.fleet, ns, name, now_unix);
-            let warn_after = now_unix + i64::from(args.cert_expiry_warning_days) * 86_400;
-            let (entries, said) =
-                crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
-            r.tls = entries;
-            told.entry(r.key.clone()).or_default().extend(
-                said.into_iter().map(|(reason, note)| crate::core::model::Warning { reason, note }),
-            );
-            // Certificates count against the Ingress's budget too.
-            if !index::is_current(&state.published, r)
-                && let Some(why) = crate::core::route_events::over_budget(
-                    r,
-                    &args.ingress_limits(),
-                    bus.payload_limit(),
-                )
-            {
-                too_big.push((r.key.clone(), why));
-            }
-        }
-        // Nothing reads a Resolved's warnings after this (publishing compares routes).
-        told.entry(r.key.clone()).or_default().splice(0..0, std::mem::take(&mut r.warnings));
+    let (tls_state, churn) = (&mut state.tls, &mut state.churn);
+    let sealing: BTreeSet<FleetName> = tls_state.seal_to.keys().cloned().collect();
+    let sealed_for = |fleet: &FleetName| sealing.contains(fleet);
+    let mut lookup =
+        |fleet: &FleetName, ns: &str, name: &str| tls_state.sealed(fleet, ns, name, now_unix);
+    let tls = caches.tls_secrets.is_some().then_some(pass::Tls {
+        sealed_for: &sealed_for,
+        lookup: &mut lookup,
+        now_unix,
+    });
+    let now = tokio::time::Instant::now();
+    let mut plan = pass::finish(resolution, tls, &rules, &state.published, churn, now);
+
+    for t in &plan.tells {
+        let said = (&t.key, t.rv.as_str(), t.reason, t.note.clone());
+        tell(warnings, &mut state.warned, &t.ingress, said, t.what).await;
     }
-    for (key, why) in too_big {
-        // Refused like any Ingress over budget: alone, keeping what it had.
-        desired.insert(key.clone(), Desired::Keep);
-        if let Some((ing, rv)) = objects.get(&key) {
-            let note = format!("not routed by hafleet: {why}; split the Ingress");
-            let said = (&key, rv.as_str(), "RoutesTooLarge", note);
-            tell(warnings, &mut state.warned, ing, said, "ingress refused").await;
-        }
-    }
-    for (key, said) in told {
-        let Some((ing, rv)) = objects.get(&key) else { continue };
-        for w in said {
-            let said = (&key, rv.as_str(), w.reason, w.note);
-            tell(warnings, &mut state.warned, ing, said, "ingress routed with a caveat").await;
-        }
-    }
-    let cap = args.max_kept_per_namespace;
-    crate::app::kept::cap(cap, &caches.ingresses, warnings, &mut state.warned, &mut desired).await;
-    let actions = index::diff(&state.published, &desired);
-    // Upserts of a namespace over its budget wait, unrecorded: the next diff finds them again.
-    let crate::core::churn::Admitted { go: actions, held } =
-        state.churn.admit(actions, &state.published, tokio::time::Instant::now());
-    // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
-    // (Not a reason for a snapshot when it goes: its publish replaces it.)
-    state.held_new = held
-        .iter()
-        .map(|(_, k)| k)
-        .filter(|k| !state.published.contains_key(*k))
-        .cloned()
-        .collect();
-    let kept: BTreeSet<IngressKey> = desired
-        .iter()
-        .filter(|(_, d)| matches!(d, Desired::Keep))
-        .map(|(k, _)| k.clone())
-        .collect();
-    // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
-    // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
-    if state.kept.iter().any(|k| !kept.contains(k)) {
-        state.snapshot_due = true;
-    }
-    state.kept = kept;
     // Forget warnings about objects that changed or went away, so the set stays bounded.
-    if prune_warned {
+    if let Some(current) = &plan.current {
         state.warned.retain(|(k, rv, _)| current.contains(&(k.clone(), rv.clone())));
     }
-    for (fleet, key) in &held {
-        let Some((ing, rv)) = objects.get(key) else { continue };
-        let said = (key, rv.as_str(), "Throttled", state.churn.note(fleet, &key.namespace));
-        tell(warnings, &mut state.warned, ing, said, "ingress changes held").await;
+    state.held_new = std::mem::take(&mut plan.held_new);
+    // An Ingress that leaves `kept` (fixed, moved or deleted) may still be held by the renderer
+    // from before this watcher started, unknown to `published`: a new snapshot sweeps it.
+    if state.kept.iter().any(|k| !plan.kept.contains(k)) {
+        state.snapshot_due = true;
     }
+    state.kept = std::mem::take(&mut plan.kept);
     // What a pass costs before it publishes; only Ingresses whose inputs changed are resolved.
     debug!(
-        ingresses = desired.len(),
-        changed = actions.len(),
+        ingresses = plan.desired(),
+        changed = plan.actions.len(),
         resolved_anew = state.memo.fresh(),
         resolve_ms = resolved.as_secs_f64() * 1000.0,
         pass_ms = started.elapsed().as_secs_f64() * 1000.0,
-        held = held.len(),
+        held = plan.held.len(),
         "pass over the cluster's objects"
     );
-    let bulk = index::bulk_deletes(&actions, args.bulk_delete_threshold);
-    for (fleet, keys) in &bulk {
+    for (fleet, keys) in &plan.bulk {
         warn!(fleet = %fleet, ingresses = keys.len(),
               "many Ingresses gone at once: publishing a snapshot for the renderer's guard to check instead of deletes");
     }
-    for action in actions {
+    for action in std::mem::take(&mut plan.actions) {
         if let Action::Delete { fleet, key } = &action
-            && bulk.get(fleet).is_some_and(|keys| keys.contains(key))
+            && plan.bulk.get(fleet).is_some_and(|keys| keys.contains(key))
         {
             // The snapshot below leaves it out of `live`.
             index::record(&mut state.published, &action);
             state.snapshot_due = true;
             continue;
         }
-        let (fleet, key, msg) = match &action {
-            Action::Upsert(r) => (
-                r.fleet.clone(),
-                r.key.clone(),
-                crate::core::route_events::route_event(
-                    &r.fleet,
-                    &r.key,
-                    r.created_unix,
-                    &r.resource_version,
-                    RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() },
-                    (state.epoch, state.cluster.as_ref()),
-                ),
-            ),
-            Action::Delete { fleet, key } => (
-                fleet.clone(),
-                key.clone(),
-                crate::core::route_events::route_event(
-                    fleet,
-                    key,
-                    0,
-                    "",
-                    RouteChange::Delete,
-                    (state.epoch, state.cluster.as_ref()),
-                ),
-            ),
-        };
-        let id = state.next_msg_id();
-        let published = bus.publish(hafleet_proto::routes_subject(&fleet), &id, msg.encode()).await;
-        let seq = match published {
-            Ok(seq) => seq,
-            Err(e) => {
-                // The publish may or may not have been stored: the next sync sends what is
-                // desired for this Ingress again (an upsert or a delete repeated is harmless).
-                index::record_unknown(&mut state.published, &action);
-                return Err(e.into());
-            }
-        };
-        let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
-        info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
-        hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
-        index::record(&mut state.published, &action);
+        publish(bus, state, action).await?;
     }
     if state.snapshot_due {
         send_snapshot(bus, state).await?;
@@ -583,15 +403,45 @@ async fn sync(
         send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
     }
     // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
-    for (key, (ing, _)) in &objects {
-        let Some(Desired::Routed(r)) = desired.get(key) else { continue };
+    for (key, fleet, ing) in plan.routed(|fleet| args.fleet_addresses.contains_key(fleet)) {
         if !state.published.contains_key(key) {
             continue; // held
         }
-        let Some(addresses) = args.fleet_addresses.get(&r.fleet) else { continue };
-        if !r.routes.is_empty() && !crate::core::status::shows(ing, addresses) {
+        let Some(addresses) = args.fleet_addresses.get(fleet) else { continue };
+        if !crate::core::status::shows(ing, addresses) {
             warnings.set_status(ing, addresses.clone()).await;
         }
     }
+    Ok(())
+}
+
+/// Publishes one route event and records it once acked.
+async fn publish(bus: &Bus, state: &mut State, action: Action) -> anyhow::Result<()> {
+    let at = (state.epoch, state.cluster.as_ref());
+    let (fleet, key, msg) = match &action {
+        Action::Upsert(r) => {
+            let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
+            let msg =
+                route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
+            (&r.fleet, &r.key, msg)
+        }
+        Action::Delete { fleet, key } => {
+            (fleet, key, route_event(fleet, key, 0, "", RouteChange::Delete, at))
+        }
+    };
+    let id = state.next_msg_id();
+    let seq = match bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await {
+        Ok(seq) => seq,
+        Err(e) => {
+            // The publish may or may not have been stored: the next sync sends what is
+            // desired for this Ingress again (an upsert or a delete repeated is harmless).
+            index::record_unknown(&mut state.published, &action);
+            return Err(e.into());
+        }
+    };
+    let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
+    info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
+    hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
+    index::record(&mut state.published, &action);
     Ok(())
 }

@@ -7,6 +7,7 @@ pub mod feedback;
 pub mod fleet_settings;
 pub mod index;
 pub mod model;
+pub mod pass;
 pub mod policy;
 pub mod resolve;
 pub mod route_events;

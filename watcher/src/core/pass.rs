@@ -1,0 +1,390 @@
+//! One pass over the cluster's objects, decided without I/O: what to publish, what to hold and
+//! what to tell whom. [`crate::app::run`] reads the caches, carries the plan out and records
+//! what was acked.
+//!
+//! ```text
+//! resolve (phase 1): each Ingress through the memo, the admin's policy, the size budget and
+//!   tenancy ──▶ Resolution ──▶ which TLS Secrets it needs (the loop reads the changed ones)
+//! finish (phase 2): certificates sealed in, budgets checked again, refused Ingresses kept up
+//!   to the cap, the diff against what was published, the churn budget ──▶ Plan
+//! ```
+//! The TLS Secrets are the one input read in the middle: which ones are needed depends on
+//! what phase 1 routed, and reading a Secret is I/O, so the pass is two functions.
+
+use crate::core::churn::Budget;
+use crate::core::index::{self, Action, Desired, Published, Wanted};
+use crate::core::model::{Resolved, Warning};
+use crate::core::policy::Policy;
+use crate::core::resolve::{Endpoints, Memo, Refused, Services};
+use crate::core::route_events::{IngressLimits, over_budget};
+use crate::core::tls_secrets::SpecEntry;
+use hafleet_proto::{FleetName, IngressKey, SealedCert};
+use k8s_openapi::api::networking::v1::Ingress;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// The watcher's settings a pass decides by.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// `--ingress-class`.
+    pub ingress_class: Option<&'a str>,
+    /// Unless `--share-hosts-across-namespaces`: a host belongs to the namespace that routed it
+    /// first.
+    pub namespaces_own_hosts: bool,
+    pub limits: IngressLimits<'a>,
+    /// The largest message NATS takes.
+    pub payload_limit: usize,
+    /// `--max-kept-per-namespace`.
+    pub max_kept_per_namespace: usize,
+    /// `--cert-expiry-warning-days`.
+    pub cert_expiry_warning_days: u32,
+    /// `--bulk-delete-threshold`.
+    pub bulk_delete_threshold: usize,
+}
+
+/// What the caches hold at the start of a pass.
+pub struct Objects<'a> {
+    pub ingresses: &'a [Arc<Ingress>],
+    pub services: &'a Services,
+    /// The nodes with endpoints of each Local Service (`None` without EndpointSlices).
+    pub endpoints: Option<&'a Endpoints>,
+    /// With `--tenancy-policy`: the policy in force.
+    pub policy: Option<&'a Policy>,
+}
+
+/// A Warning Event to post on an Ingress (once per generation and note: the loop keeps what
+/// was said), logged as `what`.
+#[derive(Debug, Clone)]
+pub struct Tell {
+    pub ingress: Arc<Ingress>,
+    pub key: IngressKey,
+    /// `g<generation>`, else the resourceVersion: what a warning is said once per.
+    pub rv: String,
+    pub reason: &'static str,
+    pub note: String,
+    pub what: &'static str,
+}
+
+type Seen = HashMap<IngressKey, Arc<Ingress>, foldhash::fast::RandomState>;
+
+/// Phase 1's result: every Ingress meant for hafleet, routed (tenants kept apart) or kept.
+pub struct Resolution {
+    desired: Wanted,
+    /// Every Ingress in `desired`.
+    seen: Seen,
+    /// What to tell each routed Ingress that does not stop it (its own warnings and tenancy's).
+    told: BTreeMap<IngressKey, Vec<Warning>>,
+    tells: Vec<Tell>,
+    /// (Ingress, what its warnings are said once per) of every Ingress that exists, when
+    /// `prune_warned` asked for it.
+    current: Option<BTreeSet<(IngressKey, String)>>,
+    /// How many Ingresses were resolved anew (the others came from the memo).
+    pub resolved_anew: usize,
+}
+
+/// What a pass does, in order: tell, publish `actions`, and remember the rest.
+#[derive(Debug)]
+pub struct Plan {
+    /// Warning Events, in the order they were decided.
+    pub tells: Vec<Tell>,
+    /// Deletes first, then upserts, each in key order; held upserts left out.
+    pub actions: Vec<Action>,
+    /// The deletes of `actions` that go as a snapshot instead (a mass deletion), by fleet.
+    pub bulk: BTreeMap<FleetName, BTreeSet<IngressKey>>,
+    /// The upserts the churn budget held, (fleet, Ingress).
+    pub held: Vec<(FleetName, IngressKey)>,
+    /// Held Ingresses never published: a snapshot lists them as kept.
+    pub held_new: BTreeSet<IngressKey>,
+    /// Refused Ingresses that keep their last good routes.
+    pub kept: BTreeSet<IngressKey>,
+    /// Every Ingress that exists, when warnings said before may be about ones that changed
+    /// or went: keep only these.
+    pub current: Option<BTreeSet<(IngressKey, String)>>,
+    /// What the pass wanted for each Ingress, and the objects (for [`Plan::routed`]).
+    desired: Wanted,
+    seen: Seen,
+}
+
+impl Plan {
+    /// How many Ingresses are desired (routed or kept).
+    pub fn desired(&self) -> usize {
+        self.desired.len()
+    }
+
+    /// The routed Ingresses with routes on `fleet`s with addresses, whose status may show
+    /// them.
+    pub fn routed<'a>(
+        &'a self,
+        has_addresses: impl Fn(&FleetName) -> bool + 'a,
+    ) -> impl Iterator<Item = (&'a IngressKey, &'a FleetName, &'a Arc<Ingress>)> + 'a {
+        self.desired.iter().filter_map(move |(key, d)| match d {
+            Desired::Routed(r) if !r.routes.is_empty() && has_addresses(&r.fleet) => {
+                Some((key, &r.fleet, self.seen.get(key)?))
+            }
+            _ => None,
+        })
+    }
+}
+
+/// What a warning about `ing` is said once per: the spec's generation (a status update, ours
+/// included, must not repeat every warning), else the resourceVersion.
+pub fn said_once_per(ing: &Ingress) -> String {
+    match (ing.metadata.generation, &ing.metadata.resource_version) {
+        (Some(generation), _) => format!("g{generation}"),
+        (None, rv) => rv.clone().unwrap_or_default(),
+    }
+}
+
+/// Phase 1: resolves every Ingress (anew only where its inputs changed), refuses what the
+/// policy or the size budget does not allow, and keeps tenants apart.
+pub fn resolve(
+    objects: &Objects<'_>,
+    rules: &Rules<'_>,
+    memo: &mut Memo,
+    published: &Published,
+    prune_warned: bool,
+) -> Resolution {
+    let mut out = Resolution {
+        desired: Wanted::default(),
+        seen: HashMap::default(),
+        told: BTreeMap::new(),
+        tells: Vec::new(),
+        current: prune_warned.then(BTreeSet::new),
+        resolved_anew: 0,
+    };
+    let policy = objects.policy;
+    memo.begin_pass();
+    for ing in objects.ingresses {
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
+        let name = ing.metadata.name.as_deref().unwrap_or_default();
+        if let Some(current) = &mut out.current
+            && let Ok(key) = IngressKey::new(ns, name)
+        {
+            current.insert((key, said_once_per(ing)));
+        }
+        let mut tell = |key: &IngressKey, reason, note: String| {
+            let what = "ingress refused";
+            let (ingress, key, rv) = (ing.clone(), key.clone(), said_once_per(ing));
+            out.tells.push(Tell { ingress, key, rv, reason, note, what });
+        };
+        match memo.resolve(ing, rules.ingress_class, objects.services, objects.endpoints) {
+            // Outside the admin's policy: not routed (what it had is withdrawn), and told.
+            Ok(r)
+                if let Some(why) = policy
+                    .and_then(|p| p.refuses(r.key.namespace.as_str(), &r.fleet, &r.routes)) =>
+            {
+                tell(&r.key, "NotAllowed", format!("not routed by hafleet: {why}"));
+            }
+            // Only routes that differ from what was published can have grown too large.
+            Ok(r)
+                if !index::is_current(published, &r)
+                    && let Some(why) = over_budget(&r, &rules.limits, rules.payload_limit) =>
+            {
+                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
+                let note = format!("not routed by hafleet: {why}; split the Ingress");
+                tell(&r.key, "RoutesTooLarge", note);
+                out.seen.insert(r.key.clone(), ing.clone());
+                out.desired.insert(r.key.clone(), Desired::Keep);
+            }
+            Ok(r) => {
+                out.seen.insert(r.key.clone(), ing.clone());
+                out.desired.insert(r.key.clone(), Desired::Routed(r));
+            }
+            Err(Refused::NotSelected) => {}
+            Err(Refused::Invalid(why)) => {
+                let Ok(key) = IngressKey::new(ns, name) else {
+                    tracing::warn!(namespace = ns, name, "ingress with an invalid name ignored");
+                    continue;
+                };
+                tell(&key, "InvalidIngress", format!("not routed by hafleet: {}", why.join("; ")));
+                // Its last good routes stay only where the policy still allows them.
+                if let Some(why) =
+                    policy.and_then(|p| crate::core::policy::refuses_kept(p, &key, ing, published))
+                {
+                    tell(&key, "NotAllowed", format!("not routed by hafleet: {why}"));
+                    continue;
+                }
+                out.seen.insert(key.clone(), ing.clone());
+                out.desired.insert(key, Desired::Keep);
+            }
+        }
+    }
+    memo.end_pass();
+    out.resolved_anew = memo.fresh();
+    // Hosts kept to the namespace that owns them; the losers of conflicts told.
+    let mut routed = index::routed_mut(&mut out.desired);
+    out.told = crate::core::tenancy::keep_apart(&mut routed, rules.namespaces_own_hosts);
+    out
+}
+
+impl Resolution {
+    /// The TLS Secrets (namespace, name) that the routed Ingresses of fleets with TLS on
+    /// (`sealed_for`) name in `spec.tls`.
+    pub fn secrets(&self, sealed_for: impl Fn(&FleetName) -> bool) -> BTreeSet<(String, String)> {
+        let mut wanted = BTreeSet::new();
+        for d in self.desired.values() {
+            let Desired::Routed(r) = d else { continue };
+            if !sealed_for(&r.fleet) {
+                continue;
+            }
+            let Some(ing) = self.seen.get(&r.key) else { continue };
+            let ns = r.key.namespace.as_str();
+            let spec = SpecEntry::of(ing).into_iter();
+            wanted.extend(spec.filter_map(|e| Some((ns.to_owned(), e.secret?))));
+        }
+        wanted
+    }
+}
+
+/// The certificate of Secret (namespace, name) sealed to a fleet, or why not (`None`: nothing
+/// to tell, it was not read).
+pub type SealedLookup<'a> =
+    dyn FnMut(&FleetName, &str, &str) -> Result<SealedCert, Option<String>> + 'a;
+
+/// TLS, when the watcher serves it: which fleets have a sealing key, and each Secret's
+/// certificate sealed to a fleet (or why not; `None` when there is nothing to tell).
+pub struct Tls<'a> {
+    pub sealed_for: &'a dyn Fn(&FleetName) -> bool,
+    pub lookup: &'a mut SealedLookup<'a>,
+    pub now_unix: i64,
+}
+
+/// Phase 2: seals the certificates in (with `tls`), refuses what has grown over budget with
+/// them, keeps refused Ingresses up to the cap per namespace, and decides what to publish now
+/// and what the churn budget holds.
+pub fn finish(
+    mut res: Resolution,
+    tls: Option<Tls<'_>>,
+    rules: &Rules<'_>,
+    published: &Published,
+    churn: &mut Budget,
+    now: tokio::time::Instant,
+) -> Plan {
+    let mut too_big: Vec<(IngressKey, String)> = Vec::new();
+    let mut tls = tls;
+    for r in index::routed_mut(&mut res.desired) {
+        let mut sealing = Vec::new();
+        if let (Some(tls), Some(ing)) = (tls.as_mut(), res.seen.get(&r.key)) {
+            seal(r, ing, tls, rules, &mut sealing);
+            // Certificates count against the Ingress's budget too.
+            if !r.tls.is_empty()
+                && !index::is_current(published, r)
+                && let Some(why) = over_budget(r, &rules.limits, rules.payload_limit)
+            {
+                too_big.push((r.key.clone(), why));
+            }
+        }
+        // Its own warnings, tenancy's, then the certificates'. (Nothing reads a Resolved's
+        // warnings after this: publishing compares routes.)
+        let mut said = std::mem::take(&mut r.warnings);
+        said.extend(res.told.remove(&r.key).unwrap_or_default());
+        said.extend(sealing);
+        if !said.is_empty() {
+            res.told.insert(r.key.clone(), said);
+        }
+    }
+    let mut plan_tells = std::mem::take(&mut res.tells);
+    let mut tell = |ing: &Arc<Ingress>, key: &IngressKey, reason, note, what| {
+        let (ingress, key, rv) = (ing.clone(), key.clone(), said_once_per(ing));
+        plan_tells.push(Tell { ingress, key, rv, reason, note, what });
+    };
+    for (key, why) in too_big {
+        // Refused like any Ingress over budget: alone, keeping what it had.
+        res.desired.insert(key.clone(), Desired::Keep);
+        if let Some(seen) = res.seen.get(&key) {
+            let note = format!("not routed by hafleet: {why}; split the Ingress");
+            tell(seen, &key, "RoutesTooLarge", note, "ingress refused");
+        }
+    }
+    for (key, said) in std::mem::take(&mut res.told) {
+        let Some(seen) = res.seen.get(&key) else { continue };
+        for w in said {
+            tell(seen, &key, w.reason, w.note, "ingress routed with a caveat");
+        }
+    }
+    // Refused Ingresses kept beyond the cap (the oldest of a namespace's) are no longer desired
+    // at all: what was published of them is deleted and no snapshot keeps them.
+    let cap = rules.max_kept_per_namespace;
+    let created = |ing: &Ingress| {
+        let t = ing.metadata.creation_timestamp.as_ref();
+        t.map_or(0, |t| t.0.as_second())
+    };
+    let refused = res.desired.iter().filter(|(_, d)| matches!(d, Desired::Keep));
+    let times = refused.map(|(k, _)| (k.clone(), res.seen.get(k).map_or(0, |i| created(i))));
+    for key in index::beyond_cap(times.collect::<Vec<_>>(), cap) {
+        res.desired.remove(&key);
+        let Some(seen) = res.seen.get(&key) else { continue };
+        let note = format!(
+            "refused, and no longer served with its last good routes: namespace {} has more \
+             refused Ingresses than the watcher keeps for their last good routes \
+             (--max-kept-per-namespace {cap}), and this is one of the oldest; fix or delete \
+             the refused Ingresses",
+            key.namespace
+        );
+        tell(seen, &key, "RefusedNotKept", note, "refused ingress no longer kept");
+    }
+    let actions = index::diff(published, &res.desired);
+    // Upserts of a namespace over its budget wait, unrecorded: the next diff finds them again.
+    let crate::core::churn::Admitted { go: actions, held } = churn.admit(actions, published, now);
+    for (fleet, key) in &held {
+        let Some(seen) = res.seen.get(key) else { continue };
+        let note = churn.note(fleet, &key.namespace);
+        tell(seen, key, "Throttled", note, "ingress changes held");
+    }
+    // A held Ingress never published (by this run) is kept: no snapshot sweeps what it had.
+    let held_new =
+        held.iter().map(|(_, k)| k).filter(|k| !published.contains_key(*k)).cloned().collect();
+    let kept = res
+        .desired
+        .iter()
+        .filter(|(_, d)| matches!(d, Desired::Keep))
+        .map(|(k, _)| k.clone())
+        .collect();
+    Plan {
+        tells: plan_tells,
+        bulk: index::bulk_deletes(&actions, rules.bulk_delete_threshold),
+        actions,
+        held,
+        held_new,
+        kept,
+        current: res.current,
+        desired: res.desired,
+        seen: res.seen,
+    }
+}
+
+/// Seals the certificates of `ing`'s `spec.tls` into `r` for the hosts it routes, or says why
+/// its `spec.tls` is not served.
+fn seal(
+    r: &mut Resolved,
+    ing: &Ingress,
+    tls: &mut Tls<'_>,
+    rules: &Rules<'_>,
+    told: &mut Vec<Warning>,
+) {
+    let spec = SpecEntry::of(ing);
+    if spec.is_empty() {
+        return;
+    }
+    if !(tls.sealed_for)(&r.fleet) {
+        let note = format!(
+            "spec.tls is not served: TLS is off on fleet {} (the watcher has no --seal-to for it)",
+            r.fleet
+        );
+        told.push(Warning { reason: "TLSNotEnabled", note });
+        return;
+    }
+    let hosts: BTreeSet<hafleet_proto::HttpHost> =
+        r.routes.iter().filter_map(|route| route.host.clone()).collect();
+    let ns = r.key.namespace.as_str();
+    let fleet = &r.fleet;
+    let mut lookup = |name: &str| (tls.lookup)(fleet, ns, name);
+    let warn_after = tls.now_unix + i64::from(rules.cert_expiry_warning_days) * 86_400;
+    let (entries, said) =
+        crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
+    r.tls = entries;
+    told.extend(said.into_iter().map(|(reason, note)| Warning { reason, note }));
+}
+
+#[cfg(test)]
+mod tests;
