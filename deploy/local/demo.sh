@@ -6,6 +6,7 @@
 #
 #   ./deploy/local/demo.sh            run until Ctrl-C
 #   ./deploy/local/demo.sh --smoke    prove one request through every HAProxy host, stop, exit 0/1
+#   ./deploy/local/demo.sh --endpoints pods    hello.local served straight from two fake pods
 #
 # The hosts run Debian's HAProxy (2.6), or the binary HAFLEET_HAPROXY names: tests/setup.sh
 # builds 3.0, so `eval "$(bash tests/setup.sh)"; HAFLEET_HAPROXY=$HAFLEET_HAPROXY30 ./deploy/local/demo.sh`.

@@ -69,6 +69,12 @@ pub const PARTS_SCHEMA_VERSION: u32 = 5;
 /// does not know; every other route message is sent as before.
 pub const SETTINGS_SCHEMA_VERSION: u32 = 6;
 
+/// Schema of the route events that name a Service in pods mode ([`Backend::pods`]), and the
+/// newest route schema this build reads. A renderer that reads only schema 6 parks them instead
+/// of rendering a pods backend as one without servers; every other route message is sent as
+/// before.
+pub const PODS_SCHEMA_VERSION: u32 = 7;
+
 /// The schema of a route message of `cluster`.
 pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {
     match cluster {

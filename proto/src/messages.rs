@@ -118,6 +118,23 @@ pub struct Backend {
     /// annotations). Backends with other options are other HAProxy backends.
     #[serde(default, skip_serializing_if = "BackendOptions::is_default")]
     pub options: BackendOptions,
+    /// Pods mode (`hafleet.io/endpoints: pods` on the Service, or its fleet's default): the
+    /// servers are these endpoints of the Service's pods, straight, not nodes at a NodePort
+    /// (`node_port` is then `None`). Sorted by address and port, each once; empty when none
+    /// serves (HAProxy answers 503). `None`: nodes mode. Route messages with it are of
+    /// schema [`crate::PODS_SCHEMA_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Vec<PodEndpoint>>,
+}
+
+/// One endpoint of a Service's pods that HAProxy sends traffic to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PodEndpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    /// Terminating but still serving: no new requests (weight 0), open ones finish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// HAProxy's load-balancing algorithm for a backend (`hafleet.io/balance`).
@@ -430,7 +447,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1, crate::SETTINGS_SCHEMA_VERSION)?;
+        check_schema_first(bytes, 1, crate::PODS_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }

@@ -189,6 +189,29 @@ fn shop_fleet_with_node_health_checks() {
     assert_haproxy_accepts(&bundle);
 }
 
+/// Pods mode: each endpoint is a server named by its address and port that checks itself (no
+/// node tracking, even with node health checks on); a draining one has weight 0; a Service
+/// without endpoints has no servers (503). HAProxy accepts it.
+#[test]
+fn a_fleet_with_services_in_pods_mode() {
+    let bundle = render_fixture_with("pods.json", Renderer::builtin());
+    let text = snapshot_text(&bundle);
+    for line in [
+        "    server 10.2.0.5:8080 10.2.0.5:8080 maxconn 100 send-proxy-v2\n",
+        "    server 10.2.0.6:8080 10.2.0.6:8080 weight 0 maxconn 100 send-proxy-v2\n",
+        "    server fd00::7:8080 [fd00::7]:8080 maxconn 100 send-proxy-v2\n",
+        "    option httpchk GET /healthz\n",
+    ] {
+        assert!(text.contains(line), "{line:?} not in\n{text}");
+    }
+    let pods = text.split("\nbackend be_shop_web_80").nth(1).expect("the pods backend");
+    let pods = &pods[..pods.find("\nbackend ").unwrap_or(pods.len())];
+    assert!(!pods.contains("track"), "pods check themselves\n{pods}");
+    assert!(text.contains(" no-check track hafleet_nodes/"), "nodes mode still tracks\n{text}");
+    insta::assert_snapshot!(text);
+    assert_haproxy_accepts(&bundle);
+}
+
 /// One Service routed by two Ingresses: one with the defaults, one with every `hafleet.io/`
 /// setting. Each is its own HAProxy backend, and HAProxy accepts every setting's line.
 #[test]

@@ -7,6 +7,7 @@
 //!   nothing that works;
 //! - `recovery`: any component killed and restarted, the pipeline converges;
 //! - `traffic`: long-lived connections through the fleet;
+//! - `pods`: pods mode, traffic straight to the ready pods of the EndpointSlices;
 //! - `settings`: a fleet's settings ConfigMap changes what every host does;
 //! - `filters`: an Ingress's header, redirect, rewrite, deny and rate annotations;
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
@@ -21,6 +22,7 @@ mod docs;
 mod filters;
 mod history;
 mod image;
+mod pods;
 mod recovery;
 mod refusals;
 mod routing;

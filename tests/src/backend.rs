@@ -10,8 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-/// Answers every request with `200` and the body `"<name> <request-path>\n"`, then closes the
-/// connection. Stops listening (and drops open connections) on drop.
+/// Answers every request with `200` and the body `"<name> <request-path>\n"` (after a while
+/// for `/slow/<ms>`), then closes the connection. Stops listening (and drops open connections) on drop.
 pub struct HttpBackend {
     name: String,
     addr: SocketAddr,
@@ -89,6 +89,10 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>) {
     }
     let text = String::from_utf8_lossy(&head);
     let path = text.split_whitespace().nth(1).unwrap_or("/");
+    // `/slow/<ms>`: answers after that long (at most 10 s), as a request in progress.
+    if let Some(ms) = path.strip_prefix("/slow/").and_then(|ms| ms.parse::<u64>().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+    }
     let body = format!("{name} {path}\n");
     let response = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\

@@ -57,6 +57,7 @@ pub async fn service_with_backends(
         traffic_policy: TrafficPolicy::Cluster,
         endpoint_nodes: None,
         options: Default::default(),
+        pods: None,
     };
     let pool = NodePool::new(nodes);
     let mut started = Vec::new();

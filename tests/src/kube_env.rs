@@ -390,6 +390,10 @@ async fn start_apiserver(bin: &Path, dir: &Path, etcd_url: &str, port: u16) -> R
         .arg("--enable-priority-and-fairness=false")
         .arg("--disable-admission-plugins=ServiceAccount")
         .arg("--endpoint-reconciler-type=none")
+        // Kubernetes 1.20 stores EndpointSlices' `serving` and `terminating` conditions only
+        // with this gate (alpha there, on by default from 1.22): pods mode drains terminating
+        // endpoints by them.
+        .arg("--feature-gates=EndpointSliceTerminatingCondition=true")
         .arg("--profiling=false");
     let mut child = ChildGuard::spawn("kube-apiserver", &mut cmd, &dir.join("apiserver.log"))?;
     // Catch an early bind failure (port race) here, so the caller can retry on another port.

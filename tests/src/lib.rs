@@ -13,6 +13,7 @@ pub mod haproxy_host;
 pub mod http;
 pub mod kube_env;
 pub mod nats;
+pub mod pods;
 pub mod proc;
 pub mod stack;
 pub mod tls;

@@ -76,7 +76,7 @@ fn main() {
     let mut churn = hafleet_watcher::core::churn::Budget::default();
     let now = tokio::time::Instant::now;
     let rules = pass::Rules {
-        ingress_class: None,
+        resolve: Default::default(),
         namespaces_own_hosts: true,
         limits: hafleet_watcher::core::route_events::IngressLimits {
             max_paths: 1000,
@@ -104,7 +104,7 @@ fn main() {
         let t = Instant::now();
         let mut fresh = 0;
         for ing in &ingresses {
-            fresh += resolve::resolve(ing, None, &services, None).is_ok() as usize;
+            fresh += resolve::resolve(ing, Default::default(), &services, None).is_ok() as usize;
         }
         assert_eq!(fresh, n);
         let every_ms = ms(t);

@@ -50,6 +50,7 @@ fn route() -> Route {
             traffic_policy: TrafficPolicy::Cluster,
             endpoint_nodes: None,
             options: Default::default(),
+            pods: None,
         },
     }
 }
@@ -149,17 +150,17 @@ fn unknown_schema_is_refused() {
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
     json["schema"] = 99.into();
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 6 }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 7 }), "{err}");
 }
 
 #[test]
 fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
     let mut json: serde_json::Value =
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-    json["schema"] = (crate::SETTINGS_SCHEMA_VERSION + 1).into();
+    json["schema"] = (crate::PODS_SCHEMA_VERSION + 1).into();
     json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 7, .. }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 8, .. }), "{err}");
     assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
 }
 
@@ -318,4 +319,25 @@ fn reports_round_trip() {
         };
         assert_eq!(ApplyReport::decode(&r.encode()).unwrap(), r);
     }
+}
+
+/// A route whose Service is in pods mode round-trips, and a message without the field (every
+/// earlier one) reads as nodes mode.
+#[test]
+fn pods_round_trip_and_their_absence_is_nodes_mode() {
+    let mut r = route();
+    let pod =
+        |addr: &str, draining| PodEndpoint { addr: addr.parse().unwrap(), port: 8080, draining };
+    r.backend.node_port = None;
+    r.backend.pods = Some(vec![pod("10.2.0.1", false), pod("fd00::1", true)]);
+    let msg = event(RouteChange::Upsert { routes: vec![r.clone()], tls: vec![] });
+    let bytes = msg.encode();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(text.contains(r#""pods":[{"addr":"10.2.0.1","port":8080},{"addr":"fd00::1","port":8080,"draining":true}]"#), "{text}");
+    assert_eq!(RouteMessage::decode(&bytes).unwrap(), msg);
+    let nodes = event(RouteChange::Upsert { routes: vec![route()], tls: vec![] }).encode();
+    assert!(!String::from_utf8(nodes.clone()).unwrap().contains("pods"));
+    let RouteMessage::Event(e) = RouteMessage::decode(&nodes).unwrap() else { panic!() };
+    let RouteChange::Upsert { routes, .. } = e.change else { panic!() };
+    assert_eq!(routes[0].backend.pods, None);
 }

@@ -23,6 +23,7 @@ pub fn routes(i: usize) -> Vec<Route> {
         traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
         endpoint_nodes: None,
         options: Default::default(),
+        pods: None,
     };
     let host = HttpHost::new(format!("app-{i}.example.com")).unwrap();
     vec![

@@ -111,6 +111,8 @@ pub struct ServerModel {
     pub addr: String,
     /// `hafleet_nodes/<node>`: the server takes its node's health instead of checking itself.
     pub track: Option<String>,
+    /// A terminating pod's endpoint: weight 0, so no new requests; open ones finish.
+    pub draining: bool,
 }
 
 /// HAProxy proxy name of the backend that health-checks nodes.
@@ -412,7 +414,9 @@ fn pick<'a>(
 /// only `Cluster` ones, where any node that forwards at all can serve. A `Local` Service is
 /// served only by nodes with an endpoint of their own, which a node check cannot see.
 fn tracks_nodes(backend: &Backend, options: &Options) -> bool {
-    options.node_health.is_some() && backend.traffic_policy == TrafficPolicy::Cluster
+    options.node_health.is_some()
+        && backend.traffic_policy == TrafficPolicy::Cluster
+        && backend.pods.is_none()
 }
 
 /// A backend's model from its chosen servers.
@@ -438,25 +442,47 @@ fn backend_model(
         max_conn: o.max_conn,
         filters: crate::core::filters::FiltersModel::of(o).map(Box::new),
         send_proxy: o.send_proxy.map(|p| p.server_keyword()),
-        servers: servers
-            .iter()
-            .map(|c| ServerModel {
-                name: c.node.to_owned(),
-                addr: match c.written {
-                    Some(ip) => {
-                        let mut port = itoa::Buffer::new();
-                        let port = port.format(c.port);
-                        let mut addr = String::with_capacity(ip.len() + port.len());
-                        addr.push_str(ip);
-                        addr.push_str(port);
-                        addr
-                    }
-                    None => std::net::SocketAddr::new(c.addr, c.port).to_string(),
-                },
-                track: track.then(|| format!("{NODES_BACKEND}/{}", c.node)),
-            })
-            .collect(),
+        servers: match &backend.pods {
+            Some(pods) => pods.iter().map(pod_server).collect(),
+            None => node_servers(servers, track),
+        },
     }
+}
+
+/// The server of a pod's endpoint, named after its address and port (`10.1.2.3:8080`; names
+/// may hold `:` and `.`), so the same endpoint is the same server in every version and the
+/// applier adds and removes endpoints at runtime.
+fn pod_server(pod: &hafleet_proto::PodEndpoint) -> ServerModel {
+    let addr = std::net::SocketAddr::new(pod.addr, pod.port).to_string();
+    ServerModel {
+        name: format!("{}:{}", pod.addr, pod.port),
+        addr,
+        track: None,
+        draining: pod.draining,
+    }
+}
+
+/// The servers of a backend in nodes mode: its chosen nodes at the NodePort.
+fn node_servers(servers: &[Candidate], track: bool) -> Vec<ServerModel> {
+    servers
+        .iter()
+        .map(|c| ServerModel {
+            name: c.node.to_owned(),
+            addr: match c.written {
+                Some(ip) => {
+                    let mut port = itoa::Buffer::new();
+                    let port = port.format(c.port);
+                    let mut addr = String::with_capacity(ip.len() + port.len());
+                    addr.push_str(ip);
+                    addr.push_str(port);
+                    addr
+                }
+                None => std::net::SocketAddr::new(c.addr, c.port).to_string(),
+            },
+            track: track.then(|| format!("{NODES_BACKEND}/{}", c.node)),
+            draining: false,
+        })
+        .collect()
 }
 
 /// What one build of a fleet's model lends the next: each Ingress's rules (for as long as its
@@ -542,6 +568,7 @@ fn backend_models(
                     name: name.to_owned(),
                     addr: std::net::SocketAddr::new(ip, health.port).to_string(),
                     track: None,
+                    draining: false,
                 })
                 .collect()
         }

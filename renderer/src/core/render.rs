@@ -155,6 +155,7 @@ impl Renderer {
                     name: "node".into(),
                     addr: "127.0.0.1:30080".into(),
                     track: None,
+                    draining: true,
                 }],
                 // Every setting on, so that a macro that breaks on one is refused now too.
                 balance: Some("leastconn"),
@@ -417,12 +418,13 @@ impl Object for ServerOf {
             "name" => Some(Value::from(s.name.as_str())),
             "addr" => Some(Value::from(s.addr.as_str())),
             "track" => Some(s.track.as_deref().map_or(Value::from(()), Value::from)),
+            "draining" => Some(Value::from(s.draining)),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["name", "addr", "track"])
+        Enumerator::Str(&["name", "addr", "track", "draining"])
     }
 }
 
@@ -502,6 +504,7 @@ mod tests {
                     traffic_policy: TrafficPolicy::Cluster,
                     endpoint_nodes: None,
                     options: Default::default(),
+                    pods: None,
                 };
                 let route = Route {
                     host: Some(HttpHost::new(format!("app-{i}.example.com")).unwrap()),

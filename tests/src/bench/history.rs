@@ -41,6 +41,7 @@ fn event(fleet: &FleetName, i: usize, rv: usize) -> Result<Vec<u8>> {
         traffic_policy: TrafficPolicy::Cluster,
         endpoint_nodes: None,
         options: Default::default(),
+        pods: None,
     };
     let msg = RouteMessage::Event(RouteEvent {
         schema: SCHEMA_VERSION,

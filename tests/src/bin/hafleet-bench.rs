@@ -59,8 +59,13 @@ enum Mode {
     /// per second), then the pipeline: a fleet of TLS Ingresses loaded, a host joining it,
     /// and rotations to served on every host.
     Tls(tls::TlsArgs),
+    /// Pods mode at scale: 10,000 ClusterIP Services × 3 pods, time to served, an endpoint
+    /// change to served, reloads, HAProxy's and the watcher's memory.
+    Pods(pods::PodsArgs),
 }
 
+#[path = "../bench/pods.rs"]
+mod pods;
 #[path = "../bench/tls.rs"]
 mod tls;
 
@@ -207,6 +212,7 @@ async fn main() -> Result<()> {
         Some(Mode::Watcher(args)) => watcher::run(args).await,
         Some(Mode::Applier(args)) => applier::run(args).await,
         Some(Mode::Tls(args)) => tls::run(args).await,
+        Some(Mode::Pods(args)) => pods::run(args).await,
         None => pipeline(cli.pipeline).await,
     }
 }
@@ -347,6 +353,7 @@ fn fleet(
                 traffic_policy: TrafficPolicy::Cluster,
                 endpoint_nodes: None,
                 options: Default::default(),
+                pods: None,
             };
             let route = Route {
                 host: Some(HttpHost::new(format!("app-{i}.example.com"))?),

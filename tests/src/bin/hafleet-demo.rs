@@ -49,6 +49,12 @@ struct Args {
     /// set-up), instead of one server.
     #[arg(long)]
     nats_cluster: bool,
+    /// Where hello.local's traffic goes: `nodes`, to the nodes at its Service's NodePort (each
+    /// node playing kube-proxy's part), or `pods`, straight to two pods (local servers on
+    /// loopback addresses) through a ClusterIP Service in pods mode, from an EndpointSlice the
+    /// demo writes.
+    #[arg(long, default_value = "nodes", value_parser = ["nodes", "pods"])]
+    endpoints: String,
 }
 
 const FLEET: &str = "edge";
@@ -73,6 +79,26 @@ fn ingress(name: &str, host: &str, service: &str, tls: Option<&str>) -> Ingress 
         Some(secret) => b.tls(&[host], secret).build(),
         None => b.build(),
     }
+}
+
+/// hello in pods mode: a ClusterIP Service annotated `hafleet.io/endpoints: pods`, two pods
+/// answering `hello@pod-<i>`, and the EndpointSlice that lists them ready.
+async fn hello_pods(stack: &Stack) -> Result<Vec<hafleet_tests::HttpBackend>> {
+    use hafleet_tests::pods::{Condition, Slices, create_pods_service, ip, start_pod};
+    let client = stack.kube.client().await?;
+    let port = hafleet_tests::free_port(std::net::Ipv4Addr::LOCALHOST.into());
+    let mut pods = Vec::new();
+    for i in 1..=2 {
+        pods.push(start_pod(&format!("hello@pod-{i}"), port).await?);
+    }
+    create_pods_service(client.clone(), "default", "hello", port, true).await?;
+    let ready: Vec<_> = pods.iter().map(|p| (ip(p), Condition::Ready)).collect();
+    Slices::of(client, "default").await?.put("hello-1", "hello", port, &ready).await?;
+    eprintln!("hello.local is served by two pods, straight: {}", {
+        let addrs: Vec<String> = pods.iter().map(|p| p.addr().to_string()).collect();
+        addrs.join(" ")
+    });
+    Ok(pods)
 }
 
 #[tokio::main]
@@ -141,7 +167,11 @@ async fn run(args: &Args) -> Result<()> {
     )
     .await?;
     let (nodes, mut backends) = ready_nodes(&stack, args.nodes).await?;
-    backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
+    if args.endpoints == "pods" {
+        backends.extend(hello_pods(&stack).await?);
+    } else {
+        backends.extend(service_with_backends(&stack, "hello", &nodes).await?);
+    }
     // A WebSocket echo service behind ws.local (kube-proxy's part played on each node).
     let ws_port =
         u16::try_from(stack.kube.create_nodeport_service("default", "echo-ws", 80).await?)?;
@@ -182,7 +212,7 @@ async fn run(args: &Args) -> Result<()> {
             || async {
                 let answer = https_get_as(addr, HOST, HOST, &ca_file).await?;
                 anyhow::ensure!(
-                    answer.starts_with("HTTP/1.1 200") && answer.contains("hello@node-"),
+                    answer.starts_with("HTTP/1.1 200") && answer.contains("hello@"),
                     "got {answer:?}"
                 );
                 Ok(answer)

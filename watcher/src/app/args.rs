@@ -77,6 +77,15 @@ pub struct RunArgs {
     /// (--sweep-guard-percent). 0: every deletion goes as its own event.
     #[arg(long, env = "HAFLEET_BULK_DELETE_THRESHOLD", default_value_t = 10)]
     pub bulk_delete_threshold: usize,
+    /// Where each fleet's Services send traffic, unless a Service's `hafleet.io/endpoints`
+    /// annotation says otherwise: `edge=pods core=nodes`, fleets separated by spaces. `nodes`
+    /// (the default for fleets not named): to the Ready nodes at the Service's NodePort, where
+    /// kube-proxy forwards it. `pods`: straight to the Service's ready pods, from its
+    /// EndpointSlices, each health-checked by HAProxy and changed without reloads; for
+    /// clusters whose pod addresses the HAProxy hosts can reach (BGP, cloud VPC routing). Any
+    /// type of Service works in pods mode, ClusterIP and headless included.
+    #[arg(long, env = "HAFLEET_ENDPOINTS", value_delimiter = ' ', value_parser = parse_endpoints)]
+    pub endpoints: Vec<(FleetName, crate::core::pods::Mode)>,
     /// Serve the certificates of Ingresses' `spec.tls` on these fleets, each private key
     /// sealed to the fleet's age X25519 recipient (`hafleet-applier keygen` prints it):
     /// `edge=age1… core=age1…`, fleets separated by spaces. Turns on the watch of
@@ -109,6 +118,12 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// What one Ingress's route event may take ([`crate::core::route_events::over_budget`]).
+    /// The fleets whose Services go to their pods by default (`--endpoints FLEET=pods`).
+    pub fn pods_fleets(&self) -> Vec<FleetName> {
+        let pods = self.endpoints.iter().filter(|(_, m)| *m == crate::core::pods::Mode::Pods);
+        pods.map(|(f, _)| f.clone()).collect()
+    }
+
     pub fn ingress_limits(&self) -> crate::core::route_events::IngressLimits<'_> {
         crate::core::route_events::IngressLimits {
             max_paths: self.max_paths_per_ingress,
@@ -116,6 +131,13 @@ impl RunArgs {
             cluster: self.cluster_id.as_ref(),
         }
     }
+}
+
+/// `FLEET=pods` or `FLEET=nodes`.
+fn parse_endpoints(s: &str) -> Result<(FleetName, crate::core::pods::Mode), String> {
+    let (fleet, mode) = s.split_once('=').ok_or("expected FLEET=pods or FLEET=nodes")?;
+    let fleet = FleetName::new(fleet).map_err(|e| e.to_string())?;
+    Ok((fleet, mode.parse()?))
 }
 
 /// `FLEET=NAMESPACE/NAME`.

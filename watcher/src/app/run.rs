@@ -79,6 +79,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ..TlsState::default_for(args.seal_to.iter().cloned())
         },
         memo: resolve::Memo::default(),
+        slices: Default::default(),
         policy: Default::default(),
         churn: Default::default(),
         settings: Default::default(),
@@ -289,14 +290,28 @@ async fn sync(
     let nodes = resolve::ready_nodes(all_nodes.iter().map(|n| n.as_ref()));
     // Only Local Services look their endpoints up: the others' slices (most of a cluster's,
     // and its busiest objects) are not read.
+    // Services in pods mode read their slices (each parsed once per object), as do Local
+    // ones for their nodes; the others' slices (most of a cluster's, and its busiest objects)
+    // are not read.
+    let pods_fleets = args.pods_fleets();
     let endpoints = caches.endpoint_slices.as_ref().map(|slices| {
         let slices = slices.state();
+        let service = |ns: &str, name: &str| services.get(&(ns.to_owned(), name.to_owned()));
         let local = slices.iter().map(|s| s.as_ref()).filter(|s| {
             resolve::slice_service(s).is_some_and(|(ns, name)| {
-                services.get(&(ns.clone(), name.clone())).is_some_and(|svc| resolve::is_local(svc))
+                service(ns, name).is_some_and(|svc| resolve::is_local(svc))
             })
         });
-        resolve::endpoints(local, all_nodes.iter().map(|n| n.as_ref()))
+        let nodes = resolve::endpoints(local, all_nodes.iter().map(|n| n.as_ref()));
+        let pods = state.slices.by_service(&slices, |ns, name| {
+            service(ns, name).is_some_and(|svc| match crate::core::pods::mode_of(svc) {
+                Ok(Some(mode)) => mode == crate::core::pods::Mode::Pods,
+                // Said wrong: the Ingresses that route to it are told.
+                Err(_) => false,
+                Ok(None) => !pods_fleets.is_empty(),
+            })
+        });
+        resolve::Endpoints { nodes, pods }
     });
     if state.nodes.as_ref() != Some(&nodes) {
         send_nodes(bus, state, nodes).await?;
@@ -309,7 +324,10 @@ async fn sync(
         _ => None,
     };
     let rules = pass::Rules {
-        ingress_class: args.ingress_class.as_deref(),
+        resolve: resolve::Config {
+            ingress_class: args.ingress_class.as_deref(),
+            pods_fleets: &pods_fleets,
+        },
         namespaces_own_hosts: !args.share_hosts_across_namespaces,
         limits: args.ingress_limits(),
         payload_limit: bus.payload_limit(),

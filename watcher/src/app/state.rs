@@ -33,6 +33,8 @@ pub(crate) struct State {
     pub(crate) tls: TlsState,
     /// Each Ingress's resolution, redone only when it or what it names changed.
     pub(crate) memo: resolve::Memo,
+    /// Each EndpointSlice as pods mode reads it, read again only when it changed.
+    pub(crate) slices: crate::core::pods::SliceCache,
     /// With `--tenancy-policy`: the policy in force.
     pub(crate) policy: crate::core::policy::InForce,
     /// `--namespace-changes-per-minute`, once the initial state is out.

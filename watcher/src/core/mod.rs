@@ -8,6 +8,7 @@ pub mod fleet_settings;
 pub mod index;
 pub mod model;
 pub mod pass;
+pub mod pods;
 pub mod policy;
 pub mod resolve;
 pub mod route_events;

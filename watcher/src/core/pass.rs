@@ -26,8 +26,8 @@ use std::sync::Arc;
 /// The watcher's settings a pass decides by.
 #[derive(Debug, Clone, Copy)]
 pub struct Rules<'a> {
-    /// `--ingress-class`.
-    pub ingress_class: Option<&'a str>,
+    /// `--ingress-class` and `--endpoints`.
+    pub resolve: crate::core::resolve::Config<'a>,
     /// Unless `--share-hosts-across-namespaces`: a host belongs to the namespace that routed it
     /// first.
     pub namespaces_own_hosts: bool,
@@ -46,7 +46,7 @@ pub struct Rules<'a> {
 pub struct Objects<'a> {
     pub ingresses: &'a [Arc<Ingress>],
     pub services: &'a Services,
-    /// The nodes with endpoints of each Local Service (`None` without EndpointSlices).
+    /// What the EndpointSlices say (`None`: the API server serves none).
     pub endpoints: Option<&'a Endpoints>,
     /// With `--tenancy-policy`: the policy in force.
     pub policy: Option<&'a Policy>,
@@ -167,7 +167,7 @@ pub fn resolve(
             let (ingress, key, rv) = (ing.clone(), key.clone(), said_once_per(ing));
             out.tells.push(Tell { ingress, key, rv, reason, note, what });
         };
-        match memo.resolve(ing, rules.ingress_class, objects.services, objects.endpoints) {
+        match memo.resolve(ing, rules.resolve, objects.services, objects.endpoints) {
             // Outside the admin's policy: not routed (what it had is withdrawn), and told.
             Ok(r)
                 if let Some(why) = policy

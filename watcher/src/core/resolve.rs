@@ -42,7 +42,26 @@ pub enum Refused {
 pub type Services = HashMap<(String, String), std::sync::Arc<Service>, foldhash::fast::RandomState>;
 
 /// For each Service (namespace, name): the nodes that run a ready endpoint of it, by name.
-pub type Endpoints = HashMap<(String, String), BTreeSet<String>>;
+pub type EndpointNodes = HashMap<(String, String), BTreeSet<String>>;
+
+/// What the EndpointSlices say, where the API server serves them.
+#[derive(Debug, Default)]
+pub struct Endpoints {
+    /// Of `Local` Services: the nodes with a ready endpoint ([`endpoints`]).
+    pub nodes: EndpointNodes,
+    /// Of Services in pods mode: their slices ([`crate::core::pods::SliceCache`]).
+    pub pods: crate::core::pods::PodSlices,
+}
+
+/// The watcher's settings that resolving depends on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Config<'a> {
+    /// `--ingress-class`: only Ingresses of this class.
+    pub ingress_class: Option<&'a str>,
+    /// `--endpoints FLEET=pods`: fleets whose Services go to their pods unless a Service's
+    /// `hafleet.io/endpoints` says `nodes`.
+    pub pods_fleets: &'a [FleetName],
+}
 
 /// The label that names a Service on its EndpointSlices.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -91,7 +110,7 @@ pub fn is_local(service: &Service) -> bool {
 pub fn endpoints<'a>(
     slices: impl IntoIterator<Item = &'a DynamicObject>,
     nodes: impl IntoIterator<Item = &'a Node>,
-) -> Endpoints {
+) -> EndpointNodes {
     let by_hostname: HashMap<&str, &str> = nodes
         .into_iter()
         .filter_map(|n| {
@@ -99,7 +118,7 @@ pub fn endpoints<'a>(
             Some((hostname.as_str(), n.metadata.name.as_deref()?))
         })
         .collect();
-    let mut out = Endpoints::new();
+    let mut out = EndpointNodes::new();
     for slice in slices {
         let Some((ns, service)) = slice_service(slice) else { continue };
         let listed = match slice.data.get("endpoints") {
@@ -129,7 +148,7 @@ pub fn endpoints<'a>(
 /// Decides whether `ingress` is hafleet's and resolves it.
 pub fn resolve(
     ingress: &Ingress,
-    ingress_class: Option<&str>,
+    config: Config<'_>,
     services: &Services,
     endpoints: Option<&Endpoints>,
 ) -> Result<Resolved, Refused> {
@@ -138,7 +157,7 @@ pub fn resolve(
     let Some(fleet) = annotations.and_then(|a| a.get(FLEET_ANNOTATION)) else {
         return Err(Refused::NotSelected);
     };
-    if let Some(want) = ingress_class {
+    if let Some(want) = config.ingress_class {
         let class =
             ingress.spec.as_ref().and_then(|s| s.ingress_class_name.as_deref()).or_else(|| {
                 annotations.and_then(|a| a.get(LEGACY_CLASS_ANNOTATION)).map(|s| s.as_str())
@@ -154,6 +173,8 @@ pub fn resolve(
         .map_err(|e| errors.push(format!("annotation {FLEET_ANNOTATION}: {e}")))
         .ok();
     let namespace = meta.namespace.as_deref().unwrap_or("default");
+    let pods_by_default = fleet.as_ref().is_some_and(|f| config.pods_fleets.contains(f));
+    let sources = Sources { services, endpoints, pods_by_default };
     let key = IngressKey::new(namespace, meta.name.as_deref().unwrap_or_default())
         .map_err(|e| errors.push(e.to_string()))
         .ok();
@@ -194,14 +215,14 @@ pub fn resolve(
                     continue;
                 }
             };
-            match backend(namespace, &p.backend, (services, endpoints), &mut warnings) {
+            match backend(namespace, &p.backend, &sources, &mut warnings) {
                 Ok(backend) => routes.push(Route { host: host.clone(), path, kind, backend }),
                 Err(e) => errors.push(format!("{at}.backend: {e}")),
             }
         }
     }
     if let Some(default) = spec.and_then(|s| s.default_backend.as_ref()) {
-        match backend(namespace, default, (services, endpoints), &mut warnings) {
+        match backend(namespace, default, &sources, &mut warnings) {
             Ok(backend) => routes.push(Route {
                 host: None,
                 path: HttpPath::root(),
@@ -245,7 +266,7 @@ pub fn resolve(
 /// changed: the same Ingress object, and the same objects (or absence) for every Service it
 /// names, with the same endpoint nodes. The watch caches replace an object on every change and
 /// keep it otherwise, so "the same" is the same `Arc`: a pass over 10,000 Ingresses resolves
-/// only those whose inputs changed (see BENCHMARKS.md). One `Memo` serves one ingress class
+/// only those whose inputs changed (see BENCHMARKS.md). One `Memo` serves one [`Config`]
 /// and one source of endpoints, as a watcher has.
 #[derive(Default)]
 pub struct Memo {
@@ -258,9 +279,14 @@ pub struct Memo {
     fresh: usize,
 }
 
-/// A Service an Ingress names: (namespace, name), the object (none: missing), and its
-/// endpoint nodes.
-type NamedService = ((String, String), Option<std::sync::Arc<Service>>, Option<BTreeSet<String>>);
+/// A Service an Ingress names: (namespace, name), the object (none: missing), its endpoint
+/// nodes and its slices in pods mode.
+type NamedService = (
+    (String, String),
+    Option<std::sync::Arc<Service>>,
+    Option<BTreeSet<String>>,
+    Option<Vec<std::sync::Arc<crate::core::pods::SliceView>>>,
+);
 
 struct Memoized {
     ingress: std::sync::Arc<Ingress>,
@@ -276,19 +302,20 @@ impl Memo {
     pub fn resolve(
         &mut self,
         ingress: &std::sync::Arc<Ingress>,
-        ingress_class: Option<&str>,
+        config: Config<'_>,
         services: &Services,
         endpoints: Option<&Endpoints>,
     ) -> Result<Resolved, Refused> {
         let still = |m: &Memoized| {
             std::sync::Arc::ptr_eq(&m.ingress, ingress)
-                && m.named.iter().all(|(key, then, nodes)| {
+                && m.named.iter().all(|(key, then, nodes, pods)| {
                     let same = match (services.get(key), then) {
                         (Some(now), Some(then)) => std::sync::Arc::ptr_eq(now, then),
                         (None, None) => true,
                         _ => false,
                     };
-                    same && endpoints.and_then(|e| e.get(key)) == nodes.as_ref()
+                    same && endpoints.and_then(|e| e.nodes.get(key)) == nodes.as_ref()
+                        && endpoints.and_then(|e| e.pods.get(key)) == pods.as_ref()
                 })
         };
         let at = std::sync::Arc::as_ptr(ingress) as usize;
@@ -303,11 +330,12 @@ impl Memo {
                     .into_iter()
                     .map(|key| {
                         let service = services.get(&key).cloned();
-                        let nodes = endpoints.and_then(|e| e.get(&key)).cloned();
-                        (key, service, nodes)
+                        let nodes = endpoints.and_then(|e| e.nodes.get(&key)).cloned();
+                        let pods = endpoints.and_then(|e| e.pods.get(&key)).cloned();
+                        (key, service, nodes, pods)
                     })
                     .collect();
-                let result = resolve(ingress, ingress_class, services, endpoints);
+                let result = resolve(ingress, config, services, endpoints);
                 self.fresh += 1;
                 let m = Memoized { ingress: ingress.clone(), named, result: result.clone(), pass };
                 self.entries.insert(at, m);
@@ -393,15 +421,25 @@ pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAdd
     ready
 }
 
-/// The Service port behind an Ingress backend. A route whose Service is missing, or cannot be
-/// reached through a NodePort (not NodePort or LoadBalancer, or without that port or its
-/// nodePort), goes to no NodePort at all, so HAProxy answers 503: routing on to the NodePort it
-/// had could reach whatever Service Kubernetes gives that port next. Only what is wrong with
-/// the Ingress itself is an `Err`, which refuses the Ingress (it keeps its published routes).
+/// What a route's backend is resolved from.
+struct Sources<'a> {
+    services: &'a Services,
+    endpoints: Option<&'a Endpoints>,
+    /// The Ingress's fleet sends Services to their pods unless they say otherwise.
+    pods_by_default: bool,
+}
+
+/// The Service port behind an Ingress backend. In nodes mode, a route whose Service is
+/// missing, or cannot be reached through a NodePort (not NodePort or LoadBalancer, or without
+/// that port or its nodePort), goes to no NodePort at all, so HAProxy answers 503: routing on to
+/// the NodePort it had could reach whatever Service Kubernetes gives that port next. In pods
+/// mode ([`crate::core::pods`]) it goes to the serving endpoints of the Service port. Only what
+/// is wrong with the Ingress itself (or the Service's hafleet annotations) is an `Err`, which
+/// refuses the Ingress (it keeps its published routes).
 fn backend(
     namespace: &str,
     backend: &IngressBackend,
-    (services, endpoints): (&Services, Option<&Endpoints>),
+    sources: &Sources<'_>,
     warnings: &mut Vec<Warning>,
 ) -> Result<Backend, String> {
     if backend.resource.is_some() {
@@ -423,14 +461,53 @@ fn backend(
         traffic_policy: TrafficPolicy::Cluster,
         endpoint_nodes: None,
         options: Default::default(),
+        pods: None,
     };
-    let Some(service) = services.get(&(namespace.to_owned(), svc.name.clone())) else {
+    let key = (namespace.to_owned(), svc.name.clone());
+    let Some(service) = sources.services.get(&key) else {
         warnings.push(Warning {
             reason: "BackendMissing",
             note: format!("service {namespace}/{name} does not exist; requests get 503"),
         });
         return Ok(no_node_port(name, ns));
     };
+    let send_proxy =
+        send_proxy_of(service).map_err(|e| format!("service {namespace}/{name}: {e}"))?;
+    let mode = crate::core::pods::mode_of(service)
+        .map_err(|e| format!("service {namespace}/{name}: {e}"))?;
+    let options = hafleet_proto::BackendOptions { send_proxy, ..Default::default() };
+    if mode.unwrap_or(match sources.pods_by_default {
+        true => crate::core::pods::Mode::Pods,
+        false => crate::core::pods::Mode::Nodes,
+    }) == crate::core::pods::Mode::Pods
+    {
+        let pods = pods_backend(service, port, sources.endpoints.map(|e| e.pods.get(&key)));
+        let (service_port, pods) = pods.unwrap_or_else(|why| {
+            warnings.push(Warning {
+                reason: "RouteWithdrawn",
+                note: format!("service {namespace}/{name} {why}; requests get 503"),
+            });
+            (port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0), vec![])
+        });
+        if !pods.iter().any(|p| !p.draining) {
+            warnings.push(Warning {
+                reason: "NoReadyEndpoint",
+                note: format!(
+                    "service {namespace}/{name} is routed to its pods and has no ready endpoint \
+                     for port {service_port}; requests get 503"
+                ),
+            });
+        }
+        return Ok(Backend {
+            service: ServiceRef { namespace: ns, name, port: service_port, cluster: None },
+            node_port: None,
+            servers: vec![],
+            traffic_policy: TrafficPolicy::Cluster,
+            endpoint_nodes: None,
+            options,
+            pods: Some(pods),
+        });
+    }
     let (service_port, node_port, traffic_policy) = match node_port_of(service, port) {
         Ok(found) => found,
         Err(why) => {
@@ -446,10 +523,11 @@ fn backend(
     };
     // A Local Service's NodePort forwards only on nodes with an endpoint of their own (kube-proxy
     // drops its traffic on the others): the route names those nodes, when they can be known.
-    let endpoint_nodes = match (traffic_policy, endpoints) {
+    let endpoint_nodes = match (traffic_policy, sources.endpoints) {
         (TrafficPolicy::Local, Some(all)) => {
             let on: Vec<ObjectName> = all
-                .get(&(namespace.to_owned(), svc.name.clone()))
+                .nodes
+                .get(&key)
                 .into_iter()
                 .flatten()
                 .filter_map(|n| ObjectName::new(n.as_str()).ok())
@@ -467,16 +545,50 @@ fn backend(
         }
         _ => None,
     };
-    let send_proxy =
-        send_proxy_of(service).map_err(|e| format!("service {namespace}/{name}: {e}"))?;
     Ok(Backend {
         service: ServiceRef { namespace: ns, name, port: service_port, cluster: None },
         node_port: Some(node_port),
         servers: vec![],
         traffic_policy,
         endpoint_nodes,
-        options: hafleet_proto::BackendOptions { send_proxy, ..Default::default() },
+        options,
+        pods: None,
     })
+}
+
+/// In pods mode: the Service's port that `port` names and the serving endpoints behind it, or
+/// what keeps them from being known (completing "service ns/name …"). `slices` is `None` where
+/// the API server serves no EndpointSlices.
+fn pods_backend(
+    service: &Service,
+    port: &k8s_openapi::api::networking::v1::ServiceBackendPort,
+    slices: Option<Option<&Vec<std::sync::Arc<crate::core::pods::SliceView>>>>,
+) -> Result<(u16, Vec<hafleet_proto::PodEndpoint>), String> {
+    let found = service_port(service, port)?;
+    let service_port = u16::try_from(found.port).map_err(|_| "port is out of range")?;
+    let slices =
+        slices.ok_or("is routed to its pods, but the API server serves no EndpointSlices")?;
+    let name = found.name.as_deref().unwrap_or_default();
+    Ok((
+        service_port,
+        crate::core::pods::endpoints_of(slices.map_or(&[][..], |s| s.as_slice()), name),
+    ))
+}
+
+/// The Service's port that `port` names, by number or name (completing "service ns/name …").
+fn service_port<'a>(
+    service: &'a Service,
+    port: &k8s_openapi::api::networking::v1::ServiceBackendPort,
+) -> Result<&'a k8s_openapi::api::core::v1::ServicePort, String> {
+    let spec = service.spec.as_ref().ok_or("has no spec")?;
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let found = match (&port.number, &port.name) {
+        (Some(n), _) => ports.iter().find(|p| p.port == *n),
+        (None, Some(pname)) => ports.iter().find(|p| p.name.as_deref() == Some(pname.as_str())),
+        (None, None) => None,
+    };
+    let named = port.number.map(|n| n.to_string()).or_else(|| port.name.clone());
+    found.ok_or_else(|| format!("has no port {}", named.unwrap_or_default()))
 }
 
 /// The Service's annotation that asks HAProxy to speak the PROXY protocol to its servers.
@@ -506,14 +618,7 @@ fn node_port_of(
     if kind != "NodePort" && kind != "LoadBalancer" {
         return Err(format!("is of type {kind}, not NodePort or LoadBalancer"));
     }
-    let ports = spec.ports.as_deref().unwrap_or_default();
-    let found = match (&port.number, &port.name) {
-        (Some(n), _) => ports.iter().find(|p| p.port == *n),
-        (None, Some(pname)) => ports.iter().find(|p| p.name.as_deref() == Some(pname.as_str())),
-        (None, None) => None,
-    };
-    let named = port.number.map(|n| n.to_string()).or_else(|| port.name.clone());
-    let found = found.ok_or_else(|| format!("has no port {}", named.unwrap_or_default()))?;
+    let found = service_port(service, port)?;
     let node_port = found
         .node_port
         .and_then(|p| u16::try_from(p).ok())
@@ -527,274 +632,7 @@ fn node_port_of(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn ingress(v: serde_json::Value) -> Ingress {
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn web_ingress(host: &str, path: &str) -> Ingress {
-        ingress(json!({
-            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7",
-                         "creationTimestamp": "2026-01-01T00:00:00Z",
-                         "annotations": {"hafleet.io/fleet": "edge"}},
-            "spec": {"rules": [{"host": host, "http": {"paths": [
-                {"path": path, "pathType": "Prefix",
-                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}
-        }))
-    }
-
-    fn services(kind: &str) -> Services {
-        let svc: Service = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "shop"},
-            "spec": {"type": kind, "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}
-        }))
-        .unwrap();
-        [(("shop".to_owned(), "web".to_owned()), std::sync::Arc::new(svc))].into_iter().collect()
-    }
-
-    fn node(name: &str, ip: &str, ready: &str) -> Node {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "status": {"addresses": [{"type": "InternalIP", "address": ip}],
-                       "conditions": [{"type": "Ready", "status": ready}]}
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_nodeport_ingress_resolves_to_its_node_port_and_routes_go_to_ready_nodes() {
-        let r = resolve(&web_ingress("shop.example.com", "/"), None, &services("NodePort"), None)
-            .unwrap();
-        assert_eq!(r.fleet.as_str(), "edge");
-        assert_eq!(r.key.to_string(), "shop/web");
-        assert_eq!(r.resource_version, "7");
-        assert_eq!(r.created_unix, 1_767_225_600);
-        assert_eq!(r.routes[0].backend.node_port, Some(30080));
-        assert!(r.routes[0].backend.servers.is_empty(), "nodes travel on their own");
-        let nodes = [
-            node("n2", "127.0.0.3", "True"),
-            node("n1", "127.0.0.2", "True"),
-            node("n3", "127.0.0.4", "False"),
-        ];
-        let ready: Vec<String> =
-            ready_nodes(&nodes).iter().map(|n| format!("{} {}", n.name, n.addr)).collect();
-        assert_eq!(ready, ["n1 127.0.0.2", "n2 127.0.0.3"]);
-    }
-
-    #[test]
-    fn cordoned_nodes_serve_and_excluded_ones_do_not() {
-        let mut cordoned = node("n1", "127.0.0.2", "True");
-        cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
-        let mut excluded = node("n2", "127.0.0.3", "True");
-        excluded.metadata.labels = Some([(EXCLUDE_FROM_LB_LABEL.to_owned(), String::new())].into());
-        let ready = ready_nodes(&[cordoned, excluded]);
-        let nodes: Vec<&str> = ready.iter().map(|n| n.name.as_str()).collect();
-        assert_eq!(nodes, ["n1"]);
-    }
-
-    #[test]
-    fn without_the_annotation_or_with_another_class_it_is_not_ours() {
-        let mut ing = web_ingress("a.com", "/");
-        let s = services("NodePort");
-        assert!(resolve(&ing, Some("hafleet"), &s, None) == Err(Refused::NotSelected));
-        ing.spec.as_mut().unwrap().ingress_class_name = Some("hafleet".into());
-        assert!(resolve(&ing, Some("hafleet"), &s, None).is_ok());
-        ing.metadata.annotations = None;
-        assert_eq!(resolve(&ing, None, &s, None), Err(Refused::NotSelected));
-    }
-
-    #[test]
-    fn injection_attempts_are_refused_with_reasons() {
-        let s = services("NodePort");
-        let Err(Refused::Invalid(why)) =
-            resolve(&web_ingress("a.com", "/x\n    use_backend evil"), None, &s, None)
-        else {
-            panic!("a path with a newline must be refused")
-        };
-        assert!(why[0].starts_with("rules[0].http.paths[0].path"), "{why:?}");
-        let Err(Refused::Invalid(why)) = resolve(&web_ingress("a.com }", "/"), None, &s, None)
-        else {
-            panic!("a host with a brace must be refused")
-        };
-        assert!(why[0].starts_with("rules[0].host"), "{why:?}");
-        let mut bad_fleet = web_ingress("a.com", "/");
-        bad_fleet
-            .metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(FLEET_ANNOTATION.into(), "Edge!".into());
-        assert!(matches!(resolve(&bad_fleet, None, &s, None), Err(Refused::Invalid(_))));
-    }
-
-    fn slice(v: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn a_local_service_names_the_nodes_with_a_ready_endpoint_from_either_slice_version() {
-        let mut s = services("NodePort");
-        let svc = s.get_mut(&("shop".to_owned(), "web".to_owned())).unwrap();
-        std::sync::Arc::make_mut(svc).spec.as_mut().unwrap().external_traffic_policy =
-            Some("Local".into());
-        let meta = |name: &str| {
-            json!({"name": name, "namespace": "shop",
-                   "labels": {"kubernetes.io/service-name": "web"}})
-        };
-        let v1 = slice(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": meta("web-a"), "addressType": "IPv4",
-            "endpoints": [
-                {"addresses": ["10.1.0.1"], "nodeName": "n1", "conditions": {"ready": true}},
-                {"addresses": ["10.1.0.2"], "nodeName": "n2", "conditions": {"ready": false}},
-                {"addresses": ["10.1.0.3"], "nodeName": "n3"},
-                {"addresses": ["10.1.0.9"]}
-            ]
-        }));
-        // v1beta1 (Kubernetes 1.20): the node is found by its hostname label.
-        let v1beta1 = slice(json!({
-            "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
-            "metadata": meta("web-b"), "addressType": "IPv4",
-            "endpoints": [
-                {"addresses": ["10.1.0.4"], "topology": {"kubernetes.io/hostname": "host-5"}},
-                {"addresses": ["10.1.0.5"], "topology": {"kubernetes.io/hostname": "n6"}}
-            ]
-        }));
-        let mut n5 = node("n5", "10.0.0.5", "True");
-        n5.metadata.labels = Some([(HOSTNAME_LABEL.to_owned(), "host-5".to_owned())].into());
-        let other = slice(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "x", "namespace": "shop",
-                         "labels": {"kubernetes.io/service-name": "other"}},
-            "addressType": "IPv4", "endpoints": [{"addresses": ["10.1.0.8"], "nodeName": "n9"}]
-        }));
-        let eps = endpoints([&v1, &v1beta1, &other], [&n5]);
-        let r = resolve(&web_ingress("a.com", "/"), None, &s, Some(&eps)).unwrap();
-        let b = &r.routes[0].backend;
-        assert_eq!(b.traffic_policy, TrafficPolicy::Local);
-        let on: Vec<&str> = b.endpoint_nodes.iter().flatten().map(|n| n.as_str()).collect();
-        assert_eq!(on, ["n1", "n3", "n5", "n6"], "not n2 (not ready), not n9 (another Service)");
-        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
-        // No slice: no node serves it, and the owner is told.
-        let r = resolve(&web_ingress("a.com", "/"), None, &s, Some(&Endpoints::new())).unwrap();
-        assert_eq!(r.routes[0].backend.endpoint_nodes, Some(vec![]));
-        assert_eq!(r.warnings[0].reason, "NoReadyEndpoint");
-        assert!(r.warnings[0].note.contains("no ready endpoint"), "{:?}", r.warnings);
-        // EndpointSlices not served: unknown, every node (as before).
-        let r = resolve(&web_ingress("a.com", "/"), None, &s, None).unwrap();
-        assert_eq!(r.routes[0].backend.endpoint_nodes, None);
-        // A Cluster Service does not name endpoints: every node forwards.
-        let r = resolve(&web_ingress("a.com", "/"), None, &services("NodePort"), Some(&eps));
-        assert_eq!(r.unwrap().routes[0].backend.endpoint_nodes, None);
-    }
-
-    /// The memo answers as `resolve` would, and resolves anew exactly when the Ingress object,
-    /// a Service it names (changed, gone or come) or such a Service's endpoint nodes changed.
-    #[test]
-    fn the_memo_resolves_again_only_what_changed_and_forgets_what_went() {
-        use std::sync::Arc;
-        let mut memo = Memo::default();
-        let web = Arc::new(web_ingress("a.com", "/"));
-        let other = Arc::new(ingress(json!({
-            "metadata": {"name": "other", "namespace": "shop",
-                         "annotations": {"hafleet.io/fleet": "edge"}},
-            "spec": {"defaultBackend": {"service": {"name": "missing", "port": {"number": 80}}}}
-        })));
-        let mut s = services("NodePort");
-        let pass = |memo: &mut Memo,
-                    s: &Services,
-                    eps: Option<&Endpoints>,
-                    ings: &[&Arc<Ingress>]| {
-            memo.begin_pass();
-            let out: Vec<_> = ings.iter().map(|i| memo.resolve(i, None, s, eps)).collect();
-            memo.end_pass();
-            for (ing, got) in ings.iter().zip(&out) {
-                assert_eq!(got, &resolve(ing, None, s, eps), "the memo answers as resolve does");
-            }
-            (memo.fresh(), out)
-        };
-        assert_eq!(pass(&mut memo, &s, None, &[&web, &other]).0, 2);
-        assert_eq!(pass(&mut memo, &s, None, &[&web, &other]).0, 0, "nothing changed");
-
-        // The Service it names changes (a new object in the cache): resolved anew.
-        let key = ("shop".to_owned(), "web".to_owned());
-        let mut svc = (*s[&key]).clone();
-        svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].node_port = Some(30081);
-        s.insert(key.clone(), Arc::new(svc));
-        let (fresh, out) = pass(&mut memo, &s, None, &[&web, &other]);
-        assert_eq!(fresh, 1, "only the Ingress that names it");
-        assert_eq!(out[0].as_ref().unwrap().routes[0].backend.node_port, Some(30081));
-
-        // A Service it names that did not exist appears.
-        let mut missing = (*s[&key]).clone();
-        missing.metadata.name = Some("missing".into());
-        s.insert(("shop".to_owned(), "missing".to_owned()), Arc::new(missing));
-        let (fresh, out) = pass(&mut memo, &s, None, &[&web, &other]);
-        assert_eq!(fresh, 1);
-        assert!(out[1].as_ref().unwrap().warnings.is_empty(), "no longer BackendMissing");
-
-        // The Service goes Local: its endpoint nodes count, and a change of them too.
-        let mut local = (*s[&key]).clone();
-        local.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
-        s.insert(key.clone(), Arc::new(local));
-        let mut eps = Endpoints::new();
-        eps.insert(key.clone(), ["n1".to_owned()].into());
-        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&web, &other]).0, 1);
-        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&web, &other]).0, 0);
-        eps.insert(key.clone(), ["n1".to_owned(), "n2".to_owned()].into());
-        let (fresh, out) = pass(&mut memo, &s, Some(&eps), &[&web, &other]);
-        assert_eq!(fresh, 1);
-        let on = out[0].as_ref().unwrap().routes[0].backend.endpoint_nodes.clone().unwrap();
-        assert_eq!(on.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
-
-        // An edited Ingress is a new object: resolved anew, and the old one forgotten; an
-        // Ingress no longer listed is forgotten too.
-        let edited = Arc::new(web_ingress("b.com", "/"));
-        let (fresh, out) = pass(&mut memo, &s, Some(&eps), &[&edited]);
-        assert_eq!(fresh, 1);
-        assert_eq!(out[0].as_ref().unwrap().routes[0].host.as_ref().unwrap().as_str(), "b.com");
-        assert_eq!(memo.len(), 1, "web's old object and other are forgotten");
-        assert_eq!(pass(&mut memo, &s, Some(&eps), &[&edited, &other]).0, 1, "other comes back");
-    }
-
-    /// A route must never stay on a NodePort its Service no longer has: Kubernetes may give
-    /// that port to another Service.
-    #[test]
-    fn a_service_that_cannot_be_reached_through_a_node_port_withdraws_the_route() {
-        let with_spec = |spec: serde_json::Value| -> Services {
-            let svc: Service = serde_json::from_value(
-                json!({"metadata": {"name": "web", "namespace": "shop"}, "spec": spec}),
-            )
-            .unwrap();
-            [(("shop".to_owned(), "web".to_owned()), std::sync::Arc::new(svc))]
-                .into_iter()
-                .collect()
-        };
-        for (spec, why) in [
-            (json!({"type": "ClusterIP", "ports": [{"port": 80}]}), "is of type ClusterIP"),
-            (json!({"type": "NodePort", "ports": [{"port": 81, "nodePort": 30081}]}), "no port 80"),
-            (json!({"type": "NodePort", "ports": [{"port": 80}]}), "port 80 has no nodePort"),
-        ] {
-            let r = resolve(&web_ingress("a.com", "/"), None, &with_spec(spec), None).unwrap();
-            let b = &r.routes[0].backend;
-            assert_eq!((b.node_port, b.service.port), (None, 80), "{why}");
-            assert_eq!(r.warnings.len(), 1, "{why}");
-            assert_eq!(r.warnings[0].reason, "RouteWithdrawn");
-            assert!(r.warnings[0].note.contains(why), "{}", r.warnings[0].note);
-            assert!(r.warnings[0].note.contains("503"), "{}", r.warnings[0].note);
-        }
-    }
-
-    #[test]
-    fn a_missing_service_routes_to_nothing_with_a_warning() {
-        let r = resolve(&web_ingress("a.com", "/"), None, &Services::default(), None).unwrap();
-        assert_eq!(r.routes[0].backend.node_port, None);
-        assert_eq!(r.warnings.len(), 1);
-    }
-}
+mod tests;
 
 /// Shared fixtures for the watcher's unit tests.
 #[cfg(test)]
@@ -832,6 +670,7 @@ pub(crate) mod tests_support {
                 traffic_policy: TrafficPolicy::Cluster,
                 endpoint_nodes: None,
                 options: Default::default(),
+                pods: None,
             },
         }
     }

@@ -53,13 +53,18 @@ pub fn route_event(
     (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
 ) -> RouteMessage {
     // The Ingress and the Services its routes go to are this cluster's.
+    let mut schema = hafleet_proto::route_schema(cluster);
     if let RouteChange::Upsert { routes, .. } = &mut change {
         for route in routes.iter_mut() {
             route.backend.service.cluster = cluster.cloned();
+            // A renderer that cannot read pods parks the event rather than serve it nothing.
+            if route.backend.pods.is_some() {
+                schema = schema.max(hafleet_proto::PODS_SCHEMA_VERSION);
+            }
         }
     }
     RouteMessage::Event(RouteEvent {
-        schema: hafleet_proto::route_schema(cluster),
+        schema,
         fleet: fleet.clone(),
         ingress: key.clone().in_cluster(cluster),
         created_unix,
@@ -67,4 +72,27 @@ pub fn route_event(
         change,
         epoch,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route event that names a Service in pods mode is of the schema that carries pods, so
+    /// that a renderer that cannot read them parks it; any other keeps its schema.
+    #[test]
+    fn an_event_with_pods_is_of_the_pods_schema() {
+        let r = crate::core::resolve::tests_support::resolved("shop", "web", "edge", 1);
+        let event = |routes: Vec<hafleet_proto::Route>| {
+            let change = RouteChange::Upsert { routes, tls: vec![] };
+            match route_event(&r.fleet, &r.key, 0, "1", change, (1, None)) {
+                RouteMessage::Event(e) => e.schema,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(event(r.routes.to_vec()), hafleet_proto::SCHEMA_VERSION);
+        let mut pods = r.routes.to_vec();
+        pods[0].backend.pods = Some(vec![]);
+        assert_eq!(event(pods), hafleet_proto::PODS_SCHEMA_VERSION);
+    }
 }

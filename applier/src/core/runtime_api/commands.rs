@@ -211,6 +211,13 @@ pub fn commands(
                     line.push_str(p);
                 }
                 out.push(Command::new(line, Expect::OneOf(&["New server registered."])));
+                // A server added at runtime starts with its check stopped, and in maintenance.
+                if params.iter().any(|p| p == "check") {
+                    out.push(Command::new(
+                        format!("enable health {backend}/{server}"),
+                        Expect::Empty,
+                    ));
+                }
                 out.push(Command::new(format!("enable server {backend}/{server}"), Expect::Empty));
             }
             Step::RemoveServer { backend, server } => {

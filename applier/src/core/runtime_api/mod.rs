@@ -7,12 +7,14 @@
 //! - the map files' names and contents (each changed map is replaced atomically: `prepare map`,
 //!   `add map @<ver>`, `commit map`);
 //! - the server lines of backends both configs have: an address or port (`set server … addr`),
-//!   a weight (`set server … weight`), a server gone (`set server … state maint`, then
-//!   `del server`, which HAProxy may refuse while connections last: the server then stays in
-//!   maintenance and takes no traffic), or a server added that tracks another server for its
-//!   health (`add server … track`, `enable server`).
+//!   a weight (`set server … weight`; a pod draining is weight 0), a server gone (`set server
+//!   … state maint`, then `del server`, which HAProxy may refuse while connections last: the
+//!   server then stays in maintenance and takes no traffic, and its open connections finish),
+//!   or a server added: one that tracks another server for its health (`add server … track`,
+//!   `enable server`), or a pod's endpoint that checks itself (`add server … check`, `enable
+//!   health`, `enable server`).
 //!
-//! Anything else (a backend added or removed, a server that needs its own health check, any
+//! Anything else (a backend added or removed, a server option `add server` does not take, any
 //! other line) needs a reload, and so does any command HAProxy refuses: the rollout then
 //! reloads onto the files, which are written before any command is sent. The files on disk
 //! always hold the next bundle, so a later reload or restart changes nothing.
@@ -117,6 +119,8 @@ struct Parsed<'a> {
     backends: BTreeMap<&'a str, ParsedBackend<'a>>,
     /// Tokens of every `default-server` line of every `defaults` section.
     default_servers: Vec<Vec<&'a str>>,
+    /// `backend/server` of every server another one tracks.
+    tracked: BTreeSet<String>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -253,6 +257,14 @@ fn parse(config: &str) -> Result<Parsed<'_>, String> {
                 let backend = parsed.backends.get_mut(name).expect("inserted at its header");
                 let words: Vec<&str> = line.split_whitespace().collect();
                 if let ["server", server, addr, params @ ..] = words.as_slice() {
+                    if let Some(at) = params.iter().position(|w| *w == "track")
+                        && let Some(target) = params.get(at + 1)
+                    {
+                        parsed.tracked.insert(match target.contains('/') {
+                            true => (*target).to_owned(),
+                            false => format!("{name}/{target}"),
+                        });
+                    }
                     if backend.servers.insert(server, (addr, params.to_vec())).is_some() {
                         return Err(format!("server {name}/{server} appears twice"));
                     }
@@ -305,19 +317,29 @@ fn split_weight<'a>(params: &[&'a str]) -> (Vec<&'a str>, Option<&'a str>) {
 /// Keywords of `default-server` (besides `check` and `no-check`) that only time a server's own
 /// health checks, each with a value. A server with `no-check` and `track` runs none, so added
 /// at runtime (where it inherits no `default-server`) it behaves as the same line read from
-/// the file.
+/// the file; a server that checks itself is given them explicitly.
 const CHECK_TIMING: &[&str] = &["inter", "fastinter", "downinter", "fall", "rise"];
 
+/// Keywords of a server line (each with a value, but for the flags) that `add server` takes
+/// and that act the same on a server added at runtime.
+const RUNTIME_KEYWORDS: &[&str] = &["weight", "maxconn"];
+const RUNTIME_FLAGS: &[&str] = &["send-proxy", "send-proxy-v2"];
+
 /// The parameters `add server` takes for a server line of the file, if it is one that
-/// behaves the same when added at runtime: it tracks another server for its health (HAProxy
-/// refuses `no-check` on `add server`; a server added at runtime checks nothing anyway), with
-/// at most a weight besides.
+/// behaves the same when added at runtime, where it inherits no `default-server`:
+/// - one that tracks another server for its health (HAProxy refuses `no-check` on `add
+///   server`; a server added at runtime checks nothing anyway), with at most a weight besides;
+/// - one that runs its own health check (a pod's endpoint), given the check's timing it
+///   would inherit, with at most a weight, a maxconn and the PROXY protocol besides. Its check
+///   is started after it is added ([`commands`]: `enable health`).
 fn dynamic_params(
     params: &[&str],
     backend_defaults: &[&str],
     defaults: &[Vec<&str>],
 ) -> Result<Vec<String>, String> {
     let mut checks_by_default = false;
+    // The check's timing, as the server would inherit it (a later default wins).
+    let mut timing: BTreeMap<&str, &str> = BTreeMap::new();
     let inherited: Vec<&str> =
         defaults.iter().flatten().copied().chain(backend_defaults.iter().copied()).collect();
     let mut words = inherited.iter();
@@ -326,7 +348,9 @@ fn dynamic_params(
             "check" => checks_by_default = true,
             "no-check" => checks_by_default = false,
             w if CHECK_TIMING.contains(&w) => {
-                words.next();
+                let value =
+                    words.next().ok_or_else(|| format!("default-server {w} without a value"))?;
+                timing.insert(w, value);
             }
             w => {
                 return Err(format!(
@@ -336,34 +360,55 @@ fn dynamic_params(
         }
     }
     let mut out = Vec::new();
-    let (mut no_check, mut track) = (false, false);
+    let (mut no_check, mut check, mut track) = (false, false, false);
     let mut words = params.iter();
     while let Some(&w) = words.next() {
         match w {
             "no-check" => no_check = true,
-            "track" | "weight" => {
+            "check" => check = true,
+            w if CHECK_TIMING.contains(&w) => {
                 let value = words.next().ok_or_else(|| format!("{w} without a value"))?;
-                track |= w == "track";
+                timing.insert(w, value);
+            }
+            "track" => {
+                let value = words.next().ok_or("track without a value")?;
+                track = true;
                 out.extend([w.to_owned(), (*value).to_owned()]);
             }
+            w if RUNTIME_KEYWORDS.contains(&w) => {
+                let value = words.next().ok_or_else(|| format!("{w} without a value"))?;
+                out.extend([w.to_owned(), (*value).to_owned()]);
+            }
+            w if RUNTIME_FLAGS.contains(&w) => out.push(w.to_owned()),
             other => return Err(format!("it sets {other}")),
         }
     }
-    if !track {
-        return Err("it runs its own health check (only servers that track another can be added at runtime)".into());
+    let own_check = (check || checks_by_default) && !no_check;
+    if track {
+        if own_check {
+            return Err("it would run its own health check besides tracking".into());
+        }
+        if out.len() > 2 && !matches!(out.as_slice(), [_, _, w, _] if w == "weight") {
+            return Err("a server that tracks another takes at most a weight at runtime".into());
+        }
+        return Ok(out);
     }
-    if checks_by_default && !no_check {
-        return Err("it would run its own health check besides tracking".into());
+    if own_check {
+        out.push("check".to_owned());
+        for (w, value) in timing {
+            out.extend([w.to_owned(), value.to_owned()]);
+        }
     }
     Ok(out)
 }
 
-/// The servers of one backend present in both configs: what changed, as steps.
+/// The servers of one backend present in both configs (`config` the next one): what changed,
+/// as steps.
 fn server_steps(
     name: &str,
     old: &ParsedBackend<'_>,
     new: &ParsedBackend<'_>,
-    defaults: &[Vec<&str>],
+    config: &Parsed<'_>,
     added: &mut Vec<Step>,
     changed: &mut Vec<Step>,
     removed: &mut Vec<Step>,
@@ -380,9 +425,14 @@ fn server_steps(
     for server in &new.order {
         let (addr, params) = &new.servers[server];
         let Some((old_addr, old_params)) = old.servers.get(server) else {
-            let params = dynamic_params(params, &backend_defaults, defaults).map_err(|why| {
-                format!("server {name}/{server} cannot be added at runtime: {why}")
-            })?;
+            let cannot =
+                |why: &str| format!("server {name}/{server} cannot be added at runtime: {why}");
+            // HAProxy lets no server track one added at runtime.
+            if config.tracked.contains(&format!("{name}/{server}")) {
+                return Err(cannot("other servers track it"));
+            }
+            let params = dynamic_params(params, &backend_defaults, &config.default_servers)
+                .map_err(|why| cannot(&why))?;
             if ip_port(addr).is_none() {
                 return Err(format!("server {name}/{server} has no ip:port address"));
             }
@@ -663,7 +713,7 @@ fn try_plan(loaded: &Bundle, next: &Bundle) -> Result<Vec<Step>, String> {
                 name,
                 old_backend,
                 new_backend,
-                &new.default_servers,
+                &new,
                 &mut added,
                 &mut changed,
                 &mut removed,
@@ -854,7 +904,8 @@ fn command_count(steps: &[Step]) -> usize {
         .iter()
         .map(|s| match s {
             Step::ReplaceMap { content, .. } => 2 + content.len() / MAP_PAYLOAD_BYTES,
-            Step::AddServer { .. } | Step::RemoveServer { .. } => 2,
+            Step::AddServer { params, .. } => 2 + usize::from(params.iter().any(|p| p == "check")),
+            Step::RemoveServer { .. } => 2,
             _ => 1,
         })
         .sum()

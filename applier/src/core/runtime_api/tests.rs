@@ -333,14 +333,17 @@ fn new_backends_are_served_through_free_spares_ahead_of_their_reload() {
     balanced.config =
         balanced.config.replace("backend be_b\n", "backend be_b\n    balance leastconn\n");
     assert!(matches!(plan(&a, &balanced), Plan::Reload(_)));
-    // Servers that check their own health cannot be added at runtime.
+    // Servers that check their own health (a new Service in pods mode) are added to the spare
+    // with their check.
     let mut checked = b.clone();
     checked.config = checked.config.replace(
         "server n1 10.0.0.1:30080 no-check track hafleet_nodes/n1\n    server n2 10.0.0.2:30081 no-check track hafleet_nodes/n2\n\nbackend hafleet_spare_0",
         "server n1 10.0.0.1:30080\n\nbackend hafleet_spare_0",
     );
     assert_ne!(checked.config, b.config);
-    assert!(matches!(plan(&a, &checked), Plan::Reload(_)));
+    let Plan::Bridged { bridge, .. } = plan(&a, &checked) else { panic!("bridged") };
+    let checks = |s: &Step| matches!(s, Step::AddServer { params, .. } if params[0] == "check");
+    assert!(bridge.steps.iter().any(checks), "{:?}", bridge.steps);
 }
 
 #[test]
@@ -721,4 +724,88 @@ proptest::proptest! {
             other => proptest::prop_assert!(false, "needs no reload, planned {other:?}"),
         }
     }
+}
+
+/// `bundle` with one more backend, `be_pods`, whose servers (name, ip:port, extra parameters)
+/// check themselves, as the renderer writes pods mode's.
+fn with_pods(base: &Bundle, servers: &[(&str, &str)]) -> Bundle {
+    let mut b = base.clone();
+    b.config.push_str("\nbackend be_pods\n    option httpchk GET /healthz\n");
+    for (addr, extra) in servers {
+        b.config.push_str(&format!("    server {addr} {addr}{extra}\n"));
+    }
+    b
+}
+
+#[test]
+fn a_pod_that_checks_itself_is_added_at_runtime_with_the_check_it_would_inherit() {
+    let base = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+    let a = with_pods(&base, &[("10.2.0.1:8080", ""), ("10.2.0.2:8080", "")]);
+    let b = with_pods(
+        &base,
+        &[("10.2.0.1:8080", " weight 0"), ("10.2.0.3:8080", " maxconn 100 send-proxy-v2")],
+    );
+    let Plan::Runtime(steps) = plan(&a, &b) else { panic!("pod churn needs no reload") };
+    assert_eq!(
+        steps,
+        vec![
+            Step::AddServer {
+                backend: "be_pods".into(),
+                server: "10.2.0.3:8080".into(),
+                addr: "10.2.0.3:8080".into(),
+                // What `default-server` would have given it, spelt out.
+                params: ["maxconn", "100", "send-proxy-v2", "check", "fall", "2", "inter", "2s"]
+                    .into_iter()
+                    .chain(["rise", "2"])
+                    .map(String::from)
+                    .collect(),
+            },
+            // Draining: no new requests.
+            Step::SetWeight {
+                backend: "be_pods".into(),
+                server: "10.2.0.1:8080".into(),
+                weight: 0
+            },
+            Step::RemoveServer { backend: "be_pods".into(), server: "10.2.0.2:8080".into() },
+        ]
+    );
+    let sent: Vec<String> = commands(&steps, &PreparedMaps::new(), &CertInputs::default())
+        .unwrap()
+        .iter()
+        .map(|c| c.line.clone())
+        .collect();
+    let add = sent.iter().position(|l| l.starts_with("add server be_pods/10.2.0.3:8080 ")).unwrap();
+    assert_eq!(
+        sent[add + 1..add + 3],
+        ["enable health be_pods/10.2.0.3:8080", "enable server be_pods/10.2.0.3:8080"],
+        "its check started, then it serves"
+    );
+    // Back to ready: weight 1 again.
+    let Plan::Runtime(steps) = plan(&b, &with_pods(&base, &[("10.2.0.1:8080", "")])) else {
+        panic!("no reload")
+    };
+    assert!(steps.contains(&Step::SetWeight {
+        backend: "be_pods".into(),
+        server: "10.2.0.1:8080".into(),
+        weight: 1
+    }));
+}
+
+#[test]
+fn a_server_other_servers_track_or_with_options_add_server_lacks_needs_a_reload() {
+    let base = bundle(NODES, &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+    let a = with_pods(&base, &[]);
+    let sticky = with_pods(&base, &[("10.2.0.1:8080", " cookie 10.2.0.1:8080")]);
+    let Plan::Reload(why) = plan(&a, &sticky) else { panic!("add server takes no cookie") };
+    assert!(why.contains("it sets cookie"), "{why}");
+    // A node is checked once and tracked by others: HAProxy cannot track a server added at
+    // runtime, so a new node is a reload.
+    let one = bundle(&NODES[..1], &[("be_a", &[("n1", "10.0.0.1:30080")])], "x be_a\n");
+    let two = bundle(
+        NODES,
+        &[("be_a", &[("n1", "10.0.0.1:30080"), ("n2", "10.0.0.2:30080")])],
+        "x be_a\n",
+    );
+    let Plan::Reload(why) = plan(&one, &two) else { panic!("a tracked server is a reload") };
+    assert!(why.contains("hafleet_nodes/n2") && why.contains("track"), "{why}");
 }

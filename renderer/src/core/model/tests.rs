@@ -24,6 +24,7 @@ pub(crate) fn route(host: Option<&str>, path: &str, kind: PathKind, svc: &str) -
             traffic_policy: hafleet_proto::TrafficPolicy::Cluster,
             endpoint_nodes: None,
             options: Default::default(),
+            pods: None,
         },
     }
 }
@@ -102,6 +103,7 @@ fn backend_on(svc: usize, policy: TrafficPolicy) -> Backend {
         traffic_policy: policy,
         endpoint_nodes: None,
         options: Default::default(),
+        pods: None,
     }
 }
 

@@ -38,7 +38,7 @@ fn services(namespaces: &[&str]) -> Services {
 
 fn rules() -> Rules<'static> {
     Rules {
-        ingress_class: None,
+        resolve: Default::default(),
         namespaces_own_hosts: true,
         limits: IngressLimits { max_paths: 100, max_bytes: 1 << 20, cluster: None },
         payload_limit: 1 << 20,
