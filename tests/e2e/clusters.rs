@@ -101,6 +101,24 @@ async fn two_clusters_feed_one_fleet_and_each_snapshot_sweeps_only_its_own() -> 
     east_ingresses.create(&PostParams::default(), &blog).await?;
     expect_everywhere(&world.stack, "blog.east.example.com", "/", 200, "east-web@").await?;
 
+    // A Service of east in pods mode: its pod is a server of east's backend, named by its
+    // address, and later sweeps of east's Ingresses leave it alone.
+    let port = hafleet_tests::free_port(std::net::Ipv4Addr::LOCALHOST.into());
+    let east_pod = hafleet_tests::pods::start_pod("east-pod", port).await?;
+    let east_client = east.client().await?;
+    hafleet_tests::pods::create_pods_service(east_client.clone(), "default", "pods", port, true)
+        .await?;
+    let pod = [(hafleet_tests::pods::ip(&east_pod), hafleet_tests::pods::Condition::Ready)];
+    let east_slices = hafleet_tests::pods::Slices::of(east_client, "default").await?;
+    east_slices.put("pods-1", "pods", port, &pod).await?;
+    let pods = ingress("pods", Some("edge"), "pods.east.example.com", "/", "pods");
+    east_ingresses.create(&PostParams::default(), &pods).await?;
+    expect_everywhere(&world.stack, "pods.east.example.com", "/", 200, "east-pod").await?;
+    let config = world.stack.hosts[0].live_config();
+    let server = format!("    server {0} {0}\n", east_pod.addr());
+    let backend = config.split("backend be_default_pods_80:east\n").nth(1).unwrap_or_default();
+    assert!(backend.split("\nbackend ").next().unwrap_or_default().contains(&server), "{config}");
+
     // East's last run had a clock an hour ahead (its nodes message says so), and the stream's
     // newest message is then the other cluster's: east's next run must still take an epoch
     // above its own cluster's last, or the renderer fences off its snapshot below.
@@ -133,5 +151,6 @@ async fn two_clusters_feed_one_fleet_and_each_snapshot_sweeps_only_its_own() -> 
         .collect();
     assert_eq!(swept, ["default/shop@east"]);
     expect_everywhere(&world.stack, "blog.east.example.com", "/", 200, "east-web@").await?;
+    expect_everywhere(&world.stack, "pods.east.example.com", "/", 200, "east-pod").await?;
     Ok(())
 }

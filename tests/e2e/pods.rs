@@ -127,19 +127,38 @@ async fn traffic_goes_to_exactly_the_ready_pods_and_follows_them_without_a_reloa
     drop(pods.remove(0));
     let p4 = &pods[2];
     until_served_by(stack, "shop.example.com", &[p4]).await?;
-    let server = &p1_server;
-    on_every_host(stack, CONVERGE, "shop-pod-1 down by its own check", |h| async move {
+    until_down(stack, &p1_server).await?;
+    assert_eq!(reloads(stack)?, before, "health checks reload nothing");
+    expect_everywhere(stack, "shop.example.com", "/", 200, "shop-pod-4").await?;
+
+    // With `hafleet.io/health-check-path` the check is HTTP, for the pods the config lists and
+    // for one added at runtime alike: a path that answers 503 takes every pod out.
+    let patch = serde_json::json!({"metadata": {"annotations":
+        {"hafleet.io/health-check-path": "/status/503"}}});
+    let patch = kube::api::Patch::Merge(&patch);
+    world.ingresses.patch("shop", &kube::api::PatchParams::default(), &patch).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 503, "").await?;
+    let p5 = start_pod("shop-pod-5", port).await?;
+    let settled = reloads(stack)?;
+    slices.put("shop-1", "shop", port, &endpoints(&[(p4, Ready), (&p5, Ready)])).await?;
+    until_down(stack, &format!("{}:{port}", ip(&p5))).await?;
+    assert_eq!(reloads(stack)?, settled, "added at runtime, checked over HTTP");
+    expect_everywhere(stack, "shop.example.com", "/", 503, "").await?;
+    Ok(())
+}
+
+/// Waits until every host's HAProxy has server `name` down by its health check.
+async fn until_down(stack: &Stack, name: &str) -> Result<()> {
+    on_every_host(stack, CONVERGE, &format!("{name} down by its own check"), |h| async move {
         // `show servers state`: backend id and name, server id and name, address, then the
         // operational state (0: down).
         let state = h.master_cli("@1 show servers state")?;
-        let line = state.lines().find(|l| l.split_whitespace().nth(3) == Some(server.as_str()));
+        let line = state.lines().find(|l| l.split_whitespace().nth(3) == Some(name));
         let op = line.and_then(|l| l.split_whitespace().nth(5));
         anyhow::ensure!(op == Some("0"), "{line:?}");
         Ok(())
     })
     .await?;
-    assert_eq!(reloads(stack)?, before, "health checks reload nothing");
-    expect_everywhere(stack, "shop.example.com", "/", 200, "shop-pod-4").await?;
     Ok(())
 }
 

@@ -10,8 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-/// Answers every request with `200` and the body `"<name> <request-path>\n"` (after a while
-/// for `/slow/<ms>`), then closes the connection. Stops listening (and drops open connections) on drop.
+/// Answers every request with `200` (the status `<code>` for `/status/<code>`) and the body
+/// `"<name> <request-path>\n"` (after a while for `/slow/<ms>`), then closes the connection. Stops listening (and drops open connections) on drop.
 pub struct HttpBackend {
     name: String,
     addr: SocketAddr,
@@ -93,9 +93,15 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>) {
     if let Some(ms) = path.strip_prefix("/slow/").and_then(|ms| ms.parse::<u64>().ok()) {
         tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
     }
+    // `/status/<code>`: answers with that status (a health check that fails, say).
+    let status = path
+        .strip_prefix("/status/")
+        .and_then(|c| c.parse::<u16>().ok())
+        .filter(|c| (200..600).contains(c))
+        .unwrap_or(200);
     let body = format!("{name} {path}\n");
     let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} Hafleet\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
          X-Hafleet-Backend: {name}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
