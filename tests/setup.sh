@@ -9,7 +9,11 @@ set -euo pipefail
 
 KUBE_VERSION=1.20.2
 CACHE="${HAFLEET_CACHE:-$HOME/.cache/hafleet}"
-KUBE_BIN="$CACHE/kube-$KUBE_VERSION/kube-apiserver"
+# Built with github.com/modern-go/reflect2 v1.0.2 (Debian's golang-github-modern-go-reflect2-dev)
+# in place of the vendored v1.0.1, which crashes under Go >= 1.18 on the first custom resource
+# (`fatal error: fault` in map iteration); the cache key says so, so an older build is replaced.
+KUBE_BIN="$CACHE/kube-$KUBE_VERSION-reflect2/kube-apiserver"
+REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 # HAProxy 3.0 as trixie has it (its upstream tarball, without Debian's patches), for
 # HAFLEET_HAPROXY=<path>: the test hosts and the demo run it instead of bookworm's 2.6.
 # The sha256 is the one trixie's signed Sources index gives for the tarball.
@@ -32,8 +36,8 @@ command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 command -v curl >/dev/null || need_pkgs+=(curl)
 command -v openssl >/dev/null || need_pkgs+=(openssl)
 command -v socat >/dev/null || need_pkgs+=(socat)
-# The host scripts' tests run each script in dash, busybox sh and bash; CI checks them with
-# shellcheck (applier/src/host/scripts).
+# The host scripts' tests run each script in dash, busybox sh and bash; CI lints them
+# (applier/src/host/scripts) with shellcheck.
 command -v dash >/dev/null || need_pkgs+=(dash)
 command -v busybox >/dev/null || need_pkgs+=(busybox)
 command -v shellcheck >/dev/null || need_pkgs+=(shellcheck)
@@ -54,6 +58,7 @@ if [ ! -x "$HAPROXY30_BIN" ]; then
 fi
 if ! $have_assets && [ ! -x "$KUBE_BIN" ]; then
   command -v go >/dev/null || need_pkgs+=(golang-go)
+  [ -d "$REFLECT2_SRC" ] || need_pkgs+=(golang-github-modern-go-reflect2-dev)
   for p in make rsync jq; do command -v $p >/dev/null || need_pkgs+=("$p"); done
 fi
 
@@ -136,6 +141,13 @@ SRC
   tar -xf "$orig" -C "$work/src" --strip-components=1
   (
     cd "$work/src"
+    # reflect2 v1.0.2 for the vendored v1.0.1 (see KUBE_BIN above): its source, and the
+    # version in go.mod and vendor/modules.txt, which `-mod=vendor` checks against each other.
+    rm -rf vendor/github.com/modern-go/reflect2
+    cp -r "$REFLECT2_SRC" vendor/github.com/modern-go/reflect2
+    rm -f vendor/github.com/modern-go/reflect2/go.mod vendor/github.com/modern-go/reflect2/go.sum
+    sed -i 's|github.com/modern-go/reflect2 v1.0.1|github.com/modern-go/reflect2 v1.0.2|' go.mod vendor/modules.txt
+    grep -q 'github.com/modern-go/reflect2 v1.0.2' vendor/modules.txt
     mkdir -p .go/src/k8s.io
     ln -s ../../.. .go/src/k8s.io/kubernetes
     GOPATH="$PWD/.go" CGO_ENABLED=0 HOME="$work/home" GOFLAGS=-mod=vendor make WHAT=cmd/kube-apiserver >&2

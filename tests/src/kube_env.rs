@@ -44,7 +44,7 @@ impl std::fmt::Debug for KubeEnv {
 }
 
 /// Paths of kube-apiserver and etcd: `HAFLEET_KUBE_APISERVER` / `HAFLEET_ETCD`, else
-/// `$KUBEBUILDER_ASSETS/{kube-apiserver,etcd}`, else `~/.cache/hafleet/kube-1.20.2/kube-apiserver`
+/// `$KUBEBUILDER_ASSETS/{kube-apiserver,etcd}`, else `~/.cache/hafleet/kube-1.20.2-reflect2/kube-apiserver`
 /// and `etcd` on `PATH`.
 pub fn find_binaries() -> Result<(PathBuf, PathBuf)> {
     let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
@@ -54,7 +54,7 @@ pub fn find_binaries() -> Result<(PathBuf, PathBuf)> {
         .or_else(|| from_assets("kube-apiserver"))
         .or_else(|| {
             let home = PathBuf::from(std::env::var_os("HOME")?);
-            Some(home.join(".cache/hafleet/kube-1.20.2/kube-apiserver"))
+            Some(home.join(".cache/hafleet/kube-1.20.2-reflect2/kube-apiserver"))
         });
     let etcd = std::env::var_os("HAFLEET_ETCD")
         .map(PathBuf::from)
