@@ -10,6 +10,7 @@
 //! - `pods`: pods mode, traffic straight to the ready pods of the EndpointSlices;
 //! - `settings`: a fleet's settings ConfigMap changes what every host does;
 //! - `filters`: an Ingress's header, redirect, rewrite, deny and rate annotations;
+//! - `gateway`: the Gateway API (so far, its CRDs on the test API server);
 //! - `tenants`: what one namespace can and cannot do to another, or one Ingress to its fleet;
 //! - `churn`: a namespace changing its Ingresses in a loop reloads its fleet within its budget;
 //! - `scale`: configs larger than a NATS message go live in chunks through the bundles stream;
@@ -20,6 +21,7 @@ mod churn;
 mod clusters;
 mod docs;
 mod filters;
+mod gateway;
 mod history;
 mod image;
 mod pods;

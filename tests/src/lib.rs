@@ -9,6 +9,7 @@ pub mod assert;
 pub mod backend;
 pub mod cluster;
 pub mod fixtures;
+pub mod gateway_api;
 pub mod haproxy_host;
 pub mod http;
 pub mod kube_env;

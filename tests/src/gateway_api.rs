@@ -1,0 +1,146 @@
+//! The Gateway API on the test API server: the upstream CRDs (tests/gateway-api/, v1.6.1),
+//! made acceptable to Kubernetes 1.20 and installed.
+
+use crate::KubeEnv;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// The Gateway API version whose CRDs the tests install.
+pub const VERSION: &str = "v1.6.1";
+
+/// The CRD files, in the order they are created.
+pub fn crd_files() -> Vec<PathBuf> {
+    let dir = crate::stack::workspace_file("tests/gateway-api").join(VERSION);
+    ["gatewayclasses", "gateways", "httproutes", "referencegrants"]
+        .iter()
+        .map(|kind| dir.join(format!("gateway.networking.k8s.io_{kind}.yaml")))
+        .collect()
+}
+
+/// `yaml` without what Kubernetes 1.20 refuses in a CRD's schema: every
+/// `x-kubernetes-validations` block (CEL rules, from 1.25) and every `default: ""` (an empty
+/// default that 1.20's structural schema checks refuse). Line by line, on the block style
+/// controller-gen writes: a key's block is the lines indented deeper than the key, and the
+/// list items at the key's own indentation.
+pub fn for_kubernetes_1_20(yaml: &str) -> String {
+    let mut out = String::with_capacity(yaml.len());
+    let mut skipping: Option<usize> = None;
+    for line in yaml.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let content = line.trim_start();
+        if let Some(key) = skipping {
+            let inside = indent > key || (indent == key && content.starts_with("- "));
+            if inside || content.is_empty() {
+                continue;
+            }
+            skipping = None;
+        }
+        if content.starts_with("x-kubernetes-validations:") {
+            skipping = Some(indent);
+            continue;
+        }
+        if content == "default: \"\"" {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Creates the Gateway API CRDs on `kube`, transformed ([`for_kubernetes_1_20`]), and waits
+/// until the API server serves them.
+pub async fn install_crds(kube: &KubeEnv, work: &Path) -> Result<()> {
+    for file in crd_files() {
+        let yaml = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let name = file.file_name().context("a file name")?;
+        let out = work.join(name);
+        std::fs::write(&out, for_kubernetes_1_20(&yaml))?;
+        // `create`, not `apply`: a CRD of this size does not fit in apply's annotation.
+        let done = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kube.kubeconfig_path())
+            .args(["create", "-f"])
+            .arg(&out)
+            .output()
+            .await
+            .context("running kubectl (tests/setup.sh installs it)")?;
+        anyhow::ensure!(
+            done.status.success(),
+            "kubectl create -f {} failed: {}{}",
+            out.display(),
+            String::from_utf8_lossy(&done.stdout),
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    let client = kube.client().await?;
+    crate::eventually(std::time::Duration::from_secs(30), "the Gateway API served", || {
+        let client = client.clone();
+        async move {
+            let group = kube::discovery::group(&client, "gateway.networking.k8s.io").await?;
+            for kind in ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant"] {
+                group.recommended_kind(kind).with_context(|| format!("no {kind} yet"))?;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cel_rules_and_empty_defaults_go_and_everything_else_stays() {
+        let yaml = "\
+spec:
+  properties:
+    name:
+      default: \"\"
+      type: string
+    port:
+      default: 80
+      x-kubernetes-validations:
+      - message: a
+        rule: self > 0
+      - message: b
+        rule: |
+          self < 65536
+      maximum: 65535
+    rules:
+      type: array
+  x-kubernetes-validations:
+  - rule: true
+status: {}
+";
+        let want = "\
+spec:
+  properties:
+    name:
+      type: string
+    port:
+      default: 80
+      maximum: 65535
+    rules:
+      type: array
+status: {}
+";
+        assert_eq!(for_kubernetes_1_20(yaml), want);
+    }
+
+    #[test]
+    fn the_vendored_crds_keep_no_cel_rule() {
+        let mut removed = 0;
+        for file in crd_files() {
+            let yaml = std::fs::read_to_string(&file).unwrap();
+            removed += yaml.matches("x-kubernetes-validations").count();
+            let out = for_kubernetes_1_20(&yaml);
+            assert!(!out.contains("x-kubernetes-validations"), "{}", file.display());
+            assert!(!out.contains("rule: "), "{}", file.display());
+            assert!(out.contains("kind: CustomResourceDefinition"));
+        }
+        assert!(removed > 10, "the upstream CRDs have CEL rules to remove: {removed}");
+    }
+}
