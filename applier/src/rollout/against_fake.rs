@@ -10,9 +10,12 @@ fn version(n: u64, config: &str) -> ConfigVersion {
     ConfigVersion::inline(FleetName::new("edge").unwrap(), n, bundle)
 }
 
-/// A config with these backends (each one server) and these empty spares.
+/// A config with an access log that names the version, these backends (each one server) and
+/// these empty spares.
 fn config(backends: &[&str], spares: usize) -> String {
-    let mut c = "global\n    default-path config\n".to_owned();
+    let mut c = "global\n    default-path config\ndefaults\n    \
+                 log-format \"v%[var(proc.hafleet_version)]\"\n"
+        .to_owned();
     for b in backends {
         c.push_str(&format!(
             "backend {b}\n    server n1 10.0.0.1:30081 no-check track hafleet_nodes/n1\n"
@@ -85,6 +88,21 @@ fn stage_of(outcome: &ApplyOutcome) -> Option<ApplyStage> {
     match outcome {
         ApplyOutcome::Failed { stage, .. } => Some(*stage),
         _ => None,
+    }
+}
+
+/// A fleet without an access log is not told its version: two master-socket round trips
+/// saved on every apply.
+#[tokio::test(start_paused = true)]
+async fn a_config_that_logs_no_version_is_not_told_one() {
+    let unlogged = |c: String| c.replace("log-format \"v%[var(proc.hafleet_version)]\"", "");
+    let v1 = version(1, &unlogged(config(&["be_a"], 0)));
+    let v2 = version(2, &unlogged(config(&["be_a", "be_b"], 0)));
+    let (hosts, fake) = fleet(2, Some(&v1), |_, h| h);
+    let result = roll_out(&hosts, &v2, &[], &settings(&fake, 2, 1)).await;
+    assert_eq!(outcomes(&result), [(0, ApplyOutcome::Applied), (1, ApplyOutcome::Applied)]);
+    for i in 0..2 {
+        assert_eq!(fake.host(&format!("h{i}")).told_version, None);
     }
 }
 

@@ -39,7 +39,7 @@ pub(super) async fn reload_only(
     info!("live file is this version but HAProxy never loaded it; reloading");
     effort.reloads += 1;
     let mark = mark_with_reload(host, version);
-    let ask = ReloadAsk { swap: None, mark, stat: None, version: Some(version.version) };
+    let ask = ReloadAsk { swap: None, mark, stat: None, version: told(version) };
     let (after, marked) = match reload(conn, host, settings, ask).await {
         Ok(done) => done,
         Err(failure) if failure.changed_nothing() => {
@@ -56,7 +56,7 @@ pub(super) async fn reload_only(
     };
     probed(conn, host, settings, effort).await?;
     if !marked {
-        let done = (version.sha256.as_str(), Some(version.version));
+        let done = (version.sha256.as_str(), told(version));
         mark_loaded(conn, done, Some(after.reloads), None).await?;
     }
     Ok(ApplyOutcome::Applied)
@@ -130,7 +130,7 @@ pub(super) async fn go_live(
     if live_without_reload {
         probed(conn, host, settings, effort).await?;
         let stat = stat.as_deref();
-        let done = (version.sha256.as_str(), Some(version.version));
+        let done = (version.sha256.as_str(), told(version));
         mark_loaded(conn, done, Some(before.reloads), stat).await?;
         return Ok(ApplyOutcome::Applied);
     }
@@ -140,14 +140,14 @@ pub(super) async fn go_live(
         swap: swap_with_reload.then_some((token, prepared_state)),
         mark: mark_with_reload(host, version),
         stat: stat.as_deref(),
-        version: Some(version.version),
+        version: told(version),
     };
     match reload(conn, host, settings, ask).await {
         Ok((after, marked)) => {
             probed(conn, host, settings, effort).await?;
             if !marked {
                 let stat = stat.as_deref();
-                let done = (version.sha256.as_str(), Some(version.version));
+                let done = (version.sha256.as_str(), told(version));
                 mark_loaded(conn, done, Some(after.reloads), stat).await?;
             }
             Ok(ApplyOutcome::Applied)
@@ -324,6 +324,14 @@ pub(super) async fn mark_loaded(
 ) -> Result<(), Failure> {
     // The running worker is told the version it serves (access logs name it).
     conn.mark_loaded(Mark { expected_sha, reloads, upload_stat, version }).await
+}
+
+/// The version the running worker is told it serves, for the access log's `v<version>`: only
+/// when the config logs it (`proc.hafleet_version`), which saves two master-socket round trips
+/// (`show proc`, `set var`) on every apply of a fleet without an access log.
+fn told(version: &ConfigVersion) -> Option<u64> {
+    let logs = version.bundle().is_none_or(|b| b.config.contains("proc.hafleet_version"));
+    logs.then_some(version.version)
 }
 
 pub(super) fn parse_show_proc(
