@@ -5,28 +5,12 @@
 use crate::{CONVERGE, World, expect_everywhere};
 use anyhow::Result;
 use hafleet_tests::assert::on_every_host;
-use hafleet_tests::pods::{Condition, Slices, create_pods_service, ip, start_pod};
+use hafleet_tests::pods::{Condition, Slices, answering, create_pods_service, ip, start_pod};
 use hafleet_tests::stack::{Component, Stack};
 use hafleet_tests::{HttpBackend, http_get};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
-
-/// Which pods answer `host` through HAProxy host `h`, over `n` requests; every answer must be
-/// a 200.
-async fn answering(
-    h: &hafleet_tests::HaproxyHost,
-    host: &str,
-    n: usize,
-) -> Result<BTreeSet<String>> {
-    let mut seen = BTreeSet::new();
-    for _ in 0..n {
-        let (status, body) = http_get(h.http_addr(), host, "/").await?;
-        anyhow::ensure!(status == 200, "got {status} {body:?}");
-        seen.insert(body.split_whitespace().next().unwrap_or_default().to_owned());
-    }
-    Ok(seen)
-}
 
 /// Waits until exactly `pods` answer `host` on every host, and says how long it took.
 async fn until_served_by(stack: &Stack, host: &str, pods: &[&HttpBackend]) -> Result<Duration> {
@@ -36,7 +20,7 @@ async fn until_served_by(stack: &Stack, host: &str, pods: &[&HttpBackend]) -> Re
     let want = &want;
     on_every_host(stack, CONVERGE, &what, |h| async move {
         // Round robin: twice as many requests as servers sees each of them.
-        let seen = answering(h, host, 2 * want.len() + 2).await?;
+        let seen = answering(h.http_addr(), host, 2 * want.len() + 2).await?;
         anyhow::ensure!(&seen == want, "answered by {seen:?}");
         Ok(())
     })

@@ -58,21 +58,7 @@ pub async fn install_crds(kube: &KubeEnv, work: &Path) -> Result<()> {
         let out = work.join(name);
         std::fs::write(&out, for_kubernetes_1_20(&yaml))?;
         // `create`, not `apply`: a CRD of this size does not fit in apply's annotation.
-        let done = tokio::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(kube.kubeconfig_path())
-            .args(["create", "-f"])
-            .arg(&out)
-            .output()
-            .await
-            .context("running kubectl (tests/setup.sh installs it)")?;
-        anyhow::ensure!(
-            done.status.success(),
-            "kubectl create -f {} failed: {}{}",
-            out.display(),
-            String::from_utf8_lossy(&done.stdout),
-            String::from_utf8_lossy(&done.stderr)
-        );
+        crate::stack::kubectl(kube, "create", &out).await?;
     }
     let client = kube.client().await?;
     crate::eventually(std::time::Duration::from_secs(30), "the Gateway API served", || {

@@ -28,6 +28,22 @@ pub fn ip(pod: &HttpBackend) -> Ipv4Addr {
     }
 }
 
+/// Which pods answer `host` through the HAProxy at `addr`, over `n` requests (a pod's answer
+/// starts with its name); an answer other than a 200 is an error.
+pub async fn answering(
+    addr: std::net::SocketAddr,
+    host: &str,
+    n: usize,
+) -> Result<std::collections::BTreeSet<String>> {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        let (status, body) = crate::http_get(addr, host, "/").await?;
+        anyhow::ensure!(status == 200, "got {status} {body:?}");
+        seen.insert(body.split_whitespace().next().unwrap_or_default().to_owned());
+    }
+    Ok(seen)
+}
+
 /// An endpoint's conditions, as the EndpointSlice controller sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Condition {

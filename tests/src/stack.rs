@@ -25,18 +25,23 @@ pub fn workspace_file(path: &str) -> PathBuf {
 
 /// `kubectl apply -f FILE` as the admin, as an operator installing hafleet would.
 pub async fn kubectl_apply(kube: &KubeEnv, file: &std::path::Path) -> Result<()> {
+    kubectl(kube, "apply", file).await
+}
+
+/// `kubectl VERB -f FILE` as the admin (`apply`, or `create` for an object too large for
+/// apply's annotation).
+pub async fn kubectl(kube: &KubeEnv, verb: &str, file: &std::path::Path) -> Result<()> {
     let out = tokio::process::Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(kube.kubeconfig_path())
-        .arg("apply")
-        .arg("-f")
+        .args([verb, "-f"])
         .arg(file)
         .output()
         .await
         .context("running kubectl (tests/setup.sh installs it)")?;
     anyhow::ensure!(
         out.status.success(),
-        "kubectl apply -f {} failed: {}{}",
+        "kubectl {verb} -f {} failed: {}{}",
         file.display(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)

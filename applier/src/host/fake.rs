@@ -272,6 +272,15 @@ impl Session {
         self.fleet.call(&self.name, op, f).await
     }
 
+    /// An upload of files as one stream (maps or certificates): they land on the host.
+    fn unpack<'a>(&'a self, op: Op, stream: &'a [u8]) -> BoxFuture<'a, Result<(), Failure>> {
+        let unpack = move |h: &mut FakeHost| {
+            h.unpack(stream);
+            Ok(())
+        };
+        self.call(op, unpack).boxed()
+    }
+
     fn log_commands<'a>(&self, commands: impl IntoIterator<Item = &'a str>) {
         let mut fleet = self.fleet.lock();
         for c in commands {
@@ -306,11 +315,7 @@ impl HostOps for Session {
         _count: usize,
         stream: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Failure>> {
-        let unpack = move |h: &mut FakeHost| {
-            h.unpack(stream);
-            Ok(())
-        };
-        self.call(Op::UploadMaps, unpack).boxed()
+        self.unpack(Op::UploadMaps, stream)
     }
 
     fn upload_certs<'a>(
@@ -319,11 +324,7 @@ impl HostOps for Session {
         _count: usize,
         stream: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Failure>> {
-        let unpack = move |h: &mut FakeHost| {
-            h.unpack(stream);
-            Ok(())
-        };
-        self.call(Op::UploadCerts, unpack).boxed()
+        self.unpack(Op::UploadCerts, stream)
     }
 
     fn upload<'a>(

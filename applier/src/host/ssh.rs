@@ -52,6 +52,21 @@ impl SshHost {
         outcome_of(stage, self.conn.run(script, args, stdin).await)
     }
 
+    /// Sends `count` files as one stream to `script` (upload_maps.sh, upload_certs.sh), which
+    /// lands them beside the live config for this attempt (`token`).
+    async fn upload_stream(
+        &self,
+        script: &Script,
+        token: &str,
+        count: usize,
+        stream: &[u8],
+    ) -> Result<(), Failure> {
+        let count = count.to_string();
+        let args = [self.live(), token, count.as_str()];
+        self.remote(ApplyStage::Upload, script, &args, Some(stream)).await?;
+        Ok(())
+    }
+
     fn live(&self) -> &str {
         self.host.config_path.as_str()
     }
@@ -86,13 +101,7 @@ impl HostOps for SshHost {
         count: usize,
         stream: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Failure>> {
-        async move {
-            let count = count.to_string();
-            let args = [self.live(), token, count.as_str()];
-            self.remote(ApplyStage::Upload, &scripts::UPLOAD_MAPS, &args, Some(stream)).await?;
-            Ok(())
-        }
-        .boxed()
+        self.upload_stream(&scripts::UPLOAD_MAPS, token, count, stream).boxed()
     }
 
     fn upload_certs<'a>(
@@ -101,13 +110,7 @@ impl HostOps for SshHost {
         count: usize,
         stream: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Failure>> {
-        async move {
-            let count = count.to_string();
-            let args = [self.live(), token, count.as_str()];
-            self.remote(ApplyStage::Upload, &scripts::UPLOAD_CERTS, &args, Some(stream)).await?;
-            Ok(())
-        }
-        .boxed()
+        self.upload_stream(&scripts::UPLOAD_CERTS, token, count, stream).boxed()
     }
 
     fn upload<'a>(

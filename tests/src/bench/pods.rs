@@ -15,7 +15,7 @@
 use anyhow::{Context, Result};
 use futures::StreamExt as _;
 use hafleet_tests::HttpBackend;
-use hafleet_tests::pods::{Condition, Slices, create_pods_service, ip, start_pod};
+use hafleet_tests::pods::{Condition, Slices, answering, create_pods_service, ip, start_pod};
 use hafleet_tests::stack::{Component, Stack};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -48,27 +48,17 @@ fn silent(i: usize, j: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 64, 0, 0)) + n)
 }
 
-/// Which pods answer `host` through every HAProxy host, over a round of requests.
-async fn answering(stack: &Stack, host: &str, n: usize) -> Result<BTreeSet<String>> {
-    let mut seen = BTreeSet::new();
-    for h in &stack.hosts {
-        for _ in 0..n {
-            if let Ok((200, body)) = hafleet_tests::http_get(h.http_addr(), host, "/").await {
-                seen.insert(body.split_whitespace().next().unwrap_or_default().to_owned());
-            } else {
-                seen.insert(String::new());
-            }
-        }
-    }
-    Ok(seen)
-}
-
 /// Waits (polling every 5 ms, at most 120 s) until exactly `pods` answer `host` everywhere.
 async fn until_answered_by(stack: &Stack, host: &str, pods: &[&HttpBackend]) -> Result<()> {
     let want: BTreeSet<String> = pods.iter().map(|p| p.name().to_owned()).collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        if answering(stack, host, 2 * want.len()).await? == want {
+        let mut all = true;
+        for h in &stack.hosts {
+            let seen = answering(h.http_addr(), host, 2 * want.len()).await.ok();
+            all &= seen.as_ref() == Some(&want);
+        }
+        if all {
             return Ok(());
         }
         anyhow::ensure!(
@@ -78,20 +68,6 @@ async fn until_answered_by(stack: &Stack, host: &str, pods: &[&HttpBackend]) -> 
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// Resident memory of `pid` now (`VmRSS`) and at its peak (`VmHWM`), in MB.
-fn memory_mb(pid: u32) -> Result<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<f64> {
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .with_context(|| format!("no {name} for {pid}"))?;
-        Ok(kb / 1024.0)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 pub async fn run(a: PodsArgs) -> Result<()> {
@@ -205,12 +181,12 @@ pub async fn run(a: PodsArgs) -> Result<()> {
         let proc = h.show_proc()?;
         let mut rss = 0.0;
         for pid in &proc.workers {
-            rss += memory_mb(*pid)?.0;
+            rss += crate::memory_mb(*pid, "VmRSS")?;
         }
         println!("{}: HAProxy worker resident memory {rss:.0} MB", h.name());
     }
     let watcher = stack.pid(Component::Watcher).context("the watcher runs")?;
-    let (now, peak) = memory_mb(watcher)?;
+    let (now, peak) = (crate::memory_mb(watcher, "VmRSS")?, crate::memory_mb(watcher, "VmHWM")?);
     println!("watcher: resident memory {now:.0} MB, peak {peak:.0} MB");
     Ok(())
 }

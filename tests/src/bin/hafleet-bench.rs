@@ -15,7 +15,7 @@
 //! Run `cargo build --release --workspace --bins && target/release/hafleet-bench`; the numbers
 //! and the method are in BENCHMARKS.md.
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Parser;
 use hafleet_proto::IngressKey;
 use hafleet_renderer::core::state::IngressEntry;
@@ -187,6 +187,18 @@ async fn per_second(mut tasks: tokio::task::JoinSet<Result<u64>>) -> Result<f64>
         total += done??;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A memory figure of process `pid` from `/proc/<pid>/status` (`VmRSS`: resident now,
+/// `VmHWM`: its peak), in MB.
+fn memory_mb(pid: u32, field: &str) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no {field} for {pid}"))?;
+    Ok(kb / 1024.0)
 }
 
 fn percentiles(label: &str, mut ms: Vec<f64>) -> String {
@@ -453,17 +465,6 @@ mod watcher {
             .count()
     }
 
-    /// Peak resident memory of `pid`, in MB.
-    fn peak_rss_mb(pid: u32) -> Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .context("no VmHWM")?;
-        Ok(kb / 1024.0)
-    }
-
     pub async fn run(a: WatcherArgs) -> Result<()> {
         let mut stack = Stack::start("edge", 1).await?;
         for c in [Component::Watcher, Component::Renderer, Component::Applier] {
@@ -498,7 +499,7 @@ mod watcher {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let took = started.elapsed().as_secs_f64();
-            let rss = peak_rss_mb(pid)?;
+            let rss = crate::memory_mb(pid, "VmHWM")?;
             println!("| {run} | {took:.2} | {rss:.0} |");
             stack.kill(Component::Watcher);
         }
