@@ -75,11 +75,29 @@ pub const SETTINGS_SCHEMA_VERSION: u32 = 6;
 /// before.
 pub const PODS_SCHEMA_VERSION: u32 = 7;
 
+/// Schema of the route messages that name an HTTPRoute ([`IngressKey::kind`]) or a backend
+/// that answers by itself ([`BackendOptions::fail_status`]), and the newest route schema this
+/// build reads. A renderer that reads only schema 7 parks them instead of taking an HTTPRoute
+/// for the Ingress of the same name; every other route message is sent as before.
+pub const GATEWAY_SCHEMA_VERSION: u32 = 8;
+
 /// The schema of a route message of `cluster`.
 pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {
     match cluster {
         Some(_) => CLUSTER_SCHEMA_VERSION,
         None => SCHEMA_VERSION,
+    }
+}
+
+/// The schema of a route message of `cluster` that names `keys`: [`GATEWAY_SCHEMA_VERSION`]
+/// when one of them is not an Ingress, else [`route_schema`].
+pub fn keys_schema<'a>(
+    cluster: Option<&values::ClusterId>,
+    mut keys: impl Iterator<Item = &'a IngressKey>,
+) -> u32 {
+    match keys.any(|k| !k.kind.is_ingress()) {
+        true => GATEWAY_SCHEMA_VERSION,
+        false => route_schema(cluster),
     }
 }
 

@@ -46,7 +46,9 @@ pub(crate) fn check_schema_first(
     }
 }
 
-/// Identifies one Ingress object.
+/// Identifies one object that routes: an Ingress, or (with [`SourceKind::HttpRoute`]) a
+/// Gateway API HTTPRoute. The name stays from before HTTPRoutes: every message, store key and
+/// history names routing objects by it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct IngressKey {
     pub namespace: Namespace,
@@ -55,11 +57,36 @@ pub struct IngressKey {
     /// that published it). `None`: a watcher without one (every message before clusters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterId>,
+    /// What kind of object it is; absent: an Ingress (every message before HTTPRoutes). Of
+    /// schema [`crate::GATEWAY_SCHEMA_VERSION`] when it is not an Ingress.
+    #[serde(default, skip_serializing_if = "SourceKind::is_ingress")]
+    pub kind: SourceKind,
+}
+
+/// The kind of object an [`IngressKey`] names.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum SourceKind {
+    #[default]
+    Ingress,
+    #[serde(rename = "HTTPRoute")]
+    HttpRoute,
+}
+
+impl SourceKind {
+    pub fn is_ingress(&self) -> bool {
+        *self == SourceKind::Ingress
+    }
 }
 
 impl std::fmt::Display for IngressKey {
-    /// `namespace/name`, and `@cluster` when it has one.
+    /// `namespace/name` for an Ingress, `httproute:namespace/name` for an HTTPRoute, and
+    /// `@cluster` when it has one.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kind == SourceKind::HttpRoute {
+            f.write_str("httproute:")?;
+        }
         write!(f, "{}/{}", self.namespace, self.name)?;
         match &self.cluster {
             Some(c) => write!(f, "@{c}"),
@@ -229,6 +256,29 @@ pub struct BackendOptions {
     /// so that they learn the client's address without HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_proxy: Option<ProxyProtocol>,
+    /// Every request is answered with this status (500 or 503) and no server is tried: an
+    /// HTTPRoute rule whose backend cannot be resolved answers 500, as the Gateway API says.
+    /// Of schema [`crate::GATEWAY_SCHEMA_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_status: Option<FailStatus>,
+}
+
+/// The statuses a backend may answer every request with by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum FailStatus {
+    #[serde(rename = "500")]
+    InternalError,
+    #[serde(rename = "503")]
+    Unavailable,
+}
+
+impl FailStatus {
+    pub fn code(&self) -> u16 {
+        match self {
+            FailStatus::InternalError => 500,
+            FailStatus::Unavailable => 503,
+        }
+    }
 }
 
 /// A PROXY protocol version.
@@ -447,7 +497,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1, crate::PODS_SCHEMA_VERSION)?;
+        check_schema_first(bytes, 1, crate::GATEWAY_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -735,7 +785,13 @@ impl IngressKey {
             namespace: Namespace::new(namespace)?,
             name: ObjectName::new(name)?,
             cluster: None,
+            kind: SourceKind::Ingress,
         })
+    }
+
+    /// The key of HTTPRoute `namespace/name`.
+    pub fn http_route(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
+        Ok(IngressKey { kind: SourceKind::HttpRoute, ..IngressKey::new(namespace, name)? })
     }
 
     /// The same Ingress, said to be in `cluster`.

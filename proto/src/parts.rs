@@ -57,8 +57,10 @@ impl RoutesSnapshot {
         if RouteMessage::Snapshot(self.clone()).encode().len() <= limit {
             return None;
         }
+        // Parts that name HTTPRoutes are of the schema that reads them.
+        let schema = self.schema.max(crate::PARTS_SCHEMA_VERSION);
         let part = |index: u32| SnapshotPart {
-            schema: crate::PARTS_SCHEMA_VERSION,
+            schema,
             epoch: self.epoch,
             cluster: self.cluster.clone(),
             index,
@@ -105,7 +107,7 @@ impl RoutesSnapshot {
     /// no entries of its own, and its parts' stream sequences in order.
     pub fn naming_parts(&self, seqs: Vec<u64>) -> RoutesSnapshot {
         RoutesSnapshot {
-            schema: crate::PARTS_SCHEMA_VERSION,
+            schema: self.schema.max(crate::PARTS_SCHEMA_VERSION),
             epoch: self.epoch,
             cluster: self.cluster.clone(),
             live: vec![],
@@ -151,6 +153,8 @@ impl RoutesSnapshot {
         }
         whole.live.extend(self.live.iter().cloned());
         whole.keep.extend(self.keep.iter().cloned());
+        let keys = whole.live.iter().map(|(_, k)| k).chain(whole.keep.iter());
+        whole.schema = crate::keys_schema(whole.cluster.as_ref(), keys);
         Ok(whole)
     }
 }

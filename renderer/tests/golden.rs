@@ -16,6 +16,9 @@ use std::process::Command;
 struct Fixture {
     namespace: String,
     name: String,
+    /// An HTTPRoute's, when it says so.
+    #[serde(default)]
+    kind: hafleet_proto::SourceKind,
     created_unix: i64,
     routes: Vec<Route>,
 }
@@ -66,7 +69,7 @@ fn read_fixture(path: &Path) -> (Vec<NodeAddr>, BTreeMap<IngressKey, IngressEntr
         .into_iter()
         .map(|f| {
             (
-                IngressKey::new(&f.namespace, &f.name).unwrap(),
+                IngressKey { kind: f.kind, ..IngressKey::new(&f.namespace, &f.name).unwrap() },
                 IngressEntry {
                     created_unix: f.created_unix,
                     resource_version: "1".into(),
@@ -257,6 +260,8 @@ fn routes_with_filters() {
         "http-request redirect location https://new.example.com:8443/plans%%2F2026 code 308\n",
         "http-request set-path '/'\n",
         "server node-a 10.1.0.1:30081 send-proxy-v2\n",
+        "http-request return status 500\n",
+        "gone.example.com/ be_shop_missing_80_",
     ] {
         assert!(text.contains(line), "{line:?} missing\n{text}");
     }

@@ -150,17 +150,17 @@ fn unknown_schema_is_refused() {
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
     json["schema"] = 99.into();
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 7 }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 8 }), "{err}");
 }
 
 #[test]
 fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
     let mut json: serde_json::Value =
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-    json["schema"] = (crate::PODS_SCHEMA_VERSION + 1).into();
+    json["schema"] = (crate::GATEWAY_SCHEMA_VERSION + 1).into();
     json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 8, .. }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 9, .. }), "{err}");
     assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
 }
 
@@ -340,4 +340,36 @@ fn pods_round_trip_and_their_absence_is_nodes_mode() {
     let RouteMessage::Event(e) = RouteMessage::decode(&nodes).unwrap() else { panic!() };
     let RouteChange::Upsert { routes, .. } = e.change else { panic!() };
     assert_eq!(routes[0].backend.pods, None);
+}
+
+/// An HTTPRoute's key says so on the wire and in the history (`httproute:ns/name`), and a
+/// message that names one is of the Gateway API schema; an Ingress's key is written as before
+/// it, so Ingress messages keep their bytes (and replays of old history theirs).
+#[test]
+fn an_http_route_key_is_another_object_than_the_ingress_of_its_name() {
+    let ing = IngressKey::new("shop", "web").unwrap();
+    let route = IngressKey::http_route("shop", "web").unwrap();
+    assert_ne!(ing, route);
+    assert_eq!(serde_json::to_string(&ing).unwrap(), r#"{"namespace":"shop","name":"web"}"#);
+    let json = serde_json::to_string(&route).unwrap();
+    assert_eq!(json, r#"{"namespace":"shop","name":"web","kind":"HTTPRoute"}"#);
+    assert_eq!(serde_json::from_str::<IngressKey>(&json).unwrap(), route);
+    assert_eq!(
+        (ing.to_string(), route.to_string()),
+        ("shop/web".into(), "httproute:shop/web".into())
+    );
+    assert_eq!(crate::keys_schema(None, [&ing].into_iter()), SCHEMA_VERSION);
+    assert_eq!(crate::keys_schema(None, [&ing, &route].into_iter()), crate::GATEWAY_SCHEMA_VERSION);
+    // A renderer of before HTTPRoutes (reads up to 7) parks such a message.
+    let msg = RouteMessage::Event(RouteEvent {
+        schema: crate::GATEWAY_SCHEMA_VERSION,
+        ingress: route,
+        ..match event(RouteChange::Delete) {
+            RouteMessage::Event(e) => e,
+            _ => unreachable!(),
+        }
+    });
+    let err = check_schema_first(&msg.encode(), 1, crate::PODS_SCHEMA_VERSION).unwrap_err();
+    assert!(matches!(err, DecodeError::Schema { found: 8, reads: 7 }), "{err}");
+    assert_eq!(RouteMessage::decode(&msg.encode()).unwrap(), msg);
 }

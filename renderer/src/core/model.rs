@@ -102,6 +102,9 @@ pub struct BackendModel {
     pub filters: Option<Box<crate::core::filters::FiltersModel>>,
     /// `send-proxy` or `send-proxy-v2` on every server: the Service takes the PROXY protocol.
     pub send_proxy: Option<&'static str>,
+    /// Every request is answered with this status, no server tried (an HTTPRoute rule whose
+    /// backend cannot be resolved: 500).
+    pub fail_status: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -442,6 +445,7 @@ fn backend_model(
         max_conn: o.max_conn,
         filters: crate::core::filters::FiltersModel::of(o).map(Box::new),
         send_proxy: o.send_proxy.map(|p| p.server_keyword()),
+        fail_status: o.fail_status.map(|f| f.code()),
         servers: match &backend.pods {
             Some(pods) => pods.iter().map(pod_server).collect(),
             None => node_servers(servers, track),
@@ -750,6 +754,7 @@ fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
                 max_conn: None,
                 filters: None,
                 send_proxy: None,
+                fail_status: None,
             })
         })
         .collect()

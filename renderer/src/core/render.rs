@@ -172,6 +172,7 @@ impl Renderer {
                 )
                 .map(Box::new),
                 send_proxy: Some("send-proxy-v2"),
+                fail_status: None,
             })],
             settings: crate::core::settings::SettingsModel::every_one_set(),
             ..empty
@@ -360,6 +361,7 @@ impl Object for BackendModel {
             "ssl_redirect" => Some(Value::from(self.ssl_redirect)),
             "max_conn" => Some(Value::from(self.max_conn)),
             "send_proxy" => Some(Value::from(self.send_proxy)),
+            "fail_status" => Some(Value::from(self.fail_status)),
             "filters" => Some(match &self.filters {
                 Some(f) => Value::from_serialize(f),
                 None => Value::from(()),
@@ -384,6 +386,7 @@ impl Object for BackendModel {
             "max_conn",
             "filters",
             "send_proxy",
+            "fail_status",
         ])
     }
 }

@@ -28,8 +28,9 @@ pub fn build(
     let mut live: Vec<(FleetName, IngressKey)> =
         published.iter().map(|(k, (f, _))| (f.clone(), k.clone().in_cluster(cluster))).collect();
     live.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
+    let keys = live.iter().map(|(_, k)| k).chain(kept.iter());
     RoutesSnapshot {
-        schema: hafleet_proto::route_schema(cluster),
+        schema: hafleet_proto::keys_schema(cluster, keys),
         epoch,
         cluster: cluster.cloned(),
         live,

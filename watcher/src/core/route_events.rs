@@ -53,13 +53,16 @@ pub fn route_event(
     (epoch, cluster): (u64, Option<&hafleet_proto::ClusterId>),
 ) -> RouteMessage {
     // The Ingress and the Services its routes go to are this cluster's.
-    let mut schema = hafleet_proto::route_schema(cluster);
+    let mut schema = hafleet_proto::keys_schema(cluster, std::iter::once(key));
     if let RouteChange::Upsert { routes, .. } = &mut change {
         for route in routes.iter_mut() {
             route.backend.service.cluster = cluster.cloned();
             // A renderer that cannot read pods parks the event rather than serve it nothing.
             if route.backend.pods.is_some() {
                 schema = schema.max(hafleet_proto::PODS_SCHEMA_VERSION);
+            }
+            if route.backend.options.fail_status.is_some() {
+                schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
             }
         }
     }
@@ -94,5 +97,23 @@ mod tests {
         let mut pods = r.routes.to_vec();
         pods[0].backend.pods = Some(vec![]);
         assert_eq!(event(pods), hafleet_proto::PODS_SCHEMA_VERSION);
+        let mut failing = r.routes.to_vec();
+        failing[0].backend.options.fail_status = Some(hafleet_proto::FailStatus::InternalError);
+        assert_eq!(event(failing), hafleet_proto::GATEWAY_SCHEMA_VERSION);
+    }
+
+    /// An HTTPRoute's event is of the Gateway API schema: a renderer of before HTTPRoutes
+    /// parks it rather than take it for the Ingress of the same name.
+    #[test]
+    fn an_http_route_event_is_of_the_gateway_schema() {
+        let r = crate::core::resolve::tests_support::resolved("shop", "web", "edge", 1);
+        let key = hafleet_proto::IngressKey::http_route("shop", "web").unwrap();
+        let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: vec![] };
+        match route_event(&r.fleet, &key, 0, "1", change, (1, None)) {
+            RouteMessage::Event(e) => {
+                assert_eq!((e.schema, e.ingress), (hafleet_proto::GATEWAY_SCHEMA_VERSION, key))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
