@@ -110,6 +110,7 @@ fn main() {
         let every_ms = ms(t);
         let t = Instant::now();
         let objects = pass::Objects {
+            gateway: None,
             ingresses: &ingresses,
             services: &services,
             endpoints: None,

@@ -6,7 +6,7 @@ use super::state::State;
 use crate::k8s::events::Warnings;
 use hafleet_proto::{FleetName, IngressKey, NodeAddr, NodesUpdate, RouteMessage};
 use hafleet_runtime::nats::Bus;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 const WARNINGS: (&str, &str) =
@@ -18,7 +18,7 @@ const WARNINGS: (&str, &str) =
 pub(crate) async fn tell(
     warnings: &Warnings,
     warned: &mut BTreeSet<(IngressKey, String, String)>,
-    ing: &k8s_openapi::api::networking::v1::Ingress,
+    subject: &crate::core::pass::Subject,
     (key, rv, reason, note): (&IngressKey, &str, &'static str, String),
     what: &'static str,
 ) {
@@ -27,7 +27,7 @@ pub(crate) async fn tell(
     }
     warn!(ingress = %key, reason, note = %note, "{what}");
     hafleet_runtime::health::Health::global().count(WARNINGS, &[("reason", reason)], 1.0);
-    if !warnings.warn(ing, reason, note.clone()).await {
+    if !warnings.warn(&subject.object_ref(), reason, note.clone()).await {
         warned.remove(&(key.clone(), rv.to_owned(), note));
     }
 }
@@ -147,4 +147,49 @@ pub(crate) async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Resul
     );
     state.snapshot_due = false;
     Ok(())
+}
+
+/// Writes the status of hafleet's GatewayClasses, of its Gateways (listeners and the routes
+/// attached to each) and of the HTTPRoutes with a parent of hafleet's, where it changed.
+pub(crate) async fn gateway_status(
+    warnings: &Warnings,
+    classes: &[std::sync::Arc<kube::api::DynamicObject>],
+    pass: &crate::core::pass::GatewayPass,
+    args: &crate::app::args::RunArgs,
+) {
+    use crate::core::gateway::status;
+    let now = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default();
+    for class in classes.iter().filter(|c| crate::core::gateway::is_ours(c)) {
+        let Some(name) = class.metadata.name.as_deref() else { continue };
+        if let Some(new) = status::class_status(class, &now) {
+            warnings.set_gateway_status("GatewayClass", (None, name), new).await;
+        }
+    }
+    // Routes attached to each listener: (Gateway namespace, name) → listener → count.
+    let mut attached: BTreeMap<(String, String), BTreeMap<String, usize>> = BTreeMap::new();
+    for (route, parents) in &pass.routes {
+        for p in parents {
+            let on = attached.entry(p.gateway.clone()).or_default();
+            for l in &p.listeners {
+                *on.entry(l.clone()).or_default() += 1;
+            }
+        }
+        let (Some(ns), Some(name)) = (&route.metadata.namespace, &route.metadata.name) else {
+            continue;
+        };
+        if let Some(new) = status::route_status(route, parents, &now) {
+            warnings.set_gateway_status("HTTPRoute", (Some(ns), name), new).await;
+        }
+    }
+    for ((ns, name), gw) in &pass.index.gateways {
+        let none = BTreeMap::new();
+        let counts = attached.get(&(ns.clone(), name.clone())).unwrap_or(&none);
+        if let Some(new) = status::gateway_status(gw, counts, &args.fleet_addresses, &now) {
+            warnings.set_gateway_status("Gateway", (Some(ns), name), new).await;
+        }
+    }
 }

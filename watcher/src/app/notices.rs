@@ -81,7 +81,8 @@ pub async fn run(
             }
         };
         for notice in notices {
-            for key in &notice.ingresses {
+            // HTTPRoutes are told through their status, not Events, so far.
+            for key in notice.ingresses.iter().filter(|k| k.kind.is_ingress()) {
                 if let Some(ingress) = ingresses.get(&object_ref(key)) {
                     // Feedback is rate-limited and best effort: a lost one is not repeated.
                     let _ = warnings

@@ -52,11 +52,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let slices = kube_adapter::endpoint_slice_api(&client).await;
     let policy_ref = args.tenancy_policy.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str()));
     let settings_ns = args.settings_namespace.as_ref().map(|ns| ns.as_str());
+    // The Gateway API is read where the cluster serves it (its CRDs installed before the
+    // watcher starts: discovery is not repeated).
+    let gateway_api = kube_adapter::serves_gateway_api(&client).await;
+    info!(gateway_api, "Gateway API (gateway.networking.k8s.io/v1) served by the cluster");
     let (caches, mut changes) = kube_adapter::watch(
         client.clone(),
         slices,
         !args.seal_to.is_empty(),
         (policy_ref, settings_ns),
+        gateway_api,
     );
     let secrets_client = client.clone();
     let warnings = Warnings::new(client.clone());
@@ -336,8 +341,16 @@ async fn sync(
         bulk_delete_threshold: args.bulk_delete_threshold,
     };
     let ingresses = caches.ingresses.state();
+    let gateway = caches
+        .gateway
+        .as_ref()
+        .map(|g| (g.classes.state(), g.gateways.state(), g.routes.state(), g.grants.state()));
+    let gateway = gateway.as_ref().map(|(classes, gateways, routes, grants)| {
+        crate::core::gateway::Objects { classes, gateways, routes, grants }
+    });
     let objects = pass::Objects {
         ingresses: &ingresses,
+        gateway: gateway.as_ref(),
         services: &services,
         endpoints: endpoints.as_ref(),
         policy: policy.as_ref(),
@@ -372,7 +385,7 @@ async fn sync(
 
     for t in &plan.tells {
         let said = (&t.key, t.rv.as_str(), t.reason, t.note.clone());
-        tell(warnings, &mut state.warned, &t.ingress, said, t.what).await;
+        tell(warnings, &mut state.warned, &t.subject, said, t.what).await;
     }
     // Forget warnings about objects that changed or went away, so the set stays bounded.
     if let Some(current) = &plan.current {
@@ -429,6 +442,9 @@ async fn sync(
         if !crate::core::status::shows(ing, addresses) {
             warnings.set_status(ing, addresses.clone()).await;
         }
+    }
+    if let Some(objects) = &gateway {
+        super::effects::gateway_status(warnings, objects.classes, &plan.gateway, args).await;
     }
     Ok(())
 }

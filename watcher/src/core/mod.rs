@@ -5,6 +5,7 @@ pub mod annotations;
 pub mod churn;
 pub mod feedback;
 pub mod fleet_settings;
+pub mod gateway;
 pub mod index;
 pub mod model;
 pub mod pass;

@@ -45,6 +45,8 @@ pub struct Rules<'a> {
 /// What the caches hold at the start of a pass.
 pub struct Objects<'a> {
     pub ingresses: &'a [Arc<Ingress>],
+    /// The Gateway API's objects, where the API server serves them.
+    pub gateway: Option<&'a crate::core::gateway::Objects<'a>>,
     pub services: &'a Services,
     /// What the EndpointSlices say (`None`: the API server serves none).
     pub endpoints: Option<&'a Endpoints>,
@@ -56,7 +58,7 @@ pub struct Objects<'a> {
 /// was said), logged as `what`.
 #[derive(Debug, Clone)]
 pub struct Tell {
-    pub ingress: Arc<Ingress>,
+    pub subject: Subject,
     pub key: IngressKey,
     /// `g<generation>`, else the resourceVersion: what a warning is said once per.
     pub rv: String,
@@ -65,7 +67,49 @@ pub struct Tell {
     pub what: &'static str,
 }
 
-type Seen = HashMap<IngressKey, Arc<Ingress>, foldhash::fast::RandomState>;
+type Seen = HashMap<IngressKey, Subject, foldhash::fast::RandomState>;
+
+/// An object that routes, as the caches hold it.
+#[derive(Debug, Clone)]
+pub enum Subject {
+    Ingress(Arc<Ingress>),
+    HttpRoute(Arc<kube::api::DynamicObject>),
+}
+
+impl Subject {
+    pub fn as_ingress(&self) -> Option<&Arc<Ingress>> {
+        match self {
+            Subject::Ingress(i) => Some(i),
+            Subject::HttpRoute(_) => None,
+        }
+    }
+
+    fn meta(&self) -> &kube::api::ObjectMeta {
+        match self {
+            Subject::Ingress(i) => &i.metadata,
+            Subject::HttpRoute(r) => &r.metadata,
+        }
+    }
+
+    /// What a warning about it is said once per ([`said_once_per`]).
+    pub fn said_once_per(&self) -> String {
+        said_once_per(self.meta())
+    }
+
+    /// Its creation time, in Unix seconds (0: unknown).
+    pub fn created(&self) -> i64 {
+        self.meta().creation_timestamp.as_ref().map_or(0, |t| t.0.as_second())
+    }
+
+    /// The reference an Event about it names.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        use kube::Resource;
+        match self {
+            Subject::Ingress(i) => i.object_ref(&()),
+            Subject::HttpRoute(r) => r.object_ref(&crate::core::gateway::api_resource("HTTPRoute")),
+        }
+    }
+}
 
 /// Phase 1's result: every Ingress meant for hafleet, routed (tenants kept apart) or kept.
 pub struct Resolution {
@@ -80,6 +124,17 @@ pub struct Resolution {
     current: Option<BTreeSet<(IngressKey, String)>>,
     /// How many Ingresses were resolved anew (the others came from the memo).
     pub resolved_anew: usize,
+    /// The Gateway API's objects as this pass read them, for their status.
+    pub gateway: GatewayPass,
+}
+
+/// What a pass read of the Gateway API: hafleet's classes and Gateways, and each HTTPRoute
+/// with what its status says to its parents that are hafleet's.
+#[derive(Debug, Default)]
+pub struct GatewayPass {
+    pub index: crate::core::gateway::Index,
+    pub routes:
+        Vec<(Arc<kube::api::DynamicObject>, Vec<crate::core::gateway::route::ParentStatus>)>,
 }
 
 /// What a pass does, in order: tell, publish `actions`, and remember the rest.
@@ -100,6 +155,8 @@ pub struct Plan {
     /// Every Ingress that exists, when warnings said before may be about ones that changed
     /// or went: keep only these.
     pub current: Option<BTreeSet<(IngressKey, String)>>,
+    /// The Gateway API's objects as the pass read them, for their status.
+    pub gateway: GatewayPass,
     /// What the pass wanted for each Ingress, and the objects (for [`Plan::routed`]).
     desired: Wanted,
     seen: Seen,
@@ -119,7 +176,7 @@ impl Plan {
     ) -> impl Iterator<Item = (&'a IngressKey, &'a FleetName, &'a Arc<Ingress>)> + 'a {
         self.desired.iter().filter_map(move |(key, d)| match d {
             Desired::Routed(r) if !r.routes.is_empty() && has_addresses(&r.fleet) => {
-                Some((key, &r.fleet, self.seen.get(key)?))
+                Some((key, &r.fleet, self.seen.get(key)?.as_ingress()?))
             }
             _ => None,
         })
@@ -128,8 +185,8 @@ impl Plan {
 
 /// What a warning about `ing` is said once per: the spec's generation (a status update, ours
 /// included, must not repeat every warning), else the resourceVersion.
-pub fn said_once_per(ing: &Ingress) -> String {
-    match (ing.metadata.generation, &ing.metadata.resource_version) {
+pub fn said_once_per(meta: &kube::api::ObjectMeta) -> String {
+    match (meta.generation, &meta.resource_version) {
         (Some(generation), _) => format!("g{generation}"),
         (None, rv) => rv.clone().unwrap_or_default(),
     }
@@ -151,23 +208,65 @@ pub fn resolve(
         tells: Vec::new(),
         current: prune_warned.then(BTreeSet::new),
         resolved_anew: 0,
+        gateway: GatewayPass::default(),
     };
     let policy = objects.policy;
     memo.begin_pass();
     for ing in objects.ingresses {
         let ns = ing.metadata.namespace.as_deref().unwrap_or("default");
         let name = ing.metadata.name.as_deref().unwrap_or_default();
-        if let Some(current) = &mut out.current
-            && let Ok(key) = IngressKey::new(ns, name)
+        let result = memo.resolve(ing, rules.resolve, objects.services, objects.endpoints);
+        let key = IngressKey::new(ns, name);
+        out.take(Subject::Ingress(ing.clone()), key, result, (policy, rules, published));
+    }
+    if let Some(gw) = objects.gateway {
+        let index = crate::core::gateway::Index::new(gw);
+        for route in gw.routes {
+            let (ns, name) = (route.metadata.namespace.as_deref(), route.metadata.name.as_deref());
+            let outcome = crate::core::gateway::route::resolve(
+                route,
+                &index,
+                rules.resolve,
+                objects.services,
+                objects.endpoints,
+            );
+            let key = IngressKey::http_route(ns.unwrap_or("default"), name.unwrap_or_default());
+            let subject = Subject::HttpRoute(route.clone());
+            out.take(subject, key, outcome.result, (policy, rules, published));
+            out.gateway.routes.push((route.clone(), outcome.parents));
+        }
+        out.gateway.index = index;
+    }
+    memo.end_pass();
+    out.resolved_anew = memo.fresh();
+    // Hosts kept to the namespace that owns them; the losers of conflicts told.
+    let mut routed = index::routed_mut(&mut out.desired);
+    out.told = crate::core::tenancy::keep_apart(&mut routed, rules.namespaces_own_hosts);
+    out
+}
+
+impl Resolution {
+    /// Takes one object's resolution: routed, kept (refused, with its last good routes) or
+    /// withdrawn, and what to tell it.
+    fn take(
+        &mut self,
+        subject: Subject,
+        key: Result<IngressKey, hafleet_proto::InvalidValue>,
+        result: Result<Resolved, Refused>,
+        (policy, rules, published): (Option<&Policy>, &Rules<'_>, &Published),
+    ) {
+        let rv = subject.said_once_per();
+        if let Some(current) = &mut self.current
+            && let Ok(key) = &key
         {
-            current.insert((key, said_once_per(ing)));
+            current.insert((key.clone(), rv.clone()));
         }
         let mut tell = |key: &IngressKey, reason, note: String| {
             let what = "ingress refused";
-            let (ingress, key, rv) = (ing.clone(), key.clone(), said_once_per(ing));
-            out.tells.push(Tell { ingress, key, rv, reason, note, what });
+            let (subject, key, rv) = (subject.clone(), key.clone(), rv.clone());
+            self.tells.push(Tell { subject, key, rv, reason, note, what });
         };
-        match memo.resolve(ing, rules.resolve, objects.services, objects.endpoints) {
+        match result {
             // Outside the admin's policy: not routed (what it had is withdrawn), and told.
             Ok(r)
                 if let Some(why) = policy
@@ -183,41 +282,38 @@ pub fn resolve(
                 // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
                 let note = format!("not routed by hafleet: {why}; split the Ingress");
                 tell(&r.key, "RoutesTooLarge", note);
-                out.seen.insert(r.key.clone(), ing.clone());
-                out.desired.insert(r.key.clone(), Desired::Keep);
+                self.seen.insert(r.key.clone(), subject);
+                self.desired.insert(r.key.clone(), Desired::Keep);
             }
             Ok(r) => {
-                out.seen.insert(r.key.clone(), ing.clone());
-                out.desired.insert(r.key.clone(), Desired::Routed(r));
+                self.seen.insert(r.key.clone(), subject);
+                self.desired.insert(r.key.clone(), Desired::Routed(r));
             }
             Err(Refused::NotSelected) => {}
             Err(Refused::Invalid(why)) => {
-                let Ok(key) = IngressKey::new(ns, name) else {
-                    tracing::warn!(namespace = ns, name, "ingress with an invalid name ignored");
-                    continue;
+                let Ok(key) = key else {
+                    tracing::warn!(object = ?subject.object_ref().name, "object with an invalid name ignored");
+                    return;
                 };
-                tell(&key, "InvalidIngress", format!("not routed by hafleet: {}", why.join("; ")));
+                let reason = match &subject {
+                    Subject::Ingress(_) => "InvalidIngress",
+                    Subject::HttpRoute(_) => "InvalidHTTPRoute",
+                };
+                tell(&key, reason, format!("not routed by hafleet: {}", why.join("; ")));
                 // Its last good routes stay only where the policy still allows them.
+                let meta = subject.meta();
                 if let Some(why) =
-                    policy.and_then(|p| crate::core::policy::refuses_kept(p, &key, ing, published))
+                    policy.and_then(|p| crate::core::policy::refuses_kept(p, &key, meta, published))
                 {
                     tell(&key, "NotAllowed", format!("not routed by hafleet: {why}"));
-                    continue;
+                    return;
                 }
-                out.seen.insert(key.clone(), ing.clone());
-                out.desired.insert(key, Desired::Keep);
+                self.seen.insert(key.clone(), subject);
+                self.desired.insert(key, Desired::Keep);
             }
         }
     }
-    memo.end_pass();
-    out.resolved_anew = memo.fresh();
-    // Hosts kept to the namespace that owns them; the losers of conflicts told.
-    let mut routed = index::routed_mut(&mut out.desired);
-    out.told = crate::core::tenancy::keep_apart(&mut routed, rules.namespaces_own_hosts);
-    out
-}
 
-impl Resolution {
     /// The TLS Secrets (namespace, name) that the routed Ingresses of fleets with TLS on
     /// (`sealed_for`) name in `spec.tls`.
     pub fn secrets(&self, sealed_for: impl Fn(&FleetName) -> bool) -> BTreeSet<(String, String)> {
@@ -227,7 +323,7 @@ impl Resolution {
             if !sealed_for(&r.fleet) {
                 continue;
             }
-            let Some(ing) = self.seen.get(&r.key) else { continue };
+            let Some(ing) = self.seen.get(&r.key).and_then(Subject::as_ingress) else { continue };
             let ns = r.key.namespace.as_str();
             let spec = SpecEntry::of(ing).into_iter();
             wanted.extend(spec.filter_map(|e| Some((ns.to_owned(), e.secret?))));
@@ -264,7 +360,8 @@ pub fn finish(
     let mut tls = tls;
     for r in index::routed_mut(&mut res.desired) {
         let mut sealing = Vec::new();
-        if let (Some(tls), Some(ing)) = (tls.as_mut(), res.seen.get(&r.key)) {
+        let ing = res.seen.get(&r.key).and_then(Subject::as_ingress);
+        if let (Some(tls), Some(ing)) = (tls.as_mut(), ing) {
             seal(r, ing, tls, rules, &mut sealing);
             // Certificates count against the Ingress's budget too.
             if !r.tls.is_empty()
@@ -284,9 +381,9 @@ pub fn finish(
         }
     }
     let mut plan_tells = std::mem::take(&mut res.tells);
-    let mut tell = |ing: &Arc<Ingress>, key: &IngressKey, reason, note, what| {
-        let (ingress, key, rv) = (ing.clone(), key.clone(), said_once_per(ing));
-        plan_tells.push(Tell { ingress, key, rv, reason, note, what });
+    let mut tell = |subject: &Subject, key: &IngressKey, reason, note, what| {
+        let (subject, key, rv) = (subject.clone(), key.clone(), subject.said_once_per());
+        plan_tells.push(Tell { subject, key, rv, reason, note, what });
     };
     for (key, why) in too_big {
         // Refused like any Ingress over budget: alone, keeping what it had.
@@ -305,12 +402,8 @@ pub fn finish(
     // Refused Ingresses kept beyond the cap (the oldest of a namespace's) are no longer desired
     // at all: what was published of them is deleted and no snapshot keeps them.
     let cap = rules.max_kept_per_namespace;
-    let created = |ing: &Ingress| {
-        let t = ing.metadata.creation_timestamp.as_ref();
-        t.map_or(0, |t| t.0.as_second())
-    };
     let refused = res.desired.iter().filter(|(_, d)| matches!(d, Desired::Keep));
-    let times = refused.map(|(k, _)| (k.clone(), res.seen.get(k).map_or(0, |i| created(i))));
+    let times = refused.map(|(k, _)| (k.clone(), res.seen.get(k).map_or(0, Subject::created)));
     for key in index::beyond_cap(times.collect::<Vec<_>>(), cap) {
         res.desired.remove(&key);
         let Some(seen) = res.seen.get(&key) else { continue };
@@ -348,6 +441,7 @@ pub fn finish(
         held_new,
         kept,
         current: res.current,
+        gateway: res.gateway,
         desired: res.desired,
         seen: res.seen,
     }

@@ -162,7 +162,7 @@ impl Policy {
 pub fn refuses_kept(
     policy: &Policy,
     key: &hafleet_proto::IngressKey,
-    ing: &k8s_openapi::api::networking::v1::Ingress,
+    meta: &kube::api::ObjectMeta,
     published: &crate::core::index::Published,
 ) -> Option<String> {
     let ns = key.namespace.as_str();
@@ -172,7 +172,7 @@ pub fn refuses_kept(
             policy.refuses(ns, fleet, routes)
         }
         None => {
-            let annotations = ing.metadata.annotations.as_ref()?;
+            let annotations = meta.annotations.as_ref()?;
             let fleet = FleetName::new(annotations.get("hafleet.io/fleet")?.trim()).ok()?;
             policy.refuses(ns, &fleet, &[])
         }

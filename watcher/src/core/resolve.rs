@@ -422,11 +422,11 @@ pub fn ready_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeAdd
 }
 
 /// What a route's backend is resolved from.
-struct Sources<'a> {
-    services: &'a Services,
-    endpoints: Option<&'a Endpoints>,
+pub(crate) struct Sources<'a> {
+    pub(crate) services: &'a Services,
+    pub(crate) endpoints: Option<&'a Endpoints>,
     /// The Ingress's fleet sends Services to their pods unless they say otherwise.
-    pods_by_default: bool,
+    pub(crate) pods_by_default: bool,
 }
 
 /// The Service port behind an Ingress backend. In nodes mode, a route whose Service is
@@ -436,7 +436,7 @@ struct Sources<'a> {
 /// mode ([`crate::core::pods`]) it goes to the serving endpoints of the Service port. Only what
 /// is wrong with the Ingress itself (or the Service's hafleet annotations) is an `Err`, which
 /// refuses the Ingress (it keeps its published routes).
-fn backend(
+pub(crate) fn backend(
     namespace: &str,
     backend: &IngressBackend,
     sources: &Sources<'_>,

@@ -42,9 +42,36 @@ impl Warnings {
         }
     }
 
-    /// Posts a Warning Event; whether the API server took it.
-    pub async fn warn(&self, ingress: &Ingress, reason: &str, note: String) -> bool {
-        self.post(ingress, true, reason, note).await
+    /// Posts a Warning Event on the object `reference` names; whether the API server took it.
+    pub async fn warn(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        reason: &str,
+        note: String,
+    ) -> bool {
+        self.post_ref(reference, true, reason, note).await
+    }
+
+    /// Sets the `status` of a Gateway API object (`namespace`: `None` for a cluster-scoped
+    /// GatewayClass); a failure is logged and retried on the next pass.
+    pub async fn set_gateway_status(
+        &self,
+        kind: &str,
+        (namespace, name): (Option<&str>, &str),
+        status: serde_json::Value,
+    ) {
+        let ar = crate::core::gateway::api_resource(kind);
+        let api: Api<kube::api::DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        };
+        let patch = serde_json::json!({"status": status});
+        let params = kube::api::PatchParams::default();
+        let at = format!("{}{name}", namespace.map(|n| format!("{n}/")).unwrap_or_default());
+        match api.patch_status(name, &params, &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => info!(kind, object = %at, "status set"),
+            Err(e) => warn!(kind, object = %at, error = %e, "cannot set status"),
+        }
     }
 
     /// Posts an Event (Warning or Normal) on `object`; repeats are counted by the recorder.
@@ -52,6 +79,17 @@ impl Warnings {
     pub async fn post<K: kube::Resource<DynamicType = ()>>(
         &self,
         object: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) -> bool {
+        self.post_ref(&object.object_ref(&()), warning, reason, note).await
+    }
+
+    /// [`Warnings::post`] on the object `reference` names.
+    pub async fn post_ref(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
         warning: bool,
         reason: &str,
         note: String,
@@ -71,7 +109,7 @@ impl Warnings {
             action: "Route".into(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &object.object_ref(&())).await {
+        match self.recorder.publish(&event, reference).await {
             Ok(()) => true,
             Err(e) => {
                 warn!(error = %e, reason, "cannot post event; it is posted again on the next pass");

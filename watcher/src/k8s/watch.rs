@@ -31,6 +31,27 @@ pub struct Caches {
     /// With `--settings-namespace`: that namespace's ConfigMaps (the fleets' settings are
     /// those named `hafleet-fleet-<fleet>`).
     pub settings: Option<Store<ConfigMap>>,
+    /// Where the cluster serves the Gateway API: its objects.
+    pub gateway: Option<GatewayCaches>,
+}
+
+/// The Gateway API's objects hafleet reads: every GatewayClass, Gateway, HTTPRoute and
+/// ReferenceGrant (status included: hafleet compares the status it would write with it).
+#[derive(Clone)]
+pub struct GatewayCaches {
+    pub classes: Store<DynamicObject>,
+    pub gateways: Store<DynamicObject>,
+    pub routes: Store<DynamicObject>,
+    pub grants: Store<DynamicObject>,
+}
+
+/// Whether the API server serves the Gateway API (`gateway.networking.k8s.io/v1`, its CRDs
+/// installed), as the watcher starts.
+pub async fn serves_gateway_api(client: &Client) -> bool {
+    match kube::discovery::group(client, crate::core::gateway::spec::GROUP).await {
+        Ok(group) => group.versions().any(|v| v == "v1"),
+        Err(_) => false,
+    }
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -43,6 +64,7 @@ pub fn watch(
     endpoint_slices: Option<ApiResource>,
     tls: bool,
     (policy, settings): (Option<(&str, &str)>, Option<&str>),
+    gateway_api: bool,
 ) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
@@ -127,6 +149,26 @@ pub fn watch(
         all.push(cms.boxed());
         store
     });
+    let gateway = gateway_api.then(|| {
+        let mut watch_kind = |kind: &'static str| {
+            let ar = crate::core::gateway::api_resource(kind);
+            let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+            let store = writer.as_reader();
+            let objects = watcher(Api::<DynamicObject>::all_with(client.clone(), &ar), cfg())
+                .default_backoff()
+                .modify(|o| o.metadata.managed_fields = None)
+                .reflect(writer)
+                .map(move |r| r.map(|_| ()).map_err(|e| (kind, e)));
+            all.push(objects.boxed());
+            store
+        };
+        GatewayCaches {
+            classes: watch_kind("GatewayClass"),
+            gateways: watch_kind("Gateway"),
+            routes: watch_kind("HTTPRoute"),
+            grants: watch_kind("ReferenceGrant"),
+        }
+    });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
         let store = writer.as_reader();
@@ -148,8 +190,16 @@ pub fn watch(
             warn!(watch = what, error = %e, "watch error");
         }
     });
-    let caches =
-        Caches { ingresses, services, nodes, endpoint_slices, tls_secrets, policy, settings };
+    let caches = Caches {
+        ingresses,
+        services,
+        nodes,
+        endpoint_slices,
+        tls_secrets,
+        policy,
+        settings,
+        gateway,
+    };
     (caches, Box::pin(changes))
 }
 
@@ -220,6 +270,11 @@ impl Caches {
         }
         if let Some(settings) = &self.settings {
             settings.wait_until_ready().await?;
+        }
+        if let Some(g) = &self.gateway {
+            for store in [&g.classes, &g.gateways, &g.routes, &g.grants] {
+                store.wait_until_ready().await?;
+            }
         }
         Ok(())
     }

@@ -61,7 +61,8 @@ fn plan_with(
     churn: &mut Budget,
 ) -> Plan {
     let services = services(&["shop", "blog"]);
-    let objects = Objects { ingresses, services: &services, endpoints: None, policy };
+    let objects =
+        Objects { ingresses, gateway: None, services: &services, endpoints: None, policy };
     let res = resolve(&objects, rules, &mut Memo::default(), published, false);
     finish(res, None, rules, published, churn, tokio::time::Instant::now())
 }
@@ -208,7 +209,13 @@ fn the_churn_budget_holds_a_namespace_s_changes_beyond_its_burst_and_says_so() {
 fn tls_is_two_phases_the_secrets_named_then_the_certificates_sealed_in() {
     let all = [ingress("shop", "web", "a.com", "/", 1)];
     let services = services(&["shop"]);
-    let objects = Objects { ingresses: &all, services: &services, endpoints: None, policy: None };
+    let objects = Objects {
+        ingresses: &all,
+        gateway: None,
+        services: &services,
+        endpoints: None,
+        policy: None,
+    };
     let published = Published::default();
     let res = resolve(&objects, &rules(), &mut Memo::default(), &published, false);
     let edge = |f: &FleetName| f.as_str() == "edge";
@@ -246,7 +253,13 @@ fn tls_is_two_phases_the_secrets_named_then_the_certificates_sealed_in() {
 fn warnings_about_ingresses_that_changed_or_went_can_be_forgotten() {
     let all = [ingress("shop", "web", "a.com", "/", 1)];
     let services = services(&["shop"]);
-    let objects = Objects { ingresses: &all, services: &services, endpoints: None, policy: None };
+    let objects = Objects {
+        ingresses: &all,
+        gateway: None,
+        services: &services,
+        endpoints: None,
+        policy: None,
+    };
     let published = Published::default();
     let res = resolve(&objects, &rules(), &mut Memo::default(), &published, true);
     let p = finish(

@@ -1,0 +1,215 @@
+//! The Gateway API, read into the same routes as Ingresses. Pure: GatewayClasses, Gateways,
+//! HTTPRoutes and ReferenceGrants in (as the watch caches hold them), each HTTPRoute's routes
+//! for its fleet and the status of every object hafleet answers for out.
+//!
+//! ```text
+//! GatewayClass (spec.controllerName: hafleet.io/gateway-controller) ── ours
+//!   └─ Gateway (gatewayClassName: ours, annotation hafleet.io/fleet) ── a fleet's listeners
+//!        └─ HTTPRoute (parentRefs: the Gateway, a listener that allows it) ── routes
+//!             └─ backendRefs: Services (in another namespace: a ReferenceGrant there)
+//! ```
+//! An HTTPRoute becomes a [`crate::core::model::Resolved`] keyed as an HTTPRoute
+//! ([`hafleet_proto::IngressKey::http_route`]), so the rest of the pass (the tenancy
+//! policy, budgets, host ownership across Ingresses and HTTPRoutes, publishing) is the
+//! Ingresses' own.
+
+pub mod route;
+pub mod spec;
+pub mod status;
+
+#[cfg(test)]
+mod tests;
+
+use crate::core::resolve::FLEET_ANNOTATION;
+use hafleet_proto::FleetName;
+use kube::api::{ApiResource, DynamicObject};
+use spec::{GROUP, GatewayClassSpec, GatewaySpec, Listener, ReferenceGrantSpec, spec_of};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// The `spec.controllerName` of the GatewayClasses hafleet serves.
+pub const CONTROLLER_NAME: &str = "hafleet.io/gateway-controller";
+
+/// The kinds hafleet reads, as the API serves them.
+pub fn api_resource(kind: &str) -> ApiResource {
+    let plural = match kind {
+        "GatewayClass" => "gatewayclasses",
+        "Gateway" => "gateways",
+        "HTTPRoute" => "httproutes",
+        "ReferenceGrant" => "referencegrants",
+        other => panic!("not a Gateway API kind hafleet reads: {other}"),
+    };
+    ApiResource {
+        group: GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{GROUP}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// What the watch caches hold of the Gateway API.
+#[derive(Default)]
+pub struct Objects<'a> {
+    pub classes: &'a [Arc<DynamicObject>],
+    pub gateways: &'a [Arc<DynamicObject>],
+    pub routes: &'a [Arc<DynamicObject>],
+    pub grants: &'a [Arc<DynamicObject>],
+}
+
+/// One of hafleet's Gateways, read.
+#[derive(Debug, Clone)]
+pub struct GatewayView {
+    pub object: Arc<DynamicObject>,
+    /// Its fleet, or why it has none.
+    pub fleet: Result<FleetName, String>,
+    pub listeners: Vec<ListenerView>,
+}
+
+/// A listener and whether hafleet serves it.
+#[derive(Debug, Clone)]
+pub struct ListenerView {
+    pub spec: Listener,
+    /// Why it is not served: (reason, message). `None`: served.
+    pub refused: Option<(&'static str, String)>,
+}
+
+impl ListenerView {
+    /// Whether it lets an HTTPRoute of namespace `route_ns` attach, on a Gateway of
+    /// namespace `gateway_ns`.
+    pub fn allows(&self, gateway_ns: &str, route_ns: &str) -> bool {
+        let allowed = self.spec.allowed_routes.as_ref();
+        let kinds = allowed.map(|a| a.kinds.as_slice()).unwrap_or_default();
+        let kind_ok = kinds.is_empty()
+            || kinds
+                .iter()
+                .any(|k| k.kind == "HTTPRoute" && k.group.as_deref().unwrap_or(GROUP) == GROUP);
+        let from = allowed.and_then(|a| a.namespaces.as_ref()).and_then(|n| n.from.as_deref());
+        let ns_ok = match from.unwrap_or("Same") {
+            "All" => true,
+            "Same" => gateway_ns == route_ns,
+            // Selector: not served yet (the listener says so); no namespace is selected.
+            _ => false,
+        };
+        kind_ok && ns_ok
+    }
+}
+
+/// The Gateway API objects of a pass, indexed: hafleet's classes and Gateways, and the
+/// ReferenceGrants.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// The names of the GatewayClasses whose controller is hafleet.
+    pub classes: BTreeSet<String>,
+    /// hafleet's Gateways by (namespace, name).
+    pub gateways: HashMap<(String, String), GatewayView>,
+    /// Every ReferenceGrant: (its namespace, what it grants).
+    grants: Vec<(String, ReferenceGrantSpec)>,
+}
+
+impl Index {
+    pub fn new(objects: &Objects<'_>) -> Index {
+        let classes: BTreeSet<String> = objects
+            .classes
+            .iter()
+            .filter(|c| is_ours(c))
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        let mut gateways = HashMap::new();
+        for gw in objects.gateways {
+            let Ok(spec) = spec_of::<GatewaySpec>(gw) else { continue };
+            if !classes.contains(&spec.gateway_class_name) {
+                continue;
+            }
+            let (Some(ns), Some(name)) = (&gw.metadata.namespace, &gw.metadata.name) else {
+                continue;
+            };
+            let fleet = match gw.metadata.annotations.as_ref().and_then(|a| a.get(FLEET_ANNOTATION))
+            {
+                None => Err(format!("it has no {FLEET_ANNOTATION} annotation naming its fleet")),
+                Some(f) => FleetName::new(f.as_str())
+                    .map_err(|e| format!("annotation {FLEET_ANNOTATION}: {e}")),
+            };
+            let listeners = spec.listeners.into_iter().map(listener_view).collect();
+            let view = GatewayView { object: gw.clone(), fleet, listeners };
+            gateways.insert((ns.clone(), name.clone()), view);
+        }
+        let grants = objects
+            .grants
+            .iter()
+            .filter_map(|g| {
+                let ns = g.metadata.namespace.clone()?;
+                Some((ns, spec_of::<ReferenceGrantSpec>(g).ok()?))
+            })
+            .collect();
+        Index { classes, gateways, grants }
+    }
+
+    /// Whether a ReferenceGrant in `to_ns` lets HTTPRoutes of `from_ns` name Service `name`.
+    pub fn grants_service(&self, from_ns: &str, to_ns: &str, name: &str) -> bool {
+        self.grants.iter().filter(|(ns, _)| ns == to_ns).any(|(_, g)| {
+            g.from
+                .iter()
+                .any(|f| f.group == GROUP && f.kind == "HTTPRoute" && f.namespace == from_ns)
+                && g.to.iter().any(|t| {
+                    t.group.is_empty()
+                        && t.kind == "Service"
+                        && t.name.as_deref().is_none_or(|n| n == name)
+                })
+        })
+    }
+}
+
+/// Whether a GatewayClass is hafleet's.
+pub fn is_ours(class: &DynamicObject) -> bool {
+    spec_of::<GatewayClassSpec>(class).is_ok_and(|s| s.controller_name == CONTROLLER_NAME)
+}
+
+fn listener_view(spec: Listener) -> ListenerView {
+    let refused = match spec.protocol.as_str() {
+        "HTTP" => None,
+        "HTTPS" => Some((
+            "UnsupportedProtocol",
+            "HTTPS listeners are not served by hafleet yet; use HTTP".to_owned(),
+        )),
+        other => Some((
+            "UnsupportedProtocol",
+            format!("protocol {other:?} is not served by hafleet (HTTP is)"),
+        )),
+    };
+    let selector = spec
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.as_deref())
+        == Some("Selector");
+    let refused = refused.or_else(|| {
+        selector.then(|| {
+            let why = "allowedRoutes.namespaces.from: Selector is not served by hafleet yet; \
+                       use Same or All";
+            ("UnsupportedValue", why.to_owned())
+        })
+    });
+    ListenerView { spec, refused }
+}
+
+/// The hostname a listener's `hostname` and a route's hostname both match, if any: the more
+/// specific of the two (a wildcard `*.example.com` matches names under `example.com`, not
+/// `example.com` itself).
+pub fn intersect(listener: Option<&str>, route: &str) -> Option<String> {
+    let Some(l) = listener else { return Some(route.to_owned()) };
+    if l == route {
+        return Some(route.to_owned());
+    }
+    if let Some(suffix) = l.strip_prefix('*')
+        && route.ends_with(suffix)
+    {
+        return Some(route.to_owned());
+    }
+    if let Some(suffix) = route.strip_prefix('*')
+        && l.ends_with(suffix)
+    {
+        return Some(l.to_owned());
+    }
+    None
+}

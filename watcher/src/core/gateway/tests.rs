@@ -1,0 +1,280 @@
+//! Tests of [`super`]: HTTPRoutes against hafleet's Gateways, as the upstream specification
+//! says they attach, resolve and report.
+
+use super::route::{Outcome, resolve};
+use super::status::route_status;
+use super::*;
+use crate::core::resolve::{Config, Refused, Services};
+use hafleet_proto::{FailStatus, IngressKey, PathKind};
+use k8s_openapi::api::core::v1::Service;
+use serde_json::json;
+
+fn object(value: serde_json::Value) -> Arc<DynamicObject> {
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+fn class(name: &str, controller: &str) -> Arc<DynamicObject> {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": name}, "spec": {"controllerName": controller}}))
+}
+
+/// Gateway `infra/edge` of class `hafleet` on fleet `edge` with these listeners.
+fn gateway(listeners: serde_json::Value) -> Arc<DynamicObject> {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "edge", "namespace": "infra", "annotations": {"hafleet.io/fleet": "edge"}},
+        "spec": {"gatewayClassName": "hafleet", "listeners": listeners}}))
+}
+
+fn http_listener(name: &str, hostname: Option<&str>, from: &str) -> serde_json::Value {
+    let mut l = json!({"name": name, "port": 80, "protocol": "HTTP",
+        "allowedRoutes": {"namespaces": {"from": from}}});
+    if let Some(h) = hostname {
+        l["hostname"] = json!(h);
+    }
+    l
+}
+
+fn route(ns: &str, spec: serde_json::Value) -> Arc<DynamicObject> {
+    object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "shop", "namespace": ns, "generation": 3, "resourceVersion": "7"},
+        "spec": spec}))
+}
+
+fn services(list: &[(&str, &str)]) -> Services {
+    list.iter()
+        .map(|(ns, name)| {
+            let svc: Service = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}
+            }))
+            .unwrap();
+            (((*ns).to_owned(), (*name).to_owned()), Arc::new(svc))
+        })
+        .collect()
+}
+
+fn resolve_with(
+    gateway: &Arc<DynamicObject>,
+    grants: &[Arc<DynamicObject>],
+    r: &DynamicObject,
+    services: &Services,
+) -> Outcome {
+    let classes = [class("hafleet", CONTROLLER_NAME), class("other", "example.com/else")];
+    let gateways = std::slice::from_ref(gateway);
+    let objects = Objects { classes: &classes, gateways, routes: &[], grants };
+    resolve(r, &Index::new(&objects), Config::default(), services, None)
+}
+
+/// `(reason, ok)` of each condition of the route's first parent.
+fn conditions(o: &Outcome) -> Vec<(&'static str, &'static str, bool)> {
+    o.parents[0].conditions.iter().map(|c| (c.type_, c.reason, c.ok)).collect()
+}
+
+fn hosts_and_paths(o: &Outcome) -> Vec<(String, String, PathKind)> {
+    let r = o.result.as_ref().expect("routed");
+    r.routes
+        .iter()
+        .map(|r| {
+            let host = r.host.as_ref().map_or("*".to_owned(), |h| h.to_string());
+            (host, r.path.to_string(), r.kind)
+        })
+        .collect()
+}
+
+#[test]
+fn a_route_on_a_hafleet_gateway_is_routed_on_its_fleet_under_its_own_key() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+        "hostnames": ["shop.example.com"],
+        "rules": [
+            {"matches": [{"path": {"type": "Exact", "value": "/login"}},
+                         {"path": {"type": "PathPrefix", "value": "/api"}}],
+             "filters": [{"type": "RequestHeaderModifier",
+                          "requestHeaderModifier": {"set": [{"name": "X-Env", "value": "prod"}]}}],
+             "backendRefs": [{"name": "api", "port": 80}]},
+            // The same path again: the first rule has it.
+            {"matches": [{"path": {"value": "/api"}}], "backendRefs": [{"name": "web", "port": 80}]},
+            {"backendRefs": [{"name": "web", "port": 80}]}
+        ]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &services(&[("shop", "api"), ("shop", "web")]));
+    assert_eq!(
+        conditions(&o),
+        [("Accepted", "Accepted", true), ("ResolvedRefs", "ResolvedRefs", true)]
+    );
+    assert_eq!(o.parents[0].listeners, ["http"]);
+    let resolved = o.result.as_ref().unwrap();
+    assert_eq!(resolved.key, IngressKey::http_route("shop", "shop").unwrap());
+    assert_eq!(resolved.fleet.as_str(), "edge");
+    assert_eq!(
+        hosts_and_paths(&o),
+        [
+            ("shop.example.com".into(), "/login".into(), PathKind::Exact),
+            ("shop.example.com".into(), "/api".into(), PathKind::Prefix),
+            ("shop.example.com".into(), "/".into(), PathKind::Prefix),
+        ]
+    );
+    let api = &resolved.routes[1].backend;
+    assert_eq!((api.service.name.as_str(), api.node_port), ("api", Some(30080)));
+    assert_eq!(api.options.request_headers.set[0].0.as_str(), "X-Env");
+    assert_eq!(resolved.routes[2].backend.service.name.as_str(), "web");
+    assert!(resolved.routes[2].backend.options.request_headers.is_empty());
+}
+
+#[test]
+fn hostnames_are_intersected_with_the_listeners() {
+    for (listener, route, want) in [
+        (None, "a.example.com", Some("a.example.com")),
+        (Some("a.example.com"), "a.example.com", Some("a.example.com")),
+        (Some("*.example.com"), "a.example.com", Some("a.example.com")),
+        (Some("*.example.com"), "a.b.example.com", Some("a.b.example.com")),
+        (Some("*.example.com"), "example.com", None),
+        (Some("a.example.com"), "*.example.com", Some("a.example.com")),
+        (Some("*.example.com"), "*.b.example.com", Some("*.b.example.com")),
+        (Some("*.b.example.com"), "*.example.com", Some("*.b.example.com")),
+        (Some("a.example.com"), "b.example.com", None),
+    ] {
+        assert_eq!(intersect(listener, route).as_deref(), want, "{listener:?} {route}");
+    }
+    let gw = gateway(json!([
+        http_listener("wild", Some("*.example.com"), "All"),
+        http_listener("other", Some("other.org"), "All"),
+    ]));
+    let spec = |hostnames: serde_json::Value| {
+        route(
+            "shop",
+            json!({"parentRefs": [{"name": "edge", "namespace": "infra"}], "hostnames": hostnames,
+                   "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
+        )
+    };
+    let svc = services(&[("shop", "web")]);
+    let o = resolve_with(&gw, &[], &spec(json!(["a.example.com", "nope.net"])), &svc);
+    assert_eq!(hosts_and_paths(&o), [("a.example.com".into(), "/".into(), PathKind::Prefix)]);
+    assert_eq!(o.parents[0].listeners, ["wild"]);
+    // No hostnames of its own: each listener's.
+    let o = resolve_with(&gw, &[], &spec(json!([])), &svc);
+    let hosts: Vec<String> = hosts_and_paths(&o).into_iter().map(|h| h.0).collect();
+    assert_eq!(hosts, ["*.example.com", "other.org"]);
+    let o = resolve_with(&gw, &[], &spec(json!(["nope.net"])), &svc);
+    assert_eq!(conditions(&o), [("Accepted", "NoMatchingListenerHostname", false)]);
+    assert_eq!(o.result.unwrap_err(), Refused::NotSelected);
+}
+
+#[test]
+fn listeners_say_which_namespaces_and_section_a_route_may_attach_from() {
+    let svc = services(&[("shop", "web")]);
+    let spec = |parent: serde_json::Value| {
+        route(
+            "shop",
+            json!({"parentRefs": [parent], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
+        )
+    };
+    let same = gateway(json!([http_listener("http", None, "Same")]));
+    let o = resolve_with(&same, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
+    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false)]);
+    let all = gateway(json!([http_listener("http", None, "All")]));
+    let named = json!({"name": "edge", "namespace": "infra", "sectionName": "nope"});
+    let o = resolve_with(&all, &[], &spec(named), &svc);
+    assert_eq!(conditions(&o), [("Accepted", "NoMatchingParent", false)]);
+    let named = json!({"name": "edge", "namespace": "infra", "sectionName": "http"});
+    assert!(resolve_with(&all, &[], &spec(named), &svc).result.is_ok());
+    // A Gateway of another class, or one that does not exist: not hafleet's to answer.
+    let o = resolve_with(&all, &[], &spec(json!({"name": "elsewhere"})), &svc);
+    assert!(o.parents.is_empty());
+    assert_eq!(o.result.unwrap_err(), Refused::NotSelected);
+    // A listener hafleet does not serve yet says so, and takes no route.
+    let https = gateway(json!([{"name": "https", "port": 443, "protocol": "HTTPS"}]));
+    let o = resolve_with(&https, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
+    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false)]);
+}
+
+#[test]
+fn a_backend_that_cannot_be_resolved_answers_500_and_says_why() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "web"), ("billing", "pay")]);
+    let spec = |backend: serde_json::Value| {
+        route(
+            "shop",
+            json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+                   "rules": [{"backendRefs": [backend]}]}),
+        )
+    };
+    let grant = object(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+        "metadata": {"name": "shop-pays", "namespace": "billing"},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "shop"}],
+                 "to": [{"group": "", "kind": "Service", "name": "pay"}]}}),
+    );
+    for (backend, grants, reason) in [
+        (json!({"name": "gone", "port": 80}), vec![], "BackendNotFound"),
+        (json!({"name": "pay", "namespace": "billing", "port": 80}), vec![], "RefNotPermitted"),
+        (json!({"group": "example.com", "kind": "Bucket", "name": "b"}), vec![], "InvalidKind"),
+        (json!({"name": "web"}), vec![], "UnsupportedValue"),
+    ] {
+        let o = resolve_with(&gw, &grants, &spec(backend.clone()), &svc);
+        assert_eq!(
+            conditions(&o),
+            [("Accepted", "Accepted", true), ("ResolvedRefs", reason, false)],
+            "{backend}"
+        );
+        let routes = &o.result.as_ref().unwrap().routes;
+        assert_eq!(routes[0].backend.options.fail_status, Some(FailStatus::InternalError));
+    }
+    let granted = json!({"name": "pay", "namespace": "billing", "port": 80});
+    let o = resolve_with(&gw, &[grant], &spec(granted), &svc);
+    let routes = &o.result.as_ref().unwrap().routes;
+    assert_eq!(routes[0].backend.options.fail_status, None);
+    assert_eq!(routes[0].backend.service.namespace.as_str(), "billing");
+    // No backendRefs at all: 500 too.
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}], "rules": [{}]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    let routes = &o.result.as_ref().unwrap().routes;
+    assert_eq!(routes[0].backend.options.fail_status, Some(FailStatus::InternalError));
+}
+
+#[test]
+fn what_is_not_served_yet_refuses_the_route_and_says_so() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "web")]);
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+               "rules": [{"matches": [{"headers": [{"name": "version", "value": "2"}]}],
+                          "backendRefs": [{"name": "web", "port": 80}]}]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    assert_eq!(o.parents[0].conditions[0].reason, "UnsupportedValue");
+    assert!(o.parents[0].conditions[0].message.contains("rules[0].matches[0].headers"));
+    assert!(o.parents[0].listeners.is_empty(), "a refused route is attached to no listener");
+    assert!(matches!(o.result, Err(Refused::Invalid(_))));
+}
+
+#[test]
+fn a_route_status_keeps_other_controllers_entries_and_is_written_only_on_a_change() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "web")]);
+    let spec = json!({"parentRefs": [{"name": "edge", "namespace": "infra"}, {"name": "theirs"}],
+                      "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]});
+    let theirs = json!({"parentRef": {"name": "theirs"}, "controllerName": "example.com/else",
+                        "conditions": []});
+    let mut r = (*route("shop", spec)).clone();
+    r.data["status"] = json!({"parents": [theirs]});
+    let o = resolve_with(&gw, &[], &r, &svc);
+    let status = route_status(&r, &o.parents, "2026-11-27T04:00:00Z").expect("a change");
+    let parents = status["parents"].as_array().unwrap();
+    assert_eq!(parents[0], theirs);
+    assert_eq!(parents[1]["controllerName"], CONTROLLER_NAME);
+    assert_eq!(parents[1]["parentRef"]["kind"], "Gateway");
+    assert_eq!(parents[1]["conditions"][0]["observedGeneration"], 3);
+    assert_eq!(parents[1]["conditions"][0]["lastTransitionTime"], "2026-11-27T04:00:00Z");
+    r.data["status"] = status;
+    assert_eq!(route_status(&r, &o.parents, "2026-11-27T05:00:00Z"), None, "unchanged");
+    // Its parent gone: hafleet's entry goes, theirs stays.
+    let status = route_status(&r, &[], "2026-11-27T05:00:00Z").expect("a change");
+    assert_eq!(status["parents"].as_array().unwrap().len(), 1);
+}
