@@ -74,6 +74,116 @@ pub async fn install_crds(kube: &KubeEnv, work: &Path) -> Result<()> {
     .await
 }
 
+/// The upstream conformance suite's namespaces (conformance/base/manifests.yaml).
+pub const INFRA_NS: &str = "gateway-conformance-infra";
+pub const WEB_NS: &str = "gateway-conformance-web-backend";
+pub const APP_NS: &str = "gateway-conformance-app-backend";
+
+/// The Services of the upstream base, (namespace, name), each on port 8080.
+pub const BASE_SERVICES: [(&str, &str); 6] = [
+    (INFRA_NS, "infra-backend-v1"),
+    (INFRA_NS, "infra-backend-v2"),
+    (INFRA_NS, "infra-backend-v3"),
+    (WEB_NS, "web-backend"),
+    (APP_NS, "app-backend-v1"),
+    (APP_NS, "app-backend-v2"),
+];
+
+/// The `controllerName` of hafleet's GatewayClasses.
+pub const CONTROLLER_NAME: &str = "hafleet.io/gateway-controller";
+
+/// The API resource of Gateway API `kind` (v1).
+pub fn resource(kind: &str) -> kube::api::ApiResource {
+    let plural = format!("{}s", kind.to_lowercase()).replace("classs", "classes");
+    kube::api::ApiResource {
+        group: "gateway.networking.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "gateway.networking.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural,
+    }
+}
+
+/// Creates `object` (a Gateway API object, as JSON with its apiVersion and kind).
+pub async fn create(client: &kube::Client, object: serde_json::Value) -> Result<()> {
+    use kube::api::{Api, DynamicObject, PostParams};
+    let kind = object["kind"].as_str().context("a kind")?.to_owned();
+    let ar = resource(&kind);
+    let object: DynamicObject = serde_json::from_value(object)?;
+    let api: Api<DynamicObject> = match object.metadata.namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("create {kind} {:?}", object.metadata.name))?;
+    Ok(())
+}
+
+/// Reads Gateway API object `kind` `namespace/name` (`None`: cluster-scoped).
+pub async fn get(
+    client: &kube::Client,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<kube::api::DynamicObject> {
+    use kube::api::{Api, DynamicObject};
+    let ar = resource(kind);
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    Ok(api.get(name).await?)
+}
+
+/// The upstream base's GatewayClass (hafleet's) and Gateways `same-namespace` (HTTP on 80,
+/// routes of its own namespace) and `all-namespaces` (routes of any), on `fleet`.
+pub fn base_objects(fleet: &str) -> Vec<serde_json::Value> {
+    let gateway = |name: &str, from: &str| {
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": INFRA_NS,
+                         "annotations": {"hafleet.io/fleet": fleet}},
+            "spec": {"gatewayClassName": "hafleet", "listeners": [{
+                "name": "http", "port": 80, "protocol": "HTTP",
+                "allowedRoutes": {"namespaces": {"from": from}}}]}
+        })
+    };
+    vec![
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "hafleet"},
+            "spec": {"controllerName": CONTROLLER_NAME}
+        }),
+        gateway("same-namespace", "Same"),
+        gateway("all-namespaces", "All"),
+    ]
+}
+
+/// `(type, status, reason)` of each condition `status` lists under `conditions`.
+pub fn conditions_of(status: &serde_json::Value) -> Vec<(String, String, String)> {
+    let list = status.get("conditions").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+    list.iter()
+        .map(|c| {
+            let field = |k: &str| c.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+            (field("type"), field("status"), field("reason"))
+        })
+        .collect()
+}
+
+/// Whether `conditions` has `type_` with `status` (`"True"`/`"False"`) and, when given,
+/// `reason`.
+pub fn has_condition(
+    conditions: &[(String, String, String)],
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> bool {
+    conditions
+        .iter()
+        .any(|(t, s, r)| t == type_ && s == status && reason.is_none_or(|want| want == r))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
