@@ -12,6 +12,6 @@ eval "$setup_env"
 export HAFLEET_HAPROXY="${HAFLEET_HAPROXY30:?tests/setup.sh prints it}"
 echo "HAProxy on the test hosts: HAFLEET_HAPROXY=$HAFLEET_HAPROXY"
 
-[ $# -gt 0 ] || set -- refusals:: recovery:: routing:: tls:: settings:: filters:: traffic:: pods::
+[ $# -gt 0 ] || set -- refusals:: recovery:: routing:: tls:: settings:: filters:: traffic:: pods:: gateway::
 ./deploy/local/demo.sh --smoke
 ./tests/run.sh -p hafleet-tests --test e2e -- "$@"
