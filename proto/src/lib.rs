@@ -14,6 +14,7 @@
 pub mod bundle;
 pub mod filters;
 pub mod history;
+pub mod matches;
 pub mod messages;
 pub mod parts;
 pub mod quarantine;
@@ -28,6 +29,7 @@ pub use filters::{
     HeaderName, HeaderRules, HeaderValue, PathRewrite, REDIRECT_CODES, Redirect, Scheme,
 };
 pub use history::*;
+pub use matches::{Method, ParamName, RouteMore};
 pub use messages::*;
 pub use parts::{PartsError, SnapshotPart};
 pub use quarantine::Quarantine;

@@ -359,6 +359,25 @@ pub struct Route {
     pub path: HttpPath,
     pub kind: PathKind,
     pub backend: Backend,
+    /// What it asks of a request besides host and path, and the backends that share its
+    /// requests with `backend` (an HTTPRoute's); `None` for an Ingress's. Boxed: most routes
+    /// have none, and every route of 10,000s is held in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub more: Option<Box<crate::RouteMore>>,
+}
+
+impl Route {
+    /// Every backend the route sends requests to: its own, then those it shares them with.
+    pub fn backends(&self) -> impl Iterator<Item = &Backend> {
+        let split = self.more.iter().flat_map(|m| m.split.iter().map(|(_, b)| b));
+        std::iter::once(&self.backend).chain(split)
+    }
+
+    /// [`Route::backends`], to change.
+    pub fn backends_mut(&mut self) -> impl Iterator<Item = &mut Backend> {
+        let split = self.more.iter_mut().flat_map(|m| m.split.iter_mut().map(|(_, b)| b));
+        std::iter::once(&mut self.backend).chain(split)
+    }
 }
 
 /// What happened to an Ingress.

@@ -261,6 +261,9 @@ fn routes_with_filters() {
         "http-request set-path '/'\n",
         "server node-a 10.1.0.1:30081 send-proxy-v2\n",
         "http-request return status 500\n",
+        "http-request set-var(txn.draw) rand(1000000) if { var(txn.backend) -m beg hafleet_g_ }\n",
+        "{ method GET } { req.fhdr(X-Canary) -m str \"yes please\" } { url_param(debug) -m str \"on\" }\n",
+        "{ var(txn.draw) -m int lt 900000 }\n",
         "gone.example.com/ be_shop_missing_80_",
     ] {
         assert!(text.contains(line), "{line:?} missing\n{text}");

@@ -41,18 +41,61 @@ pub async fn http_get_full(addr: SocketAddr, host: &str, path: &str) -> Result<R
 }
 
 async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<Response> {
+    send(addr, "GET", host, path, &[]).await
+}
+
+/// A request of `method` for `http://host/path` with these extra headers, sent to `addr`
+/// (cut off after 5 s).
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Response> {
+    tokio::time::timeout(Duration::from_secs(5), send(addr, method, host, path, headers))
+        .await
+        .map_err(|_| anyhow!("{method} http://{host}{path} via {addr}: timed out after 5s"))?
+        .with_context(|| format!("{method} http://{host}{path} via {addr}"))
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
+    let extra: String = headers.iter().map(|(n, v)| format!("{n}: {v}\r\n")).collect();
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-tests\r\nAccept: */*\r\n\
-         Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-tests\r\nAccept: */*\r\n\
+         {extra}Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
+    if method == "HEAD" {
+        // No body follows, whatever Content-Length says: read up to the end of the head.
+        let mut buf = [0u8; 4096];
+        while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await?;
+            anyhow::ensure!(n > 0, "closed before the end of the head");
+            raw.extend_from_slice(&buf[..n]);
+        }
+        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+        raw.truncate(end);
+        return parse(&raw, false);
+    }
     stream.read_to_end(&mut raw).await?;
     parse_response(&raw)
 }
 
 fn parse_response(raw: &[u8]) -> Result<Response> {
+    parse(raw, true)
+}
+
+/// A response; `with_body`: as the head says (none for an answer to HEAD).
+fn parse(raw: &[u8], with_body: bool) -> Result<Response> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -79,7 +122,9 @@ fn parse_response(raw: &[u8]) -> Result<Response> {
             chunked = value.eq_ignore_ascii_case("chunked");
         }
     }
-    let body = if chunked {
+    let body = if !with_body {
+        Vec::new()
+    } else if chunked {
         dechunk(body)?
     } else if let Some(n) = content_length {
         body.get(..n).ok_or_else(|| anyhow!("body shorter than content-length {n}"))?.to_vec()

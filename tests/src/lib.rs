@@ -29,7 +29,7 @@ use std::path::PathBuf;
 
 pub use backend::HttpBackend;
 pub use haproxy_host::{HaproxyHost, ShowProc, SigningKeys, SshClientKeys};
-pub use http::{Response, eventually, http_get, http_get_full};
+pub use http::{Response, eventually, http_get, http_get_full, http_request};
 pub use kube_env::KubeEnv;
 pub use nats::NatsServer;
 pub use proc::{ChildGuard, TestDir, free_port, free_ports, random_loopback_ip, wait_for};

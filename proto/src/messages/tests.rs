@@ -52,6 +52,7 @@ fn route() -> Route {
             options: Default::default(),
             pods: None,
         },
+        more: None,
     }
 }
 

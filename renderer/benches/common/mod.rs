@@ -32,12 +32,14 @@ pub fn routes(i: usize) -> Vec<Route> {
             path: HttpPath::new("/api").unwrap(),
             kind: PathKind::Prefix,
             backend: backend.clone(),
+            more: None,
         },
         Route {
             host: Some(host),
             path: HttpPath::new("/healthz").unwrap(),
             kind: PathKind::Exact,
             backend,
+            more: None,
         },
     ]
 }

@@ -4,6 +4,7 @@
 pub mod certs;
 pub mod checkpoint;
 pub mod filters;
+pub mod groups;
 pub mod maps;
 pub mod model;
 pub mod par;

@@ -10,6 +10,7 @@
 //!   of the newest route event that carries it (an older Ingress's may be stale), on the nodes
 //!   of the newest nodes message (a bounded subset of them for `Cluster` Services).
 
+use crate::core::groups::Conditional;
 use crate::core::state::{IngressEntry, Nodes};
 use hafleet_proto::{
     Backend, ClusterId, FleetName, IngressKey, NodeAddr, PathKind, ServiceRef, TrafficPolicy,
@@ -24,6 +25,9 @@ use std::sync::Arc;
 pub struct RenderModel {
     pub fleet: String,
     pub rules: Vec<Arc<RuleModel>>,
+    /// Dispatch groups: the host and path keys with routes that ask more of a request, or
+    /// share requests by weight ([`crate::core::groups`]).
+    pub groups: Vec<crate::core::groups::GroupModel>,
     pub backends: Vec<Arc<BackendModel>>,
     /// With node health checks on: every node, addressed at its health port, in name order;
     /// the template checks each once and servers `track` them.
@@ -520,7 +524,7 @@ impl Memo {
 /// node is listed, not only those some subset holds, so that a backend moving to another node
 /// never adds a health check (which only a reload can).
 fn backend_models(
-    backends: BTreeMap<&str, (u64, &Backend)>,
+    backends: BTreeMap<std::borrow::Cow<'_, str>, (u64, &Backend)>,
     pool: &NodePool,
     options: &Options,
     memo: &mut Memo,
@@ -539,7 +543,7 @@ fn backend_models(
     // The memo's models where it has them; the others built, on every core if there are many
     // (a fresh renderer, or new nodes).
     let backends: Vec<(&str, &Backend)> =
-        backends.into_iter().map(|(name, (_, backend))| (name, backend)).collect();
+        backends.iter().map(|(name, (_, backend))| (name.as_ref(), *backend)).collect();
     let Ok(all) = crate::core::par::reuse_or_build(
         &backends,
         |(_, backend)| memo.backends.remove_entry(*backend),
@@ -616,6 +620,17 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
         .collect()
 }
 
+/// A route's backends with their weights, by HAProxy name: its own (named as `rule` names it)
+/// first.
+fn shares_of(route: &hafleet_proto::Route, rule: &RuleModel) -> Vec<(u32, String)> {
+    let more = route.more.as_deref();
+    let mut shares = vec![(more.and_then(|m| m.weight).unwrap_or(1), rule.backend.clone())];
+    for (weight, backend) in more.map(|m| m.split.as_slice()).unwrap_or_default() {
+        shares.push((*weight, backend_name(backend)));
+    }
+    shares
+}
+
 /// Builds the model of one fleet with the default [`Options`].
 pub fn build(
     fleet: &FleetName,
@@ -676,52 +691,83 @@ pub fn build_memo(
         .collect();
 
     // A claim is a rule's map (kind) and key; the first (oldest) Ingress to make it wins.
-    let mut claimed: HashMap<(&str, &str), &IngressKey, foldhash::fast::RandomState> =
+    // Routes that ask more of a request (HTTPRoute matches) claim nothing: they are
+    // candidates of their key's dispatch group ([`crate::core::groups`]).
+    let mut claimed: HashMap<(&str, &str), (&IngressKey, usize), foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(owners.len() * 2, Default::default());
     let mut rules = Vec::with_capacity(owners.len() * 2);
-    let mut backends: BTreeMap<&str, (u64, &Backend)> = BTreeMap::new();
+    let mut backends: BTreeMap<std::borrow::Cow<'_, str>, (u64, &Backend)> = BTreeMap::new();
     let mut notes = Vec::new();
+    let mut conditional: BTreeMap<(&'static str, String), Vec<Conditional>> = BTreeMap::new();
+    let mut weighted: HashMap<(&str, &str), Vec<(u32, String)>, foldhash::fast::RandomState> =
+        HashMap::default();
 
     for ((key, entry), built) in owners.iter().zip(&built) {
         for (route, rule) in entry.routes.iter().zip(built.iter()) {
-            match claimed.entry((rule.kind, rule.key.as_str())) {
-                std::collections::hash_map::Entry::Occupied(claim) => {
-                    let owner = *claim.get();
-                    if owner != *key {
-                        notes.push(format!(
-                            "{key}: {}{} ({:?}) is already routed by {owner}, the older \
-                             Ingress; ignored",
-                            rule.host.as_deref().unwrap_or("*"),
-                            rule.path,
-                            route.kind,
-                        ));
+            let more = route.more.as_deref();
+            let shares = || shares_of(route, rule);
+            match more {
+                Some(m) if !m.has_no_conditions() => {
+                    conditional.entry((rule.kind, rule.key.clone())).or_default().push(
+                        Conditional {
+                            precedence: m.precedence(),
+                            conditions: crate::core::groups::conditions_of(m),
+                            shares: shares(),
+                            rule: Arc::clone(rule),
+                        },
+                    );
+                }
+                _ => match claimed.entry((rule.kind, rule.key.as_str())) {
+                    std::collections::hash_map::Entry::Occupied(claim) => {
+                        let owner = claim.get().0;
+                        if owner != *key {
+                            notes.push(format!(
+                                "{key}: {}{} ({:?}) is already routed by {owner}, the older \
+                                 Ingress; ignored",
+                                rule.host.as_deref().unwrap_or("*"),
+                                rule.path,
+                                route.kind,
+                            ));
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(key);
-                    rules.push(Arc::clone(rule));
-                }
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert((key, rules.len()));
+                        rules.push(Arc::clone(rule));
+                        if more.is_some_and(|m| !m.split.is_empty()) {
+                            weighted.insert((rule.kind, rule.key.as_str()), shares());
+                        }
+                    }
+                },
             }
             // Every Ingress carries the Service's NodePort as resolved when it was last
             // published; the newest event's is the current one.
-            match backends.entry(rule.backend.as_str()) {
-                Entry::Vacant(slot) => {
-                    slot.insert((entry.seq, &route.backend));
+            for (i, backend) in route.backends().enumerate() {
+                let name = match i {
+                    0 => std::borrow::Cow::Borrowed(rule.backend.as_str()),
+                    _ => std::borrow::Cow::Owned(backend_name(backend)),
+                };
+                match backends.entry(name) {
+                    Entry::Vacant(slot) => {
+                        slot.insert((entry.seq, backend));
+                    }
+                    Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
+                        slot.insert((entry.seq, backend));
+                    }
+                    Entry::Occupied(_) => {}
                 }
-                Entry::Occupied(mut slot) if entry.seq > slot.get().0 => {
-                    slot.insert((entry.seq, &route.backend));
-                }
-                Entry::Occupied(_) => {}
             }
         }
     }
+    let claimed_at = claimed.iter().map(|(k, (_, i))| (*k, *i)).collect();
+    let groups = crate::core::groups::build(&mut rules, &claimed_at, &weighted, conditional);
 
     memo.check(nodes, options);
     let (backends, nodes) = backend_models(backends, &NodePool::of(nodes), options, memo);
     RenderModel {
         fleet: fleet.to_string(),
         rules,
+        groups,
         backends,
         nodes,
         node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),

@@ -85,6 +85,12 @@ struct Context<'a> {
     maps: &'a MapPaths,
     /// How many host + path rules the maps hold.
     routes: usize,
+    /// Dispatch groups ([`crate::core::groups`]).
+    groups: &'a [crate::core::groups::GroupModel],
+    /// Whether a group shares requests by weight (the template draws once per request).
+    draws: bool,
+    /// What a draw is taken from ([`crate::core::groups::DRAW_SCALE`]).
+    draw_scale: u64,
     backends: &'a [Arc<BackendModel>],
     /// Every backend's section, rendered by the template's `backend(b)` macro ("" without it).
     backend_sections: &'a str,
@@ -122,6 +128,7 @@ impl Renderer {
         let template = env.get_template(NAME).map_err(RenderError::Compile)?;
         let uses_backends = template.undeclared_variables(false).contains("backends");
         let empty = RenderModel {
+            groups: vec![],
             fleet: "check".into(),
             rules: vec![],
             backends: vec![],
@@ -461,6 +468,9 @@ fn context<'a>(
         fleet: &model.fleet,
         maps,
         routes: model.rules.len(),
+        groups: &model.groups,
+        draws: model.groups.iter().any(|g| g.candidates.iter().any(|c| c.split.len() > 1)),
+        draw_scale: crate::core::groups::DRAW_SCALE,
         backends,
         backend_sections,
         nodes: &model.nodes,
@@ -514,6 +524,7 @@ mod tests {
                     path: HttpPath::new("/").unwrap(),
                     kind: PathKind::Prefix,
                     backend,
+                    more: None,
                 };
                 let entry = IngressEntry {
                     created_unix: i as i64,

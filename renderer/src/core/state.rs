@@ -140,7 +140,24 @@ pub struct Applied {
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
 pub fn route_label(route: &Route) -> String {
     let host = route.host.as_ref().map(|h| h.as_str()).unwrap_or("*");
-    format!("{host}{} ({:?})", route.path, route.kind)
+    let mut label = format!("{host}{} ({:?})", route.path, route.kind);
+    // An HTTPRoute's matches and weights: `when GET X-Canary: yes ?debug=on`, `split 9:1`.
+    if let Some(more) = route.more.as_deref() {
+        let mut when: Vec<String> = more.method.iter().map(|m| m.as_str().to_owned()).collect();
+        when.extend(more.headers.iter().map(|(n, v)| format!("{n}: {v}")));
+        when.extend(more.query.iter().map(|(n, v)| format!("?{n}={v}")));
+        if !when.is_empty() {
+            label.push_str(&format!(" when {}", when.join(" ")));
+        }
+        if !more.split.is_empty() {
+            let weights: Vec<String> = std::iter::once(more.weight.unwrap_or(1))
+                .chain(more.split.iter().map(|(w, _)| *w))
+                .map(|w| w.to_string())
+                .collect();
+            label.push_str(&format!(" split {}", weights.join(":")));
+        }
+    }
+    label
 }
 
 /// Routes in `new` and not in `old`, and the other way round, as labels.

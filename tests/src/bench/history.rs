@@ -55,6 +55,7 @@ fn event(fleet: &FleetName, i: usize, rv: usize) -> Result<Vec<u8>> {
                 path: HttpPath::new(format!("/v{rv}"))?,
                 kind: PathKind::Prefix,
                 backend,
+                more: None,
             }],
             tls: vec![],
         },

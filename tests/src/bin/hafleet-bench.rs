@@ -372,6 +372,7 @@ fn fleet(
                 path: HttpPath::root(),
                 kind: PathKind::Prefix,
                 backend,
+                more: None,
             };
             let entry = IngressEntry {
                 created_unix: i as i64,

@@ -216,7 +216,9 @@ pub fn resolve(
                 }
             };
             match backend(namespace, &p.backend, &sources, &mut warnings) {
-                Ok(backend) => routes.push(Route { host: host.clone(), path, kind, backend }),
+                Ok(backend) => {
+                    routes.push(Route { host: host.clone(), path, kind, backend, more: None })
+                }
                 Err(e) => errors.push(format!("{at}.backend: {e}")),
             }
         }
@@ -228,6 +230,7 @@ pub fn resolve(
                 path: HttpPath::root(),
                 kind: PathKind::Prefix,
                 backend,
+                more: None,
             }),
             Err(e) => errors.push(format!("defaultBackend: {e}")),
         }
@@ -672,6 +675,7 @@ pub(crate) mod tests_support {
                 options: Default::default(),
                 pods: None,
             },
+            more: None,
         }
     }
 }

@@ -56,13 +56,20 @@ pub fn route_event(
     let mut schema = hafleet_proto::keys_schema(cluster, std::iter::once(key));
     if let RouteChange::Upsert { routes, .. } = &mut change {
         for route in routes.iter_mut() {
-            route.backend.service.cluster = cluster.cloned();
-            // A renderer that cannot read pods parks the event rather than serve it nothing.
-            if route.backend.pods.is_some() {
-                schema = schema.max(hafleet_proto::PODS_SCHEMA_VERSION);
-            }
-            if route.backend.options.fail_status.is_some() {
+            // Matches and weighted backends are the Gateway API's.
+            if route.more.is_some() {
                 schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
+            }
+            for backend in route.backends_mut() {
+                backend.service.cluster = cluster.cloned();
+                // A renderer that cannot read pods parks the event rather than serve it
+                // nothing.
+                if backend.pods.is_some() {
+                    schema = schema.max(hafleet_proto::PODS_SCHEMA_VERSION);
+                }
+                if backend.options.fail_status.is_some() {
+                    schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
+                }
             }
         }
     }

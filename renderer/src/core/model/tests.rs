@@ -26,6 +26,7 @@ pub(crate) fn route(host: Option<&str>, path: &str, kind: PathKind, svc: &str) -
             options: Default::default(),
             pods: None,
         },
+        more: None,
     }
 }
 

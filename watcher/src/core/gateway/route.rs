@@ -1,21 +1,26 @@
 //! One HTTPRoute: the Gateways of hafleet it attaches to, its routes for their fleet, and
 //! what its status says to each of them. Pure.
 //!
-//! Served so far: `Exact` and `PathPrefix` path matches, hostnames (intersected with each
-//! listener's), one Service per rule (in another namespace with a ReferenceGrant there), and
-//! the request and response header modifiers. A rule whose backend cannot be resolved
-//! answers 500, as the specification says. What is not served yet (header, query and method
-//! matches, several weighted backends, redirects, rewrites, …) refuses the route with
-//! `Accepted: False`, reason `UnsupportedValue`, and a message that names it: never served
-//! as something else.
+//! Served so far: `Exact` and `PathPrefix` path matches, `Exact` header and query parameter
+//! matches and method matches (each match one route, carrying what else it asks in
+//! [`RouteMore`]), hostnames (intersected with each listener's), Services (in another
+//! namespace with a ReferenceGrant there) sharing a rule's requests by weight, and the
+//! request and response header modifiers. A backendRef that cannot be resolved answers its
+//! share of the requests with 500, as the specification says. What is not served yet
+//! (regular expressions, redirects, rewrites, timeouts, backendRef filters, …) refuses the
+//! route with `Accepted: False`, reason `UnsupportedValue`, and a message that names it:
+//! never served as something else.
 
-use super::spec::{BackendRef, HeaderModifier, HttpRouteSpec, ParentRef, RouteRule, spec_of};
+use super::spec::{
+    BackendRef, HeaderModifier, HttpRouteSpec, ParentRef, RouteRule, ValueMatch, spec_of,
+};
 use super::{Index, intersect};
 use crate::core::model::{Resolved, Sharing, Warning};
 use crate::core::resolve::{Config, Endpoints, Refused, Services, Sources};
 use hafleet_proto::{
     Backend, FailStatus, FleetName, HeaderName, HeaderRules, HeaderValue, HttpHost, HttpPath,
-    IngressKey, Namespace, ObjectName, PathKind, Route, ServiceRef, TrafficPolicy,
+    IngressKey, Method, Namespace, ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
+    TrafficPolicy,
 };
 use kube::api::DynamicObject;
 
@@ -115,36 +120,52 @@ pub fn resolve(
     let mut routes: Vec<Route> = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
         let at = format!("rules[{i}]");
-        let Some(paths) = paths_of(rule, &at, &mut errors) else { continue };
+        let Some(matches) = matches_of(rule, &at, &mut errors) else { continue };
         let Some(options) = options_of(rule, &at, &mut errors) else { continue };
-        let mut backend = match backend_of(rule, namespace, meta, index, &sources) {
-            Ok(Ok((backend, said))) => {
+        let backends = match backends_of(rule, namespace, meta, index, &sources) {
+            Ok((backends, said, failed)) => {
                 warnings.extend(said);
-                backend
-            }
-            Ok(Err((reason, message, backend))) => {
-                unresolved.push((reason, format!("{at}: {message}")));
-                backend
+                unresolved.extend(failed.into_iter().map(|(r, m)| (r, format!("{at}: {m}"))));
+                backends
             }
             Err(e) => {
                 errors.push(format!("{at}.backendRefs: {e}"));
                 continue;
             }
         };
-        let fail_status = backend.options.fail_status;
-        let send_proxy = backend.options.send_proxy;
-        backend.options = options;
-        backend.options.fail_status = fail_status;
-        backend.options.send_proxy = send_proxy;
+        // The rule's filters apply whichever backend takes the request.
+        let backends: Vec<(u32, Backend)> = backends
+            .into_iter()
+            .map(|(weight, mut backend)| {
+                let (fail_status, send_proxy) =
+                    (backend.options.fail_status, backend.options.send_proxy);
+                backend.options = options.clone();
+                backend.options.fail_status = fail_status;
+                backend.options.send_proxy = send_proxy;
+                (weight, backend)
+            })
+            .collect();
+        let Some(((weight, backend), split)) = backends.split_first() else { continue };
         for host in &hosts {
-            for (path, kind) in &paths {
-                // The first rule to claim a host, path and kind has it, as the spec orders.
+            for (path, kind, conditions) in &matches {
+                let mut more = conditions.clone();
+                if !split.is_empty() {
+                    more.weight = Some(*weight);
+                    more.split = split.to_vec();
+                }
+                let more = (!more.is_empty()).then(|| Box::new(more));
+                // The first rule to claim a host, path, kind and conditions has them, as the
+                // spec orders.
                 let claimed = routes.iter().any(|r| {
-                    &r.host == host && r.kind == *kind && r.path.trimmed() == path.trimmed()
+                    &r.host == host
+                        && r.kind == *kind
+                        && r.path.trimmed() == path.trimmed()
+                        && same_conditions(r.more.as_deref(), more.as_deref())
                 });
                 if !claimed {
                     let (host, path) = (host.clone(), path.clone());
-                    routes.push(Route { host, path, kind: *kind, backend: backend.clone() });
+                    let backend = backend.clone();
+                    routes.push(Route { host, path, kind: *kind, backend, more });
                 }
             }
         }
@@ -298,26 +319,60 @@ fn attach(
     (parents, attached)
 }
 
-/// The paths a rule matches, or `None` (its errors said) when one is not served.
-fn paths_of(
+/// Whether two routes ask the same of a request.
+fn same_conditions(a: Option<&RouteMore>, b: Option<&RouteMore>) -> bool {
+    let conditions = |m: Option<&RouteMore>| {
+        m.map(|m| (m.headers.clone(), m.query.clone(), m.method)).unwrap_or_default()
+    };
+    conditions(a) == conditions(b)
+}
+
+/// What a rule matches: each match's path, its kind and what else it asks of a request; or
+/// `None` (its errors said) when one is not served.
+fn matches_of(
     rule: &RouteRule,
     at: &str,
     errors: &mut Vec<String>,
-) -> Option<Vec<(HttpPath, PathKind)>> {
-    let mut paths = Vec::new();
+) -> Option<Vec<(HttpPath, PathKind, RouteMore)>> {
     if rule.matches.is_empty() {
-        return Some(vec![(HttpPath::root(), PathKind::Prefix)]);
+        return Some(vec![(HttpPath::root(), PathKind::Prefix, RouteMore::default())]);
     }
     let before = errors.len();
+    let mut matches = Vec::new();
     for (j, m) in rule.matches.iter().enumerate() {
         let at = format!("{at}.matches[{j}]");
-        for (what, set) in [
-            ("headers", !m.headers.is_empty()),
-            ("queryParams", !m.query_params.is_empty()),
-            ("method", m.method.is_some()),
-        ] {
-            if set {
-                errors.push(format!("{at}.{what}: matches on it are not served by hafleet yet"));
+        let mut more = RouteMore::default();
+        // Of two entries for the same header, only the first counts (the spec's rule).
+        let mut seen: Vec<String> = Vec::new();
+        for (k, h) in m.headers.iter().enumerate() {
+            let at = format!("{at}.headers[{k}]");
+            let Some(value) = exact(h, &at, errors) else { continue };
+            if seen.contains(&h.name.to_ascii_lowercase()) {
+                continue;
+            }
+            seen.push(h.name.to_ascii_lowercase());
+            match HeaderName::new(h.name.as_str()) {
+                Ok(name) => more.headers.push((name, value)),
+                Err(e) => errors.push(format!("{at}.name: {e}")),
+            }
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for (k, q) in m.query_params.iter().enumerate() {
+            let at = format!("{at}.queryParams[{k}]");
+            let Some(value) = exact(q, &at, errors) else { continue };
+            if seen.contains(&q.name.as_str()) {
+                continue;
+            }
+            seen.push(q.name.as_str());
+            match ParamName::new(q.name.as_str()) {
+                Ok(name) => more.query.push((name, value)),
+                Err(e) => errors.push(format!("{at}.name: {e}")),
+            }
+        }
+        if let Some(method) = &m.method {
+            match Method::parse(method) {
+                Some(method) => more.method = Some(method),
+                None => errors.push(format!("{at}.method: {method:?} is not an HTTP method")),
             }
         }
         let path = m.path.clone().unwrap_or_default();
@@ -331,11 +386,28 @@ fn paths_of(
             }
         };
         match HttpPath::new(value) {
-            Ok(p) => paths.push((p, kind)),
+            Ok(p) => matches.push((p, kind, more)),
             Err(e) => errors.push(format!("{at}.path.value: {e}")),
         }
     }
-    (errors.len() == before).then_some(paths)
+    (errors.len() == before).then_some(matches)
+}
+
+/// The value an `Exact` header or query match asks for, or `None` (said in `errors`).
+fn exact(m: &ValueMatch, at: &str, errors: &mut Vec<String>) -> Option<HeaderValue> {
+    match m.type_.as_deref().unwrap_or("Exact") {
+        "Exact" => match HeaderValue::new(m.value.as_str()) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                errors.push(format!("{at}.value: {e}"));
+                None
+            }
+        },
+        other => {
+            errors.push(format!("{at}.type: {other} is not served by hafleet (Exact is)"));
+            None
+        }
+    }
 }
 
 /// The backend options a rule's filters make, or `None` (its errors said).
@@ -385,34 +457,60 @@ fn header_rules(m: &HeaderModifier) -> Result<HeaderRules, String> {
     })
 }
 
-/// A rule's backend: `Ok(Ok(..))` resolved (with what to tell), `Ok(Err((reason, message,
-/// backend)))` not resolvable (the backend answers 500), `Err` not served.
-#[allow(clippy::type_complexity)]
-fn backend_of(
+/// What a rule's backends resolve to.
+type Backends = (Vec<(u32, Backend)>, Vec<Warning>, Vec<(&'static str, String)>);
+
+/// A rule's backends with their weights (none of weight 0), what to tell, and the ones that
+/// cannot be resolved (reason, message): each of those answers its share of the requests with
+/// 500, as does a rule without backends. `Err`: not served.
+fn backends_of(
     rule: &RouteRule,
     namespace: &str,
     meta: &kube::api::ObjectMeta,
     index: &Index,
     sources: &Sources<'_>,
+) -> Result<Backends, String> {
+    let mut backends = Vec::new();
+    let mut said = Vec::new();
+    let mut failed = Vec::new();
+    for r in rule.backend_refs.iter().filter(|r| r.weight != Some(0)) {
+        let weight = u32::try_from(r.weight.unwrap_or(1))
+            .map_err(|_| format!("backendRef {}: a weight is not negative", r.name))?;
+        match backend_of(r, namespace, index, sources)? {
+            Ok((backend, warnings)) => {
+                said.extend(warnings);
+                backends.push((weight, backend));
+            }
+            Err((reason, message, backend)) => {
+                failed.push((reason, message));
+                backends.push((weight, backend));
+            }
+        }
+    }
+    if backends.is_empty() {
+        let route = meta.name.as_deref().unwrap_or_default();
+        let mut b = empty_backend(namespace, route, 0)?;
+        b.options.fail_status = Some(FailStatus::InternalError);
+        let message = "the rule has no backendRefs of a weight above 0".to_owned();
+        failed.push(("BackendNotFound", message));
+        backends.push((1, b));
+    }
+    Ok((backends, said, failed))
+}
+
+/// A backendRef's backend: `Ok(Ok(..))` resolved (with what to tell), `Ok(Err((reason,
+/// message, backend)))` not resolvable (the backend answers 500), `Err` not served.
+#[allow(clippy::type_complexity)]
+fn backend_of(
+    r: &BackendRef,
+    namespace: &str,
+    index: &Index,
+    sources: &Sources<'_>,
 ) -> Result<Result<(Backend, Vec<Warning>), (&'static str, String, Backend)>, String> {
-    let refs: Vec<&BackendRef> = rule.backend_refs.iter().filter(|r| r.weight != Some(0)).collect();
     let failing = |ns: &str, name: &str, port: u16| -> Result<Backend, String> {
         let mut b = empty_backend(ns, name, port)?;
         b.options.fail_status = Some(FailStatus::InternalError);
         Ok(b)
-    };
-    let route_name = meta.name.as_deref().unwrap_or_default();
-    let r = match refs.as_slice() {
-        [] => {
-            let message = "the rule has no backendRefs";
-            return Ok(Err((
-                "BackendNotFound",
-                message.into(),
-                failing(namespace, route_name, 0)?,
-            )));
-        }
-        [r] => *r,
-        _ => return Err("several weighted backends are not served by hafleet yet".into()),
     };
     if !r.filters.is_empty() {
         return Err("filters on a backendRef are not served by hafleet yet".into());
@@ -422,7 +520,7 @@ fn backend_of(
     if !r.is_service() {
         let kind = r.kind.as_deref().unwrap_or("Service");
         let message = format!("backendRef {}: kind {kind} is not a Service", r.name);
-        return Ok(Err(("InvalidKind", message, failing(namespace, route_name, 0)?)));
+        return Ok(Err(("InvalidKind", message, failing(namespace, &r.name, 0)?)));
     }
     if ns != namespace && !index.grants_service(namespace, ns, &r.name) {
         let message = format!(

@@ -132,11 +132,23 @@ pub struct RouteMatch {
     #[serde(default)]
     pub path: Option<PathMatch>,
     #[serde(default)]
-    pub headers: Vec<serde_json::Value>,
+    pub headers: Vec<ValueMatch>,
     #[serde(default)]
-    pub query_params: Vec<serde_json::Value>,
+    pub query_params: Vec<ValueMatch>,
     #[serde(default)]
     pub method: Option<String>,
+}
+
+/// A header or query parameter match.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ValueMatch {
+    /// `Exact` (the default) or `RegularExpression`.
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

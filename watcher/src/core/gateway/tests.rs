@@ -244,12 +244,16 @@ fn what_is_not_served_yet_refuses_the_route_and_says_so() {
     let r = route(
         "shop",
         json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
-               "rules": [{"matches": [{"headers": [{"name": "version", "value": "2"}]}],
+               "rules": [{"matches": [{"headers": [{"type": "RegularExpression", "name": "version", "value": "2.*"}]}],
                           "backendRefs": [{"name": "web", "port": 80}]}]}),
     );
     let o = resolve_with(&gw, &[], &r, &svc);
     assert_eq!(o.parents[0].conditions[0].reason, "UnsupportedValue");
-    assert!(o.parents[0].conditions[0].message.contains("rules[0].matches[0].headers"));
+    let message = &o.parents[0].conditions[0].message;
+    assert!(
+        message.contains("rules[0].matches[0].headers[0].type: RegularExpression"),
+        "{message}"
+    );
     assert!(o.parents[0].listeners.is_empty(), "a refused route is attached to no listener");
     assert!(matches!(o.result, Err(Refused::Invalid(_))));
 }
@@ -277,4 +281,48 @@ fn a_route_status_keeps_other_controllers_entries_and_is_written_only_on_a_chang
     // Its parent gone: hafleet's entry goes, theirs stays.
     let status = route_status(&r, &[], "2026-11-27T05:00:00Z").expect("a change");
     assert_eq!(status["parents"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn matches_ask_of_the_request_and_weights_share_it() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "v1"), ("shop", "v2")]);
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+        "rules": [
+          {"matches": [{"path": {"value": "/api"}, "method": "POST",
+                        "headers": [{"name": "Version", "value": "2"},
+                                    {"name": "version", "value": "3"}],
+                        "queryParams": [{"name": "debug", "value": "on"}]},
+                       {"path": {"value": "/api"}}],
+           "backendRefs": [{"name": "v2", "port": 80}]},
+          {"backendRefs": [{"name": "v1", "port": 80, "weight": 3},
+                           {"name": "v2", "port": 80, "weight": 1},
+                           {"name": "gone", "port": 80, "weight": 1},
+                           {"name": "v1", "port": 80, "weight": 0}]}
+        ]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    let routes = &o.result.as_ref().unwrap().routes;
+    assert_eq!(routes.len(), 3);
+    let more = routes[0].more.as_deref().expect("conditions");
+    // Of two entries for one header (names without case), the first.
+    assert_eq!(more.headers.len(), 1);
+    assert_eq!((more.headers[0].0.as_str(), more.headers[0].1.as_str()), ("Version", "2"));
+    assert_eq!((more.query[0].0.as_str(), more.query[0].1.as_str()), ("debug", "on"));
+    assert_eq!(more.method, Some(hafleet_proto::Method::Post));
+    assert!(routes[1].more.is_none(), "the second match asks nothing more");
+    let split = routes[2].more.as_deref().expect("weights");
+    assert!(split.has_no_conditions());
+    assert_eq!(split.weight, Some(3));
+    assert_eq!(routes[2].backend.service.name.as_str(), "v1");
+    let shares: Vec<(u32, &str, Option<FailStatus>)> = split
+        .split
+        .iter()
+        .map(|(w, b)| (*w, b.service.name.as_str(), b.options.fail_status))
+        .collect();
+    assert_eq!(shares, [(1, "v2", None), (1, "gone", Some(FailStatus::InternalError))]);
+    // The unresolvable share is said, and answers 500.
+    assert_eq!(o.parents[0].conditions[1].reason, "BackendNotFound");
 }
