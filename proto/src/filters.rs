@@ -101,13 +101,23 @@ impl Scheme {
 /// Where a route sends its requests instead of a backend.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Redirect {
-    pub scheme: Scheme,
-    pub host: HttpHost,
+    /// `None`: the request's (an HTTPRoute's redirect may leave it out; an Ingress's never
+    /// does, so its messages keep their bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<Scheme>,
+    /// `None`: the request's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HttpHost>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// The path of the new location; `None`: the request's path and query, as they came.
+    /// The path of the new location; `None`: the request's path and query, as they came
+    /// (or with the route's prefix replaced, with `prefix_to`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<HttpPath>,
+    /// The route's path prefix replaced in the new location (an HTTPRoute's
+    /// `ReplacePrefixMatch`), the rest of the path kept. Of schema 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_to: Option<PathRewrite>,
     /// 301, 302, 303, 307 or 308.
     pub code: u16,
 }
@@ -126,18 +136,29 @@ impl Redirect {
                 "must be 301, 302, 303, 307 or 308",
             ));
         }
-        if self.host.as_str().starts_with('*') {
-            return Err(rule("redirect host", self.host.as_str(), "must not be a wildcard"));
+        if let Some(host) = &self.host
+            && host.as_str().starts_with('*')
+        {
+            return Err(rule("redirect host", host.as_str(), "must not be a wildcard"));
         }
         Ok(())
     }
 
-    /// `scheme://host[:port]`.
+    /// `scheme://host[:port]`, where the scheme and host are known (an Ingress's redirect);
+    /// a port that is the scheme's own is left out.
     pub fn origin(&self) -> String {
+        let scheme = self.scheme.map_or("http", |s| s.as_str());
+        let host = self.host.as_ref().map_or("", |h| h.as_str());
         match self.port {
-            Some(port) => format!("{}://{}:{port}", self.scheme.as_str(), self.host),
-            None => format!("{}://{}", self.scheme.as_str(), self.host),
+            Some(port) if !self.is_default_port(port) => format!("{scheme}://{host}:{port}"),
+            _ => format!("{scheme}://{host}"),
         }
+    }
+
+    /// Whether `port` is the well-known port of the redirect's scheme (80 for http, 443 for
+    /// https), which a Location leaves out.
+    pub fn is_default_port(&self, port: u16) -> bool {
+        matches!((self.scheme, port), (Some(Scheme::Http), 80) | (Some(Scheme::Https), 443))
     }
 }
 
@@ -176,16 +197,17 @@ mod tests {
     #[test]
     fn a_redirect_takes_only_codes_haproxy_redirects_with() {
         let r = Redirect {
-            scheme: Scheme::Https,
-            host: HttpHost::new("www.example.com").unwrap(),
+            scheme: Some(Scheme::Https),
+            host: Some(HttpHost::new("www.example.com").unwrap()),
             port: Some(8443),
             path: None,
+            prefix_to: None,
             code: 301,
         };
         r.check().unwrap();
         assert_eq!(r.origin(), "https://www.example.com:8443");
         assert!(Redirect { code: 200, ..r.clone() }.check().is_err());
         let wild = HttpHost::new("*.example.com").unwrap();
-        assert!(Redirect { host: wild, ..r }.check().is_err());
+        assert!(Redirect { host: Some(wild), ..r }.check().is_err());
     }
 }

@@ -28,12 +28,23 @@ impl std::fmt::Debug for HttpBackend {
 impl HttpBackend {
     /// Listens on `ip:port` (port 0 picks a free one; see [`HttpBackend::addr`]).
     pub async fn start(ip: Ipv4Addr, port: u16, name: &str) -> Result<HttpBackend> {
+        HttpBackend::start_with(ip, port, name, false).await
+    }
+
+    /// [`HttpBackend::start`], whose body also echoes the request's header lines after its
+    /// first line (`"<name> <path>\n<Name: value>\n…"`), as the Gateway API conformance suite's
+    /// echo server tells what it got.
+    pub async fn start_echoing(ip: Ipv4Addr, port: u16, name: &str) -> Result<HttpBackend> {
+        HttpBackend::start_with(ip, port, name, true).await
+    }
+
+    async fn start_with(ip: Ipv4Addr, port: u16, name: &str, echo: bool) -> Result<HttpBackend> {
         let listener = TcpListener::bind((ip, port))
             .await
             .with_context(|| format!("backend {name}: bind {ip}:{port}"))?;
         let addr = listener.local_addr()?;
         let hits = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(serve(listener, name.to_string(), hits.clone()));
+        let task = tokio::spawn(serve(listener, name.to_string(), hits.clone(), echo));
         Ok(HttpBackend { name: name.to_string(), addr, hits, task })
     }
 
@@ -58,13 +69,13 @@ impl Drop for HttpBackend {
     }
 }
 
-async fn serve(listener: TcpListener, name: String, hits: Arc<AtomicU64>) {
+async fn serve(listener: TcpListener, name: String, hits: Arc<AtomicU64>, echo: bool) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok((stream, _)) = accepted {
-                    conns.spawn(answer(stream, name.clone(), hits.clone()));
+                    conns.spawn(answer(stream, name.clone(), hits.clone(), echo));
                 }
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -72,7 +83,7 @@ async fn serve(listener: TcpListener, name: String, hits: Arc<AtomicU64>) {
     }
 }
 
-async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>) {
+async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>, echo: bool) {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     let read_head = async {
@@ -99,7 +110,14 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>) {
         .and_then(|c| c.parse::<u16>().ok())
         .filter(|c| (200..600).contains(c))
         .unwrap_or(200);
-    let body = format!("{name} {path}\n");
+    let mut body = format!("{name} {path}\n");
+    if echo {
+        let end = text.find("\r\n\r\n").unwrap_or(text.len());
+        for line in text[..end].split("\r\n").skip(1) {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
     let response = format!(
         "HTTP/1.1 {status} Hafleet\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
          X-Hafleet-Backend: {name}\r\nConnection: close\r\n\r\n{body}",

@@ -5,7 +5,7 @@
 //! They live in the backend, so they cost nothing to requests for other routes: routing stays
 //! a map lookup, and only the requests a backend serves run its rules.
 
-use hafleet_proto::{BackendOptions, HeaderRules, HttpPath, PathRewrite};
+use hafleet_proto::{BackendOptions, HeaderRules, HttpPath, PathRewrite, Redirect};
 use serde::Serialize;
 
 /// What the macro renders, in the order HAProxy runs it: who may come in (deny, rate), where
@@ -17,8 +17,12 @@ pub struct FiltersModel {
     pub deny_source: Vec<String>,
     /// Most requests per second from one client address (429 beyond).
     pub rate_limit: Option<u32>,
-    /// `prefix <origin> code <n>` or `location <url> code <n>`.
+    /// `prefix <origin> code <n>` or `location <url> code <n>` (log-format strings: a scheme
+    /// or host the redirect leaves as the request's is read from it).
     pub redirect: Option<String>,
+    /// `http-request` rules that rewrite the path before the redirect (one that replaces the
+    /// route's prefix in the new location).
+    pub redirect_rewrite: Vec<String>,
     pub request_headers: Vec<HeaderOp>,
     /// `http-request` rules that rewrite the path, in order.
     pub rewrite: Vec<String>,
@@ -41,18 +45,37 @@ impl FiltersModel {
         let f = FiltersModel {
             deny_source: o.deny_source.iter().map(|c| c.to_string()).collect(),
             rate_limit: o.rate_limit_rps,
-            redirect: o.redirect.as_ref().filter(|r| r.check().is_ok()).map(|r| match &r.path {
-                None => format!("prefix {} code {}", r.origin(), r.code),
-                Some(path) => {
-                    format!("location {}{} code {}", r.origin(), fmt_escaped(path), r.code)
+            redirect: o.redirect.as_deref().filter(|r| r.check().is_ok()).map(redirect_of),
+            redirect_rewrite: match o.redirect.as_deref() {
+                Some(r) if r.check().is_ok() && r.path.is_none() => {
+                    r.prefix_to.as_ref().map(rewrite_rules).unwrap_or_default()
                 }
-            }),
+                _ => Vec::new(),
+            },
             request_headers: header_ops(&o.request_headers),
             rewrite: o.rewrite.as_deref().map(rewrite_rules).unwrap_or_default(),
             response_headers: header_ops(&o.response_headers),
             timeout_tunnel: o.timeout_tunnel_ms.map(hafleet_proto::duration_text),
         };
         (f != FiltersModel::default()).then_some(f)
+    }
+}
+
+/// A redirect as `http-request redirect` reads it. A scheme or host the redirect leaves out is
+/// the request's (`ssl_fc`; the Host the frontend routed by, `txn.host`); a port that is the
+/// scheme's own is left out of the Location.
+fn redirect_of(r: &Redirect) -> String {
+    let scheme = r.scheme.map_or("%[ssl_fc,iif(https,http)]", |s| s.as_str());
+    let host = r.host.as_ref().map_or("%[var(txn.host)]", |h| h.as_str());
+    let port = match r.port {
+        Some(p) if !r.is_default_port(p) => format!(":{p}"),
+        _ => String::new(),
+    };
+    match &r.path {
+        None => format!("prefix {scheme}://{host}{port} code {}", r.code),
+        Some(path) => {
+            format!("location {scheme}://{host}{port}{} code {}", fmt_escaped(path), r.code)
+        }
     }
 }
 
@@ -118,7 +141,7 @@ fn rewrite_rules(r: &PathRewrite) -> Vec<String> {
 /// Options with every filter set: what a template is tried with when it is loaded, so that
 /// one whose macro breaks on a filter is refused then.
 pub fn every_filter() -> BackendOptions {
-    use hafleet_proto::{HeaderName, HeaderValue, HttpHost, Redirect, Scheme};
+    use hafleet_proto::{HeaderName, HeaderValue, HttpHost, Scheme};
     let header = || (HeaderName::new("X-Check").unwrap(), HeaderValue::new("1").unwrap());
     let rules =
         || HeaderRules { remove: vec![header().0], set: vec![header()], add: vec![header()] };
@@ -129,10 +152,11 @@ pub fn every_filter() -> BackendOptions {
         request_headers: Box::new(rules()),
         response_headers: Box::new(rules()),
         redirect: Some(Box::new(Redirect {
-            scheme: Scheme::Https,
-            host: HttpHost::new("check.invalid").unwrap(),
+            scheme: Some(Scheme::Https),
+            host: Some(HttpHost::new("check.invalid").unwrap()),
             port: Some(8443),
             path: Some(HttpPath::root()),
+            prefix_to: None,
             code: 308,
         })),
         rewrite: Some(Box::new(PathRewrite {
@@ -160,10 +184,11 @@ mod tests {
             vec![(HeaderName::new("X-Env").unwrap(), HeaderValue::new("prod x").unwrap())];
         o.request_headers.remove = vec![HeaderName::new("X-Debug").unwrap()];
         o.redirect = Some(Box::new(Redirect {
-            scheme: Scheme::Https,
-            host: HttpHost::new("www.example.com").unwrap(),
+            scheme: Some(Scheme::Https),
+            host: Some(HttpHost::new("www.example.com").unwrap()),
             port: None,
             path: Some(HttpPath::new("/a%20b").unwrap()),
+            prefix_to: None,
             code: 301,
         }));
         let f = FiltersModel::of(&o).unwrap();
@@ -172,6 +197,44 @@ mod tests {
         assert_eq!(ops, [("del-header", "X-Debug"), ("set-header", "X-Env")]);
         o.redirect.as_mut().unwrap().code = 200;
         assert_eq!(FiltersModel::of(&o).unwrap().redirect, None, "a bad code never renders");
+    }
+
+    /// An HTTPRoute's redirect may keep the request's scheme and host, names a port only
+    /// where it is not the scheme's own, and may replace the route's prefix.
+    #[test]
+    fn a_redirect_keeps_what_it_leaves_out_from_the_request() {
+        let mut o = BackendOptions::default();
+        let redirect = Redirect {
+            scheme: None,
+            host: None,
+            port: None,
+            path: None,
+            prefix_to: None,
+            code: 302,
+        };
+        o.redirect = Some(Box::new(redirect.clone()));
+        let f = FiltersModel::of(&o).unwrap();
+        assert_eq!(
+            f.redirect.as_deref(),
+            Some("prefix %[ssl_fc,iif(https,http)]://%[var(txn.host)] code 302")
+        );
+        let https = Redirect { scheme: Some(Scheme::Https), port: Some(443), ..redirect.clone() };
+        o.redirect = Some(Box::new(https));
+        let f = FiltersModel::of(&o).unwrap();
+        assert_eq!(f.redirect.as_deref(), Some("prefix https://%[var(txn.host)] code 302"));
+        let prefix = Redirect {
+            port: Some(8083),
+            prefix_to: Some(PathRewrite {
+                from: HttpPath::new("/original-prefix").unwrap(),
+                to: HttpPath::new("/replacement-prefix").unwrap(),
+                exact: false,
+            }),
+            ..redirect
+        };
+        o.redirect = Some(Box::new(prefix));
+        let f = FiltersModel::of(&o).unwrap();
+        assert!(f.redirect.as_deref().unwrap().contains("://%[var(txn.host)]:8083 code 302"));
+        assert_eq!(f.redirect_rewrite.len(), 3, "{:?}", f.redirect_rewrite);
     }
 
     #[test]

@@ -274,7 +274,7 @@ fn redirect_url(v: &str, path: bool) -> Result<Redirect, String> {
         (false, None | Some("/")) => None,
         (false, Some(_)) => return Err(shape()),
     };
-    Ok(Redirect { scheme, host, port, path, code: 302 })
+    Ok(Redirect { scheme: Some(scheme), host: Some(host), port, path, prefix_to: None, code: 302 })
 }
 
 fn redirect_code(v: &str) -> Result<u16, String> {

@@ -13,6 +13,7 @@
 //! policy, budgets, host ownership across Ingresses and HTTPRoutes, publishing) is the
 //! Ingresses' own.
 
+pub mod filters;
 pub mod route;
 pub mod spec;
 pub mod status;

@@ -5,21 +5,20 @@
 //! matches and method matches (each match one route, carrying what else it asks in
 //! [`RouteMore`]), hostnames (intersected with each listener's), Services (in another
 //! namespace with a ReferenceGrant there) sharing a rule's requests by weight, and the
-//! request and response header modifiers. A backendRef that cannot be resolved answers its
+//! request and response header modifiers, redirects and URL rewrites
+//! ([`super::filters`]). A backendRef that cannot be resolved answers its
 //! share of the requests with 500, as the specification says. What is not served yet
-//! (regular expressions, redirects, rewrites, timeouts, backendRef filters, …) refuses the
+//! (regular expressions, timeouts, mirrors, backendRef filters, …) refuses the
 //! route with `Accepted: False`, reason `UnsupportedValue`, and a message that names it:
 //! never served as something else.
 
-use super::spec::{
-    BackendRef, HeaderModifier, HttpRouteSpec, ParentRef, RouteRule, ValueMatch, spec_of,
-};
+use super::spec::{BackendRef, HttpRouteSpec, ParentRef, RouteRule, ValueMatch, spec_of};
 use super::{Index, intersect};
 use crate::core::model::{Resolved, Sharing, Warning};
 use crate::core::resolve::{Config, Endpoints, Refused, Services, Sources};
 use hafleet_proto::{
-    Backend, FailStatus, FleetName, HeaderName, HeaderRules, HeaderValue, HttpHost, HttpPath,
-    IngressKey, Method, Namespace, ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
+    Backend, FailStatus, FleetName, HeaderName, HeaderValue, HttpHost, HttpPath, IngressKey,
+    Method, Namespace, ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
     TrafficPolicy,
 };
 use kube::api::DynamicObject;
@@ -121,8 +120,17 @@ pub fn resolve(
     for (i, rule) in spec.rules.iter().enumerate() {
         let at = format!("rules[{i}]");
         let Some(matches) = matches_of(rule, &at, &mut errors) else { continue };
-        let Some(options) = options_of(rule, &at, &mut errors) else { continue };
-        let backends = match backends_of(rule, namespace, meta, index, &sources) {
+        let Some(filters) = super::filters::of(rule, &at, &mut errors) else { continue };
+        // A redirect needs no backend: its rule's route gets an empty one.
+        let redirects = filters.redirect.is_some() && rule.backend_refs.is_empty();
+        let found = match redirects {
+            true => {
+                let route_name = meta.name.as_deref().unwrap_or_default();
+                empty_backend(namespace, route_name, 0).map(|b| (vec![(1, b)], vec![], vec![]))
+            }
+            false => backends_of(rule, namespace, meta, index, &sources),
+        };
+        let backends = match found {
             Ok((backends, said, failed)) => {
                 warnings.extend(said);
                 unresolved.extend(failed.into_iter().map(|(r, m)| (r, format!("{at}: {m}"))));
@@ -133,21 +141,24 @@ pub fn resolve(
                 continue;
             }
         };
-        // The rule's filters apply whichever backend takes the request.
-        let backends: Vec<(u32, Backend)> = backends
-            .into_iter()
-            .map(|(weight, mut backend)| {
-                let (fail_status, send_proxy) =
-                    (backend.options.fail_status, backend.options.send_proxy);
-                backend.options = options.clone();
-                backend.options.fail_status = fail_status;
-                backend.options.send_proxy = send_proxy;
-                (weight, backend)
-            })
-            .collect();
-        let Some(((weight, backend), split)) = backends.split_first() else { continue };
         for host in &hosts {
             for (path, kind, conditions) in &matches {
+                // The rule's filters apply whichever backend takes the request, tied to the
+                // match's own path.
+                let options = filters.for_route(path, *kind);
+                let backends: Vec<(u32, Backend)> = backends
+                    .iter()
+                    .map(|(weight, backend)| {
+                        let mut backend = backend.clone();
+                        let (fail_status, send_proxy) =
+                            (backend.options.fail_status, backend.options.send_proxy);
+                        backend.options = options.clone();
+                        backend.options.fail_status = fail_status;
+                        backend.options.send_proxy = send_proxy;
+                        (*weight, backend)
+                    })
+                    .collect();
+                let Some(((weight, backend), split)) = backends.split_first() else { continue };
                 let mut more = conditions.clone();
                 if !split.is_empty() {
                     more.weight = Some(*weight);
@@ -408,53 +419,6 @@ fn exact(m: &ValueMatch, at: &str, errors: &mut Vec<String>) -> Option<HeaderVal
             None
         }
     }
-}
-
-/// The backend options a rule's filters make, or `None` (its errors said).
-fn options_of(
-    rule: &RouteRule,
-    at: &str,
-    errors: &mut Vec<String>,
-) -> Option<hafleet_proto::BackendOptions> {
-    let before = errors.len();
-    let mut options = hafleet_proto::BackendOptions::default();
-    for (j, f) in rule.filters.iter().enumerate() {
-        let at = format!("{at}.filters[{j}]");
-        let (modifier, into) = match f.type_.as_str() {
-            "RequestHeaderModifier" => (&f.request_header_modifier, &mut options.request_headers),
-            "ResponseHeaderModifier" => {
-                (&f.response_header_modifier, &mut options.response_headers)
-            }
-            other => {
-                errors.push(format!("{at}: filter {other} is not served by hafleet yet"));
-                continue;
-            }
-        };
-        match modifier.as_ref().map(header_rules) {
-            Some(Ok(rules)) => **into = rules,
-            Some(Err(e)) => errors.push(format!("{at}: {e}")),
-            None => errors.push(format!("{at}: the filter of type {} is missing", f.type_)),
-        }
-    }
-    (errors.len() == before).then_some(options)
-}
-
-fn header_rules(m: &HeaderModifier) -> Result<HeaderRules, String> {
-    let pair = |p: &super::spec::HeaderPair| -> Result<(HeaderName, HeaderValue), String> {
-        Ok((
-            HeaderName::new(p.name.as_str()).map_err(|e| e.to_string())?,
-            HeaderValue::new(p.value.as_str()).map_err(|e| e.to_string())?,
-        ))
-    };
-    Ok(HeaderRules {
-        remove: m
-            .remove
-            .iter()
-            .map(|n| HeaderName::new(n.as_str()).map_err(|e| e.to_string()))
-            .collect::<Result<_, _>>()?,
-        set: m.set.iter().map(pair).collect::<Result<_, _>>()?,
-        add: m.add.iter().map(pair).collect::<Result<_, _>>()?,
-    })
 }
 
 /// What a rule's backends resolve to.

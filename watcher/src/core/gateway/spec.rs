@@ -171,6 +171,47 @@ pub struct RouteFilter {
     pub request_header_modifier: Option<HeaderModifier>,
     #[serde(default)]
     pub response_header_modifier: Option<HeaderModifier>,
+    #[serde(default)]
+    pub request_redirect: Option<RequestRedirect>,
+    #[serde(default)]
+    pub url_rewrite: Option<UrlRewrite>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRedirect {
+    #[serde(default)]
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Default 302.
+    #[serde(default)]
+    pub status_code: Option<u16>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlRewrite {
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+}
+
+/// `ReplaceFullPath` or `ReplacePrefixMatch`, and its value.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PathModifier {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub replace_full_path: Option<String>,
+    #[serde(default)]
+    pub replace_prefix_match: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

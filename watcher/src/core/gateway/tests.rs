@@ -326,3 +326,53 @@ fn matches_ask_of_the_request_and_weights_share_it() {
     // The unresolvable share is said, and answers 500.
     assert_eq!(o.parents[0].conditions[1].reason, "BackendNotFound");
 }
+
+#[test]
+fn redirects_and_rewrites_are_tied_to_each_match_s_path() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "web")]);
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}], "rules": [
+            {"matches": [{"path": {"value": "/old"}}, {"path": {"value": "/older"}}],
+             "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                 "port": 8083, "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}]},
+            {"matches": [{"path": {"value": "/api"}}],
+             "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "api.internal",
+                 "path": {"type": "ReplaceFullPath", "replaceFullPath": "/v2"}}}],
+             "backendRefs": [{"name": "web", "port": 80}]},
+            {"matches": [{"path": {"value": "/bad"}}],
+             "filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 200}}]}
+        ]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    let message = &o.parents[0].conditions[0].message;
+    assert!(message.contains("rules[2].filters[0].requestRedirect: statusCode 200"), "{message}");
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}], "rules": [
+            {"matches": [{"path": {"value": "/old"}}, {"path": {"value": "/older"}}],
+             "filters": [{"type": "RequestRedirect", "requestRedirect": {
+                 "port": 8083, "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}]},
+            {"matches": [{"path": {"value": "/api"}}],
+             "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "api.internal",
+                 "path": {"type": "ReplaceFullPath", "replaceFullPath": "/v2"}}}],
+             "backendRefs": [{"name": "web", "port": 80}]}
+        ]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    // A redirect needs no backendRefs, and says nothing is unresolved.
+    assert_eq!(conditions(&o)[1], ("ResolvedRefs", "ResolvedRefs", true));
+    let routes = &o.result.as_ref().unwrap().routes;
+    let from = |i: usize| {
+        let redirect = routes[i].backend.options.redirect.as_deref().unwrap();
+        assert_eq!((redirect.port, redirect.code, redirect.host.as_ref()), (Some(8083), 302, None));
+        redirect.prefix_to.as_ref().unwrap().from.to_string()
+    };
+    assert_eq!((from(0), from(1)), ("/old".to_owned(), "/older".to_owned()));
+    let api = &routes[2].backend.options;
+    assert_eq!(api.request_headers.set[0].0.as_str(), "Host");
+    assert_eq!(api.request_headers.set[0].1.as_str(), "api.internal");
+    let rewrite = api.rewrite.as_deref().unwrap();
+    assert_eq!((rewrite.to.as_str(), rewrite.exact), ("/v2", true));
+}

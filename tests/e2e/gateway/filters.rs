@@ -1,0 +1,408 @@
+//! The upstream conformance cases about filters: redirects, URL rewrites and header
+//! modifiers.
+
+use super::{ANY, Bed, V1, backend, expect_cases, get_, http_route, prefix};
+use crate::CONVERGE;
+use anyhow::Result;
+use hafleet_tests::gateway_api::{INFRA_NS, create};
+use serde_json::{Value, json};
+
+/// What a redirect must say: its status and the parts of its Location given (a port not
+/// given must not be there).
+struct Moved<'a> {
+    path: &'a str,
+    status: u16,
+    scheme: &'a str,
+    host: &'a str,
+    port: Option<&'a str>,
+    to: &'a str,
+}
+
+/// A rule on `path` (PathPrefix) that redirects as `redirect` says.
+fn redirect_rule(path: &str, redirect: Value) -> Value {
+    json!({"matches": [{"path": prefix(path)}],
+           "filters": [{"type": "RequestRedirect", "requestRedirect": redirect}]})
+}
+
+/// Creates HTTPRoute `name` with `rules` on same-namespace, waits until it is accepted and
+/// checks each of `cases` on every host.
+async fn redirects(name: &str, rules: Vec<Value>, cases: &[Moved<'_>]) -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": rules});
+    create(&bed.client, http_route(INFRA_NS, name, spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, name), "same-namespace").await?;
+    let stack = &bed.world.stack;
+    for c in cases {
+        let what =
+            format!("{} -> {} {}://{}{:?}{}", c.path, c.status, c.scheme, c.host, c.port, c.to);
+        hafleet_tests::assert::on_every_host(stack, CONVERGE, &what, |h| async move {
+            let r = hafleet_tests::http_get_full(h.http_addr(), ANY, c.path).await?;
+            let location = r.header("location").unwrap_or_default().to_owned();
+            let port = c.port.map(|p| format!(":{p}")).unwrap_or_default();
+            let want = format!("{}://{}{port}{}", c.scheme, c.host, c.to);
+            anyhow::ensure!(
+                r.status == c.status && location == want,
+                "got {} {location:?}",
+                r.status
+            );
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+fn moved<'a>(path: &'a str, status: u16, host: &'a str, to: &'a str) -> Moved<'a> {
+    Moved { path, status, scheme: "http", host, port: None, to }
+}
+
+/// HTTPRouteRedirectHostAndStatus: the host replaced, 302 unless a status is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_redirect_host_and_status() -> Result<()> {
+    let rules = vec![
+        redirect_rule("/hostname-redirect", json!({"hostname": "example.org"})),
+        redirect_rule("/host-and-status", json!({"statusCode": 301, "hostname": "example.org"})),
+    ];
+    let cases = [
+        moved("/hostname-redirect", 302, "example.org", "/hostname-redirect"),
+        moved("/host-and-status", 301, "example.org", "/host-and-status"),
+    ];
+    redirects("redirect-host-and-status", rules, &cases).await
+}
+
+/// HTTPRoute303Redirect, HTTPRoute307Redirect and HTTPRoute308Redirect (Extended), in one
+/// route: each status as given, the rest of the request's location kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_303_307_308_redirect() -> Result<()> {
+    let rules = vec![
+        redirect_rule("/see-other", json!({"statusCode": 303})),
+        redirect_rule("/temporary", json!({"statusCode": 307})),
+        redirect_rule("/permanent", json!({"statusCode": 308})),
+    ];
+    let cases = [
+        moved("/see-other", 303, ANY, "/see-other"),
+        moved("/temporary", 307, ANY, "/temporary"),
+        moved("/permanent", 308, ANY, "/permanent"),
+    ];
+    redirects("redirect-codes", rules, &cases).await
+}
+
+/// HTTPRouteRedirectPort (Extended): the port given, the request's host kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_redirect_port() -> Result<()> {
+    let rules = vec![
+        redirect_rule("/port", json!({"port": 8083})),
+        redirect_rule("/port-and-host", json!({"hostname": "example.org", "port": 8083})),
+        redirect_rule("/port-and-status", json!({"port": 8083, "statusCode": 301})),
+        redirect_rule(
+            "/port-and-host-and-status",
+            json!({"port": 8083, "hostname": "example.org", "statusCode": 302}),
+        ),
+    ];
+    let on = |path, status, host| Moved { port: Some("8083"), ..moved(path, status, host, path) };
+    let cases = [
+        on("/port", 302, ANY),
+        on("/port-and-host", 302, "example.org"),
+        on("/port-and-status", 301, ANY),
+        on("/port-and-host-and-status", 302, "example.org"),
+    ];
+    redirects("redirect-port", rules, &cases).await
+}
+
+/// HTTPRouteRedirectScheme (Extended): https, its own port left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_redirect_scheme() -> Result<()> {
+    let rules = vec![
+        redirect_rule("/scheme", json!({"scheme": "https"})),
+        redirect_rule("/scheme-and-host", json!({"hostname": "example.org", "scheme": "https"})),
+        redirect_rule("/scheme-and-status", json!({"scheme": "https", "statusCode": 301})),
+        redirect_rule(
+            "/scheme-and-host-and-status",
+            json!({"scheme": "https", "statusCode": 302, "hostname": "example.org"}),
+        ),
+    ];
+    let https = |path, status, host| Moved { scheme: "https", ..moved(path, status, host, path) };
+    let cases = [
+        https("/scheme", 302, ANY),
+        https("/scheme-and-host", 302, "example.org"),
+        https("/scheme-and-status", 301, ANY),
+        https("/scheme-and-host-and-status", 302, "example.org"),
+    ];
+    redirects("redirect-scheme", rules, &cases).await
+}
+
+/// HTTPRouteRedirectPath (Extended): the prefix or the whole path replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_redirect_path() -> Result<()> {
+    let prefix_to = |to: &str| json!({"type": "ReplacePrefixMatch", "replacePrefixMatch": to});
+    let full = |to: &str| json!({"type": "ReplaceFullPath", "replaceFullPath": to});
+    let rules = vec![
+        redirect_rule("/original-prefix", json!({"path": prefix_to("/replacement-prefix")})),
+        redirect_rule("/full", json!({"path": full("/full-path-replacement")})),
+        redirect_rule(
+            "/path-and-host",
+            json!({"hostname": "example.org", "path": prefix_to("/replacement-prefix")}),
+        ),
+        redirect_rule(
+            "/path-and-status",
+            json!({"path": prefix_to("/replacement-prefix"), "statusCode": 301}),
+        ),
+        redirect_rule(
+            "/full-path-and-host",
+            json!({"hostname": "example.org", "path": full("/replacement-full")}),
+        ),
+        redirect_rule(
+            "/full-path-and-status",
+            json!({"path": full("/replacement-full"), "statusCode": 301}),
+        ),
+    ];
+    let cases = [
+        moved("/original-prefix/lemon", 302, ANY, "/replacement-prefix/lemon"),
+        moved("/full/path/original", 302, ANY, "/full-path-replacement"),
+        moved("/path-and-host", 302, "example.org", "/replacement-prefix"),
+        moved("/path-and-status", 301, ANY, "/replacement-prefix"),
+        moved("/full-path-and-host", 302, "example.org", "/replacement-full"),
+        moved("/full-path-and-status", 301, ANY, "/replacement-full"),
+    ];
+    redirects("redirect-path", rules, &cases).await
+}
+
+/// The header lines the echo backend says it got, by lower-case name (values of one name
+/// joined with ",").
+fn echoed(body: &str) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::<String, String>::new();
+    for line in body.lines().skip(1) {
+        if let Some((n, v)) = line.split_once(':') {
+            let slot = out.entry(n.trim().to_ascii_lowercase()).or_default();
+            if !slot.is_empty() {
+                slot.push(',');
+            }
+            slot.push_str(v.trim());
+        }
+    }
+    out
+}
+
+/// Sends `host` `path` with `sent` headers to every host until the backend says it got the
+/// request as `got_path` (its first line) with `want` headers and none of `absent`.
+async fn backend_sees(
+    bed: &Bed,
+    (host, path, sent): (&str, &str, &[(&str, &str)]),
+    (backend, got_path): (&str, &str),
+    want: &[(&str, &str)],
+    absent: &[&str],
+) -> Result<()> {
+    let what = format!("{host}{path} {sent:?} -> {backend} {got_path} {want:?} without {absent:?}");
+    hafleet_tests::assert::on_every_host(&bed.world.stack, CONVERGE, &what, |h| async move {
+        let r = hafleet_tests::http_request(h.http_addr(), "GET", host, path, sent).await?;
+        let first = r.body.lines().next().unwrap_or_default().to_owned();
+        anyhow::ensure!(
+            r.status == 200 && first == format!("{backend} {got_path}"),
+            "got {} {:?}",
+            r.status,
+            r.body
+        );
+        let got = echoed(&r.body);
+        for (n, v) in want {
+            anyhow::ensure!(
+                got.get(&n.to_ascii_lowercase()).map(String::as_str) == Some(*v),
+                "{n}: {got:?}"
+            );
+        }
+        for n in absent {
+            anyhow::ensure!(!got.contains_key(&n.to_ascii_lowercase()), "{n} still there: {got:?}");
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// The header changes of the upstream rewrite cases.
+fn modify_headers() -> Value {
+    json!({"type": "RequestHeaderModifier", "requestHeaderModifier": {
+        "set": [{"name": "X-Header-Set", "value": "set-overwrites-values"}],
+        "add": [{"name": "X-Header-Add", "value": "header-val-1"},
+                {"name": "X-Header-Add-Append", "value": "header-val-2"}],
+        "remove": ["X-Header-Remove"]}})
+}
+
+const SENT: [(&str, &str); 3] = [
+    ("X-Header-Remove", "remove-val"),
+    ("X-Header-Add-Append", "append-val-1"),
+    ("X-Header-Set", "set-val"),
+];
+const CHANGED: [(&str, &str); 3] = [
+    ("X-Header-Add", "header-val-1"),
+    ("X-Header-Add-Append", "append-val-1,header-val-2"),
+    ("X-Header-Set", "set-overwrites-values"),
+];
+
+/// HTTPRouteRewritePath (Extended): the prefix replaced (or stripped), or the whole path;
+/// with header changes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_rewrite_path() -> Result<()> {
+    let bed = Bed::start().await?;
+    let rewrite = |path: &str, modifier: Value, more: Option<Value>| {
+        let mut filters = vec![json!({"type": "URLRewrite", "urlRewrite": {"path": modifier}})];
+        filters.extend(more);
+        json!({"matches": [{"path": prefix(path)}], "filters": filters,
+               "backendRefs": backend("infra-backend-v1")})
+    };
+    let prefix_to = |to: &str| json!({"type": "ReplacePrefixMatch", "replacePrefixMatch": to});
+    let full = |to: &str| json!({"type": "ReplaceFullPath", "replaceFullPath": to});
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        rewrite("/prefix/one", prefix_to("/one"), None),
+        rewrite("/strip-prefix", prefix_to("/"), None),
+        rewrite("/full/one", full("/one"), None),
+        rewrite("/full/rewrite-path-and-modify-headers", full("/test"), Some(modify_headers())),
+        rewrite("/prefix/rewrite-path-and-modify-headers", prefix_to("/prefix"), Some(modify_headers())),
+    ]});
+    create(&bed.client, http_route(INFRA_NS, "rewrite-path", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "rewrite-path"), "same-namespace").await?;
+    let v1 = "infra-backend-v1";
+    for (path, got) in [
+        ("/prefix/one/two", "/one/two"),
+        ("/strip-prefix/three", "/three"),
+        ("/strip-prefix", "/"),
+        ("/full/one/two", "/one"),
+    ] {
+        backend_sees(&bed, (ANY, path, &[]), (v1, got), &[], &[]).await?;
+    }
+    let full_path = "/full/rewrite-path-and-modify-headers/test";
+    backend_sees(&bed, (ANY, full_path, &SENT), (v1, "/test"), &CHANGED, &["X-Header-Remove"])
+        .await?;
+    let prefixed = "/prefix/rewrite-path-and-modify-headers/one";
+    backend_sees(&bed, (ANY, prefixed, &SENT), (v1, "/prefix/one"), &CHANGED, &["X-Header-Remove"])
+        .await
+}
+
+/// HTTPRouteRewriteHost (Extended): the backend sees the Host rewritten; with header changes
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_rewrite_host() -> Result<()> {
+    let bed = Bed::start().await?;
+    let rule = |path: &str, host: &str, to: &str, more: Option<Value>| {
+        let mut filters = vec![json!({"type": "URLRewrite", "urlRewrite": {"hostname": host}})];
+        filters.extend(more);
+        json!({"matches": [{"path": prefix(path)}], "filters": filters, "backendRefs": backend(to)})
+    };
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "hostnames": ["rewrite.example"], "rules": [
+        rule("/one", "one.example.org", "infra-backend-v1", None),
+        rule("/two", "example.org", "infra-backend-v2", None),
+        rule("/rewrite-host-and-modify-headers", "test.example.org", "infra-backend-v2", Some(modify_headers())),
+    ]});
+    create(&bed.client, http_route(INFRA_NS, "rewrite-host", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "rewrite-host"), "same-namespace").await?;
+    let at = "rewrite.example";
+    backend_sees(
+        &bed,
+        (at, "/one", &[]),
+        ("infra-backend-v1", "/one"),
+        &[("Host", "one.example.org")],
+        &[],
+    )
+    .await?;
+    backend_sees(
+        &bed,
+        (at, "/two", &[]),
+        ("infra-backend-v2", "/two"),
+        &[("Host", "example.org")],
+        &[],
+    )
+    .await?;
+    let mut want = CHANGED.to_vec();
+    want.push(("Host", "test.example.org"));
+    let path = "/rewrite-host-and-modify-headers";
+    backend_sees(&bed, (at, path, &SENT), ("infra-backend-v2", path), &want, &["X-Header-Remove"])
+        .await
+}
+
+/// HTTPRouteRequestHeaderModifier (Core): set, add and remove on the way to the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_request_header_modifier() -> Result<()> {
+    let bed = Bed::start().await?;
+    let rule = |path: &str, modifier: Value| {
+        json!({"matches": [{"path": prefix(path)}],
+               "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": modifier}],
+               "backendRefs": backend("infra-backend-v1")})
+    };
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        rule("/set", json!({"set": [{"name": "X-Header-Set", "value": "set-overwrites-values"}]})),
+        rule("/add", json!({"add": [{"name": "X-Header-Add", "value": "add-appends-values"}]})),
+        rule("/remove", json!({"remove": ["X-Header-Remove"]})),
+        rule("/multiple", json!({
+            "set": [{"name": "X-Header-Set-1", "value": "header-set-1"}, {"name": "X-Header-Set-2", "value": "header-set-2"}],
+            "add": [{"name": "X-Header-Add-1", "value": "header-add-1"}, {"name": "X-Header-Add-2", "value": "header-add-2"},
+                    {"name": "X-Header-Add-3", "value": "header-add-3"}],
+            "remove": ["X-Header-Remove-1", "X-Header-Remove-2"]})),
+        rule("/case-insensitivity", json!({
+            "set": [{"name": "X-Header-Set", "value": "header-set"}],
+            "add": [{"name": "X-Header-Add", "value": "header-add"}],
+            "remove": ["X-Header-Remove"]})),
+    ]});
+    create(&bed.client, http_route(INFRA_NS, "request-header-modifier", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "request-header-modifier"), "same-namespace").await?;
+    let v1 = "infra-backend-v1";
+    let sees = |path: &'static str,
+                sent: &'static [(&'static str, &'static str)],
+                want: &'static [(&'static str, &'static str)],
+                absent: &'static [&'static str]| {
+        backend_sees(&bed, (ANY, path, sent), (v1, path), want, absent)
+    };
+    sees(
+        "/set",
+        &[("Some-Other-Header", "val")],
+        &[("Some-Other-Header", "val"), ("X-Header-Set", "set-overwrites-values")],
+        &[],
+    )
+    .await?;
+    sees(
+        "/set",
+        &[("Some-Other-Header", "val"), ("X-Header-Set", "some-other-value")],
+        &[("X-Header-Set", "set-overwrites-values")],
+        &[],
+    )
+    .await?;
+    sees("/add", &[("Some-Other-Header", "val")], &[("X-Header-Add", "add-appends-values")], &[])
+        .await?;
+    sees(
+        "/add",
+        &[("Some-Other-Header", "val"), ("X-Header-Add", "some-other-value")],
+        &[("X-Header-Add", "some-other-value,add-appends-values")],
+        &[],
+    )
+    .await?;
+    sees("/remove", &[("X-Header-Remove", "val")], &[], &["X-Header-Remove"]).await?;
+    sees(
+        "/multiple",
+        &[
+            ("X-Header-Set-2", "set-val"),
+            ("X-Header-Add-2", "add-val"),
+            ("X-Header-Remove-2", "remove-val"),
+        ],
+        &[
+            ("X-Header-Set-1", "header-set-1"),
+            ("X-Header-Set-2", "header-set-2"),
+            ("X-Header-Add-1", "header-add-1"),
+            ("X-Header-Add-2", "add-val,header-add-2"),
+            ("X-Header-Add-3", "header-add-3"),
+        ],
+        &["X-Header-Remove-1", "X-Header-Remove-2"],
+    )
+    .await?;
+    sees(
+        "/case-insensitivity",
+        &[
+            ("x-header-set", "original-val-set"),
+            ("x-header-add", "original-val-add"),
+            ("x-header-remove", "original-val-remove"),
+        ],
+        &[("X-Header-Set", "header-set"), ("X-Header-Add", "original-val-add,header-add")],
+        &["X-Header-Remove"],
+    )
+    .await?;
+    // The request still reaches its backend where nothing matches another rule.
+    expect_cases(&bed, &[(get_("/set"), V1)]).await?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! An HTTPRoute rule's filters, as backend options: header modifiers, a redirect and a URL
+//! rewrite. Pure. Every value goes through proto's allowlists; one that does not pass refuses
+//! the route (`UnsupportedValue`), as does a filter hafleet does not serve yet.
+
+use super::spec::{HeaderModifier, PathModifier, RouteRule};
+use hafleet_proto::{
+    BackendOptions, HeaderName, HeaderRules, HeaderValue, HttpHost, HttpPath, PathKind,
+    PathRewrite, REDIRECT_CODES, Redirect, Scheme,
+};
+
+/// A path change of a redirect or rewrite, before it is tied to a route's own path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathChange {
+    /// The whole path becomes this.
+    Full(HttpPath),
+    /// The route's matched prefix becomes this.
+    Prefix(HttpPath),
+}
+
+/// What a rule's filters do.
+#[derive(Debug, Clone, Default)]
+pub struct RuleFilters {
+    /// Header changes (and a rewritten Host).
+    pub options: BackendOptions,
+    /// A redirect instead of a backend, and its path change.
+    pub redirect: Option<(Redirect, Option<PathChange>)>,
+    /// The path change on the way to the backend.
+    pub rewrite: Option<PathChange>,
+}
+
+impl RuleFilters {
+    /// The options of the route of `path` and `kind`: path changes tied to its own path.
+    pub fn for_route(&self, path: &HttpPath, kind: PathKind) -> BackendOptions {
+        let mut options = self.options.clone();
+        let tied = |change: &PathChange| match change {
+            PathChange::Full(to) => {
+                PathRewrite { from: path.trimmed(), to: to.clone(), exact: true }
+            }
+            PathChange::Prefix(to) => {
+                PathRewrite { from: path.trimmed(), to: to.clone(), exact: kind == PathKind::Exact }
+            }
+        };
+        if let Some((redirect, change)) = &self.redirect {
+            let mut redirect = redirect.clone();
+            match change {
+                Some(PathChange::Full(to)) => redirect.path = Some(to.clone()),
+                Some(prefix) => redirect.prefix_to = Some(tied(prefix)),
+                None => {}
+            }
+            options.redirect = Some(Box::new(redirect));
+        }
+        options.rewrite = self.rewrite.as_ref().map(|c| Box::new(tied(c)));
+        options
+    }
+}
+
+/// What `rule`'s filters do, or `None` (its errors said).
+pub fn of(rule: &RouteRule, at: &str, errors: &mut Vec<String>) -> Option<RuleFilters> {
+    let before = errors.len();
+    let mut out = RuleFilters::default();
+    for (j, f) in rule.filters.iter().enumerate() {
+        let at = format!("{at}.filters[{j}]");
+        let missing = || format!("{at}: the filter of type {} is missing", f.type_);
+        match f.type_.as_str() {
+            "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+                let (modifier, into) = match f.type_.as_str() {
+                    "RequestHeaderModifier" => {
+                        (&f.request_header_modifier, &mut out.options.request_headers)
+                    }
+                    _ => (&f.response_header_modifier, &mut out.options.response_headers),
+                };
+                match modifier.as_ref().map(header_rules) {
+                    Some(Ok(rules)) => {
+                        let mut rules = rules;
+                        // A Host rewrite (URLRewrite) stays.
+                        rules.set.extend(std::mem::take(&mut into.set));
+                        **into = rules;
+                    }
+                    Some(Err(e)) => errors.push(format!("{at}: {e}")),
+                    None => errors.push(missing()),
+                }
+            }
+            "RequestRedirect" => match &f.request_redirect {
+                Some(r) => match redirect(r) {
+                    Ok(r) => out.redirect = Some(r),
+                    Err(e) => errors.push(format!("{at}.requestRedirect: {e}")),
+                },
+                None => errors.push(missing()),
+            },
+            "URLRewrite" => match &f.url_rewrite {
+                Some(r) => {
+                    if let Some(h) = &r.hostname {
+                        match (HeaderName::new("Host"), HeaderValue::new(h.as_str())) {
+                            (Ok(name), Ok(value)) if HttpHost::new(h.as_str()).is_ok() => {
+                                out.options.request_headers.set.push((name, value))
+                            }
+                            _ => errors.push(format!(
+                                "{at}.urlRewrite.hostname: {h:?} is not a host name"
+                            )),
+                        }
+                    }
+                    match r.path.as_ref().map(path_change) {
+                        Some(Ok(change)) => out.rewrite = Some(change),
+                        Some(Err(e)) => errors.push(format!("{at}.urlRewrite.path: {e}")),
+                        None => {}
+                    }
+                }
+                None => errors.push(missing()),
+            },
+            other => errors.push(format!("{at}: filter {other} is not served by hafleet yet")),
+        }
+    }
+    (errors.len() == before).then_some(out)
+}
+
+fn redirect(r: &super::spec::RequestRedirect) -> Result<(Redirect, Option<PathChange>), String> {
+    let scheme = match r.scheme.as_deref() {
+        None => None,
+        Some("http") => Some(Scheme::Http),
+        Some("https") => Some(Scheme::Https),
+        Some(other) => return Err(format!("scheme {other:?} is not http or https")),
+    };
+    let host = r.hostname.as_deref().map(HttpHost::new).transpose().map_err(|e| e.to_string())?;
+    let code = r.status_code.unwrap_or(302);
+    if !REDIRECT_CODES.contains(&code) {
+        return Err(format!("statusCode {code} is not one of 301, 302, 303, 307, 308"));
+    }
+    let change = r.path.as_ref().map(path_change).transpose()?;
+    let redirect = Redirect { scheme, host, port: r.port, path: None, prefix_to: None, code };
+    redirect.check().map_err(|e| e.to_string())?;
+    Ok((redirect, change))
+}
+
+fn path_change(m: &PathModifier) -> Result<PathChange, String> {
+    let path = |v: &Option<String>| -> Result<HttpPath, String> {
+        HttpPath::new(v.as_deref().unwrap_or("/")).map_err(|e| e.to_string())
+    };
+    match m.type_.as_str() {
+        "ReplaceFullPath" => Ok(PathChange::Full(path(&m.replace_full_path)?)),
+        "ReplacePrefixMatch" => Ok(PathChange::Prefix(path(&m.replace_prefix_match)?)),
+        other => Err(format!("type {other:?} is not ReplaceFullPath or ReplacePrefixMatch")),
+    }
+}
+
+fn header_rules(m: &HeaderModifier) -> Result<HeaderRules, String> {
+    let pair = |p: &super::spec::HeaderPair| -> Result<(HeaderName, HeaderValue), String> {
+        Ok((
+            HeaderName::new(p.name.as_str()).map_err(|e| e.to_string())?,
+            HeaderValue::new(p.value.as_str()).map_err(|e| e.to_string())?,
+        ))
+    };
+    Ok(HeaderRules {
+        remove: m
+            .remove
+            .iter()
+            .map(|n| HeaderName::new(n.as_str()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?,
+        set: m.set.iter().map(pair).collect::<Result<_, _>>()?,
+        add: m.add.iter().map(pair).collect::<Result<_, _>>()?,
+    })
+}
