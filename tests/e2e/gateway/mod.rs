@@ -58,9 +58,7 @@ async fn the_gateway_api_crds_install_and_custom_resources_round_trip() -> Resul
 // The upstream conformance cases (conformance/tests/httproute-*.go at v1.6.1), ported: each
 // test is named after its upstream short name, creates what its manifest creates (as JSON)
 // on top of the upstream base (tests/src/gateway_api.rs), and checks what the upstream test
-// checks, against the real API server, NATS, sshd and HAProxy. One difference, said where it
-// applies: the upstream helpers also wait for the listener's `Programmed`, which hafleet does
-// not report yet.
+// checks, against the real API server, NATS, sshd and HAProxy.
 
 use crate::{CONVERGE, World, expect_everywhere};
 use hafleet_tests::gateway_api::{
@@ -158,7 +156,26 @@ impl Bed {
         gateway: &str,
     ) -> Result<()> {
         let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "True", "ResolvedRefs")];
-        self.route_says(route, gateway, &want).await
+        self.route_says(route, gateway, &want).await?;
+        self.programmed(gateway).await
+    }
+
+    /// Waits until Gateway `gateway` (of gateway-conformance-infra) and its listeners are
+    /// Programmed, as the upstream helpers wait.
+    pub(crate) async fn programmed(&self, gateway: &str) -> Result<()> {
+        let client = &self.client;
+        eventually(CONVERGE, &format!("Gateway {gateway} programmed"), || async move {
+            let gw = get(client, "Gateway", Some(INFRA_NS), gateway).await?;
+            let status = &gw.data["status"];
+            let said = conditions_of(status);
+            anyhow::ensure!(has_condition(&said, "Programmed", "True", None), "{said:?}");
+            for l in status["listeners"].as_array().into_iter().flatten() {
+                let said = conditions_of(l);
+                anyhow::ensure!(has_condition(&said, "Programmed", "True", None), "{said:?}");
+            }
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -171,8 +188,9 @@ pub(crate) fn http_route(ns: &str, name: &str, spec: Value) -> Value {
 pub(crate) const ANY: &str = "conformance.example";
 
 /// HTTPRouteSimpleSameNamespace: a route in the Gateway's namespace attaches and reaches
-/// infra-backend-v1. Also: the GatewayClass is Accepted, the Gateway is Accepted and its
-/// listener counts the route.
+/// infra-backend-v1. Also: the GatewayClass is Accepted; the Gateway is Accepted, and
+/// Programmed (naming the version) once every host serves the route; its listener counts the
+/// route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_route_simple_same_namespace() -> Result<()> {
     let bed = Bed::start().await?;
@@ -190,10 +208,23 @@ async fn http_route_simple_same_namespace() -> Result<()> {
         let gw = get(client, "Gateway", Some(INFRA_NS), "same-namespace").await?;
         let said = conditions_of(&gw.data["status"]);
         anyhow::ensure!(has_condition(&said, "Accepted", "True", Some("Accepted")), "{said:?}");
+        // Programmed once every host of the fleet serves a version with the route, and
+        // that version named.
+        anyhow::ensure!(has_condition(&said, "Programmed", "True", Some("Programmed")), "{said:?}");
+        let programmed = gw.data["status"]["conditions"].as_array().into_iter().flatten();
+        let message = programmed
+            .filter(|c| c["type"] == "Programmed")
+            .find_map(|c| c["message"].as_str())
+            .unwrap_or_default();
+        anyhow::ensure!(
+            message.contains("version ") && message.contains("on 2 hosts"),
+            "{message}"
+        );
         let listener = &gw.data["status"]["listeners"][0];
         anyhow::ensure!(listener["attachedRoutes"] == 1, "{listener}");
         let said = conditions_of(listener);
         anyhow::ensure!(has_condition(&said, "Accepted", "True", None), "{said:?}");
+        anyhow::ensure!(has_condition(&said, "Programmed", "True", None), "{said:?}");
         Ok(())
     })
     .await

@@ -156,6 +156,10 @@ pub(crate) async fn gateway_status(
     classes: &[std::sync::Arc<kube::api::DynamicObject>],
     pass: &crate::core::pass::GatewayPass,
     args: &crate::app::args::RunArgs,
+    (served, route_seqs): (
+        &BTreeMap<FleetName, crate::core::served::Served>,
+        &std::collections::HashMap<IngressKey, u64>,
+    ),
 ) {
     use crate::core::gateway::status;
     let now = time::OffsetDateTime::now_utc()
@@ -169,14 +173,23 @@ pub(crate) async fn gateway_status(
             warnings.set_gateway_status("GatewayClass", (None, name), new).await;
         }
     }
-    // Routes attached to each listener: (Gateway namespace, name) → listener → count.
+    // Routes attached to each listener: (Gateway namespace, name) → listener → count; and the
+    // newest routes-stream sequence published for the routes attached to each Gateway.
     let mut attached: BTreeMap<(String, String), BTreeMap<String, usize>> = BTreeMap::new();
+    let mut needed: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (route, parents) in &pass.routes {
+        let key = IngressKey::http_route(
+            route.metadata.namespace.as_deref().unwrap_or("default"),
+            route.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let seq = key.ok().and_then(|k| route_seqs.get(&k).copied()).unwrap_or(0);
         for p in parents {
             let on = attached.entry(p.gateway.clone()).or_default();
             for l in &p.listeners {
                 *on.entry(l.clone()).or_default() += 1;
             }
+            let at = needed.entry(p.gateway.clone()).or_default();
+            *at = (*at).max(seq);
         }
         let (Some(ns), Some(name)) = (&route.metadata.namespace, &route.metadata.name) else {
             continue;
@@ -188,7 +201,17 @@ pub(crate) async fn gateway_status(
     for ((ns, name), gw) in &pass.index.gateways {
         let none = BTreeMap::new();
         let counts = attached.get(&(ns.clone(), name.clone())).unwrap_or(&none);
-        if let Some(new) = status::gateway_status(gw, counts, &args.fleet_addresses, &now) {
+        // Programmed once its fleet's hosts all run a version that holds what was last
+        // published for its routes.
+        let need = needed.get(&(ns.clone(), name.clone())).copied().unwrap_or(0);
+        let programmed = gw
+            .fleet
+            .as_ref()
+            .ok()
+            .and_then(|f| served.get(f))
+            .and_then(|s| (s.seq.unwrap_or(0) >= need).then_some((s.version, s.hosts)));
+        let addresses = &args.fleet_addresses;
+        if let Some(new) = status::gateway_status(gw, counts, addresses, programmed, &now) {
             warnings.set_gateway_status("Gateway", (Some(ns), name), new).await;
         }
     }

@@ -4,6 +4,7 @@
 //! starts it again).
 
 use crate::core::feedback::Feedback;
+use crate::core::served::Fleets;
 use crate::k8s::events::Warnings;
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{DeliverPolicy, push};
@@ -33,11 +34,11 @@ static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 /// `feedback` outlives a restart of this function, so what was told is not told again.
 /// A report is taken only from its own subject (`hafleet.reports.<fleet>.<host>`, which
 /// only that fleet's applier may publish on): one fleet's applier cannot speak for another.
-pub async fn run(
+pub(crate) async fn run(
     bus: hafleet_runtime::nats::Bus,
     ingresses: Store<Ingress>,
     warnings: Warnings,
-    feedback: &mut Feedback,
+    (feedback, fleets, served): (&mut Feedback, &mut Fleets, &super::state::Served),
 ) -> anyhow::Result<()> {
     let started = *STARTED.get_or_init(hafleet_runtime::now_unix_ms);
     // Versions published since this leader started (not only from now: the stream may not
@@ -64,7 +65,10 @@ pub async fn run(
             m = versions.next() => {
                 let m = m.context("configs stream ended")?.context("configs stream")?;
                 match ConfigVersion::decode(&m.payload) {
-                    Ok(v) => feedback.on_version(&v),
+                    Ok(v) => {
+                        fleets.on_version(&v);
+                        feedback.on_version(&v)
+                    }
                     Err(_) => continue,
                 }
             }
@@ -74,12 +78,22 @@ pub async fn run(
                     Ok(r) if m.subject.as_str()
                         == hafleet_proto::reports_subject(&r.fleet, &r.host) =>
                     {
+                        fleets.on_report(&r);
                         feedback.on_report(&r, r.finished_unix_ms >= started)
                     }
                     _ => continue,
                 }
             }
         };
+        // What each fleet serves, for the Gateways' status: the passes are woken on a change.
+        let now = fleets.all();
+        {
+            let mut shared = served.fleets.lock().unwrap_or_else(|p| p.into_inner());
+            if *shared != now {
+                *shared = now;
+                served.changed.notify_one();
+            }
+        }
         for notice in notices {
             // HTTPRoutes are told through their status, not Events, so far.
             for key in notice.ingresses.iter().filter(|k| k.kind.is_ingress()) {

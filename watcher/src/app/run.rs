@@ -88,6 +88,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         policy: Default::default(),
         churn: Default::default(),
         settings: Default::default(),
+        route_seqs: Default::default(),
+        served: Default::default(),
     };
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
@@ -149,16 +151,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     health.ready();
     // The initial state restates what the fleets run: only changes from here on are counted.
     state.churn = crate::core::churn::Budget::new(args.namespace_changes_per_minute);
+    state.route_seqs.clear();
     // Events from the fleets' reports on the Ingresses that caused each version: the leader's
     // job, started again if NATS stops delivering (the streams may not exist yet).
     {
         let (bus, store, warnings) = (bus.clone(), caches.ingresses.clone(), warnings.clone());
         let cluster = args.cluster_id.clone();
+        let served = state.served.clone();
         tokio::spawn(async move {
             let mut told = crate::core::feedback::Feedback::for_cluster(cluster);
+            let mut fleets = crate::core::served::Fleets::default();
             loop {
                 let (bus, store, warnings) = (bus.clone(), store.clone(), warnings.clone());
-                let run = super::notices::run(bus, store, warnings, &mut told);
+                let run =
+                    super::notices::run(bus, store, warnings, (&mut told, &mut fleets, &served));
                 if let Err(e) = run.await {
                     debug!(error = ?e, "reading the fleets' reports stopped; again in 5 s");
                 }
@@ -171,6 +177,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
     let resync = Duration::from_secs(args.resync_secs.max(1));
     let mut leadership = state.leader.clone();
+    let served_changed = state.served.changed.clone();
     let lost = async move {
         match leadership.as_mut() {
             Some(l) => l.lost().await,
@@ -203,6 +210,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep(resync) => {}
+            // A fleet serves another version: the Gateways' Programmed may change.
+            _ = served_changed.notified() => {}
             // Held changes whose namespace has budget again.
             _ = crate::core::churn::sleep_until(due) => {}
             _ = &mut shutdown => break,
@@ -444,7 +453,9 @@ async fn sync(
         }
     }
     if let Some(objects) = &gateway {
-        super::effects::gateway_status(warnings, objects.classes, &plan.gateway, args).await;
+        let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let seen = (&served, &state.route_seqs);
+        super::effects::gateway_status(warnings, objects.classes, &plan.gateway, args, seen).await;
     }
     Ok(())
 }
@@ -475,6 +486,9 @@ async fn publish(bus: &Bus, state: &mut State, action: Action) -> anyhow::Result
     };
     let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
     info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
+    if !key.kind.is_ingress() {
+        state.route_seqs.insert(key.clone(), seq);
+    }
     hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
     index::record(&mut state.published, &action);
     Ok(())

@@ -41,6 +41,20 @@ pub(crate) struct State {
     pub(crate) churn: crate::core::churn::Budget,
     /// With `--settings-namespace`: the fleets' settings read and published.
     pub(crate) settings: crate::core::fleet_settings::InForce,
+    /// The routes-stream sequence of each object's last published change since the initial
+    /// state (that one restates what the fleets run): what a Gateway's `Programmed` waits for.
+    pub(crate) route_seqs: std::collections::HashMap<IngressKey, u64>,
+    /// What each fleet's hosts all run, as the fleets' reports tell ([`crate::app::notices`]).
+    pub(crate) served: Served,
+}
+
+/// What each fleet serves, shared by the task that reads the fleets' reports and the passes
+/// (which it wakes when it changes).
+#[derive(Clone, Default)]
+pub(crate) struct Served {
+    pub(crate) fleets:
+        std::sync::Arc<std::sync::Mutex<BTreeMap<FleetName, crate::core::served::Served>>>,
+    pub(crate) changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// A Secret's certificate as read: the resourceVersion, and the checked certificate or why not.

@@ -13,6 +13,7 @@ pub mod pods;
 pub mod policy;
 pub mod resolve;
 pub mod route_events;
+pub mod served;
 pub mod status;
 pub mod tenancy;
 pub mod tls_secrets;

@@ -27,10 +27,14 @@ pub fn class_status(class: &DynamicObject, now: &str) -> Option<Value> {
 /// The status of one of hafleet's Gateways: accepted when it names a fleet, its addresses the
 /// fleet's (`--fleet-addresses`), and per listener whether it is served and how many routes
 /// are attached to it (`attached`: by listener name).
+///
+/// `served`: the version its fleet's hosts all run and how many they are, once that version
+/// holds what was last published for the routes attached to it (`Programmed`).
 pub fn gateway_status(
     gw: &GatewayView,
     attached: &BTreeMap<String, usize>,
     addresses: &FleetAddresses,
+    served: Option<(u64, usize)>,
     now: &str,
 ) -> Option<Value> {
     let object = &gw.object;
@@ -44,14 +48,19 @@ pub fn gateway_status(
                 reason: "Accepted",
                 message: format!("served by fleet {fleet}"),
             },
-            Condition {
-                type_: "Programmed",
-                ok: false,
-                reason: "Pending",
-                message: format!(
-                    "its routes are published to fleet {fleet}; hafleet does not yet report \
-                     when the fleet's hosts serve them"
-                ),
+            match served {
+                Some((version, hosts)) => Condition {
+                    type_: "Programmed",
+                    ok: true,
+                    reason: "Programmed",
+                    message: format!("fleet {fleet} serves it: version {version} on {hosts} hosts"),
+                },
+                None => Condition {
+                    type_: "Programmed",
+                    ok: false,
+                    reason: "Pending",
+                    message: format!("waiting for every host of fleet {fleet} to serve it"),
+                },
             },
         ),
         Err(why) => (

@@ -376,3 +376,37 @@ fn redirects_and_rewrites_are_tied_to_each_match_s_path() {
     let rewrite = api.rewrite.as_deref().unwrap();
     assert_eq!((rewrite.to.as_str(), rewrite.exact), ("/v2", true));
 }
+
+#[test]
+fn a_gateway_is_programmed_only_once_its_fleet_serves_it() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let objects =
+        Objects { classes: &classes, gateways: std::slice::from_ref(&gw), ..Default::default() };
+    let index = Index::new(&objects);
+    let view = &index.gateways[&("infra".to_owned(), "edge".to_owned())];
+    let counts = std::collections::BTreeMap::from([("http".to_owned(), 1usize)]);
+    let addresses = crate::core::status::parse("edge=192.0.2.10").unwrap();
+    let status = |served| super::status::gateway_status(view, &counts, &addresses, served, "t0");
+    let pending = status(None).unwrap();
+    let said = |s: &serde_json::Value, at: &str| {
+        s[at]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (c["type"].as_str().unwrap().to_owned(), c["status"].as_str().unwrap().to_owned())
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(said(&pending, "conditions").contains(&("Programmed".into(), "False".into())));
+    assert_eq!(pending["addresses"][0], json!({"type": "IPAddress", "value": "192.0.2.10"}));
+    let live = status(Some((12, 2))).unwrap();
+    assert!(said(&live, "conditions").contains(&("Programmed".into(), "True".into())));
+    assert!(
+        said(&live["listeners"][0], "conditions").contains(&("Programmed".into(), "True".into()))
+    );
+    let message = live["conditions"][1]["message"].as_str().unwrap();
+    assert_eq!(message, "fleet edge serves it: version 12 on 2 hosts");
+    assert_eq!(live["listeners"][0]["attachedRoutes"], 1);
+}
