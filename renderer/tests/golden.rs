@@ -261,9 +261,11 @@ fn routes_with_filters() {
         "http-request set-path '/'\n",
         "server node-a 10.1.0.1:30081 send-proxy-v2\n",
         "http-request return status 500\n",
-        "http-request set-var(txn.draw) rand(1000000) if { var(txn.backend) -m beg hafleet_g_ }\n",
-        "{ method GET } { req.fhdr(X-Canary) -m str \"yes please\" } { url_param(debug) -m str \"on\" }\n",
+        "http-request set-var(txn.draw) rand(1000000) if { var(txn.backend) -m beg hafleet_s_ }\n",
+        "http-request set-var(txn.hafleet_h0) req.fhdr(x-canary),hex if { var(txn.backend) -m beg hafleet_g_ }\n",
+        "http-request set-var(txn.hafleet_q0) url_param(debug),hex if { var(txn.backend) -m beg hafleet_g_ }\n",
         "{ var(txn.draw) -m int lt 900000 }\n",
+        ".474554.79657320706C65617365.6F6E 000000~be_shop_api_80\n",
         "gone.example.com/ be_shop_missing_80_",
     ] {
         assert!(text.contains(line), "{line:?} missing\n{text}");

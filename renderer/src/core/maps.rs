@@ -49,6 +49,12 @@ pub struct MapPaths {
 }
 
 impl Maps {
+    /// With these files too (the dispatch shapes' maps, [`crate::core::groups`]).
+    pub fn add_files(&mut self, files: &[MapFile]) {
+        self.files.extend(files.iter().cloned());
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
     /// With the TLS files of `tls` ([`crate::core::certs::files`]).
     pub fn add_tls(&mut self, tls: &crate::core::certs::TlsFiles) {
         for (file, path) in

@@ -25,9 +25,9 @@ use std::sync::Arc;
 pub struct RenderModel {
     pub fleet: String,
     pub rules: Vec<Arc<RuleModel>>,
-    /// Dispatch groups: the host and path keys with routes that ask more of a request, or
-    /// share requests by weight ([`crate::core::groups`]).
-    pub groups: Vec<crate::core::groups::GroupModel>,
+    /// Dispatch: the host and path keys with routes that ask more of a request, or share
+    /// requests by weight ([`crate::core::groups`]); `None`: no such route.
+    pub dispatch: Option<crate::core::groups::DispatchModel>,
     pub backends: Vec<Arc<BackendModel>>,
     /// With node health checks on: every node, addressed at its health port, in name order;
     /// the template checks each once and servers `track` them.
@@ -711,7 +711,7 @@ pub fn build_memo(
                     conditional.entry((rule.kind, rule.key.clone())).or_default().push(
                         Conditional {
                             precedence: m.precedence(),
-                            conditions: crate::core::groups::conditions_of(m),
+                            asks: crate::core::groups::Asks::of(m),
                             shares: shares(),
                             rule: Arc::clone(rule),
                         },
@@ -760,14 +760,14 @@ pub fn build_memo(
         }
     }
     let claimed_at = claimed.iter().map(|(k, (_, i))| (*k, *i)).collect();
-    let groups = crate::core::groups::build(&mut rules, &claimed_at, &weighted, conditional);
+    let dispatch = crate::core::groups::build(&mut rules, &claimed_at, &weighted, conditional);
 
     memo.check(nodes, options);
     let (backends, nodes) = backend_models(backends, &NodePool::of(nodes), options, memo);
     RenderModel {
         fleet: fleet.to_string(),
         rules,
-        groups,
+        dispatch,
         backends,
         nodes,
         node_check_path: options.node_health.as_ref().map(|h| h.path.to_string()),

@@ -85,11 +85,9 @@ struct Context<'a> {
     maps: &'a MapPaths,
     /// How many host + path rules the maps hold.
     routes: usize,
-    /// Dispatch groups ([`crate::core::groups`]).
-    groups: &'a [crate::core::groups::GroupModel],
-    /// Whether a group shares requests by weight (the template draws once per request).
-    draws: bool,
-    /// What a draw is taken from ([`crate::core::groups::DRAW_SCALE`]).
+    /// Routes that ask more of a request, or share it by weight ([`crate::core::groups`]).
+    dispatch: Option<&'a crate::core::groups::DispatchModel>,
+    /// What a split's draw is taken from ([`crate::core::groups::DRAW_SCALE`]).
     draw_scale: u64,
     backends: &'a [Arc<BackendModel>],
     /// Every backend's section, rendered by the template's `backend(b)` macro ("" without it).
@@ -128,7 +126,7 @@ impl Renderer {
         let template = env.get_template(NAME).map_err(RenderError::Compile)?;
         let uses_backends = template.undeclared_variables(false).contains("backends");
         let empty = RenderModel {
-            groups: vec![],
+            dispatch: None,
             fleet: "check".into(),
             rules: vec![],
             backends: vec![],
@@ -249,6 +247,9 @@ impl Renderer {
             maps.add_routes(&model.rules);
         }
         maps.add_tls(&model.tls);
+        if let Some(d) = &model.dispatch {
+            maps.add_files(&d.files);
+        }
         let template = self.env.get_template(NAME).map_err(RenderError::Compile)?;
         let (sections, spares) = if self.has_backend_macro {
             (
@@ -468,8 +469,7 @@ fn context<'a>(
         fleet: &model.fleet,
         maps,
         routes: model.rules.len(),
-        groups: &model.groups,
-        draws: model.groups.iter().any(|g| g.candidates.iter().any(|c| c.split.len() > 1)),
+        dispatch: model.dispatch.as_ref(),
         draw_scale: crate::core::groups::DRAW_SCALE,
         backends,
         backend_sections,

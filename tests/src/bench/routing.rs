@@ -32,15 +32,36 @@ pub struct RoutingArgs {
     /// which its backend runs on each request it serves.
     #[arg(long)]
     filters: bool,
+    /// Make every route an HTTPRoute's that matches a header too (`X-Version: 1`, which every
+    /// request sends): each host's path is then a dispatch group, checked by `use_backend`
+    /// lines (renderer/src/core/groups.rs).
+    #[arg(long)]
+    header_matches: bool,
 }
 
 fn ingresses(
     n: usize,
     backend: SocketAddr,
-    filters: bool,
+    (filters, header_matches): (bool, bool),
 ) -> Result<BTreeMap<IngressKey, IngressEntry>> {
     let SocketAddr::V4(addr) = backend else { bail!("IPv4 backend expected") };
     let mut fleet = crate::fleet(n, |_| ("web".to_owned(), addr.port()))?;
+    if header_matches {
+        use hafleet_proto::{HeaderName, HeaderValue, RouteMore, SourceKind};
+        let more = RouteMore {
+            headers: vec![(HeaderName::new("X-Version")?, HeaderValue::new("1")?)],
+            ..Default::default()
+        };
+        fleet = fleet
+            .into_iter()
+            .map(|(key, mut entry)| {
+                for route in entry.routes.iter_mut() {
+                    route.more = Some(Box::new(more.clone()));
+                }
+                (IngressKey { kind: SourceKind::HttpRoute, ..key }, entry)
+            })
+            .collect();
+    }
     if filters {
         use hafleet_proto::{Cidr, HeaderName, HeaderValue};
         let header =
@@ -96,7 +117,9 @@ async fn response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(u16, boo
 /// have status `expect`.
 async fn load(addr: SocketAddr, host: &str, expect: u16, a: &RoutingArgs) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(a.seconds);
-    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-bench\r\n\r\n");
+    let extra = if a.header_matches { "X-Version: 1\r\n" } else { "" };
+    let request =
+        format!("GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: hafleet-bench\r\n{extra}\r\n");
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..a.connections {
         let request = request.clone();
@@ -144,7 +167,7 @@ pub async fn run(a: RoutingArgs) -> Result<()> {
         // servers that track a failing check would answer 503.
         let options = model::Options { node_health: None, ..Default::default() };
         let fleet = FleetName::new("bench")?;
-        let ingresses = ingresses(n, backend.addr(), a.filters)?;
+        let ingresses = ingresses(n, backend.addr(), (a.filters, a.header_matches))?;
         let model = model::build_with(&fleet, &ingresses, &nodes, &options);
         let bundle = Renderer::load(a.template.as_deref())?.render(&model)?;
         let config = crate::write_bundle(dir.path(), &bundle)?;
@@ -182,6 +205,7 @@ impl RoutingArgs {
             connections: self.connections,
             template: self.template.clone(),
             filters: self.filters,
+            header_matches: self.header_matches,
         }
     }
 }
