@@ -136,6 +136,21 @@ pub async fn get(
     Ok(api.get(name).await?)
 }
 
+/// Merge-patches Gateway API object `kind` `namespace/name` with `patch`.
+pub async fn patch(
+    client: &kube::Client,
+    kind: &str,
+    (namespace, name): (&str, &str),
+    patch: serde_json::Value,
+) -> Result<()> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource(kind));
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("patch {kind} {namespace}/{name}"))?;
+    Ok(())
+}
+
 /// The upstream base's GatewayClass (hafleet's) and Gateways `same-namespace` (HTTP on 80,
 /// routes of its own namespace) and `all-namespaces` (routes of any), on `fleet`.
 pub fn base_objects(fleet: &str) -> Vec<serde_json::Value> {

@@ -306,6 +306,56 @@ async fn an_http_route_and_an_ingress_share_a_fleet_and_its_hosts_rules() -> Res
     Ok(())
 }
 
+/// An HTTPRoute change in the history: `why` names the HTTPRoute and what it asks; a rollback
+/// serves the route as it was; replay rebuilds both versions byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_and_replay_reproduce_an_http_route_change() -> Result<()> {
+    use crate::history::ok;
+    let bed = Bed::start().await?;
+    let (world, stack) = (&bed.world, &bed.world.stack);
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "hostnames": ["shop.example.com"],
+                      "rules": [{"backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "shop", spec)).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "infra-backend-v1 /").await?;
+    let v1 = stack.latest_version().await?.context("a version")?.version;
+    world.report("lb-1", v1).await?;
+    world.report("lb-2", v1).await?;
+    // The change: everything to v2, and requests with `version: 3` to v3.
+    let rules = json!({"spec": {"rules": [
+        {"matches": [{"headers": [{"name": "version", "value": "3"}]}],
+         "backendRefs": [{"name": "infra-backend-v3", "port": 8080}]},
+        {"backendRefs": [{"name": "infra-backend-v2", "port": 8080}]}]}});
+    hafleet_tests::gateway_api::patch(&bed.client, "HTTPRoute", (INFRA_NS, "shop"), rules).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "infra-backend-v2 /").await?;
+    let v2 = stack.latest_version().await?.context("a version")?.version;
+    world.report("lb-1", v2).await?;
+    world.report("lb-2", v2).await?;
+    let why = ok(world, &["history", "why", &v2.to_string()]).await?;
+    assert!(why.contains("httproute:gateway-conformance-infra/shop"), "{why}");
+    assert!(why.contains("shop.example.com/ (Prefix) when version: 3"), "{why}");
+    // Replay rebuilds each version byte for byte, from the stream sequence `why` names.
+    for v in [v1, v2] {
+        let why: Value =
+            serde_json::from_str(&ok(world, &["history", "why", &v.to_string(), "--json"]).await?)?;
+        let seq = why["causes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["stream_seq"].as_u64())
+            .max()
+            .context("a sequence")?;
+        let shown = ok(world, &["history", "show", &v.to_string()]).await?;
+        assert_eq!(
+            ok(world, &["replay", "--until", &seq.to_string()]).await?,
+            shown,
+            "version {v}"
+        );
+    }
+    // Rolled back: the route as it was, on every host.
+    ok(world, &["rollback", &v1.to_string()]).await?;
+    expect_everywhere(stack, "shop.example.com", "/", 200, "infra-backend-v1 /").await
+}
+
 /// A request of the upstream cases: method, host, path (and query), headers.
 pub(crate) struct Ask<'a> {
     pub(crate) method: &'a str,
