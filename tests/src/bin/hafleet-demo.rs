@@ -71,6 +71,34 @@ const HELLO_TLS: &str = "hello-tls";
 /// have none of their own.
 const DEFAULT_TLS: &str = "edge-default-tls";
 
+/// The host the demo's HTTPRoute routes.
+const GW_HOST: &str = "gw.local";
+
+/// hafleet's GatewayClass, the fleet's Gateway `edge` (HTTP, routes of every namespace) and
+/// an HTTPRoute `hello` for `gw.local` to the Service `hello`.
+fn gateway_objects() -> Vec<serde_json::Value> {
+    vec![
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "hafleet"},
+            "spec": {"controllerName": hafleet_tests::gateway_api::CONTROLLER_NAME}
+        }),
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": FLEET, "namespace": "default", "annotations": {"hafleet.io/fleet": FLEET}},
+            "spec": {"gatewayClassName": "hafleet", "listeners": [
+                {"name": "http", "port": 80, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "All"}}}]}
+        }),
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "hello", "namespace": "default"},
+            "spec": {"parentRefs": [{"name": FLEET}], "hostnames": [GW_HOST],
+                     "rules": [{"backendRefs": [{"name": "hello", "port": 80}]}]}
+        }),
+    ]
+}
+
 /// An Ingress on `fleet` routing `host`, every path, to Service `service` port 80; served over
 /// HTTPS with the certificate in Secret `tls` (if given), HTTP redirected there.
 fn ingress(name: &str, host: &str, service: &str, tls: Option<&str>) -> Ingress {
@@ -157,6 +185,14 @@ async fn run(args: &Args) -> Result<()> {
         .create(&PostParams::default(), &settings)
         .await
         .context("creating the fleet's settings")?;
+    // The Gateway API: the upstream CRDs (the watcher, restarted below, finds them), hafleet's
+    // GatewayClass and the Gateway `edge` of the fleet.
+    let crds = stack.dir().join("gateway-api");
+    std::fs::create_dir_all(&crds)?;
+    hafleet_tests::gateway_api::install_crds(&stack.kube, &crds).await?;
+    for object in gateway_objects() {
+        hafleet_tests::gateway_api::create(&client, object).await?;
+    }
     tls_on(
         &mut stack,
         &[
@@ -179,6 +215,7 @@ async fn run(args: &Args) -> Result<()> {
     for n in &nodes {
         ws_servers.push(upgrade_echo(std::net::SocketAddr::new(n.addr, ws_port)).await?);
     }
+    let gw_client = client.clone();
     let ingresses = Api::<Ingress>::namespaced(client, "default");
     for ing in
         [ingress("hello", HOST, "hello", Some(HELLO_TLS)), ingress("ws", WS_HOST, "echo-ws", None)]
@@ -272,6 +309,46 @@ async fn run(args: &Args) -> Result<()> {
         println!("ok: {}'s access log: {line}", h.name());
     }
 
+    // The HTTPRoute on the Gateway: the same Service, by the Gateway API, on every host; the
+    // Gateway says Programmed once every host serves it.
+    for h in &stack.hosts {
+        let addr = h.http_addr();
+        let (_, body) = eventually(
+            Duration::from_secs(300),
+            &format!("{} serves {GW_HOST}", h.name()),
+            || async move {
+                let (status, body) = http_get(addr, GW_HOST, "/").await?;
+                anyhow::ensure!(
+                    status == 200 && body.starts_with("hello@"),
+                    "got {status} {body:?}"
+                );
+                Ok((status, body))
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", stack.logs()))?;
+        println!(
+            "ok: GET http://{addr}/ Host: {GW_HOST} (HTTPRoute hello on Gateway {FLEET}) through \
+             HAProxy {} -> 200 {}",
+            h.name(),
+            body.lines().next().unwrap_or_default().trim()
+        );
+    }
+    let client = &gw_client;
+    let programmed =
+        eventually(Duration::from_secs(120), "Gateway edge Programmed", || async move {
+            let gw =
+                hafleet_tests::gateway_api::get(client, "Gateway", Some("default"), FLEET).await?;
+            let conditions =
+                gw.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            let programmed = conditions
+                .iter()
+                .find(|c| c["type"] == "Programmed" && c["status"] == "True")
+                .and_then(|c| c["message"].as_str().map(str::to_owned));
+            programmed.ok_or_else(|| anyhow::anyhow!("not yet: {conditions:?}"))
+        })
+        .await?;
+    println!("ok: kubectl get gateway {FLEET}: Programmed ({programmed})");
     // The last app through every HAProxy host; the first app is routed too, but nothing runs
     // behind its NodePort: HAProxy answers 503 (an unknown host gets 404).
     let mut expect = vec![];
@@ -374,6 +451,8 @@ async fn run(args: &Args) -> Result<()> {
          \n                                          # through HAProxy {first}, over HTTPS\
          \n  curl -i -H 'Host: {HOST}' http://$HAFLEET_HOST_1/   # 308 to https://{HOST}/\
          \n  kubectl get ingress,svc,nodes\
+         \n  kubectl get gatewayclass,gateway,httproute   # the Gateway API, on the same fleet\
+         \n  curl -H 'Host: {GW_HOST}' http://$HAFLEET_HOST_1/   # the HTTPRoute hello\
          \n  kubectl apply -f your-ingress.yaml    # annotate it hafleet.io/fleet: {FLEET}\
          \n  cat $HAFLEET_HOST_1_CONFIG             # the live HAProxy config\
          \n  tail -f $HAFLEET_HOST_1_ACCESS_LOG     # one line a request: route, server, timings\
