@@ -79,6 +79,10 @@ pub const INFRA_NS: &str = "gateway-conformance-infra";
 pub const WEB_NS: &str = "gateway-conformance-web-backend";
 pub const APP_NS: &str = "gateway-conformance-app-backend";
 
+/// The upstream base's namespace labels: (namespace, value of `gateway-conformance`).
+pub const NAMESPACE_LABELS: [(&str, &str); 3] =
+    [(INFRA_NS, "infra"), (WEB_NS, "backend"), (APP_NS, "backend")];
+
 /// The Services of the upstream base, (namespace, name), each on port 8080.
 pub const BASE_SERVICES: [(&str, &str); 6] = [
     (INFRA_NS, "infra-backend-v1"),
@@ -152,7 +156,8 @@ pub async fn patch(
 }
 
 /// The upstream base's GatewayClass (hafleet's) and Gateways `same-namespace` (HTTP on 80,
-/// routes of its own namespace) and `all-namespaces` (routes of any), on `fleet`.
+/// routes of its own namespace), `all-namespaces` (routes of any) and `backend-namespaces`
+/// (routes of the namespaces labelled `gateway-conformance: backend`), on `fleet`.
 pub fn base_objects(fleet: &str) -> Vec<serde_json::Value> {
     let gateway = |name: &str, from: &str| {
         serde_json::json!({
@@ -164,6 +169,15 @@ pub fn base_objects(fleet: &str) -> Vec<serde_json::Value> {
                 "allowedRoutes": {"namespaces": {"from": from}}}]}
         })
     };
+    let backend_namespaces = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "backend-namespaces", "namespace": INFRA_NS,
+                     "annotations": {"hafleet.io/fleet": fleet}},
+        "spec": {"gatewayClassName": "hafleet", "listeners": [{
+            "name": "http", "port": 80, "protocol": "HTTP",
+            "allowedRoutes": {"namespaces": {"from": "Selector",
+                "selector": {"matchLabels": {"gateway-conformance": "backend"}}}}}]}
+    });
     vec![
         serde_json::json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
@@ -172,6 +186,7 @@ pub fn base_objects(fleet: &str) -> Vec<serde_json::Value> {
         }),
         gateway("same-namespace", "Same"),
         gateway("all-namespaces", "All"),
+        backend_namespaces,
     ]
 }
 

@@ -62,8 +62,7 @@ async fn the_gateway_api_crds_install_and_custom_resources_round_trip() -> Resul
 
 use crate::{CONVERGE, World, expect_everywhere};
 use hafleet_tests::gateway_api::{
-    APP_NS, BASE_SERVICES, INFRA_NS, WEB_NS, base_objects, conditions_of, create, get,
-    has_condition,
+    BASE_SERVICES, INFRA_NS, WEB_NS, base_objects, conditions_of, create, get, has_condition,
 };
 use hafleet_tests::stack::Component;
 use hafleet_tests::{HttpBackend, eventually};
@@ -87,8 +86,13 @@ impl Bed {
         // The watcher finds the Gateway API as it starts.
         world.stack.restart_with(Component::Watcher, &[])?;
         let kube = &world.stack.kube;
-        for ns in [INFRA_NS, WEB_NS, APP_NS] {
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(kube.client().await?);
+        for (ns, label) in hafleet_tests::gateway_api::NAMESPACE_LABELS {
             kube.ensure_namespace(ns).await?;
+            let labels = json!({"metadata": {"labels": {"gateway-conformance": label}}});
+            let patch = kube::api::Patch::Merge(&labels);
+            namespaces.patch(ns, &Default::default(), &patch).await?;
         }
         // The World's nodes: where its `web` backends listen.
         let nodes: Vec<std::net::Ipv4Addr> = world.backends[..2]
@@ -228,6 +232,25 @@ async fn http_route_simple_same_namespace() -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// HTTPRouteCrossNamespace: a route in a namespace the listener selects by label attaches to
+/// the Gateway of another namespace and reaches its own namespace's Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_cross_namespace() -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "backend-namespaces", "namespace": INFRA_NS}],
+                      "rules": [{"backendRefs": [{"name": "web-backend", "port": 8080}]}]});
+    create(&bed.client, http_route(WEB_NS, "cross-namespace", spec)).await?;
+    bed.accepted_and_resolved((WEB_NS, "cross-namespace"), "backend-namespaces").await?;
+    expect_everywhere(&bed.world.stack, ANY, "/", 200, "web-backend /").await?;
+    // A namespace the selector does not pick: not allowed by the listener.
+    let spec = json!({"parentRefs": [{"name": "backend-namespaces", "namespace": INFRA_NS}],
+                      "hostnames": ["other.example"],
+                      "rules": [{"backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "not-selected", spec)).await?;
+    let want = [("Accepted", "False", "NotAllowedByListeners")];
+    bed.route_says((INFRA_NS, "not-selected"), "backend-namespaces", &want).await
 }
 
 /// HTTPRouteExactPathMatching: `Exact` matches the path alone, case and trailing slash

@@ -350,12 +350,18 @@ async fn sync(
         bulk_delete_threshold: args.bulk_delete_threshold,
     };
     let ingresses = caches.ingresses.state();
-    let gateway = caches
-        .gateway
-        .as_ref()
-        .map(|g| (g.classes.state(), g.gateways.state(), g.routes.state(), g.grants.state()));
-    let gateway = gateway.as_ref().map(|(classes, gateways, routes, grants)| {
-        crate::core::gateway::Objects { classes, gateways, routes, grants }
+    let gateway = caches.gateway.as_ref().map(|g| {
+        let labels: crate::core::gateway::NamespaceLabels = g
+            .namespaces
+            .state()
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone()?)))
+            .collect();
+        (g.classes.state(), g.gateways.state(), g.routes.state(), g.grants.state(), labels)
+    });
+    let gateway = gateway.as_ref().map(|(classes, gateways, routes, grants, labels)| {
+        let namespaces = Some(labels);
+        crate::core::gateway::Objects { classes, gateways, routes, grants, namespaces }
     });
     let objects = pass::Objects {
         ingresses: &ingresses,

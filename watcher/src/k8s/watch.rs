@@ -43,6 +43,8 @@ pub struct GatewayCaches {
     pub gateways: Store<DynamicObject>,
     pub routes: Store<DynamicObject>,
     pub grants: Store<DynamicObject>,
+    /// Namespaces, metadata only: their labels, which a listener may select routes by.
+    pub namespaces: Store<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
 }
 
 /// Whether the API server serves the Gateway API (`gateway.networking.k8s.io/v1`, its CRDs
@@ -162,12 +164,22 @@ pub fn watch(
             all.push(objects.boxed());
             store
         };
-        GatewayCaches {
-            classes: watch_kind("GatewayClass"),
-            gateways: watch_kind("Gateway"),
-            routes: watch_kind("HTTPRoute"),
-            grants: watch_kind("ReferenceGrant"),
-        }
+        let (classes, gateways) = (watch_kind("GatewayClass"), watch_kind("Gateway"));
+        let (routes, grants) = (watch_kind("HTTPRoute"), watch_kind("ReferenceGrant"));
+        let (namespaces, writer) =
+            reflector::store::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>();
+        let api =
+            Api::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(client.clone());
+        let watched = watcher(api, cfg())
+            .default_backoff()
+            .modify(|n| {
+                n.metadata.managed_fields = None;
+                n.metadata.annotations = None;
+            })
+            .reflect(writer)
+            .map(|r| r.map(|_| ()).map_err(|e| ("namespaces", e)));
+        all.push(watched.boxed());
+        GatewayCaches { classes, gateways, routes, grants, namespaces }
     });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
@@ -275,6 +287,7 @@ impl Caches {
             for store in [&g.classes, &g.gateways, &g.routes, &g.grants] {
                 store.wait_until_ready().await?;
             }
+            g.namespaces.wait_until_ready().await?;
         }
         Ok(())
     }

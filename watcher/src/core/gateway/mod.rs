@@ -56,7 +56,12 @@ pub struct Objects<'a> {
     pub gateways: &'a [Arc<DynamicObject>],
     pub routes: &'a [Arc<DynamicObject>],
     pub grants: &'a [Arc<DynamicObject>],
+    /// Each namespace's labels (for listeners that select namespaces); `None`: not read.
+    pub namespaces: Option<&'a NamespaceLabels>,
 }
+
+/// Namespaces' labels, by name.
+pub type NamespaceLabels = HashMap<String, std::collections::BTreeMap<String, String>>;
 
 /// One of hafleet's Gateways, read.
 #[derive(Debug, Clone)]
@@ -77,19 +82,30 @@ pub struct ListenerView {
 
 impl ListenerView {
     /// Whether it lets an HTTPRoute of namespace `route_ns` attach, on a Gateway of
-    /// namespace `gateway_ns`.
-    pub fn allows(&self, gateway_ns: &str, route_ns: &str) -> bool {
+    /// namespace `gateway_ns` (`labels`: every namespace's, for a selector).
+    pub fn allows(
+        &self,
+        gateway_ns: &str,
+        route_ns: &str,
+        labels: Option<&NamespaceLabels>,
+    ) -> bool {
         let allowed = self.spec.allowed_routes.as_ref();
         let kinds = allowed.map(|a| a.kinds.as_slice()).unwrap_or_default();
         let kind_ok = kinds.is_empty()
             || kinds
                 .iter()
                 .any(|k| k.kind == "HTTPRoute" && k.group.as_deref().unwrap_or(GROUP) == GROUP);
-        let from = allowed.and_then(|a| a.namespaces.as_ref()).and_then(|n| n.from.as_deref());
-        let ns_ok = match from.unwrap_or("Same") {
+        let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
+        let ns_ok = match namespaces.and_then(|n| n.from.as_deref()).unwrap_or("Same") {
             "All" => true,
             "Same" => gateway_ns == route_ns,
-            // Selector: not served yet (the listener says so); no namespace is selected.
+            "Selector" => {
+                let of = labels.and_then(|l| l.get(route_ns));
+                match (namespaces.and_then(|n| n.selector.as_ref()), of) {
+                    (Some(selector), Some(of)) => selects(selector, of),
+                    _ => false,
+                }
+            }
             _ => false,
         };
         kind_ok && ns_ok
@@ -102,6 +118,8 @@ impl ListenerView {
 pub struct Index {
     /// The names of the GatewayClasses whose controller is hafleet.
     pub classes: BTreeSet<String>,
+    /// Each namespace's labels, where listeners select namespaces.
+    pub namespaces: Option<NamespaceLabels>,
     /// hafleet's Gateways by (namespace, name).
     pub gateways: HashMap<(String, String), GatewayView>,
     /// Every ReferenceGrant: (its namespace, what it grants).
@@ -143,7 +161,7 @@ impl Index {
                 Some((ns, spec_of::<ReferenceGrantSpec>(g).ok()?))
             })
             .collect();
-        Index { classes, gateways, grants }
+        Index { classes, gateways, grants, namespaces: objects.namespaces.cloned() }
     }
 
     /// Whether a ReferenceGrant in `to_ns` lets HTTPRoutes of `from_ns` name Service `name`.
@@ -178,20 +196,40 @@ fn listener_view(spec: Listener) -> ListenerView {
             format!("protocol {other:?} is not served by hafleet (HTTP is)"),
         )),
     };
-    let selector = spec
-        .allowed_routes
-        .as_ref()
-        .and_then(|a| a.namespaces.as_ref())
-        .and_then(|n| n.from.as_deref())
-        == Some("Selector");
-    let refused = refused.or_else(|| {
-        selector.then(|| {
-            let why = "allowedRoutes.namespaces.from: Selector is not served by hafleet yet; \
-                       use Same or All";
-            ("UnsupportedValue", why.to_owned())
-        })
+    let namespaces = spec.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());
+    let refused = refused.or_else(|| match namespaces {
+        Some(n) if n.from.as_deref() == Some("Selector") && n.selector.is_none() => {
+            let why = "allowedRoutes.namespaces.from: Selector needs a selector";
+            Some(("UnsupportedValue", why.to_owned()))
+        }
+        Some(n) if !matches!(n.from.as_deref(), None | Some("Same" | "All" | "Selector")) => {
+            Some(("UnsupportedValue", format!("allowedRoutes.namespaces.from: {:?}", n.from)))
+        }
+        _ => None,
     });
     ListenerView { spec, refused }
+}
+
+/// Whether `labels` meet `selector` (`matchLabels` and `matchExpressions` `In`, `NotIn`,
+/// `Exists`, `DoesNotExist`, all of them). An operator it does not know selects nothing.
+pub fn selects(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let by_labels = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        match (e.operator.as_str(), labels.get(&e.key)) {
+            ("In", Some(v)) => values.contains(v),
+            ("In", None) => false,
+            ("NotIn", Some(v)) => !values.contains(v),
+            ("NotIn", None) => true,
+            ("Exists", found) => found.is_some(),
+            ("DoesNotExist", found) => found.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
 }
 
 /// The hostname a listener's `hostname` and a route's hostname both match, if any: the more

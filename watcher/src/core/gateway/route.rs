@@ -278,7 +278,9 @@ fn attach(
         }
         let allowing: Vec<_> = named
             .into_iter()
-            .filter(|l| l.refused.is_none() && l.allows(gw_ns, namespace))
+            .filter(|l| {
+                l.refused.is_none() && l.allows(gw_ns, namespace, index.namespaces.as_ref())
+            })
             .collect();
         if allowing.is_empty() {
             let message = format!(

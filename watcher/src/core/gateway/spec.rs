@@ -66,6 +66,9 @@ pub struct RouteNamespaces {
     /// `Same` (the default), `All` or `Selector`.
     #[serde(default)]
     pub from: Option<String>,
+    /// With `Selector`: the labels of the namespaces whose routes may attach.
+    #[serde(default)]
+    pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]

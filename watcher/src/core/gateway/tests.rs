@@ -61,7 +61,7 @@ fn resolve_with(
 ) -> Outcome {
     let classes = [class("hafleet", CONTROLLER_NAME), class("other", "example.com/else")];
     let gateways = std::slice::from_ref(gateway);
-    let objects = Objects { classes: &classes, gateways, routes: &[], grants };
+    let objects = Objects { classes: &classes, gateways, grants, ..Default::default() };
     resolve(r, &Index::new(&objects), Config::default(), services, None)
 }
 
@@ -409,4 +409,46 @@ fn a_gateway_is_programmed_only_once_its_fleet_serves_it() {
     let message = live["conditions"][1]["message"].as_str().unwrap();
     assert_eq!(message, "fleet edge serves it: version 12 on 2 hosts");
     assert_eq!(live["listeners"][0]["attachedRoutes"], 1);
+}
+
+#[test]
+fn a_selector_picks_namespaces_by_their_labels() {
+    let selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+        serde_json::from_value(json!({
+            "matchLabels": {"team": "shop"},
+            "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "stage"]},
+                                 {"key": "legacy", "operator": "DoesNotExist"}]
+        }))
+        .unwrap();
+    let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    };
+    assert!(selects(&selector, &labels(&[("team", "shop"), ("env", "prod")])));
+    assert!(!selects(&selector, &labels(&[("team", "shop"), ("env", "dev")])));
+    assert!(!selects(&selector, &labels(&[("team", "shop"), ("env", "prod"), ("legacy", "1")])));
+    assert!(!selects(&selector, &labels(&[("env", "prod")])));
+    // A listener that selects: a route of a picked namespace attaches, of another not.
+    let gw = gateway(json!([{"name": "http", "port": 80, "protocol": "HTTP",
+        "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"team": "shop"}}}}}]));
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let namespaces: NamespaceLabels = [
+        ("shop".to_owned(), labels(&[("team", "shop")])),
+        ("blog".to_owned(), labels(&[("team", "blog")])),
+    ]
+    .into_iter()
+    .collect();
+    let svc = services(&[("shop", "web"), ("blog", "web")]);
+    let objects = Objects {
+        classes: &classes,
+        gateways: std::slice::from_ref(&gw),
+        namespaces: Some(&namespaces),
+        ..Default::default()
+    };
+    let index = Index::new(&objects);
+    let spec = json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+                      "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]});
+    let shop = resolve(&route("shop", spec.clone()), &index, Config::default(), &svc, None);
+    assert!(shop.result.is_ok());
+    let blog = resolve(&route("blog", spec), &index, Config::default(), &svc, None);
+    assert_eq!(conditions(&blog), [("Accepted", "NotAllowedByListeners", false)]);
 }
