@@ -302,6 +302,31 @@ async fn http_route_invalid_cross_namespace_backend_ref() -> Result<()> {
     expect_everywhere(&bed.world.stack, ANY, "/", 500, "").await
 }
 
+/// HTTPRouteReferenceGrant: with a ReferenceGrant in its namespace, a Service of another
+/// namespace is reached; once the grant is deleted, requests get 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_reference_grant() -> Result<()> {
+    let bed = Bed::start().await?;
+    let grant = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+        "metadata": {"name": "reference-grant", "namespace": WEB_NS},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": INFRA_NS}],
+                 "to": [{"group": "", "kind": "Service", "name": "web-backend"}]}});
+    create(&bed.client, grant).await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}],
+                      "rules": [{"backendRefs": [{"name": "web-backend", "namespace": WEB_NS, "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "reference-grant", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "reference-grant"), "same-namespace").await?;
+    let stack = &bed.world.stack;
+    expect_everywhere(stack, ANY, "/", 200, "web-backend /").await?;
+    let ar = hafleet_tests::gateway_api::resource("ReferenceGrant");
+    let grants: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(bed.client.clone(), WEB_NS, &ar);
+    grants.delete("reference-grant", &Default::default()).await?;
+    let want = [("ResolvedRefs", "False", "RefNotPermitted")];
+    bed.route_says((INFRA_NS, "reference-grant"), "same-namespace", &want).await?;
+    expect_everywhere(stack, ANY, "/", 500, "").await
+}
+
 /// One fleet, both APIs: an Ingress and an HTTPRoute route side by side; the version's causes
 /// name the HTTPRoute as such; and a host an Ingress's namespace owns is not taken by an
 /// HTTPRoute of another namespace.

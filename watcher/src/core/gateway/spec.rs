@@ -9,6 +9,11 @@ use serde::Deserialize;
 /// The API group of every kind here.
 pub const GROUP: &str = "gateway.networking.k8s.io";
 
+/// A string that may be null, read as "".
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
 /// `spec` of `object`, or why it does not read.
 pub fn spec_of<T: for<'de> Deserialize<'de> + Default>(
     object: &DynamicObject,
@@ -274,7 +279,8 @@ pub struct ReferenceGrantSpec {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantFrom {
-    #[serde(default)]
+    /// Null reads as "" (an API server may store "" so).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub group: String,
     #[serde(default)]
     pub kind: String,
@@ -285,7 +291,7 @@ pub struct GrantFrom {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantTo {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub group: String,
     #[serde(default)]
     pub kind: String,
