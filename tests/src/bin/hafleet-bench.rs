@@ -94,10 +94,69 @@ struct Args {
     /// the renderer's default `--servers-per-backend`, 3) run a backend process for it.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
+    /// HTTPRoutes instead of Ingresses, on a Gateway `edge` of the fleet (the Gateway API's
+    /// CRDs installed first): each `<name>` routes `<host>/` to the Service's port 80.
+    #[arg(long)]
+    http_routes: bool,
 }
 
-fn ingress(name: &str, host: &str) -> Ingress {
-    ingress_to(name, host, "web")
+/// What the pipeline bench creates: Ingresses, or HTTPRoutes on the Gateway `edge`.
+struct Creator {
+    ingresses: Api<Ingress>,
+    routes: Option<Api<kube::api::DynamicObject>>,
+}
+
+impl Creator {
+    /// Creates `name` routing `host/` to Service `service` port 80.
+    async fn create(&self, name: &str, host: &str, service: &str) -> Result<()> {
+        match &self.routes {
+            None => {
+                self.ingresses
+                    .create(&PostParams::default(), &ingress_to(name, host, service))
+                    .await?;
+            }
+            Some(routes) => {
+                let route: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"parentRefs": [{"name": "edge"}], "hostnames": [host],
+                             "rules": [{"backendRefs": [{"name": service, "port": 80}]}]}
+                }))?;
+                routes.create(&PostParams::default(), &route).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What it creates, for the report.
+    fn what(&self) -> &'static str {
+        if self.routes.is_some() { "HTTPRoute" } else { "Ingress" }
+    }
+}
+
+/// Installs the Gateway API's CRDs, hafleet's GatewayClass and the Gateway `edge` of the fleet
+/// (routes of namespace `default`), and restarts the watcher to find them.
+async fn gateway_api(stack: &mut Stack) -> Result<Api<kube::api::DynamicObject>> {
+    let crds = stack.dir().join("gateway-api");
+    std::fs::create_dir_all(&crds)?;
+    hafleet_tests::gateway_api::install_crds(&stack.kube, &crds).await?;
+    let client = stack.kube.client().await?;
+    let class = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "hafleet"},
+        "spec": {"controllerName": hafleet_tests::gateway_api::CONTROLLER_NAME}
+    });
+    let gateway = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "edge", "namespace": "default", "annotations": {"hafleet.io/fleet": "edge"}},
+        "spec": {"gatewayClassName": "hafleet",
+                 "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    });
+    for object in [class, gateway] {
+        hafleet_tests::gateway_api::create(&client, object).await?;
+    }
+    let ar = hafleet_tests::gateway_api::resource("HTTPRoute");
+    Ok(Api::namespaced_with(client, "default", &ar))
 }
 
 fn ingress_to(name: &str, host: &str, service: &str) -> Ingress {
@@ -121,16 +180,15 @@ struct Measured {
 }
 
 impl Measured {
-    /// Creates `ing` and waits until `host` answers everywhere; takes each host's report of
+    /// Creates `name` (routing `host` to `service`) and waits until `host` answers everywhere; takes each host's report of
     /// the version that made it live.
     async fn change(
         &mut self,
         stack: &Stack,
-        api: &Api<Ingress>,
-        ing: &Ingress,
-        host: &str,
+        api: &Creator,
+        (name, host, service): (&str, &str, &str),
     ) -> Result<()> {
-        api.create(&PostParams::default(), ing).await?;
+        api.create(name, host, service).await?;
         let started = Instant::now();
         until_served(stack, host).await?;
         self.converge.push(started.elapsed().as_secs_f64() * 1000.0);
@@ -233,14 +291,19 @@ async fn pipeline(args: Args) -> Result<()> {
     let mut stack = Stack::start("edge", args.hosts).await?;
     // The bench changes one namespace's Ingresses back to back, as fast as they go live: it
     // measures the pipeline, so the watcher's per-namespace budget is off.
+    let routes = match args.http_routes {
+        true => Some(gateway_api(&mut stack).await?),
+        false => None,
+    };
     stack.restart_with(Component::Watcher, &[("HAFLEET_NAMESPACE_CHANGES_PER_MINUTE", "0")])?;
     let stack = stack;
     let (nodes, mut backends) = ready_nodes(&stack, args.nodes).await?;
     backends.extend(service_with_backends(&stack, "web", &nodes).await?);
-    let api: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "default");
+    let ingresses: Api<Ingress> = Api::namespaced(stack.kube.client().await?, "default");
+    let api = Creator { ingresses, routes };
 
     // Warm-up: the first rollout also opens SSH connections.
-    api.create(&PostParams::default(), &ingress("warm", "warm.example.com")).await?;
+    api.create("warm", "warm.example.com", "web").await?;
     until_served(&stack, "warm.example.com").await?;
 
     if args.existing > 0 {
@@ -264,15 +327,31 @@ async fn pipeline(args: Args) -> Result<()> {
         let started = Instant::now();
         let existing = (0..args.existing)
             .map(|i| (format!("existing-{i}"), format!("existing-{i}.example.com"), service(i)));
-        create_ingresses(&stack, "edge", existing).await?;
+        match api.routes {
+            None => create_ingresses(&stack, "edge", existing).await?,
+            Some(_) => {
+                use futures::StreamExt as _;
+                let api = &api;
+                let created =
+                    futures::stream::iter(existing)
+                        .map(|(name, host, service)| async move {
+                            api.create(&name, &host, &service).await
+                        })
+                        .buffer_unordered(16)
+                        .collect::<Vec<_>>()
+                        .await;
+                created.into_iter().collect::<Result<Vec<()>>>()?;
+            }
+        }
         let sent = started.elapsed().as_secs_f64();
         until_served(&stack, &format!("existing-{last}.example.com")).await?;
         until_served(&stack, "existing-0.example.com").await?;
         let size = stack.latest_version().await?.map(|v| v.size).unwrap_or(0);
         println!(
-            "{} existing Ingresses on {} Services, {} nodes: created in {sent:.1} s, served \
+            "{} existing {}s on {} Services, {} nodes: created in {sent:.1} s, served \
              everywhere after {:.1} s; config + maps {:.1} MB\n",
             args.existing,
+            api.what(),
             if args.own_services { args.existing } else { 1 },
             args.nodes,
             started.elapsed().as_secs_f64(),
@@ -283,23 +362,19 @@ async fn pipeline(args: Args) -> Result<()> {
     let (mut known, mut new) = (Measured::default(), Measured::default());
     for i in 0..args.sequential {
         let host = format!("seq-{i}.example.com");
-        known.change(&stack, &api, &ingress(&format!("seq-{i}"), &host), &host).await?;
+        known.change(&stack, &api, (&format!("seq-{i}"), &host, "web")).await?;
         // A Service of its own, with a backend on every node it is routed to, before its
         // Ingress.
         let service = format!("svc-{i}");
         backends.extend(service_with_backends(&stack, &service, &nodes).await?);
         let host = format!("own-{i}.example.com");
-        new.change(&stack, &api, &ingress_to(&format!("own-{i}"), &host, &service), &host).await?;
+        new.change(&stack, &api, (&format!("own-{i}"), &host, &service)).await?;
     }
 
     let versions_before = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
     let started = Instant::now();
     for i in 0..args.burst {
-        api.create(
-            &PostParams::default(),
-            &ingress(&format!("burst-{i}"), &format!("burst-{i}.example.com")),
-        )
-        .await?;
+        api.create(&format!("burst-{i}"), &format!("burst-{i}.example.com"), "web").await?;
     }
     for i in 0..args.burst {
         until_served(&stack, &format!("burst-{i}.example.com")).await?;
@@ -313,11 +388,12 @@ async fn pipeline(args: Args) -> Result<()> {
         println!(
             "{}",
             percentiles(
-                &format!("Ingress {what}: created → served by every host"),
+                &format!("{} {what}: created → served by every host", api.what()),
                 m.converge.clone()
             )
         );
-        println!("{}", percentiles(&format!("Ingress {what}: apply on one host"), m.apply.clone()));
+        let apply = format!("{} {what}: apply on one host", api.what());
+        println!("{}", percentiles(&apply, m.apply.clone()));
     }
     println!(
         "\nreloads per host report: {} of {} on a routed Service, {} of {} on a new Service \

@@ -221,24 +221,30 @@ pub fn resolve(
     }
     if let Some(gw) = objects.gateway {
         let index = crate::core::gateway::Index::new(gw);
+        memo.routes.begin_pass(crate::core::gateway::memo::Around::of(gw));
         for route in gw.routes {
             let (ns, name) = (route.metadata.namespace.as_deref(), route.metadata.name.as_deref());
-            let outcome = crate::core::gateway::route::resolve(
-                route,
-                &index,
-                rules.resolve,
-                objects.services,
-                objects.endpoints,
-            );
+            let sources = (objects.services, objects.endpoints);
+            let outcome = memo.routes.resolve(route, sources, || {
+                crate::core::gateway::route::resolve(
+                    route,
+                    &index,
+                    rules.resolve,
+                    objects.services,
+                    objects.endpoints,
+                )
+            });
             let key = IngressKey::http_route(ns.unwrap_or("default"), name.unwrap_or_default());
             let subject = Subject::HttpRoute(route.clone());
             out.take(subject, key, outcome.result, (policy, rules, published));
             out.gateway.routes.push((route.clone(), outcome.parents));
         }
         out.gateway.index = index;
+        memo.routes.end_pass();
+        out.resolved_anew += memo.routes.fresh;
     }
     memo.end_pass();
-    out.resolved_anew = memo.fresh();
+    out.resolved_anew += memo.fresh();
     // Hosts kept to the namespace that owns them; the losers of conflicts told.
     let mut routed = index::routed_mut(&mut out.desired);
     out.told = crate::core::tenancy::keep_apart(&mut routed, rules.namespaces_own_hosts);

@@ -280,6 +280,8 @@ pub struct Memo {
     pass: u64,
     /// How many Ingresses this pass resolved anew.
     fresh: usize,
+    /// The HTTPRoutes' own, beside.
+    pub routes: crate::core::gateway::memo::RouteMemo,
 }
 
 /// A Service an Ingress names: (namespace, name), the object (none: missing), its endpoint

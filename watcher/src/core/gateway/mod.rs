@@ -14,6 +14,7 @@
 //! Ingresses' own.
 
 pub mod filters;
+pub mod memo;
 pub mod route;
 pub mod spec;
 pub mod status;
