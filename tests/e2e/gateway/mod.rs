@@ -302,6 +302,52 @@ async fn http_route_invalid_cross_namespace_backend_ref() -> Result<()> {
     expect_everywhere(&bed.world.stack, ANY, "/", 500, "").await
 }
 
+/// HTTPRouteInvalidBackendRefUnknownKind: a backendRef of a kind that is no Service:
+/// ResolvedRefs False (InvalidKind), and requests get 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_invalid_backend_ref_unknown_kind() -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [{"backendRefs": [
+        {"group": "unknownkind.example.com", "kind": "NonExistent", "name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "invalid-backend-ref-unknown-kind", spec)).await?;
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "InvalidKind")];
+    bed.route_says((INFRA_NS, "invalid-backend-ref-unknown-kind"), "same-namespace", &want).await?;
+    expect_everywhere(&bed.world.stack, ANY, "/v2", 500, "").await
+}
+
+/// HTTPRouteOmittedBackendRefs: a rule without backendRefs (or with an empty list) answers
+/// 500; the others still forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_omitted_backend_refs() -> Result<()> {
+    let bed = Bed::start().await?;
+    let exact = |path: &str| json!([{"path": {"type": "Exact", "value": path}}]);
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        {"matches": exact("/omitted-no-forward")},
+        {"matches": exact("/empty-no-forward"), "backendRefs": []},
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+         "backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "omitted-backendrefs", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "omitted-backendrefs"), "same-namespace").await?;
+    let stack = &bed.world.stack;
+    expect_everywhere(stack, ANY, "/forward", 200, "infra-backend-v1 /forward").await?;
+    expect_everywhere(stack, ANY, "/omitted-no-forward", 500, "").await?;
+    expect_everywhere(stack, ANY, "/empty-no-forward", 500, "").await
+}
+
+/// HTTPRouteInvalidParentRefNotMatchingSectionName: a sectionName no listener has: Accepted
+/// False (NoMatchingParent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_invalid_parent_ref_not_matching_section_name() -> Result<()> {
+    let bed = Bed::start().await?;
+    let name = "httproute-listener-not-matching-section-name";
+    let spec = json!({"parentRefs": [{"name": "same-namespace", "namespace": INFRA_NS, "port": 80,
+                                      "sectionName": "http1"}],
+                      "rules": [{"backendRefs": [{"name": "infra-backend-v1", "kind": "Service", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, name, spec)).await?;
+    let want = [("Accepted", "False", "NoMatchingParent")];
+    bed.route_says((INFRA_NS, name), "same-namespace", &want).await
+}
+
 /// HTTPRouteReferenceGrant: with a ReferenceGrant in its namespace, a Service of another
 /// namespace is reached; once the grant is deleted, requests get 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

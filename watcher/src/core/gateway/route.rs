@@ -457,8 +457,7 @@ fn backends_of(
         let route = meta.name.as_deref().unwrap_or_default();
         let mut b = empty_backend(namespace, route, 0)?;
         b.options.fail_status = Some(FailStatus::InternalError);
-        let message = "the rule has no backendRefs of a weight above 0".to_owned();
-        failed.push(("BackendNotFound", message));
+        // Nothing to resolve, nothing unresolved: the rule answers 500, as the spec says.
         backends.push((1, b));
     }
     Ok((backends, said, failed))
