@@ -403,12 +403,13 @@ async fn pipeline(args: Args) -> Result<()> {
     println!("\n| files sent to a host per change (bytes) | n | p50 | p90 | p99 | max |");
     println!("|---|---|---|---|---|---|");
     for (what, m) in [("on a routed Service", &known), ("on a new Service", &new)] {
-        println!("{}", percentiles(&format!("Ingress {what}"), m.sent.clone()));
+        println!("{}", percentiles(&format!("{} {what}", api.what()), m.sent.clone()));
     }
     println!(
-        "\nburst: {} Ingresses created back to back → all served by all {} hosts in {:.0} ms, \
+        "\nburst: {} {}s created back to back → all served by all {} hosts in {:.0} ms, \
          in {} config versions",
         args.burst,
+        api.what(),
         args.hosts,
         burst_ms,
         versions_after - versions_before

@@ -149,10 +149,10 @@ pub(crate) async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Resul
     Ok(())
 }
 
-/// Writes the status of hafleet's GatewayClasses, of its Gateways (listeners and the routes
+/// Queues the status of hafleet's GatewayClasses, of its Gateways (listeners and the routes
 /// attached to each) and of the HTTPRoutes with a parent of hafleet's, where it changed.
-pub(crate) async fn gateway_status(
-    warnings: &Warnings,
+pub(crate) fn gateway_status(
+    queue: &super::state::StatusQueue,
     classes: &[std::sync::Arc<kube::api::DynamicObject>],
     pass: &crate::core::pass::GatewayPass,
     args: &crate::app::args::RunArgs,
@@ -170,13 +170,15 @@ pub(crate) async fn gateway_status(
     for class in classes.iter().filter(|c| crate::core::gateway::is_ours(c)) {
         let Some(name) = class.metadata.name.as_deref() else { continue };
         if let Some(new) = status::class_status(class, &now) {
-            warnings.set_gateway_status("GatewayClass", (None, name), new).await;
+            queue.push("GatewayClass", None, name, new);
         }
     }
     // Routes attached to each listener: (Gateway namespace, name) → listener → count; and the
     // newest routes-stream sequence published for the routes attached to each Gateway.
     let mut attached: BTreeMap<(String, String), BTreeMap<String, usize>> = BTreeMap::new();
     let mut needed: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut decided = queue.decided.lock().unwrap_or_else(|p| p.into_inner());
+    let mut next = super::state::Decided::with_capacity(pass.routes.len());
     for (route, parents) in &pass.routes {
         let key = IngressKey::http_route(
             route.metadata.namespace.as_deref().unwrap_or("default"),
@@ -194,10 +196,17 @@ pub(crate) async fn gateway_status(
         let (Some(ns), Some(name)) = (&route.metadata.namespace, &route.metadata.name) else {
             continue;
         };
-        if let Some(new) = status::route_status(route, parents, &now) {
-            warnings.set_gateway_status("HTTPRoute", (Some(ns), name), new).await;
+        let key = (ns.clone(), name.clone());
+        let unchanged = decided
+            .get(&key)
+            .is_some_and(|(r, p)| std::sync::Arc::ptr_eq(r, route) && p == parents);
+        if !unchanged && let Some(new) = status::route_status(route, parents, &now) {
+            queue.push("HTTPRoute", Some(ns), name, new);
         }
+        next.insert(key, (route.clone(), parents.clone()));
     }
+    *decided = next;
+    drop(decided);
     for ((ns, name), gw) in &pass.index.gateways {
         let none = BTreeMap::new();
         let counts = attached.get(&(ns.clone(), name.clone())).unwrap_or(&none);
@@ -212,7 +221,7 @@ pub(crate) async fn gateway_status(
             .and_then(|s| (s.seq.unwrap_or(0) >= need).then_some((s.version, s.hosts)));
         let addresses = &args.fleet_addresses;
         if let Some(new) = status::gateway_status(gw, counts, addresses, programmed, &now) {
-            warnings.set_gateway_status("Gateway", (Some(ns), name), new).await;
+            queue.push("Gateway", Some(ns), name, new);
         }
     }
 }

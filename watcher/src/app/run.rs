@@ -90,7 +90,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings: Default::default(),
         route_seqs: Default::default(),
         served: Default::default(),
+        statuses: Default::default(),
     };
+    state.statuses.spawn_writer(warnings.clone());
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
 
@@ -461,7 +463,8 @@ async fn sync(
     if let Some(objects) = &gateway {
         let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let seen = (&served, &state.route_seqs);
-        super::effects::gateway_status(warnings, objects.classes, &plan.gateway, args, seen).await;
+        let queue = &state.statuses;
+        super::effects::gateway_status(queue, objects.classes, &plan.gateway, args, seen);
     }
     Ok(())
 }

@@ -46,6 +46,73 @@ pub(crate) struct State {
     pub(crate) route_seqs: std::collections::HashMap<IngressKey, u64>,
     /// What each fleet's hosts all run, as the fleets' reports tell ([`crate::app::notices`]).
     pub(crate) served: Served,
+    /// Gateway API statuses to write, by a task of their own.
+    pub(crate) statuses: StatusQueue,
+}
+
+/// Which Gateway API object a status is for: (kind, namespace, name).
+type StatusOf = (&'static str, Option<String>, String);
+
+/// The Gateway API statuses a pass decided, written by a task of their own ([`StatusQueue::
+/// spawn_writer`], 8 at a time) so that a pass never waits on them: 10,000 HTTPRoutes are
+/// 10,000 requests. The newest status of an object replaces one not written yet.
+#[derive(Clone, Default)]
+pub(crate) struct StatusQueue {
+    pending: std::sync::Arc<std::sync::Mutex<BTreeMap<StatusOf, serde_json::Value>>>,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    /// Each HTTPRoute's status as last decided, by (namespace, name): the route object and
+    /// what its parents were told. A pass decides again only a route whose object or parents
+    /// changed (10,000 routes are 10,000 statuses to build); a write that fails forgets it.
+    pub(crate) decided: std::sync::Arc<std::sync::Mutex<Decided>>,
+}
+
+/// [`StatusQueue::decided`].
+pub(crate) type Decided = std::collections::HashMap<
+    (String, String),
+    (std::sync::Arc<kube::api::DynamicObject>, Vec<crate::core::gateway::route::ParentStatus>),
+>;
+
+impl StatusQueue {
+    pub(crate) fn push(
+        &self,
+        kind: &'static str,
+        ns: Option<&str>,
+        name: &str,
+        status: serde_json::Value,
+    ) {
+        let key = (kind, ns.map(str::to_owned), name.to_owned());
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(key, status);
+        self.wake.notify_one();
+    }
+
+    /// Writes what is pushed, until the process ends. A write that fails is logged; the next
+    /// pass decides the status again (the object still says the old one).
+    pub(crate) fn spawn_writer(&self, warnings: crate::k8s::events::Warnings) {
+        let queue = self.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt as _;
+            loop {
+                queue.wake.notified().await;
+                let batch =
+                    std::mem::take(&mut *queue.pending.lock().unwrap_or_else(|p| p.into_inner()));
+                let warnings = &warnings;
+                futures::stream::iter(batch)
+                    .for_each_concurrent(8, |((kind, ns, name), status)| {
+                        let decided = &queue.decided;
+                        async move {
+                            let at = (ns.as_deref(), name.as_str());
+                            if !warnings.set_gateway_status(kind, at, status).await
+                                && kind == "HTTPRoute"
+                            {
+                                let key = (ns.unwrap_or_default(), name);
+                                decided.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                            }
+                        }
+                    })
+                    .await;
+            }
+        });
+    }
 }
 
 /// What each fleet serves, shared by the task that reads the fleets' reports and the passes

@@ -53,13 +53,13 @@ impl Warnings {
     }
 
     /// Sets the `status` of a Gateway API object (`namespace`: `None` for a cluster-scoped
-    /// GatewayClass); a failure is logged and retried on the next pass.
+    /// GatewayClass); whether it was set (a failure is logged).
     pub async fn set_gateway_status(
         &self,
         kind: &str,
         (namespace, name): (Option<&str>, &str),
         status: serde_json::Value,
-    ) {
+    ) -> bool {
         let ar = crate::core::gateway::api_resource(kind);
         let api: Api<kube::api::DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
@@ -69,8 +69,14 @@ impl Warnings {
         let params = kube::api::PatchParams::default();
         let at = format!("{}{name}", namespace.map(|n| format!("{n}/")).unwrap_or_default());
         match api.patch_status(name, &params, &kube::api::Patch::Merge(&patch)).await {
-            Ok(_) => info!(kind, object = %at, "status set"),
-            Err(e) => warn!(kind, object = %at, error = %e, "cannot set status"),
+            Ok(_) => {
+                tracing::debug!(kind, object = %at, "status set");
+                true
+            }
+            Err(e) => {
+                warn!(kind, object = %at, error = %e, "cannot set status");
+                false
+            }
         }
     }
 
