@@ -286,7 +286,7 @@ pub struct Memo {
 
 /// A Service an Ingress names: (namespace, name), the object (none: missing), its endpoint
 /// nodes and its slices in pods mode.
-type NamedService = (
+pub(crate) type NamedService = (
     (String, String),
     Option<std::sync::Arc<Service>>,
     Option<BTreeSet<String>>,
@@ -312,16 +312,7 @@ impl Memo {
         endpoints: Option<&Endpoints>,
     ) -> Result<Resolved, Refused> {
         let still = |m: &Memoized| {
-            std::sync::Arc::ptr_eq(&m.ingress, ingress)
-                && m.named.iter().all(|(key, then, nodes, pods)| {
-                    let same = match (services.get(key), then) {
-                        (Some(now), Some(then)) => std::sync::Arc::ptr_eq(now, then),
-                        (None, None) => true,
-                        _ => false,
-                    };
-                    same && endpoints.and_then(|e| e.nodes.get(key)) == nodes.as_ref()
-                        && endpoints.and_then(|e| e.pods.get(key)) == pods.as_ref()
-                })
+            std::sync::Arc::ptr_eq(&m.ingress, ingress) && unchanged(&m.named, services, endpoints)
         };
         let at = std::sync::Arc::as_ptr(ingress) as usize;
         let pass = self.pass;
@@ -331,15 +322,7 @@ impl Memo {
                 m.result.clone()
             }
             _ => {
-                let named = named_services(ingress)
-                    .into_iter()
-                    .map(|key| {
-                        let service = services.get(&key).cloned();
-                        let nodes = endpoints.and_then(|e| e.nodes.get(&key)).cloned();
-                        let pods = endpoints.and_then(|e| e.pods.get(&key)).cloned();
-                        (key, service, nodes, pods)
-                    })
-                    .collect();
+                let named = named_now(named_services(ingress), services, endpoints);
                 let result = resolve(ingress, config, services, endpoints);
                 self.fresh += 1;
                 let m = Memoized { ingress: ingress.clone(), named, result: result.clone(), pass };
@@ -374,6 +357,40 @@ impl Memo {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// Each of `keys` as `services` and `endpoints` have it now.
+pub(crate) fn named_now(
+    keys: Vec<(String, String)>,
+    services: &Services,
+    endpoints: Option<&Endpoints>,
+) -> Vec<NamedService> {
+    keys.into_iter()
+        .map(|key| {
+            let service = services.get(&key).cloned();
+            let nodes = endpoints.and_then(|e| e.nodes.get(&key)).cloned();
+            let pods = endpoints.and_then(|e| e.pods.get(&key)).cloned();
+            (key, service, nodes, pods)
+        })
+        .collect()
+}
+
+/// Whether every one of `named` is as `services` and `endpoints` have it now: the same
+/// object (or still none), the same endpoint nodes and slices.
+pub(crate) fn unchanged(
+    named: &[NamedService],
+    services: &Services,
+    endpoints: Option<&Endpoints>,
+) -> bool {
+    named.iter().all(|(key, then, nodes, pods)| {
+        let same = match (services.get(key), then) {
+            (Some(now), Some(then)) => std::sync::Arc::ptr_eq(now, then),
+            (None, None) => true,
+            _ => false,
+        };
+        same && endpoints.and_then(|e| e.nodes.get(key)) == nodes.as_ref()
+            && endpoints.and_then(|e| e.pods.get(key)) == pods.as_ref()
+    })
 }
 
 /// The Services (namespace, name) an Ingress's backends name, each once.
@@ -454,19 +471,9 @@ pub(crate) fn backend(
     let name = ObjectName::new(svc.name.as_str()).map_err(|e| e.to_string())?;
     let ns = Namespace::new(namespace).map_err(|e| e.to_string())?;
     let port = svc.port.as_ref().ok_or("service.port is missing")?;
-    let no_node_port = |name: ObjectName, ns: Namespace| Backend {
-        service: ServiceRef {
-            namespace: ns,
-            name,
-            port: port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0),
-            cluster: None,
-        },
-        node_port: None,
-        servers: vec![],
-        traffic_policy: TrafficPolicy::Cluster,
-        endpoint_nodes: None,
-        options: Default::default(),
-        pods: None,
+    let no_node_port = |name: ObjectName, ns: Namespace| {
+        let port = port.number.and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
+        serverless(ServiceRef { namespace: ns, name, port, cluster: None })
     };
     let key = (namespace.to_owned(), svc.name.clone());
     let Some(service) = sources.services.get(&key) else {
@@ -559,6 +566,19 @@ pub(crate) fn backend(
         options,
         pods: None,
     })
+}
+
+/// A backend of `service` with no servers (HAProxy answers 503, or what its options say).
+pub(crate) fn serverless(service: ServiceRef) -> Backend {
+    Backend {
+        service,
+        node_port: None,
+        servers: vec![],
+        traffic_policy: TrafficPolicy::Cluster,
+        endpoint_nodes: None,
+        options: Default::default(),
+        pods: None,
+    }
 }
 
 /// In pods mode: the Service's port that `port` names and the serving endpoints behind it, or

@@ -49,14 +49,7 @@ impl Around {
     }
 }
 
-/// A Service a route names, as it was resolved with: the object (none: missing), its endpoint
-/// nodes and its slices in pods mode.
-type Named = (
-    (String, String),
-    Option<Arc<k8s_openapi::api::core::v1::Service>>,
-    Option<std::collections::BTreeSet<String>>,
-    Option<Vec<Arc<crate::core::pods::SliceView>>>,
-);
+use crate::core::resolve::{NamedService as Named, named_now, unchanged};
 
 struct Memoized {
     route: Arc<DynamicObject>,
@@ -99,18 +92,8 @@ impl RouteMemo {
         (services, endpoints): (&Services, Option<&Endpoints>),
         resolve: impl FnOnce() -> Outcome,
     ) -> Outcome {
-        let same = |m: &Memoized| {
-            Arc::ptr_eq(&m.route, route)
-                && m.named.iter().all(|(key, then, nodes, pods)| {
-                    let same = match (services.get(key), then) {
-                        (Some(now), Some(then)) => Arc::ptr_eq(now, then),
-                        (None, None) => true,
-                        _ => false,
-                    };
-                    same && endpoints.and_then(|e| e.nodes.get(key)) == nodes.as_ref()
-                        && endpoints.and_then(|e| e.pods.get(key)) == pods.as_ref()
-                })
-        };
+        let same =
+            |m: &Memoized| Arc::ptr_eq(&m.route, route) && unchanged(&m.named, services, endpoints);
         let at = Arc::as_ptr(route) as usize;
         let pass = self.pass;
         if let Some(m) = self.entries.get_mut(&at)
@@ -119,15 +102,7 @@ impl RouteMemo {
             m.pass = pass;
             return m.outcome.clone();
         }
-        let named = named_services(route)
-            .into_iter()
-            .map(|key| {
-                let service = services.get(&key).cloned();
-                let nodes = endpoints.and_then(|e| e.nodes.get(&key)).cloned();
-                let pods = endpoints.and_then(|e| e.pods.get(&key)).cloned();
-                (key, service, nodes, pods)
-            })
-            .collect();
+        let named = named_now(named_services(route), services, endpoints);
         let outcome = resolve();
         self.fresh += 1;
         let m = Memoized { route: route.clone(), named, outcome: outcome.clone(), pass };

@@ -19,7 +19,6 @@ use crate::core::resolve::{Config, Endpoints, Refused, Services, Sources};
 use hafleet_proto::{
     Backend, FailStatus, FleetName, HeaderName, HeaderValue, HttpHost, HttpPath, IngressKey,
     Method, Namespace, ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
-    TrafficPolicy,
 };
 use kube::api::DynamicObject;
 
@@ -520,18 +519,7 @@ fn backend_of(
 
 /// A backend of Service `ns/name` port `port` with no servers.
 fn empty_backend(ns: &str, name: &str, port: u16) -> Result<Backend, String> {
-    Ok(Backend {
-        service: ServiceRef {
-            namespace: Namespace::new(ns).map_err(|e| e.to_string())?,
-            name: ObjectName::new(name).map_err(|e| e.to_string())?,
-            port,
-            cluster: None,
-        },
-        node_port: None,
-        servers: vec![],
-        traffic_policy: TrafficPolicy::Cluster,
-        endpoint_nodes: None,
-        options: Default::default(),
-        pods: None,
-    })
+    let namespace = Namespace::new(ns).map_err(|e| e.to_string())?;
+    let name = ObjectName::new(name).map_err(|e| e.to_string())?;
+    Ok(crate::core::resolve::serverless(ServiceRef { namespace, name, port, cluster: None }))
 }
