@@ -348,6 +348,27 @@ async fn http_route_invalid_parent_ref_not_matching_section_name() -> Result<()>
     bed.route_says((INFRA_NS, name), "same-namespace", &want).await
 }
 
+/// HTTPRouteObservedGenerationBump: after a change of the route, its conditions say the new
+/// generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_observed_generation_bump() -> Result<()> {
+    let bed = Bed::start().await?;
+    let name = "observed-generation-bump";
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}],
+                      "rules": [{"backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, name, spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, name), "same-namespace").await?;
+    let before = get(&bed.client, "HTTPRoute", Some(INFRA_NS), name).await?.metadata.generation;
+    let change =
+        json!({"spec": {"rules": [{"backendRefs": [{"name": "infra-backend-v2", "port": 8080}]}]}});
+    hafleet_tests::gateway_api::patch(&bed.client, "HTTPRoute", (INFRA_NS, name), change).await?;
+    // `route_says` waits until every condition's observedGeneration is the route's.
+    bed.accepted_and_resolved((INFRA_NS, name), "same-namespace").await?;
+    let after = get(&bed.client, "HTTPRoute", Some(INFRA_NS), name).await?.metadata.generation;
+    assert_ne!(before, after, "the generation changes with the spec");
+    expect_everywhere(&bed.world.stack, ANY, "/", 200, "infra-backend-v2 /").await
+}
+
 /// HTTPRouteReferenceGrant: with a ReferenceGrant in its namespace, a Service of another
 /// namespace is reached; once the grant is deleted, requests get 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
