@@ -111,6 +111,21 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>, echo:
         .filter(|c| (200..600).contains(c))
         .unwrap_or(200);
     let mut body = format!("{name} {path}\n");
+    // Echoing: `X-Echo-Set-Header: A:1, B:2` asks for those headers on the response, as
+    // the Gateway API conformance suite's echo server takes it.
+    let mut extra = String::new();
+    if echo {
+        let end = text.find("\r\n\r\n").unwrap_or(text.len());
+        for line in text[..end].split("\r\n").skip(1) {
+            let Some((n, v)) = line.split_once(':') else { continue };
+            if !n.trim().eq_ignore_ascii_case("x-echo-set-header") {
+                continue;
+            }
+            for pair in v.split(',').filter_map(|p| p.split_once(':')) {
+                extra.push_str(&format!("{}: {}\r\n", pair.0.trim(), pair.1.trim()));
+            }
+        }
+    }
     if echo {
         let end = text.find("\r\n\r\n").unwrap_or(text.len());
         for line in text[..end].split("\r\n").skip(1) {
@@ -120,7 +135,7 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>, echo:
     }
     let response = format!(
         "HTTP/1.1 {status} Hafleet\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
-         X-Hafleet-Backend: {name}\r\nConnection: close\r\n\r\n{body}",
+         X-Hafleet-Backend: {name}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     hits.fetch_add(1, Ordering::Relaxed);

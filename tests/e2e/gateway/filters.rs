@@ -406,3 +406,95 @@ async fn http_route_request_header_modifier() -> Result<()> {
     expect_cases(&bed, &[(get_("/set"), V1)]).await?;
     Ok(())
 }
+
+/// The values of header `name` in `r`, joined with "," (`None`: absent).
+fn joined(r: &hafleet_tests::Response, name: &str) -> Option<String> {
+    let values: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
+}
+
+/// HTTPRouteResponseHeaderModifier (Extended): set, add and remove on the way back to the
+/// client, over what the backend answered with (the echo backend sets the headers asked for in
+/// `X-Echo-Set-Header`, as upstream's does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_response_header_modifier() -> Result<()> {
+    let bed = Bed::start().await?;
+    let rule = |path: &str, modifier: Value| {
+        json!({"matches": [{"path": prefix(path)}],
+               "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": modifier}],
+               "backendRefs": backend("infra-backend-v1")})
+    };
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        rule("/set", json!({"set": [{"name": "X-Header-Set", "value": "set-overwrites-values"}]})),
+        rule("/add", json!({"add": [{"name": "X-Header-Add", "value": "add-appends-values"}]})),
+        rule("/remove", json!({"remove": ["X-Header-Remove"]})),
+        rule("/multiple", json!({
+            "set": [{"name": "X-Header-Set-1", "value": "header-set-1"},
+                    {"name": "X-Header-Set-2", "value": "header-set-2"}],
+            "add": [{"name": "X-Header-Add-1", "value": "header-add-1"},
+                    {"name": "X-Header-Add-2", "value": "header-add-2"},
+                    {"name": "X-Header-Add-3", "value": "header-add-3"}],
+            "remove": ["X-Header-Remove-1", "X-Header-Remove-2"]})),
+    ]});
+    create(&bed.client, http_route(INFRA_NS, "response-header-modifier", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "response-header-modifier"), "same-namespace").await?;
+    let cases: [(&str, &str, &[(&str, &str)], &[&str]); 5] = [
+        (
+            "/set",
+            "Some-Other-Header:val",
+            &[("Some-Other-Header", "val"), ("X-Header-Set", "set-overwrites-values")],
+            &[],
+        ),
+        (
+            "/set",
+            "X-Header-Set:some-other-value",
+            &[("X-Header-Set", "set-overwrites-values")],
+            &[],
+        ),
+        (
+            "/add",
+            "X-Header-Add:some-other-value",
+            &[("X-Header-Add", "some-other-value,add-appends-values")],
+            &[],
+        ),
+        ("/remove", "X-Header-Remove:val", &[], &["X-Header-Remove"]),
+        (
+            "/multiple",
+            "X-Header-Remove-1:val,X-Header-Remove-2:remove-val-2,X-Header-Add-2:add-val-2",
+            &[
+                ("X-Header-Set-1", "header-set-1"),
+                ("X-Header-Set-2", "header-set-2"),
+                ("X-Header-Add-1", "header-add-1"),
+                ("X-Header-Add-2", "add-val-2,header-add-2"),
+                ("X-Header-Add-3", "header-add-3"),
+            ],
+            &["X-Header-Remove-1", "X-Header-Remove-2"],
+        ),
+    ];
+    for (path, set, want, absent) in cases {
+        let what = format!("{path} with {set} -> {want:?} without {absent:?}");
+        hafleet_tests::assert::on_every_host(&bed.world.stack, CONVERGE, &what, |h| async move {
+            let sent = [("X-Echo-Set-Header", set)];
+            let r = hafleet_tests::http_request(h.http_addr(), "GET", ANY, path, &sent).await?;
+            anyhow::ensure!(
+                r.status == 200 && r.body.starts_with("infra-backend-v1 "),
+                "got {}",
+                r.status
+            );
+            for (n, v) in want {
+                anyhow::ensure!(joined(&r, n).as_deref() == Some(*v), "{n}: {:?}", r.headers);
+            }
+            for n in absent {
+                anyhow::ensure!(joined(&r, n).is_none(), "{n} still there: {:?}", r.headers);
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
