@@ -407,6 +407,11 @@ async fn http_route_request_header_modifier() -> Result<()> {
     Ok(())
 }
 
+/// A response-header case: the path, the headers the backend is asked to set, the headers the
+/// client must see, and those it must not.
+type Echoed =
+    (&'static str, &'static str, &'static [(&'static str, &'static str)], &'static [&'static str]);
+
 /// The values of header `name` in `r`, joined with "," (`None`: absent).
 fn joined(r: &hafleet_tests::Response, name: &str) -> Option<String> {
     let values: Vec<&str> = r
@@ -443,7 +448,7 @@ async fn http_route_response_header_modifier() -> Result<()> {
     ]});
     create(&bed.client, http_route(INFRA_NS, "response-header-modifier", spec)).await?;
     bed.accepted_and_resolved((INFRA_NS, "response-header-modifier"), "same-namespace").await?;
-    let cases: [(&str, &str, &[(&str, &str)], &[&str]); 5] = [
+    let cases: [Echoed; 5] = [
         (
             "/set",
             "Some-Other-Header:val",
