@@ -2,9 +2,10 @@
 //! config versions and apply reports in (as [`crate::core::feedback`] reads them), a
 //! [`Served`] per fleet out.
 //!
-//! A fleet serves version V when every host of it (as many as the latest report says the
-//! inventory has) last reported V applied (or unchanged), and no newer version of the fleet
-//! has been seen. Reports older than the watcher count too: a new leader knows what the hosts
+//! A fleet serves version V when as many hosts as the latest report says the inventory has
+//! last reported V, or a newer version, applied (or unchanged). A newer version not live
+//! everywhere yet does not undo that: whether a Gateway's routes are in what is served is
+//! the routes-stream sequence's to say ([`Served::seq`]). Reports older than the watcher count too: a new leader knows what the hosts
 //! run. A version read since the watcher started also says how far into the routes stream it
 //! reaches (its newest cause's stream sequence); one from before does not.
 
@@ -57,21 +58,19 @@ impl Fleets {
         }
     }
 
-    /// What `fleet` serves on all its hosts, if it is one version.
+    /// What `fleet` serves on all its hosts: the newest version that as many hosts as the
+    /// inventory has run, or a newer one (a version holds every change before it). A host
+    /// whose last report is a failure counts for none; a host gone from the inventory, whose
+    /// last report stays, does not keep the others from counting.
     pub fn served(&self, fleet: &FleetName) -> Option<Served> {
         let hosts = self.hosts.get(fleet)?;
         let want = self.inventory.get(fleet).copied().unwrap_or(hosts.len()).max(1);
-        let mut versions = hosts.values();
-        let (version, _) = *versions.next()?;
-        if hosts.len() < want || !hosts.values().all(|(v, ok)| *v == version && *ok) {
-            return None;
-        }
+        let mut running: Vec<u64> = hosts.values().filter(|(_, ok)| *ok).map(|(v, _)| *v).collect();
+        running.sort_unstable_by(|a, b| b.cmp(a));
+        let version = *running.get(want - 1)?;
         let read = self.versions.get(fleet);
-        if read.and_then(|r| r.keys().next_back()).is_some_and(|newest| *newest > version) {
-            return None;
-        }
         let seq = read.and_then(|r| r.range(..=version).map(|(_, s)| *s).max());
-        Some(Served { version, hosts: hosts.len(), seq })
+        Some(Served { version, hosts: want, seq })
     }
 
     /// [`Fleets::served`] of every fleet that serves one version.
@@ -123,7 +122,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fleet_serves_a_version_once_every_host_runs_it_and_nothing_newer_is_out() {
+    fn a_fleet_serves_the_newest_version_every_host_runs() {
         let mut f = Fleets::default();
         f.on_version(&version(7, 40));
         f.on_report(&report("lb-1", 7, ApplyOutcome::Applied));
@@ -131,15 +130,17 @@ mod tests {
         f.on_report(&report("lb-2", 7, ApplyOutcome::Unchanged));
         assert_eq!(f.served(&edge()), Some(Served { version: 7, hosts: 2, seq: Some(40) }));
         f.on_version(&version(8, 41));
-        assert_eq!(f.served(&edge()), None, "version 8 is out, not live yet");
+        // Version 8 is out, not live yet: 7 is still what every host serves.
+        assert_eq!(f.served(&edge()).map(|s| s.version), Some(7));
         f.on_report(&report("lb-1", 8, ApplyOutcome::Applied));
+        assert_eq!(f.served(&edge()).map(|s| (s.version, s.seq)), Some((7, Some(40))));
         let failed = ApplyOutcome::Failed {
             stage: ApplyStage::Validate,
             message: "no".into(),
             restored: true,
         };
         f.on_report(&report("lb-2", 8, failed));
-        assert_eq!(f.served(&edge()), None, "a host refused it");
+        assert_eq!(f.served(&edge()), None, "a host refused it: it serves nothing known");
         f.on_report(&report("lb-2", 8, ApplyOutcome::Applied));
         assert_eq!(f.served(&edge()).map(|s| (s.version, s.seq)), Some((8, Some(41))));
         // What hosts ran before the watcher read any version: served, reaching nowhere known.
@@ -147,5 +148,10 @@ mod tests {
         late.on_report(&report("lb-1", 5, ApplyOutcome::Applied));
         late.on_report(&report("lb-2", 5, ApplyOutcome::Applied));
         assert_eq!(late.served(&edge()).map(|s| s.seq), Some(None));
+        // A host gone from the inventory (its last report stays) does not hold the others.
+        let mut gone = Fleets::default();
+        gone.on_report(&ApplyReport { fleet_hosts: 1, ..report("old", 3, ApplyOutcome::Applied) });
+        gone.on_report(&ApplyReport { fleet_hosts: 1, ..report("lb-1", 9, ApplyOutcome::Applied) });
+        assert_eq!(gone.served(&edge()).map(|s| (s.version, s.hosts)), Some((9, 1)));
     }
 }
