@@ -26,6 +26,34 @@ pub struct Resolved {
     pub tls: Vec<hafleet_proto::TlsEntry>,
 }
 
+impl Resolved {
+    /// The routes of the object `meta` describes (an Ingress or an HTTPRoute) on `fleet`,
+    /// without certificates yet.
+    pub fn of(
+        (fleet, key): (FleetName, IngressKey),
+        meta: &kube::api::ObjectMeta,
+        routes: Vec<Route>,
+        warnings: Vec<Warning>,
+        sharing: Sharing,
+    ) -> Resolved {
+        Resolved {
+            fleet,
+            key,
+            created_unix: created_unix(meta),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            routes: std::sync::Arc::new(routes),
+            warnings,
+            sharing,
+            tls: Vec::new(),
+        }
+    }
+}
+
+/// An object's creation time in Unix seconds (0: unknown).
+pub fn created_unix(meta: &kube::api::ObjectMeta) -> i64 {
+    meta.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second())
+}
+
 /// Something worth telling an Ingress's owner that does not stop it from being routed: the
 /// reason of its Warning Event and the note.
 #[derive(Debug, Clone, PartialEq, Eq)]

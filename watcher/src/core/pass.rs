@@ -98,7 +98,7 @@ impl Subject {
 
     /// Its creation time, in Unix seconds (0: unknown).
     pub fn created(&self) -> i64 {
-        self.meta().creation_timestamp.as_ref().map_or(0, |t| t.0.as_second())
+        crate::core::model::created_unix(self.meta())
     }
 
     /// The reference an Event about it names.
@@ -261,16 +261,17 @@ impl Resolution {
         result: Result<Resolved, Refused>,
         (policy, rules, published): (Option<&Policy>, &Rules<'_>, &Published),
     ) {
-        let rv = subject.said_once_per();
+        // What a warning is said once per: a String, made only where it is needed (most
+        // objects of a pass are neither told nor pruned against).
         if let Some(current) = &mut self.current
             && let Ok(key) = &key
         {
-            current.insert((key.clone(), rv.clone()));
+            current.insert((key.clone(), subject.said_once_per()));
         }
         let mut tell = |key: &IngressKey, reason, note: String| {
             let what = "ingress refused";
-            let (subject, key, rv) = (subject.clone(), key.clone(), rv.clone());
-            self.tells.push(Tell { subject, key, rv, reason, note, what });
+            let (rv, key) = (subject.said_once_per(), key.clone());
+            self.tells.push(Tell { subject: subject.clone(), key, rv, reason, note, what });
         };
         match result {
             // Outside the admin's policy: not routed (what it had is withdrawn), and told.

@@ -251,16 +251,9 @@ pub fn resolve(
         });
     }
     match (fleet, key) {
-        (Some(fleet), Some(key)) if errors.is_empty() => Ok(Resolved {
-            fleet,
-            key,
-            created_unix: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or(0),
-            resource_version: meta.resource_version.clone().unwrap_or_default(),
-            routes: std::sync::Arc::new(routes),
-            warnings,
-            sharing: settings.sharing,
-            tls: Vec::new(),
-        }),
+        (Some(fleet), Some(key)) if errors.is_empty() => {
+            Ok(Resolved::of((fleet, key), meta, routes, warnings, settings.sharing))
+        }
         _ => Err(Refused::Invalid(errors)),
     }
 }

@@ -219,16 +219,7 @@ pub fn resolve(
             return Outcome { result: Err(Refused::Invalid(vec![note])), parents };
         }
     };
-    let resolved = Resolved {
-        fleet,
-        key,
-        created_unix: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or(0),
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
-        routes: std::sync::Arc::new(routes),
-        warnings,
-        sharing,
-        tls: Vec::new(),
-    };
+    let resolved = Resolved::of((fleet, key), meta, routes, warnings, sharing);
     Outcome { result: Ok(resolved), parents }
 }
 
