@@ -369,6 +369,38 @@ async fn http_route_observed_generation_bump() -> Result<()> {
     expect_everywhere(&bed.world.stack, ANY, "/", 200, "infra-backend-v2 /").await
 }
 
+/// What hafleet does not serve yet refuses the route, never serves it as something else: a
+/// regular-expression match gets `Accepted: False` (`UnsupportedValue`) and a Warning Event on
+/// the HTTPRoute naming the field, and no request is routed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_route_asking_for_what_is_not_served_is_refused_and_told() -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "hostnames": ["regex.example"],
+        "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "/a.*"}}],
+                   "backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "regex", spec)).await?;
+    let want = [("Accepted", "False", "UnsupportedValue")];
+    bed.route_says((INFRA_NS, "regex"), "same-namespace", &want).await?;
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(bed.client.clone(), INFRA_NS);
+    let events = &events;
+    eventually(CONVERGE, "a Warning Event on the HTTPRoute", || async move {
+        let all = events.list(&Default::default()).await?.items;
+        let told = all.iter().any(|e| {
+            let about = e.regarding.as_ref();
+            about.and_then(|r| r.kind.as_deref()) == Some("HTTPRoute")
+                && about.and_then(|r| r.name.as_deref()) == Some("regex")
+                && e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("InvalidHTTPRoute")
+                && e.note.as_deref().is_some_and(|n| n.contains("rules[0].matches[0].path.type"))
+        });
+        anyhow::ensure!(told, "events: {:?}", all.iter().map(|e| &e.note).collect::<Vec<_>>());
+        Ok(())
+    })
+    .await?;
+    expect_everywhere(&bed.world.stack, "regex.example", "/abc", 404, "").await
+}
+
 /// HTTPRouteReferenceGrant: with a ReferenceGrant in its namespace, a Service of another
 /// namespace is reached; once the grant is deleted, requests get 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
