@@ -72,6 +72,9 @@ pub struct RouteMore {
     pub query: Vec<(ParamName, HeaderValue)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<Method>,
+    /// Only requests that came over TLS (an HTTPRoute attached to HTTPS listeners only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
     /// The weight of the route's own backend when `split` is not empty (absent: 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
@@ -88,13 +91,14 @@ impl RouteMore {
 
     /// Whether it asks nothing of a request (it may still share it).
     pub fn has_no_conditions(&self) -> bool {
-        self.headers.is_empty() && self.query.is_empty() && self.method.is_none()
+        self.headers.is_empty() && self.query.is_empty() && self.method.is_none() && !self.tls
     }
 
     /// How it ranks among routes of the same host and path, the Gateway API's way: a method
-    /// first, then more header matches, then more query matches.
-    pub fn precedence(&self) -> (bool, usize, usize) {
-        (self.method.is_some(), self.headers.len(), self.query.len())
+    /// first, then more header matches, then more query matches; of routes equal in those,
+    /// the one only served over TLS (which the Gateway API leaves to listeners).
+    pub fn precedence(&self) -> (bool, usize, usize, bool) {
+        (self.method.is_some(), self.headers.len(), self.query.len(), self.tls)
     }
 }
 

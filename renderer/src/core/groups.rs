@@ -4,8 +4,9 @@
 //! The maps still decide by host and path alone. Where a host and path have such routes, the
 //! maps name a group (`hafleet_g_<hash>`) instead of a backend, and a few more lookups decide
 //! among the group's candidates, so a request costs the same whatever the number of routes:
-//! - every candidate has a *shape*: whether it asks for a method, and which headers and query
-//!   parameters it asks for (by name). The fleet has few shapes, however many routes;
+//! - every candidate has a *shape*: whether it asks for a method, which headers and query
+//!   parameters it asks for (by name), and whether it takes only requests over TLS (an
+//!   HTTPRoute of HTTPS listeners only). The fleet has few shapes, however many routes;
 //! - per shape, one map file: the key is the group and the values the candidate asks for
 //!   (hex, so no value can break a map line), the value its rank in the group and its
 //!   target (`000003~be_shop_web_80`);
@@ -47,6 +48,8 @@ pub struct DispatchModel {
     pub params: Vec<String>,
     /// Whether a shape asks for the method (read into `txn.hafleet_m`).
     pub method: bool,
+    /// Whether a shape asks for TLS (`txn.hafleet_t` is hex `1` over TLS, unset otherwise).
+    pub tls: bool,
     pub shapes: Vec<ShapeModel>,
     pub splits: Vec<SplitModel>,
     /// The shapes' map files.
@@ -80,7 +83,7 @@ pub struct ShareModel {
 /// A route that asks more of a request, as the claims found it.
 pub struct Conditional {
     /// [`RouteMore::precedence`].
-    pub precedence: (bool, usize, usize),
+    pub precedence: (bool, usize, usize, bool),
     /// What it asks: the method, and headers (names lower case) and query parameters, each
     /// sorted by name.
     pub asks: Asks,
@@ -95,6 +98,8 @@ pub struct Asks {
     pub method: Option<&'static str>,
     pub headers: Vec<(String, String)>,
     pub query: Vec<(String, String)>,
+    /// Only over TLS.
+    pub tls: bool,
 }
 
 impl Asks {
@@ -111,13 +116,13 @@ impl Asks {
             .map(|(n, v)| (n.as_str().to_owned(), v.as_str().to_owned()))
             .collect();
         query.sort();
-        Asks { method: more.method.map(|m| m.as_str()), headers, query }
+        Asks { method: more.method.map(|m| m.as_str()), headers, query, tls: more.tls }
     }
 
     /// The names it asks for: its shape.
     fn shape(&self) -> Shape {
         let names = |l: &[(String, String)]| l.iter().map(|(n, _)| n.clone()).collect();
-        (self.method.is_some(), names(&self.headers), names(&self.query))
+        (self.method.is_some(), names(&self.headers), names(&self.query), self.tls)
     }
 
     /// Its values, as the shape's key appends them: `.` and each value in hex.
@@ -126,7 +131,8 @@ impl Asks {
         let values = self
             .method
             .into_iter()
-            .chain(self.headers.iter().chain(&self.query).map(|(_, v)| v.as_str()));
+            .chain(self.headers.iter().chain(&self.query).map(|(_, v)| v.as_str()))
+            .chain(self.tls.then_some("1"));
         for v in values {
             key.push('.');
             key.push_str(&hex::encode_upper(v.as_bytes()));
@@ -135,8 +141,9 @@ impl Asks {
     }
 }
 
-/// What a candidate asks for, by name: the method or not, header names, query parameter names.
-type Shape = (bool, Vec<String>, Vec<String>);
+/// What a candidate asks for, by name: the method or not, header names, query parameter names,
+/// TLS or not.
+type Shape = (bool, Vec<String>, Vec<String>, bool);
 
 /// A candidate of a group: what it asks (`None`: nothing) and its shares.
 struct Candidate {
@@ -230,6 +237,7 @@ fn dispatch(groups: Vec<(String, Vec<Candidate>)>) -> DispatchModel {
             headers.extend(c.asks.headers.iter().map(|(n, _)| n.clone()));
             params.extend(c.asks.query.iter().map(|(n, _)| n.clone()));
             model.method |= c.asks.method.is_some();
+            model.tls |= c.asks.tls;
             let target = match c.shares.as_slice() {
                 [(_, backend)] => backend.clone(),
                 shares => {
@@ -249,7 +257,7 @@ fn dispatch(groups: Vec<(String, Vec<Candidate>)>) -> DispatchModel {
     }
     model.headers = headers.into_iter().collect();
     model.params = params.into_iter().collect();
-    for (i, ((method, hs, qs), mut entries)) in shapes.into_iter().enumerate() {
+    for (i, ((method, hs, qs, tls), mut entries)) in shapes.into_iter().enumerate() {
         let mut key = String::new();
         if method {
             key.push_str(",concat(.,txn.hafleet_m,)");
@@ -261,6 +269,9 @@ fn dispatch(groups: Vec<(String, Vec<Candidate>)>) -> DispatchModel {
         for q in &qs {
             let at = model.params.iter().position(|x| x == q).unwrap_or_default();
             key.push_str(&format!(",concat(.,txn.hafleet_q{at},)"));
+        }
+        if tls {
+            key.push_str(",concat(.,txn.hafleet_t,)");
         }
         // One candidate a key: of the same group and values, the first (the best rank).
         entries.sort();
@@ -373,6 +384,7 @@ mod tests {
             method,
             headers: headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect(),
             query: vec![],
+            tls: false,
         }
     }
 
@@ -400,9 +412,13 @@ mod tests {
         conditional.insert(
             ("prefix", "h/api/".to_owned()),
             vec![
-                cond((false, 1, 0), asks(&[("version", "1")], None), "be_h1"),
-                cond((true, 0, 0), asks(&[], Some("GET")), "be_m"),
-                cond((false, 2, 0), asks(&[("color", "red"), ("version", "2")], None), "be_h2"),
+                cond((false, 1, 0, false), asks(&[("version", "1")], None), "be_h1"),
+                cond((true, 0, 0, false), asks(&[], Some("GET")), "be_m"),
+                cond(
+                    (false, 2, 0, false),
+                    asks(&[("color", "red"), ("version", "2")], None),
+                    "be_h2",
+                ),
             ],
         );
         let d = build(&mut rules, &claimed, &weighted, conditional).expect("groups");
@@ -433,6 +449,31 @@ mod tests {
         // Both keys' rules name their groups; the one without a plain rule was added.
         assert_eq!(rules.len(), 2);
         assert!(rules.iter().all(|r| r.backend.starts_with(GROUP_PREFIX)));
+    }
+
+    /// A route only served over TLS ranks before the plain route of its path, in a shape of its
+    /// own whose key appends the TLS variable (hex `1` over TLS, so plain requests miss it).
+    #[test]
+    fn a_tls_only_route_is_a_shape_that_plain_requests_miss() {
+        let mut rules = vec![rule("h", "/", "prefix", "be_redirect")];
+        let mut claimed: HashMap<(&str, &str), usize, foldhash::fast::RandomState> =
+            HashMap::default();
+        claimed.insert(("prefix", "h/"), 0usize);
+        let tls = Conditional {
+            precedence: (false, 0, 0, true),
+            asks: Asks { tls: true, ..Asks::default() },
+            shares: vec![(1, "be_app".into())],
+            rule: Arc::clone(&rules[0]),
+        };
+        let mut conditional = BTreeMap::new();
+        conditional.insert(("prefix", "h/".to_owned()), vec![tls]);
+        let d = build(&mut rules, &claimed, &HashMap::default(), conditional).expect("groups");
+        assert!(d.tls);
+        let group = rules[0].backend.clone();
+        let all: String = d.files.iter().map(|f| f.content.as_str()).collect();
+        assert!(all.contains(&format!("{group}.31 000000~be_app\n")), "{all}");
+        assert!(all.contains(&format!("{group} 000001~be_redirect\n")), "{all}");
+        assert!(d.shapes.iter().any(|s| s.key == ",concat(.,txn.hafleet_t,)"));
     }
 
     #[test]

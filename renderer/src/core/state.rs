@@ -141,11 +141,14 @@ pub struct Applied {
 pub fn route_label(route: &Route) -> String {
     let host = route.host.as_ref().map(|h| h.as_str()).unwrap_or("*");
     let mut label = format!("{host}{} ({:?})", route.path, route.kind);
-    // An HTTPRoute's matches and weights: `when GET X-Canary: yes ?debug=on`, `split 9:1`.
+    // An HTTPRoute's matches and weights: `when GET X-Canary: yes ?debug=on TLS`, `split 9:1`.
     if let Some(more) = route.more.as_deref() {
         let mut when: Vec<String> = more.method.iter().map(|m| m.as_str().to_owned()).collect();
         when.extend(more.headers.iter().map(|(n, v)| format!("{n}: {v}")));
         when.extend(more.query.iter().map(|(n, v)| format!("?{n}={v}")));
+        if more.tls {
+            when.push("TLS".to_owned());
+        }
         if !when.is_empty() {
             label.push_str(&format!(" when {}", when.join(" ")));
         }

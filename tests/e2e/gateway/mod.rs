@@ -4,6 +4,7 @@
 
 mod filters;
 mod matching;
+mod tls;
 
 use anyhow::{Context, Result};
 use hafleet_tests::gateway_api::install_crds;

@@ -160,6 +160,7 @@ pub(crate) fn gateway_status(
         &BTreeMap<FleetName, crate::core::served::Served>,
         &std::collections::HashMap<IngressKey, u64>,
     ),
+    unusable: &dyn Fn(&FleetName, &str, &str) -> Option<String>,
 ) {
     use crate::core::gateway::status;
     let now = time::OffsetDateTime::now_utc()
@@ -220,7 +221,12 @@ pub(crate) fn gateway_status(
             .and_then(|f| served.get(f))
             .and_then(|s| (s.seq.unwrap_or(0) >= need).then_some((s.version, s.hosts)));
         let addresses = &args.fleet_addresses;
-        if let Some(new) = status::gateway_status(gw, counts, addresses, programmed, &now) {
+        let unusable = |ns: &str, name: &str| match &gw.fleet {
+            Ok(fleet) => unusable(fleet, ns, name),
+            Err(_) => None,
+        };
+        let checks = (programmed, &unusable as &status::Unusable<'_>);
+        if let Some(new) = status::gateway_status(gw, counts, addresses, checks, &now) {
             queue.push("Gateway", Some(ns), name, new);
         }
     }

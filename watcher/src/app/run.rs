@@ -464,7 +464,17 @@ async fn sync(
         let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let seen = (&served, &state.route_seqs);
         let queue = &state.statuses;
-        super::effects::gateway_status(queue, objects.classes, &plan.gateway, args, seen);
+        let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+        let unusable =
+            |fleet: &FleetName, ns: &str, name: &str| state.tls.unusable(fleet, ns, name, now_unix);
+        super::effects::gateway_status(
+            queue,
+            objects.classes,
+            &plan.gateway,
+            args,
+            seen,
+            &unusable,
+        );
     }
     Ok(())
 }

@@ -221,6 +221,26 @@ impl TlsState {
         }
     }
 
+    /// Why Secret `name` in `ns` cannot be served on `fleet`, if it cannot (`None` too when it
+    /// was not read yet).
+    pub(crate) fn unusable(
+        &self,
+        fleet: &FleetName,
+        ns: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Option<String> {
+        if !self.seal_to.contains_key(fleet) {
+            return Some(format!(
+                "TLS is off on fleet {fleet} (the watcher has no --seal-to for it)"
+            ));
+        }
+        match &self.certs.get(&(ns.to_owned(), name.to_owned()))?.1 {
+            Err(why) => Some(why.clone()),
+            Ok(cert) => cert.usable_at(now_unix).err().map(|e| e.to_string()),
+        }
+    }
+
     /// The certificate of Secret `name` in `ns`, sealed to `fleet`; or why not, with the
     /// Secret's resourceVersion (so a Secret that breaks again is said again), or `None` when
     /// there is nothing to tell its owner (not read yet: the API server did not answer).

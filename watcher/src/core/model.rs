@@ -24,6 +24,9 @@ pub struct Resolved {
     /// The certificates of its `spec.tls` for the hosts it routes (set after tenancy, when
     /// TLS is on).
     pub tls: Vec<hafleet_proto::TlsEntry>,
+    /// An HTTPRoute's certificates to be: its HTTPS listeners' Secrets for the hosts it routes
+    /// through them (an Ingress's are read from its `spec.tls`).
+    pub tls_spec: Vec<crate::core::tls_secrets::SpecEntry>,
 }
 
 impl Resolved {
@@ -45,6 +48,7 @@ impl Resolved {
             warnings,
             sharing,
             tls: Vec::new(),
+            tls_spec: Vec::new(),
         }
     }
 }

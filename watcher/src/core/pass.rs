@@ -322,7 +322,8 @@ impl Resolution {
     }
 
     /// The TLS Secrets (namespace, name) that the routed Ingresses of fleets with TLS on
-    /// (`sealed_for`) name in `spec.tls`.
+    /// (`sealed_for`) name in `spec.tls`, and the HTTPS listeners of hafleet's Gateways on
+    /// them (each listener's, routes or not, so its status can say whether it resolves).
     pub fn secrets(&self, sealed_for: impl Fn(&FleetName) -> bool) -> BTreeSet<(String, String)> {
         let mut wanted = BTreeSet::new();
         for d in self.desired.values() {
@@ -330,11 +331,14 @@ impl Resolution {
             if !sealed_for(&r.fleet) {
                 continue;
             }
-            let Some(ing) = self.seen.get(&r.key).and_then(Subject::as_ingress) else { continue };
+            let Some(subject) = self.seen.get(&r.key) else { continue };
             let ns = r.key.namespace.as_str();
-            let spec = SpecEntry::of(ing).into_iter();
-            wanted.extend(spec.filter_map(|e| Some((ns.to_owned(), e.secret?))));
+            for e in tls_spec(r, subject) {
+                let Some(secret) = e.secret else { continue };
+                wanted.insert((e.namespace.unwrap_or_else(|| ns.to_owned()), secret));
+            }
         }
+        wanted.extend(self.gateway.index.listener_secrets(&sealed_for));
         wanted
     }
 }
@@ -367,9 +371,9 @@ pub fn finish(
     let mut tls = tls;
     for r in index::routed_mut(&mut res.desired) {
         let mut sealing = Vec::new();
-        let ing = res.seen.get(&r.key).and_then(Subject::as_ingress);
-        if let (Some(tls), Some(ing)) = (tls.as_mut(), ing) {
-            seal(r, ing, tls, rules, &mut sealing);
+        let subject = res.seen.get(&r.key);
+        if let (Some(tls), Some(subject)) = (tls.as_mut(), subject) {
+            seal(r, subject, tls, rules, &mut sealing);
             // Certificates count against the Ingress's budget too.
             if !r.tls.is_empty()
                 && !index::is_current(published, r)
@@ -454,22 +458,34 @@ pub fn finish(
     }
 }
 
-/// Seals the certificates of `ing`'s `spec.tls` into `r` for the hosts it routes, or says why
-/// its `spec.tls` is not served.
+/// What `r` asks certificates of: an Ingress's `spec.tls`, an HTTPRoute's HTTPS listeners.
+fn tls_spec(r: &Resolved, subject: &Subject) -> Vec<SpecEntry> {
+    match subject {
+        Subject::Ingress(ing) => SpecEntry::of(ing),
+        Subject::HttpRoute(_) => r.tls_spec.clone(),
+    }
+}
+
+/// Seals the certificates `r` asks for (its `spec.tls`, its HTTPS listeners') into `r` for
+/// the hosts it routes, or says why they are not served.
 fn seal(
     r: &mut Resolved,
-    ing: &Ingress,
+    subject: &Subject,
     tls: &mut Tls<'_>,
     rules: &Rules<'_>,
     told: &mut Vec<Warning>,
 ) {
-    let spec = SpecEntry::of(ing);
+    let spec = tls_spec(r, subject);
     if spec.is_empty() {
         return;
     }
     if !(tls.sealed_for)(&r.fleet) {
+        let what = match subject {
+            Subject::Ingress(_) => "spec.tls is",
+            Subject::HttpRoute(_) => "its HTTPS listeners' certificates are",
+        };
         let note = format!(
-            "spec.tls is not served: TLS is off on fleet {} (the watcher has no --seal-to for it)",
+            "{what} not served: TLS is off on fleet {} (the watcher has no --seal-to for it)",
             r.fleet
         );
         told.push(Warning { reason: "TLSNotEnabled", note });
@@ -479,7 +495,7 @@ fn seal(
         r.routes.iter().filter_map(|route| route.host.clone()).collect();
     let ns = r.key.namespace.as_str();
     let fleet = &r.fleet;
-    let mut lookup = |name: &str| (tls.lookup)(fleet, ns, name);
+    let mut lookup = |ns: &str, name: &str| (tls.lookup)(fleet, ns, name);
     let warn_after = tls.now_unix + i64::from(rules.cert_expiry_warning_days) * 86_400;
     let (entries, said) =
         crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);

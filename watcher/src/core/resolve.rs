@@ -668,6 +668,7 @@ pub(crate) mod tests_support {
             warnings: vec![],
             sharing: Default::default(),
             tls: vec![],
+            tls_spec: vec![],
         }
     }
 

@@ -120,7 +120,10 @@ pub fn keep_apart(
                 });
             }
             for (j, route) in r.routes.iter().enumerate() {
-                if lost.binary_search(&j).is_ok() {
+                // A route that asks more of a request (an HTTPRoute's matches, TLS) claims no
+                // path: the renderer ranks it among the routes of its host and path.
+                let asks_more = route.more.as_deref().is_some_and(|m| !m.has_no_conditions());
+                if lost.binary_search(&j).is_ok() || asks_more {
                     continue;
                 }
                 let claim = (fleet.as_str(), host_of(route), claimed_path(route), route.kind);
@@ -178,6 +181,7 @@ mod tests {
             warnings: vec![],
             sharing: Sharing::Nobody,
             tls: vec![],
+            tls_spec: vec![],
         }
     }
 
@@ -242,6 +246,19 @@ mod tests {
         assert_eq!(hosts(&c), ["shop.com"]);
         assert!(Sharing::parse("Team-B").is_err());
         assert!(Sharing::parse("a;b").is_err());
+    }
+
+    /// A route that asks more of a request (here: only over TLS) shares its host and path with
+    /// an older plain route of the same namespace: the renderer ranks them, nothing is taken.
+    #[test]
+    fn a_route_that_asks_more_takes_no_path() {
+        let mut plain = ingress("team-a", "redirect", 10, &[Some("shop.com")]);
+        let mut tls = ingress("team-a", "serve", 20, &[Some("shop.com")]);
+        let more = hafleet_proto::RouteMore { tls: true, ..Default::default() };
+        std::sync::Arc::make_mut(&mut tls.routes)[0].more = Some(Box::new(more));
+        let warnings = keep_apart(&mut [&mut tls, &mut plain], true);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!((hosts(&plain), hosts(&tls)), (vec!["shop.com"], vec!["shop.com"]));
     }
 
     #[test]

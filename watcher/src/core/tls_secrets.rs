@@ -228,11 +228,14 @@ impl CheckedCert {
     }
 }
 
-/// One `spec.tls` entry as the Ingress gives it.
+/// One `spec.tls` entry as the Ingress gives it (or an HTTPS listener's certificate for the
+/// hosts an HTTPRoute routes through it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecEntry {
     pub hosts: Vec<String>,
     pub secret: Option<String>,
+    /// The Secret's namespace; `None`: the object's own.
+    pub namespace: Option<String>,
 }
 
 impl SpecEntry {
@@ -243,14 +246,16 @@ impl SpecEntry {
             .map(|t| SpecEntry {
                 hosts: t.hosts.clone().unwrap_or_default(),
                 secret: t.secret_name.clone().filter(|s| !s.is_empty()),
+                namespace: None,
             })
             .collect()
     }
 }
 
-/// What a Secret gives for a fleet: its certificate sealed to the fleet; or why not, `None`
-/// when there is nothing to tell the Ingress's owner (the Secret could not be read yet).
-pub type Lookup<'a> = dyn FnMut(&str) -> Result<SealedCert, Option<String>> + 'a;
+/// What Secret (namespace, name) gives for a fleet: its certificate sealed to the fleet; or
+/// why not, `None` when there is nothing to tell the Ingress's owner (the Secret could not be
+/// read yet).
+pub type Lookup<'a> = dyn FnMut(&str, &str) -> Result<SealedCert, Option<String>> + 'a;
 
 /// The TLS entries of an Ingress in `namespace` that routes `routed` hosts (after tenancy: a
 /// namespace never installs a certificate for a host it does not route), and the warnings
@@ -294,13 +299,14 @@ pub fn entries(
             }
         }
         let wanted_all = e.hosts.is_empty();
+        let namespace = e.namespace.as_deref().unwrap_or(namespace);
         if wanted_all {
             hosts = routed.iter().cloned().collect();
         }
         if hosts.is_empty() {
             continue;
         }
-        let cert = match lookup(secret) {
+        let cert = match lookup(namespace, secret) {
             Ok(cert) => {
                 let (covered, not): (Vec<HttpHost>, Vec<HttpHost>) =
                     hosts.into_iter().partition(|h| {
@@ -527,19 +533,26 @@ pub(crate) mod tests {
                     "c.example.com".into(),
                 ],
                 secret: Some("good".into()),
+                namespace: None,
             },
-            SpecEntry { hosts: vec!["b.example.com".into()], secret: Some("bad".into()) },
-            SpecEntry { hosts: vec![], secret: Some("good".into()) },
-            SpecEntry { hosts: vec!["a.example.com".into()], secret: None },
+            SpecEntry {
+                hosts: vec!["b.example.com".into()],
+                secret: Some("bad".into()),
+                namespace: None,
+            },
+            SpecEntry { hosts: vec![], secret: Some("good".into()), namespace: None },
+            SpecEntry { hosts: vec!["a.example.com".into()], secret: None, namespace: None },
         ];
         let mut asked = Vec::new();
-        let mut lookup = |name: &str| {
+        let mut lookup = |ns: &str, name: &str| {
+            assert_eq!(ns, "team");
             asked.push(name.to_owned());
             if name == "good" { Ok(sealed.clone()) } else { Err(Some("has no tls.key".to_owned())) }
         };
         let soon = sealed.not_after_unix + 1;
         let (got, warnings) = entries("team", &spec, &routed, &mut lookup, 0);
-        let (_, expiring) = entries("team", &spec[..1], &routed, &mut |_| Ok(sealed.clone()), soon);
+        let (_, expiring) =
+            entries("team", &spec[..1], &routed, &mut |_, _| Ok(sealed.clone()), soon);
         assert_eq!(
             expiring.iter().filter(|(r, _)| *r == "CertificateExpiring").count(),
             1,

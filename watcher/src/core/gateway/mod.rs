@@ -79,6 +79,12 @@ pub struct ListenerView {
     pub spec: Listener,
     /// Why it is not served: (reason, message). `None`: served.
     pub refused: Option<(&'static str, String)>,
+    /// An HTTPS listener's certificate: the Secret (namespace, name) of its first
+    /// `certificateRefs` entry, when that entry may be used.
+    pub cert: Option<(String, String)>,
+    /// Why its certificate reference does not resolve: (reason, message) for its
+    /// `ResolvedRefs` condition.
+    pub unresolved: Option<(&'static str, String)>,
 }
 
 impl ListenerView {
@@ -135,6 +141,14 @@ impl Index {
             .filter(|c| is_ours(c))
             .filter_map(|c| c.metadata.name.clone())
             .collect();
+        let grants: Vec<(String, ReferenceGrantSpec)> = objects
+            .grants
+            .iter()
+            .filter_map(|g| {
+                let ns = g.metadata.namespace.clone()?;
+                Some((ns, spec_of::<ReferenceGrantSpec>(g).ok()?))
+            })
+            .collect();
         let mut gateways = HashMap::new();
         for gw in objects.gateways {
             let Ok(spec) = spec_of::<GatewaySpec>(gw) else { continue };
@@ -150,34 +164,46 @@ impl Index {
                 Some(f) => FleetName::new(f.as_str())
                     .map_err(|e| format!("annotation {FLEET_ANNOTATION}: {e}")),
             };
-            let listeners = spec.listeners.into_iter().map(listener_view).collect();
-            let view = GatewayView { object: gw.clone(), fleet, listeners };
+            let listeners = spec.listeners.into_iter().map(|l| listener_view(l, ns, &grants));
+            let view = GatewayView { object: gw.clone(), fleet, listeners: listeners.collect() };
             gateways.insert((ns.clone(), name.clone()), view);
         }
-        let grants = objects
-            .grants
-            .iter()
-            .filter_map(|g| {
-                let ns = g.metadata.namespace.clone()?;
-                Some((ns, spec_of::<ReferenceGrantSpec>(g).ok()?))
-            })
-            .collect();
         Index { classes, gateways, grants, namespaces: objects.namespaces.cloned() }
     }
 
     /// Whether a ReferenceGrant in `to_ns` lets HTTPRoutes of `from_ns` name Service `name`.
     pub fn grants_service(&self, from_ns: &str, to_ns: &str, name: &str) -> bool {
-        self.grants.iter().filter(|(ns, _)| ns == to_ns).any(|(_, g)| {
-            g.from
-                .iter()
-                .any(|f| f.group == GROUP && f.kind == "HTTPRoute" && f.namespace == from_ns)
-                && g.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Service"
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-        })
+        grants(&self.grants, ("HTTPRoute", from_ns), ("Service", to_ns, name))
     }
+
+    /// The Secrets (namespace, name) that HTTPS listeners of Gateways on fleets `sealed_for`
+    /// name.
+    pub fn listener_secrets(
+        &self,
+        sealed_for: impl Fn(&FleetName) -> bool,
+    ) -> impl Iterator<Item = (String, String)> {
+        self.gateways
+            .values()
+            .filter(move |g| g.fleet.as_ref().is_ok_and(&sealed_for))
+            .flat_map(|g| g.listeners.iter().filter_map(|l| l.cert.clone()))
+    }
+}
+
+/// Whether a ReferenceGrant in `to_ns` lets objects of kind `from_kind` in `from_ns` name the
+/// core object `to_kind` `name` there.
+fn grants(
+    all: &[(String, ReferenceGrantSpec)],
+    (from_kind, from_ns): (&str, &str),
+    (to_kind, to_ns, name): (&str, &str, &str),
+) -> bool {
+    all.iter().filter(|(ns, _)| ns == to_ns).any(|(_, g)| {
+        g.from.iter().any(|f| f.group == GROUP && f.kind == from_kind && f.namespace == from_ns)
+            && g.to.iter().any(|t| {
+                t.group.is_empty()
+                    && t.kind == to_kind
+                    && t.name.as_deref().is_none_or(|n| n == name)
+            })
+    })
 }
 
 /// Whether a GatewayClass is hafleet's.
@@ -185,16 +211,38 @@ pub fn is_ours(class: &DynamicObject) -> bool {
     spec_of::<GatewayClassSpec>(class).is_ok_and(|s| s.controller_name == CONTROLLER_NAME)
 }
 
-fn listener_view(spec: Listener) -> ListenerView {
-    let refused = match spec.protocol.as_str() {
-        "HTTP" => None,
-        "HTTPS" => Some((
-            "UnsupportedProtocol",
-            "HTTPS listeners are not served by hafleet yet; use HTTP".to_owned(),
+/// A listener of a Gateway in `gateway_ns`, read: whether hafleet serves it, and an HTTPS
+/// listener's certificate (its first `certificateRefs` entry: a Secret, in another namespace
+/// only with a ReferenceGrant there).
+fn listener_view(
+    spec: Listener,
+    gateway_ns: &str,
+    all_grants: &[(String, ReferenceGrantSpec)],
+) -> ListenerView {
+    let mut cert = None;
+    let mut unresolved = None;
+    let refused = match (spec.protocol.as_str(), &spec.tls) {
+        ("HTTP", _) => None,
+        ("HTTPS", Some(tls)) if tls.mode.as_deref().is_some_and(|m| m != "Terminate") => Some((
+            "UnsupportedValue",
+            format!("tls.mode {:?} is not served by hafleet (Terminate is)", tls.mode),
         )),
-        other => Some((
+        ("HTTPS", tls) => {
+            match tls.as_ref().and_then(|t| t.certificate_refs.first()) {
+                None => {
+                    let why = "an HTTPS listener needs tls.certificateRefs";
+                    unresolved = Some(("InvalidCertificateRef", why.to_owned()));
+                }
+                Some(r) => match certificate(r, gateway_ns, all_grants) {
+                    Ok(secret) => cert = Some(secret),
+                    Err(why) => unresolved = Some(why),
+                },
+            }
+            None
+        }
+        (other, _) => Some((
             "UnsupportedProtocol",
-            format!("protocol {other:?} is not served by hafleet (HTTP is)"),
+            format!("protocol {other:?} is not served by hafleet (HTTP and HTTPS are)"),
         )),
     };
     let namespaces = spec.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());
@@ -208,7 +256,32 @@ fn listener_view(spec: Listener) -> ListenerView {
         }
         _ => None,
     });
-    ListenerView { spec, refused }
+    ListenerView { spec, refused, cert, unresolved }
+}
+
+/// The Secret (namespace, name) a listener's `certificateRefs` entry names, or why it may not
+/// be used: (reason, message).
+fn certificate(
+    r: &spec::SecretRef,
+    gateway_ns: &str,
+    all_grants: &[(String, ReferenceGrantSpec)],
+) -> Result<(String, String), (&'static str, String)> {
+    let kind = r.kind.as_deref().unwrap_or("Secret");
+    if !r.group.is_empty() || kind != "Secret" {
+        let group = if r.group.is_empty() { "core" } else { r.group.as_str() };
+        let why = format!("certificateRefs[0]: {kind} of group {group} is not a Secret");
+        return Err(("InvalidCertificateRef", why));
+    }
+    let ns = r.namespace.as_deref().unwrap_or(gateway_ns);
+    if ns != gateway_ns && !grants(all_grants, ("Gateway", gateway_ns), ("Secret", ns, &r.name)) {
+        let why = format!(
+            "certificateRefs[0]: Secret {ns}/{}: no ReferenceGrant in namespace {ns} lets \
+             Gateways of namespace {gateway_ns} name it",
+            r.name
+        );
+        return Err(("RefNotPermitted", why));
+    }
+    Ok((ns.to_owned(), r.name.clone()))
 }
 
 /// Whether `labels` meet `selector` (`matchLabels` and `matchExpressions` `In`, `NotIn`,

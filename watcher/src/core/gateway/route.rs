@@ -63,11 +63,40 @@ pub struct Outcome {
 }
 
 /// A parent the route attached to: its fleet and the hostnames it may serve there (`None`:
-/// any host).
+/// any host), each with the listeners it comes through.
 struct Attached {
     index: usize,
     fleet: FleetName,
-    hosts: Vec<Option<HttpHost>>,
+    hosts: Vec<(Option<HttpHost>, Via)>,
+}
+
+/// How requests for a host reach a route: through HTTP listeners, HTTPS listeners (with
+/// their certificates' Secrets, (namespace, name)), or both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Via {
+    plain: bool,
+    tls: bool,
+    certs: Vec<(String, String)>,
+}
+
+impl Via {
+    fn add(&mut self, other: &Via) {
+        self.plain |= other.plain;
+        self.tls |= other.tls;
+        for c in &other.certs {
+            if !self.certs.contains(c) {
+                self.certs.push(c.clone());
+            }
+        }
+    }
+}
+
+/// Adds `host` reached `via` to `hosts`.
+fn add_host(hosts: &mut Vec<(Option<HttpHost>, Via)>, host: &Option<HttpHost>, via: &Via) {
+    match hosts.iter_mut().find(|(h, _)| h == host) {
+        Some((_, v)) => v.add(via),
+        None => hosts.push((host.clone(), via.clone())),
+    }
 }
 
 /// Resolves `route` against hafleet's Gateways in `index`.
@@ -90,7 +119,7 @@ pub fn resolve(
         return Outcome { result: Err(Refused::NotSelected), parents };
     };
     // One fleet serves an HTTPRoute: parents on another are told so.
-    let mut hosts: Vec<Option<HttpHost>> = Vec::new();
+    let mut hosts: Vec<(Option<HttpHost>, Via)> = Vec::new();
     for a in &attached {
         if a.fleet != fleet {
             let message = format!(
@@ -103,10 +132,8 @@ pub fn resolve(
             parents[a.index].listeners.clear();
             continue;
         }
-        for h in &a.hosts {
-            if !hosts.contains(h) {
-                hosts.push(h.clone());
-            }
+        for (h, via) in &a.hosts {
+            add_host(&mut hosts, h, via);
         }
     }
 
@@ -140,7 +167,7 @@ pub fn resolve(
                 continue;
             }
         };
-        for host in &hosts {
+        for (host, via) in &hosts {
             for (path, kind, conditions) in &matches {
                 // The rule's filters apply whichever backend takes the request, tied to the
                 // match's own path.
@@ -154,11 +181,16 @@ pub fn resolve(
                         backend.options = options.clone();
                         backend.options.fail_status = fail_status;
                         backend.options.send_proxy = send_proxy;
+                        // Its listeners say which scheme serves it: plain HTTP is never
+                        // redirected for a host because it has a certificate.
+                        backend.options.ssl_redirect = Some(false);
                         (*weight, backend)
                     })
                     .collect();
                 let Some(((weight, backend), split)) = backends.split_first() else { continue };
                 let mut more = conditions.clone();
+                // Reached through HTTPS listeners only: not served over plain HTTP.
+                more.tls = via.tls && !via.plain;
                 if !split.is_empty() {
                     more.weight = Some(*weight);
                     more.split = split.to_vec();
@@ -219,7 +251,8 @@ pub fn resolve(
             return Outcome { result: Err(Refused::Invalid(vec![note])), parents };
         }
     };
-    let resolved = Resolved::of((fleet, key), meta, routes, warnings, sharing);
+    let mut resolved = Resolved::of((fleet, key), meta, routes, warnings, sharing);
+    resolved.tls_spec = tls_spec(&hosts);
     Outcome { result: Ok(resolved), parents }
 }
 
@@ -296,6 +329,8 @@ fn attach(
                 continue;
             }
             status.listeners.push(l.spec.name.clone());
+            let is_tls = l.spec.protocol == "HTTPS";
+            let via = Via { plain: !is_tls, tls: is_tls, certs: l.cert.iter().cloned().collect() };
             for h in mine {
                 // A hostname that is not one (the schema's pattern, if removed) serves nothing.
                 let host = match h {
@@ -305,9 +340,7 @@ fn attach(
                         Err(_) => continue,
                     },
                 };
-                if !hosts.contains(&host) {
-                    hosts.push(host);
-                }
+                add_host(&mut hosts, &host, &via);
             }
         }
         if status.listeners.is_empty() {
@@ -322,10 +355,31 @@ fn attach(
     (parents, attached)
 }
 
+/// The certificates a route's hosts ask for: each HTTPS listener's Secret for the hosts
+/// reached through it (a host-less route gets the fleet's default certificate, if any).
+fn tls_spec(hosts: &[(Option<HttpHost>, Via)]) -> Vec<crate::core::tls_secrets::SpecEntry> {
+    let mut by_cert: std::collections::BTreeMap<&(String, String), Vec<String>> =
+        std::collections::BTreeMap::new();
+    for (host, via) in hosts {
+        let Some(host) = host else { continue };
+        for cert in &via.certs {
+            by_cert.entry(cert).or_default().push(host.as_str().to_owned());
+        }
+    }
+    by_cert
+        .into_iter()
+        .map(|((ns, name), hosts)| crate::core::tls_secrets::SpecEntry {
+            hosts,
+            secret: Some(name.clone()),
+            namespace: Some(ns.clone()),
+        })
+        .collect()
+}
+
 /// Whether two routes ask the same of a request.
 fn same_conditions(a: Option<&RouteMore>, b: Option<&RouteMore>) -> bool {
     let conditions = |m: Option<&RouteMore>| {
-        m.map(|m| (m.headers.clone(), m.query.clone(), m.method)).unwrap_or_default()
+        m.map(|m| (m.headers.clone(), m.query.clone(), m.method, m.tls)).unwrap_or_default()
     };
     conditions(a) == conditions(b)
 }

@@ -53,6 +53,35 @@ pub struct Listener {
     pub protocol: String,
     #[serde(default)]
     pub allowed_routes: Option<AllowedRoutes>,
+    /// An HTTPS listener's certificates.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerTls {
+    /// `Terminate` (absent: the default) or `Passthrough`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub certificate_refs: Vec<SecretRef>,
+}
+
+/// A `certificateRefs` entry: a Secret unless group or kind say otherwise.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Absent, null or "": the core group.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub group: String,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    /// Absent: the Gateway's.
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

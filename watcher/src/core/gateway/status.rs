@@ -24,17 +24,21 @@ pub fn class_status(class: &DynamicObject, now: &str) -> Option<Value> {
     changed(old, json!({ "conditions": conditions }))
 }
 
+/// Why Secret (namespace, name) cannot be served, if it cannot.
+pub type Unusable<'a> = dyn Fn(&str, &str) -> Option<String> + 'a;
+
 /// The status of one of hafleet's Gateways: accepted when it names a fleet, its addresses the
 /// fleet's (`--fleet-addresses`), and per listener whether it is served and how many routes
 /// are attached to it (`attached`: by listener name).
 ///
 /// `served`: the version its fleet's hosts all run and how many they are, once that version
-/// holds what was last published for the routes attached to it (`Programmed`).
+/// holds what was last published for the routes attached to it (`Programmed`). `unusable`
+/// says why a listener's certificate Secret (namespace, name) cannot be served, if it cannot.
 pub fn gateway_status(
     gw: &GatewayView,
     attached: &BTreeMap<String, usize>,
     addresses: &FleetAddresses,
-    served: Option<(u64, usize)>,
+    (served, unusable): (Option<(u64, usize)>, &Unusable<'_>),
     now: &str,
 ) -> Option<Value> {
     let object = &gw.object;
@@ -82,17 +86,37 @@ pub fn gateway_status(
                 Some((reason, message)) => (false, *reason, message.clone()),
             };
             let listener_accepted = Condition { type_: "Accepted", ok, reason, message };
-            let resolved = Condition {
-                type_: "ResolvedRefs",
-                ok: true,
-                reason: "ResolvedRefs",
-                message: "nothing to resolve".into(),
+            let unresolved = l.unresolved.clone().or_else(|| {
+                let (ns, name) = l.cert.as_ref()?;
+                let why = unusable(ns, name)?;
+                Some(("InvalidCertificateRef", format!("Secret {ns}/{name}: {why}")))
+            });
+            let resolved = match (&unresolved, &l.cert) {
+                (Some((reason, message)), _) => {
+                    Condition { type_: "ResolvedRefs", ok: false, reason, message: message.clone() }
+                }
+                (None, Some((ns, name))) => Condition {
+                    type_: "ResolvedRefs",
+                    ok: true,
+                    reason: "ResolvedRefs",
+                    message: format!("its certificate is Secret {ns}/{name}'s"),
+                },
+                (None, None) => Condition {
+                    type_: "ResolvedRefs",
+                    ok: true,
+                    reason: "ResolvedRefs",
+                    message: "nothing to resolve".into(),
+                },
             };
+            let serves = ok && unresolved.is_none();
             let listener_programmed = Condition {
                 type_: "Programmed",
-                ok: programmed.ok && ok,
-                reason: if ok { programmed.reason } else { "Invalid" },
-                message: programmed.message.clone(),
+                ok: programmed.ok && serves,
+                reason: if serves { programmed.reason } else { "Invalid" },
+                message: match &unresolved {
+                    Some((_, why)) => why.clone(),
+                    None => programmed.message.clone(),
+                },
             };
             let conflicted = Condition {
                 type_: "Conflicted",

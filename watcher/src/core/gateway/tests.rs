@@ -185,9 +185,109 @@ fn listeners_say_which_namespaces_and_section_a_route_may_attach_from() {
     assert!(o.parents.is_empty());
     assert_eq!(o.result.unwrap_err(), Refused::NotSelected);
     // A listener hafleet does not serve yet says so, and takes no route.
-    let https = gateway(json!([{"name": "https", "port": 443, "protocol": "HTTPS"}]));
-    let o = resolve_with(&https, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
+    let udp = gateway(json!([{"name": "dns", "port": 53, "protocol": "UDP"}]));
+    let o = resolve_with(&udp, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
     assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false)]);
+}
+
+/// An HTTPS listener's certificate is its first certificateRefs entry (in another namespace
+/// with a ReferenceGrant there); a host reached through HTTPS listeners only is served over
+/// TLS only, one reached through both over either; the route asks for the listener's Secret
+/// for the hosts it routes through it, and never redirects plain HTTP by itself.
+#[test]
+fn https_listeners_give_their_certificate_and_keep_their_routes_to_tls() {
+    let https = |name: &str, hostname: &str, cert: serde_json::Value| {
+        json!({"name": name, "port": 443, "protocol": "HTTPS", "hostname": hostname,
+            "allowedRoutes": {"namespaces": {"from": "All"}},
+            "tls": {"certificateRefs": [cert]}})
+    };
+    let gw = gateway(json!([
+        http_listener("http", Some("both.example.com"), "All"),
+        https("both", "both.example.com", json!({"name": "both-cert"})),
+        https("secure", "secure.example.com", json!({"name": "secure-cert"})),
+        https("other", "other.example.com", json!({"name": "c", "namespace": "certs"})),
+        https("map", "map.example.com", json!({"name": "c", "kind": "ConfigMap"})),
+    ]));
+    let svc = services(&[("shop", "web")]);
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+            "hostnames": ["both.example.com", "secure.example.com", "other.example.com"],
+            "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    let resolved = o.result.as_ref().expect("routed");
+    let tls_of = |host: &str| {
+        let route = resolved.routes.iter().find(|r| r.host.as_ref().unwrap().as_str() == host);
+        let route = route.expect("a route for the host");
+        assert_eq!(route.backend.options.ssl_redirect, Some(false));
+        route.more.as_ref().is_some_and(|m| m.tls)
+    };
+    assert!(!tls_of("both.example.com"));
+    assert!(tls_of("secure.example.com"));
+    assert!(tls_of("other.example.com"));
+    let asked: Vec<(Option<&str>, Option<&str>, Vec<String>)> = resolved
+        .tls_spec
+        .iter()
+        .map(|e| (e.namespace.as_deref(), e.secret.as_deref(), e.hosts.clone()))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (Some("infra"), Some("both-cert"), vec!["both.example.com".to_owned()]),
+            (Some("infra"), Some("secure-cert"), vec!["secure.example.com".to_owned()]),
+        ]
+    );
+    // The listeners' own status: the certificate of another namespace needs a grant there;
+    // a ConfigMap is no certificate.
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let gateways = std::slice::from_ref(&gw);
+    let index = Index::new(&Objects { classes: &classes, gateways, ..Default::default() });
+    let view = &index.gateways[&("infra".to_owned(), "edge".to_owned())];
+    let unresolved: Vec<Option<&str>> =
+        view.listeners.iter().map(|l| l.unresolved.as_ref().map(|(r, _)| *r)).collect();
+    assert_eq!(
+        unresolved,
+        [None, None, None, Some("RefNotPermitted"), Some("InvalidCertificateRef")]
+    );
+    let grant = object(json!({"apiVersion": "gateway.networking.k8s.io/v1beta1",
+        "kind": "ReferenceGrant", "metadata": {"name": "certs", "namespace": "certs"},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+            "namespace": "infra"}], "to": [{"group": "", "kind": "Secret"}]}}));
+    let o = resolve_with(&gw, &[grant], &r, &svc);
+    let asked = &o.result.as_ref().expect("routed").tls_spec;
+    assert!(
+        asked
+            .iter()
+            .any(|e| e.namespace.as_deref() == Some("certs") && e.hosts == ["other.example.com"])
+    );
+    // A Secret that is not usable says why on its listener, which is then not Programmed.
+    let unusable = |_: &str, name: &str| (name == "secure-cert").then(|| "has no tls.key".into());
+    let status = super::status::gateway_status(
+        view,
+        &std::collections::BTreeMap::new(),
+        &Default::default(),
+        (Some((4, 2)), &unusable),
+        "2026-11-27T00:00:00Z",
+    )
+    .expect("a status");
+    let listener = |name: &str| {
+        let all = status["listeners"].as_array().unwrap();
+        all.iter().find(|l| l["name"] == name).unwrap()["conditions"].clone()
+    };
+    let condition = |name: &str, type_: &str| {
+        let all = listener(name);
+        let c = all.as_array().unwrap().iter().find(|c| c["type"] == type_).unwrap().clone();
+        (c["status"].as_str().unwrap().to_owned(), c["reason"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        condition("secure", "ResolvedRefs"),
+        ("False".into(), "InvalidCertificateRef".into())
+    );
+    assert_eq!(condition("secure", "Programmed"), ("False".into(), "Invalid".into()));
+    assert_eq!(condition("both", "ResolvedRefs"), ("True".into(), "ResolvedRefs".into()));
+    assert_eq!(condition("both", "Programmed"), ("True".into(), "Programmed".into()));
+    assert_eq!(condition("map", "ResolvedRefs"), ("False".into(), "InvalidCertificateRef".into()));
 }
 
 #[test]
@@ -387,7 +487,9 @@ fn a_gateway_is_programmed_only_once_its_fleet_serves_it() {
     let view = &index.gateways[&("infra".to_owned(), "edge".to_owned())];
     let counts = std::collections::BTreeMap::from([("http".to_owned(), 1usize)]);
     let addresses = crate::core::status::parse("edge=192.0.2.10").unwrap();
-    let status = |served| super::status::gateway_status(view, &counts, &addresses, served, "t0");
+    let usable = |_: &str, _: &str| None;
+    let status =
+        |served| super::status::gateway_status(view, &counts, &addresses, (served, &usable), "t0");
     let pending = status(None).unwrap();
     let said = |s: &serde_json::Value, at: &str| {
         s[at]
