@@ -63,7 +63,8 @@ async fn the_gateway_api_crds_install_and_custom_resources_round_trip() -> Resul
 
 use crate::{CONVERGE, World, expect_everywhere};
 use hafleet_tests::gateway_api::{
-    BASE_SERVICES, INFRA_NS, WEB_NS, base_objects, conditions_of, create, get, has_condition,
+    APP_NS, BASE_SERVICES, INFRA_NS, WEB_NS, base_objects, conditions_of, create, get,
+    has_condition,
 };
 use hafleet_tests::stack::Component;
 use hafleet_tests::{HttpBackend, eventually};
@@ -425,6 +426,126 @@ async fn http_route_reference_grant() -> Result<()> {
     let want = [("ResolvedRefs", "False", "RefNotPermitted")];
     bed.route_says((INFRA_NS, "reference-grant"), "same-namespace", &want).await?;
     expect_everywhere(stack, ANY, "/", 500, "").await
+}
+
+fn reference_grant(ns: &str, name: &str, from: Value, to: Value) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"from": [from], "to": [to]}})
+}
+
+/// HTTPRouteInvalidReferenceGrant: ReferenceGrants that are each wrong in one way (their
+/// namespace, the from group, kind or namespace, the to group, kind or name) let nothing
+/// through: ResolvedRefs False (RefNotPermitted), and requests get 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_invalid_reference_grant() -> Result<()> {
+    let bed = Bed::start().await?;
+    let route_from =
+        |group: &str, kind: &str, ns: &str| json!({"group": group, "kind": kind, "namespace": ns});
+    let to =
+        |group: &str, kind: &str, name: &str| json!({"group": group, "kind": kind, "name": name});
+    let gw_group = "gateway.networking.k8s.io";
+    let good_from = route_from(gw_group, "HTTPRoute", INFRA_NS);
+    let good_to = to("", "Service", "web-backend");
+    let wrong = [
+        (INFRA_NS, "reference-grant-wrong-namespace", good_from.clone(), good_to.clone()),
+        (
+            WEB_NS,
+            "reference-grant-wrong-from-group",
+            route_from("not-the-group-youre-looking-for", "HTTPRoute", INFRA_NS),
+            good_to.clone(),
+        ),
+        (
+            WEB_NS,
+            "reference-grant-wrong-from-kind",
+            route_from(gw_group, "Gateway", INFRA_NS),
+            good_to.clone(),
+        ),
+        (
+            WEB_NS,
+            "reference-grant-wrong-from-namespace",
+            route_from(gw_group, "HTTPRoute", "not-the-namespace-youre-looking-for"),
+            good_to.clone(),
+        ),
+        (
+            WEB_NS,
+            "reference-grant-wrong-to-group",
+            good_from.clone(),
+            to("not-the-group-youre-looking-for", "Service", "web-backend"),
+        ),
+        (
+            WEB_NS,
+            "reference-grant-wrong-to-kind",
+            good_from.clone(),
+            to("", "Secret", "web-backend"),
+        ),
+        (
+            WEB_NS,
+            "reference-grant-wrong-to-name",
+            good_from.clone(),
+            to("", "Secret", "not-the-service-youre-looking-for"),
+        ),
+    ];
+    for (ns, name, from, to) in wrong {
+        create(&bed.client, reference_grant(ns, name, from, to)).await?;
+    }
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}],
+                      "rules": [{"backendRefs": [{"name": "web-backend", "namespace": WEB_NS, "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "reference-grant", spec)).await?;
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "RefNotPermitted")];
+    bed.route_says((INFRA_NS, "reference-grant"), "same-namespace", &want).await?;
+    expect_everywhere(&bed.world.stack, ANY, "/", 500, "").await
+}
+
+/// HTTPRoutePartiallyInvalidViaInvalidReferenceGrant: a grant that names one Service lets
+/// that rule through (200 from app-backend-v1) while the rule naming its sibling answers 500,
+/// and the route says RefNotPermitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_partially_invalid_via_invalid_reference_grant() -> Result<()> {
+    let bed = Bed::start().await?;
+    let from =
+        json!({"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": INFRA_NS});
+    let to = json!({"group": "", "kind": "Service", "name": "app-backend-v1"});
+    create(&bed.client, reference_grant(APP_NS, "invalid-reference-grant", from, to)).await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/v2"}}],
+         "backendRefs": [{"name": "app-backend-v2", "namespace": APP_NS, "port": 8080}]},
+        {"backendRefs": [{"name": "app-backend-v1", "namespace": APP_NS, "port": 8080}]}]});
+    create(&bed.client, http_route(INFRA_NS, "invalid-reference-grant", spec)).await?;
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "RefNotPermitted")];
+    bed.route_says((INFRA_NS, "invalid-reference-grant"), "same-namespace", &want).await?;
+    let stack = &bed.world.stack;
+    expect_everywhere(stack, ANY, "/v2", 500, "").await?;
+    expect_everywhere(stack, ANY, "/", 200, "app-backend-v1 /").await
+}
+
+/// HTTPRouteInvalidCrossNamespaceParentRef: a route of another namespace names a Gateway whose
+/// listener takes only its own namespace's: Accepted False (NotAllowedByListeners) with its
+/// references resolved, no parent accepts it, and the Gateway counts no route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_invalid_cross_namespace_parent_ref() -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace", "namespace": INFRA_NS}],
+                      "rules": [{"backendRefs": [{"name": "web-backend", "port": 8080}]}]});
+    create(&bed.client, http_route(WEB_NS, "invalid-cross-namespace-parent-ref", spec)).await?;
+    let want =
+        [("Accepted", "False", "NotAllowedByListeners"), ("ResolvedRefs", "True", "ResolvedRefs")];
+    bed.route_says((WEB_NS, "invalid-cross-namespace-parent-ref"), "same-namespace", &want).await?;
+    let client = &bed.client;
+    eventually(CONVERGE, "no parent accepts it, no route attached", || async move {
+        let route =
+            get(client, "HTTPRoute", Some(WEB_NS), "invalid-cross-namespace-parent-ref").await?;
+        for p in route.data["status"]["parents"].as_array().into_iter().flatten() {
+            let said = conditions_of(p);
+            anyhow::ensure!(!has_condition(&said, "Accepted", "True", None), "{said:?}");
+        }
+        let gw = get(client, "Gateway", Some(INFRA_NS), "same-namespace").await?;
+        let listeners = gw.data["status"]["listeners"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(!listeners.is_empty(), "no listener status yet");
+        anyhow::ensure!(listeners.iter().all(|l| l["attachedRoutes"] == 0), "{listeners:?}");
+        Ok(())
+    })
+    .await
 }
 
 /// One fleet, both APIs: an Ingress and an HTTPRoute route side by side; the version's causes

@@ -115,32 +115,34 @@ pub fn resolve(
     if parents.is_empty() {
         return nothing;
     }
-    let Some(fleet) = attached.first().map(|a| a.fleet.clone()) else {
-        return Outcome { result: Err(Refused::NotSelected), parents };
-    };
+    // Nothing attached: the rules are still resolved, for the parents' ResolvedRefs.
+    let fleet = attached.first().map(|a| a.fleet.clone());
     // One fleet serves an HTTPRoute: parents on another are told so.
     let mut hosts: Vec<(Option<HttpHost>, Via)> = Vec::new();
     for a in &attached {
-        if a.fleet != fleet {
-            let message = format!(
-                "an HTTPRoute is served by one fleet: this parent's Gateway is on fleet {}, \
-                 the route's first parent's on fleet {fleet}",
-                a.fleet
-            );
-            parents[a.index].conditions =
-                vec![Condition::no("Accepted", "UnsupportedValue", message)];
-            parents[a.index].listeners.clear();
-            continue;
-        }
-        for (h, via) in &a.hosts {
-            add_host(&mut hosts, h, via);
+        match &fleet {
+            Some(first) if *first != a.fleet => {
+                let message = format!(
+                    "an HTTPRoute is served by one fleet: this parent's Gateway is on fleet {}, \
+                     the route's first parent's on fleet {first}",
+                    a.fleet
+                );
+                parents[a.index].conditions =
+                    vec![Condition::no("Accepted", "UnsupportedValue", message)];
+                parents[a.index].listeners.clear();
+            }
+            _ => {
+                for (h, via) in &a.hosts {
+                    add_host(&mut hosts, h, via);
+                }
+            }
         }
     }
 
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     let mut unresolved: Vec<(&'static str, String)> = Vec::new();
-    let pods_by_default = config.pods_fleets.contains(&fleet);
+    let pods_by_default = fleet.as_ref().is_some_and(|f| config.pods_fleets.contains(f));
     let sources = Sources { services, endpoints, pods_by_default };
     let mut routes: Vec<Route> = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
@@ -225,9 +227,16 @@ pub fn resolve(
         true => Condition::yes("Accepted", "Accepted", "accepted by hafleet"),
         false => Condition::no("Accepted", "UnsupportedValue", errors.join("; ")),
     };
-    for a in attached.iter().filter(|a| a.fleet == fleet) {
+    for a in attached.iter().filter(|a| Some(&a.fleet) == fleet.as_ref()) {
         parents[a.index].conditions = vec![accepted.clone(), resolved_refs.clone()];
     }
+    // A parent that does not take the route still hears whether its references resolve.
+    for p in parents.iter_mut().filter(|p| p.conditions.len() == 1) {
+        p.conditions.push(resolved_refs.clone());
+    }
+    let Some(fleet) = fleet else {
+        return Outcome { result: Err(Refused::NotSelected), parents };
+    };
     if !errors.is_empty() {
         for a in &attached {
             parents[a.index].listeners.clear();

@@ -65,6 +65,10 @@ fn resolve_with(
     resolve(r, &Index::new(&objects), Config::default(), services, None)
 }
 
+/// A parent's `ResolvedRefs` when every backendRef resolves (said to parents that do not take
+/// the route too).
+const RESOLVED: (&str, &str, bool) = ("ResolvedRefs", "ResolvedRefs", true);
+
 /// `(reason, ok)` of each condition of the route's first parent.
 fn conditions(o: &Outcome) -> Vec<(&'static str, &'static str, bool)> {
     o.parents[0].conditions.iter().map(|c| (c.type_, c.reason, c.ok)).collect()
@@ -158,7 +162,7 @@ fn hostnames_are_intersected_with_the_listeners() {
     let hosts: Vec<String> = hosts_and_paths(&o).into_iter().map(|h| h.0).collect();
     assert_eq!(hosts, ["*.example.com", "other.org"]);
     let o = resolve_with(&gw, &[], &spec(json!(["nope.net"])), &svc);
-    assert_eq!(conditions(&o), [("Accepted", "NoMatchingListenerHostname", false)]);
+    assert_eq!(conditions(&o), [("Accepted", "NoMatchingListenerHostname", false), RESOLVED]);
     assert_eq!(o.result.unwrap_err(), Refused::NotSelected);
 }
 
@@ -173,11 +177,11 @@ fn listeners_say_which_namespaces_and_section_a_route_may_attach_from() {
     };
     let same = gateway(json!([http_listener("http", None, "Same")]));
     let o = resolve_with(&same, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
-    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false)]);
+    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false), RESOLVED]);
     let all = gateway(json!([http_listener("http", None, "All")]));
     let named = json!({"name": "edge", "namespace": "infra", "sectionName": "nope"});
     let o = resolve_with(&all, &[], &spec(named), &svc);
-    assert_eq!(conditions(&o), [("Accepted", "NoMatchingParent", false)]);
+    assert_eq!(conditions(&o), [("Accepted", "NoMatchingParent", false), RESOLVED]);
     let named = json!({"name": "edge", "namespace": "infra", "sectionName": "http"});
     assert!(resolve_with(&all, &[], &spec(named), &svc).result.is_ok());
     // A Gateway of another class, or one that does not exist: not hafleet's to answer.
@@ -187,7 +191,7 @@ fn listeners_say_which_namespaces_and_section_a_route_may_attach_from() {
     // A listener hafleet does not serve yet says so, and takes no route.
     let udp = gateway(json!([{"name": "dns", "port": 53, "protocol": "UDP"}]));
     let o = resolve_with(&udp, &[], &spec(json!({"name": "edge", "namespace": "infra"})), &svc);
-    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false)]);
+    assert_eq!(conditions(&o), [("Accepted", "NotAllowedByListeners", false), RESOLVED]);
 }
 
 /// An HTTPS listener's certificate is its first certificateRefs entry (in another namespace
@@ -552,5 +556,5 @@ fn a_selector_picks_namespaces_by_their_labels() {
     let shop = resolve(&route("shop", spec.clone()), &index, Config::default(), &svc, None);
     assert!(shop.result.is_ok());
     let blog = resolve(&route("blog", spec), &index, Config::default(), &svc, None);
-    assert_eq!(conditions(&blog), [("Accepted", "NotAllowedByListeners", false)]);
+    assert_eq!(conditions(&blog), [("Accepted", "NotAllowedByListeners", false), RESOLVED]);
 }
