@@ -46,6 +46,12 @@ pub struct MapPaths {
     /// The route maps ([`Maps::add_routes`]), when the fleet has an access log.
     pub exact_route: Option<String>,
     pub prefix_route: Option<String>,
+    /// Wildcards that match any number of labels (an HTTPRoute's), by what follows `*.`
+    /// (`map_str`: `example.com *.example.com`); `None`: none ([`Maps::add_deep_wildcards`]).
+    pub deep: Option<String>,
+    /// The label counts of those suffixes, the longest first: for each, the frontend looks
+    /// the request's host's last labels up in `deep`.
+    pub deep_depths: Vec<usize>,
 }
 
 impl Maps {
@@ -105,6 +111,8 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
         default_cert: None,
         exact_route: None,
         prefix_route: None,
+        deep: None,
+        deep_depths: Vec::new(),
     };
     let mut files = vec![exact, prefix, hosts];
     files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -133,6 +141,28 @@ fn file(kind: &str, content: String) -> MapFile {
 }
 
 impl Maps {
+    /// With the map of the wildcard hosts among `wildcards` (`*.example.com`) that match any
+    /// number of labels: a host under none of the fleet's hosts or one-label wildcards is
+    /// looked up by its last labels, as many as each such suffix has, the longest first, so
+    /// `a.b.example.com` finds `*.example.com` (and `*.b.example.com` first, had it one).
+    pub fn add_deep_wildcards(&mut self, wildcards: &[String]) {
+        let mut entries: Vec<(&str, &str)> =
+            wildcards.iter().filter_map(|w| Some((w.strip_prefix("*.")?, w.as_str()))).collect();
+        if entries.is_empty() {
+            return;
+        }
+        let mut depths: Vec<usize> =
+            entries.iter().map(|(suffix, _)| suffix.split('.').count()).collect();
+        depths.sort_unstable_by(|a, b| b.cmp(a));
+        depths.dedup();
+        entries.sort_unstable();
+        let deep = file("deep", text(entries));
+        self.paths.deep = Some(deep.name.relative_path());
+        self.paths.deep_depths = depths;
+        self.files.push(deep);
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
     /// With the route maps: the same keys as the exact and prefix maps, each naming the
     /// Ingress whose rule it is, for the access log (only when the fleet logs: they double
     /// the lookups of a request).
@@ -203,6 +233,20 @@ mod tests {
             }
         }
         None
+    }
+
+    /// The deep wildcards' map: each suffix names its wildcard; the depths to try, the longest
+    /// first; nothing when no wildcard matches deep.
+    #[test]
+    fn deep_wildcards_are_keyed_by_their_suffix() {
+        let mut maps = build(&[rule(Some("*.w.com"), "/", "prefix", "wild")]);
+        maps.add_deep_wildcards(&[]);
+        assert_eq!((maps.paths.deep.as_ref(), maps.files.len()), (None, 3));
+        maps.add_deep_wildcards(&["*.w.com".into(), "*.a.b.org".into(), "*.x.com".into()]);
+        let deep = maps.files.iter().find(|f| f.name.as_str().starts_with("deep-")).unwrap();
+        assert_eq!(deep.content, "a.b.org *.a.b.org\nw.com *.w.com\nx.com *.x.com\n");
+        assert_eq!(maps.paths.deep_depths, [3, 2]);
+        assert_eq!(maps.paths.deep.as_deref(), Some(deep.name.relative_path().as_str()));
     }
 
     #[test]

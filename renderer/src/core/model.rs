@@ -49,6 +49,10 @@ pub struct RenderModel {
     /// is a 404, never another namespace's wildcard or host-less rule.
     #[serde(skip)]
     pub held_hosts: Vec<String>,
+    /// Wildcard hosts of HTTPRoutes (`*.example.com`), which match hosts any number of labels
+    /// under theirs, as the Gateway API says (an Ingress's wildcard matches one label).
+    #[serde(skip)]
+    pub deep_wildcards: Vec<String>,
     /// The fleet's settings, defaults filled in ([`crate::core::settings`]).
     pub settings: crate::core::settings::SettingsModel,
 }
@@ -775,6 +779,7 @@ pub fn build_memo(
         spares: spares(options),
         tls: Default::default(),
         held_hosts: Vec::new(),
+        deep_wildcards: Vec::new(),
         settings: Default::default(),
     }
 }

@@ -136,6 +136,7 @@ impl Renderer {
             notes: vec![],
             spares: vec![],
             held_hosts: vec![],
+            deep_wildcards: vec![],
             settings: Default::default(),
         };
         let maps = maps::build::<RuleModel>(&[]);
@@ -238,6 +239,16 @@ impl Renderer {
         }
         model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
         model.held_hosts = held_hosts.into_iter().collect();
+        let mut deep: Vec<String> = ingresses
+            .iter()
+            .filter(|(k, _)| !k.kind.is_ingress())
+            .flat_map(|(_, e)| e.routes.iter().filter_map(|r| r.host.as_ref()))
+            .filter(|h| h.as_str().starts_with("*."))
+            .map(|h| h.as_str().to_owned())
+            .collect();
+        deep.sort_unstable();
+        deep.dedup();
+        model.deep_wildcards = deep;
         model
     }
 
@@ -247,6 +258,7 @@ impl Renderer {
             maps.add_routes(&model.rules);
         }
         maps.add_tls(&model.tls);
+        maps.add_deep_wildcards(&model.deep_wildcards);
         if let Some(d) = &model.dispatch {
             maps.add_files(&d.files);
         }

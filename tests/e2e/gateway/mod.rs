@@ -3,6 +3,7 @@
 //! cases (an HTTPRoute beside Ingresses).
 
 mod filters;
+mod hostnames;
 mod matching;
 mod tls;
 
