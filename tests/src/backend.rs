@@ -100,8 +100,16 @@ async fn answer(mut stream: TcpStream, name: String, hits: Arc<AtomicU64>, echo:
     }
     let text = String::from_utf8_lossy(&head);
     let path = text.split_whitespace().nth(1).unwrap_or("/");
-    // `/slow/<ms>`: answers after that long (at most 10 s), as a request in progress.
-    if let Some(ms) = path.strip_prefix("/slow/").and_then(|ms| ms.parse::<u64>().ok()) {
+    // `/slow/<ms>`: answers after that long (at most 10 s), as a request in progress; so does
+    // `?delay=<n>ms` or `<n>s` on any path, as the Gateway API conformance echo server takes it.
+    let delay = path.split_once('?').and_then(|(_, q)| {
+        let value = q.split('&').find_map(|p| p.strip_prefix("delay="))?;
+        match value.strip_suffix("ms") {
+            Some(ms) => ms.parse::<u64>().ok(),
+            None => value.strip_suffix('s')?.parse::<u64>().ok().map(|s| s * 1000),
+        }
+    });
+    if let Some(ms) = path.strip_prefix("/slow/").and_then(|ms| ms.parse::<u64>().ok()).or(delay) {
         tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
     }
     // `/status/<code>`: answers with that status (a health check that fails, say).

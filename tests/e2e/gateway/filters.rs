@@ -1,8 +1,8 @@
 //! The upstream conformance cases about filters: redirects, URL rewrites and header
-//! modifiers.
+//! modifiers, and timeouts.
 
 use super::{ANY, Bed, V1, backend, expect_cases, get_, http_route, prefix};
-use crate::CONVERGE;
+use crate::{CONVERGE, expect_everywhere};
 use anyhow::Result;
 use hafleet_tests::gateway_api::{INFRA_NS, create};
 use serde_json::{Value, json};
@@ -500,6 +500,40 @@ async fn http_route_response_header_modifier() -> Result<()> {
             Ok(())
         })
         .await?;
+    }
+    Ok(())
+}
+
+/// HTTPRouteTimeoutRequest and HTTPRouteTimeoutBackendRequest: a rule's `timeouts.request`
+/// (or `backendRequest`) of 500ms answers 504 when the backend takes a second, and `0s` lets
+/// it take that long. (Served as the backend's `timeout server`: how long HAProxy waits for
+/// the backend's answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_timeout_request_and_backend_request() -> Result<()> {
+    let bed = Bed::start().await?;
+    let rule = |path: &str, timeouts: Value| {
+        json!({"matches": [{"path": prefix(path)}], "backendRefs": backend("infra-backend-v1"),
+               "timeouts": timeouts})
+    };
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        rule("/request-timeout", json!({"request": "500ms"})),
+        rule("/disable-request-timeout", json!({"request": "0s"}))]});
+    create(&bed.client, http_route(INFRA_NS, "request-timeout", spec)).await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        rule("/backend-timeout", json!({"backendRequest": "500ms"})),
+        rule("/disable-backend-timeout", json!({"backendRequest": "0s"}))]});
+    create(&bed.client, http_route(INFRA_NS, "backend-request-timeout", spec)).await?;
+    for name in ["request-timeout", "backend-request-timeout"] {
+        bed.accepted_and_resolved((INFRA_NS, name), "same-namespace").await?;
+    }
+    let stack = &bed.world.stack;
+    for (timed, off) in [
+        ("/request-timeout", "/disable-request-timeout"),
+        ("/backend-timeout", "/disable-backend-timeout"),
+    ] {
+        expect_everywhere(stack, ANY, timed, 200, "infra-backend-v1").await?;
+        expect_everywhere(stack, ANY, &format!("{timed}?delay=1s"), 504, "").await?;
+        expect_everywhere(stack, ANY, &format!("{off}?delay=1s"), 200, "infra-backend-v1").await?;
     }
     Ok(())
 }

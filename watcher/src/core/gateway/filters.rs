@@ -110,7 +110,77 @@ pub fn of(rule: &RouteRule, at: &str, errors: &mut Vec<String>) -> Option<RuleFi
             other => errors.push(format!("{at}: filter {other} is not served by hafleet yet")),
         }
     }
+    for (field, given) in [
+        ("retry", rule.retry.is_some()),
+        ("sessionPersistence", rule.session_persistence.is_some()),
+    ] {
+        if given {
+            errors.push(format!("{at}.{field} is not served by hafleet yet"));
+        }
+    }
+    if let Some(t) = &rule.timeouts {
+        match timeout(t) {
+            Ok(ms) => out.options.timeout_server_ms = ms,
+            Err(e) => errors.push(format!("{at}.timeouts: {e}")),
+        }
+    }
     (errors.len() == before).then_some(out)
+}
+
+/// The longest timeout a rule may ask for, and what `0s` (no timeout) becomes: a day.
+pub const TIMEOUT_OFF_MS: u32 = 24 * 3_600_000;
+
+/// What a rule's `timeouts` make of its backend's `timeout server` (how long HAProxy waits for
+/// the backend's answer, and between its parts): the smaller of `request` and
+/// `backendRequest`, `0s` being none ([`TIMEOUT_OFF_MS`]); `None` when neither is given.
+fn timeout(t: &super::spec::Timeouts) -> Result<Option<u32>, String> {
+    let request = t.request.as_deref().map(duration_ms).transpose()?;
+    let backend = t.backend_request.as_deref().map(duration_ms).transpose()?;
+    let off = |ms: u32| if ms == 0 { TIMEOUT_OFF_MS } else { ms };
+    if let (Some(r), Some(b)) = (request.map(off), backend.map(off))
+        && b > r
+    {
+        return Err(format!(
+            "backendRequest ({b} ms) is longer than request ({r} ms); it may not be"
+        ));
+    }
+    Ok(match (request, backend) {
+        (None, None) => None,
+        (r, b) => r.into_iter().chain(b).map(off).min(),
+    })
+}
+
+/// A Gateway API duration (`^([0-9]{1,5}(h|m|s|ms)){1,4}$`) in milliseconds, at most a day.
+pub fn duration_ms(text: &str) -> Result<u32, String> {
+    let bad = || format!("{text:?} is not a duration such as 500ms, 10s or 1h30m");
+    let mut total: u64 = 0;
+    let mut rest = text;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 5 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let (unit, len) = match rest.as_bytes() {
+            [b'm', b's', ..] => (1, 2),
+            [b'h', ..] => (3_600_000, 1),
+            [b'm', ..] => (60_000, 1),
+            [b's', ..] => (1_000, 1),
+            _ => return Err(bad()),
+        };
+        rest = &rest[len..];
+        total += n * unit;
+        parts += 1;
+    }
+    if parts == 0 || parts > 4 {
+        return Err(bad());
+    }
+    match u32::try_from(total) {
+        Ok(ms) if ms <= TIMEOUT_OFF_MS => Ok(ms),
+        _ => Err(format!("{text:?} is longer than a day, the most hafleet takes")),
+    }
 }
 
 fn redirect(r: &super::spec::RequestRedirect) -> Result<(Redirect, Option<PathChange>), String> {

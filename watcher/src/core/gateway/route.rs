@@ -5,10 +5,10 @@
 //! matches and method matches (each match one route, carrying what else it asks in
 //! [`RouteMore`]), hostnames (intersected with each listener's), Services (in another
 //! namespace with a ReferenceGrant there) sharing a rule's requests by weight, and the
-//! request and response header modifiers, redirects and URL rewrites
+//! request and response header modifiers, redirects, URL rewrites and timeouts
 //! ([`super::filters`]). A backendRef that cannot be resolved answers its
 //! share of the requests with 500, as the specification says. What is not served yet
-//! (regular expressions, timeouts, mirrors, backendRef filters, …) refuses the
+//! (regular expressions, mirrors, backendRef filters, …) refuses the
 //! route with `Accepted: False`, reason `UnsupportedValue`, and a message that names it:
 //! never served as something else.
 

@@ -160,7 +160,23 @@ pub struct RouteRule {
     #[serde(default)]
     pub backend_refs: Vec<BackendRef>,
     #[serde(default)]
-    pub timeouts: Option<serde_json::Value>,
+    pub timeouts: Option<Timeouts>,
+    /// Not served: read only to refuse it.
+    #[serde(default)]
+    pub retry: Option<serde_json::Value>,
+    /// Not served: read only to refuse it.
+    #[serde(default)]
+    pub session_persistence: Option<serde_json::Value>,
+}
+
+/// A rule's `timeouts`: Gateway API durations (`500ms`, `1h30m`; `0s` turns one off).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeouts {
+    #[serde(default)]
+    pub request: Option<String>,
+    #[serde(default)]
+    pub backend_request: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -558,3 +558,49 @@ fn a_selector_picks_namespaces_by_their_labels() {
     let blog = resolve(&route("blog", spec), &index, Config::default(), &svc, None);
     assert_eq!(conditions(&blog), [("Accepted", "NotAllowedByListeners", false), RESOLVED]);
 }
+
+/// Gateway API durations, and what a rule's timeouts make of its backend's `timeout server`.
+#[test]
+fn timeouts_bound_the_backend_s_answer() {
+    use super::filters::{TIMEOUT_OFF_MS, duration_ms};
+    assert_eq!(duration_ms("500ms"), Ok(500));
+    assert_eq!(duration_ms("1h30m"), Ok(5_400_000));
+    assert_eq!(duration_ms("1m1s1ms"), Ok(61_001));
+    assert_eq!(duration_ms("0s"), Ok(0));
+    for bad in ["", "5", "ms", "1d", "1.5s", "123456s", "1h1h1h1h1h", "25h", " 1s"] {
+        assert!(duration_ms(bad).is_err(), "{bad}");
+    }
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "web")]);
+    let with = |timeouts: serde_json::Value| {
+        let r = route(
+            "shop",
+            json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+                "rules": [{"backendRefs": [{"name": "web", "port": 80}], "timeouts": timeouts}]}),
+        );
+        resolve_with(&gw, &[], &r, &svc)
+    };
+    let server = |o: &Outcome| {
+        o.result.as_ref().expect("routed").routes[0].backend.options.timeout_server_ms
+    };
+    assert_eq!(server(&with(json!({"request": "500ms"}))), Some(500));
+    assert_eq!(server(&with(json!({"request": "2s", "backendRequest": "1s"}))), Some(1_000));
+    assert_eq!(server(&with(json!({"request": "0s"}))), Some(TIMEOUT_OFF_MS));
+    assert_eq!(server(&with(json!({}))), None);
+    // The schema's rule (its CEL, gone from the test bed's CRDs): backendRequest <= request.
+    let o = with(json!({"request": "1s", "backendRequest": "2s"}));
+    assert_eq!(conditions(&o)[0], ("Accepted", "UnsupportedValue", false));
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+            "rules": [{"backendRefs": [{"name": "web", "port": 80}], "retry": {"attempts": 2}}]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    assert!(
+        matches!(o.result, Err(Refused::Invalid(ref why)) if why[0].contains("rules[0].retry is not served"))
+    );
+    let o = with(json!({"request": "soon"}));
+    assert!(
+        matches!(o.result, Err(Refused::Invalid(ref why)) if why[0].contains("rules[0].timeouts"))
+    );
+}
