@@ -5,6 +5,7 @@
 mod filters;
 mod hostnames;
 mod matching;
+mod services;
 mod tls;
 
 use anyhow::{Context, Result};
