@@ -3,10 +3,13 @@
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt as _;
 use hafleet_proto::{
-    Body, Bundle, CHUNKS_HEADER, ConfigVersion, FleetName, MSG_ID_HEADER, SCHEMA_HEADER,
-    SCHEMA_VERSION, StreamSpec,
+    Body, Bundle, CHUNKS_HEADER, ConfigVersion, MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION,
+    StreamSpec,
 };
 use std::time::Duration;
+
+mod options;
+pub use options::NatsArgs;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -21,6 +24,8 @@ const HEADER_ROOM: usize = 1024;
 pub enum BusError {
     #[error("cannot connect to NATS at {url}")]
     Connect { url: String, source: BoxError },
+    #[error("NATS settings: {what}")]
+    Settings { what: String },
     #[error("cannot create or open stream {name}")]
     Stream { name: &'static str, source: BoxError },
     #[error(
@@ -216,49 +221,6 @@ mod tests {
     }
 }
 
-/// The NATS settings every binary takes (`#[command(flatten)]`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct NatsArgs {
-    /// NATS server URL. A user and password may be given in it
-    /// (nats://user:password@host:4222, percent-encoded); they are passed as connect options
-    /// and never shown in messages.
-    /// Several servers of one cluster are given comma-separated
-    /// (nats://user:password@nats-1:4222,nats-2:4222,nats-3:4222): the first that answers is
-    /// used, and the client fails over to the others.
-    #[arg(long, env = "HAFLEET_NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
-    /// Copies JetStream keeps of each stream hafleet creates: 1 on a single server, 3 on a
-    /// 3-node cluster, so that losing a node loses no acknowledged message. Streams that
-    /// already exist keep theirs.
-    #[arg(long, env = "HAFLEET_NATS_REPLICAS", default_value_t = 1,
-          value_parser = clap::value_parser!(u8).range(1..=5))]
-    pub nats_replicas: u8,
-}
-
-impl NatsArgs {
-    /// Connects once: for a command that answers and exits (`history`, `status`).
-    pub async fn connect(&self) -> Result<Bus, BusError> {
-        Ok(Bus::connect(&self.nats_url).await?.with_replicas(self.nats_replicas))
-    }
-
-    /// Connects, waiting for NATS with backoff and saying so: for a component's start-up.
-    pub async fn connect_waiting(&self) -> Result<Bus, BusError> {
-        let bus = Bus::connect_with(&self.nats_url, async_nats::ConnectOptions::new(), true);
-        Ok(bus.await?.with_replicas(self.nats_replicas))
-    }
-
-    /// Connects as `fleet`'s applier, waiting for NATS like [`NatsArgs::connect_waiting`]:
-    /// replies come to the fleet's own inbox prefix
-    /// ([`hafleet_proto::applier_inbox_prefix`]), which its NATS user may subscribe to.
-    pub async fn connect_as_applier(&self, fleet: &FleetName) -> Result<Bus, BusError> {
-        let options = async_nats::ConnectOptions::new()
-            .custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(fleet));
-        Ok(Bus::connect_with(&self.nats_url, options, true)
-            .await?
-            .with_replicas(self.nats_replicas))
-    }
-}
-
 /// A connection to NATS and its JetStream context.
 #[derive(Debug, Clone)]
 pub struct Bus {
@@ -310,12 +272,22 @@ impl Bus {
         }
         let failed = |source: BoxError| BusError::Connect { url: redact(url), source };
         let client = if wait {
+            // A certificate the CA given does not vouch for, or a key the server does not
+            // take, is not fixed by waiting: said at once.
             let what = format!("NATS at {}", redact(url));
-            crate::wait_for(&what, || options.clone().connect(addresses.clone()))
+            let attempt = || async {
+                match options.clone().connect(addresses.clone()).await {
+                    Ok(client) => Ok(Ok(client)),
+                    Err(e) if options::is_permanent(&e) => Ok(Err(e)),
+                    Err(e) => Err(e),
+                }
+            };
+            crate::wait_for(&what, attempt)
                 .await
                 .map_err(|e| failed(e.into()))?
+                .map_err(|e| failed(Box::new(options::Explained(e))))?
         } else {
-            options.connect(addresses).await.map_err(|e| failed(Box::new(e)))?
+            options.connect(addresses).await.map_err(|e| failed(Box::new(options::Explained(e))))?
         };
         Ok(Bus::from_client(client))
     }

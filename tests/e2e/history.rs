@@ -13,7 +13,7 @@ pub(crate) async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, S
     let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
         .args(args)
         .args(["--fleet", "edge"])
-        .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+        .envs(world.stack.nats.env_for("hafleet-operator"))
         .env("NO_COLOR", "1")
         .output()
         .await
@@ -103,7 +103,7 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
     assert!(!success && stderr.contains("no such version"), "{stderr}");
     let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
         .args(["history", "list", "--fleet", "nowhere"])
-        .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+        .envs(world.stack.nats.env_for("hafleet-operator"))
         .output()
         .await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -126,7 +126,7 @@ async fn served(world: &World, name: &str, host: &str) -> Result<u64> {
 
 /// Sequences of the checkpoints in the object store, read as the tests' admin.
 async fn checkpoints(world: &World) -> Result<Vec<u64>> {
-    let bus = hafleet_runtime::nats::Bus::connect(&world.stack.nats.url()).await?;
+    let bus = world.stack.nats.bus().await?;
     match hafleet_renderer::adapters::bus::checkpoint_store(&bus, false).await? {
         Some(b) => hafleet_renderer::adapters::bus::list_checkpoints(&b).await,
         None => Ok(vec![]),
@@ -150,7 +150,7 @@ async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_
     assert!(v_b > v_a);
 
     // The flag set the stream's retention; the default age is there too.
-    let admin = hafleet_runtime::nats::Bus::connect(&world.stack.nats.url()).await?;
+    let admin = world.stack.nats.bus().await?;
     let mut routes = admin.js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
     let config = routes.info().await?.config.clone();
     assert_eq!(config.max_bytes, 64 << 20);

@@ -19,6 +19,7 @@
 
 mod churn;
 mod clusters;
+mod control;
 mod docs;
 mod filters;
 mod gateway;

@@ -291,7 +291,7 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
         std::process::Command::new(hafleet_tests::bin_path("hafleet-applier"))
             .arg("status")
             .args(args)
-            .env("HAFLEET_NATS_URL", world.stack.nats.url_for("hafleet-operator"))
+            .envs(world.stack.nats.env_for("hafleet-operator"))
             .output()
     };
     let out = status(&["--fleet", "edge", "--json"])?;

@@ -15,14 +15,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// `nats-server` with JetStream, its store in a temp dir; killed on drop. One server, or a
 /// cluster of several ([`NatsServer::start_cluster`]) whose every URL lists all nodes.
 ///
-/// It runs with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
+/// It runs as the README recommends: clients over TLS only (a certificate for 127.0.0.1 from
+/// a CA of the test's own), each user known by its NKEY (its seed in a file only the test
+/// reads), with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
 /// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer`,
 /// `hafleet-operator` and each fleet's `hafleet-applier-<fleet>` ([`NatsServer::add_applier`])
 /// only what that file, or `hafleet-applier nats-permissions`, grants them (see
-/// [`NatsServer::url_for`]).
+/// [`NatsServer::env_for`]).
 pub struct NatsServer {
     nodes: Vec<Node>,
-    password: String,
+    /// Each user's NKEY, by user name.
+    keys: std::sync::Mutex<std::collections::BTreeMap<String, nkeys::KeyPair>>,
     dir: TestDir,
     /// Fleets with an applier user, as an operator adds them.
     fleets: std::sync::Mutex<Vec<hafleet_proto::FleetName>>,
@@ -91,7 +94,7 @@ impl NatsServer {
                     Node { child: None, port, monitor_port, cluster_port }
                 })
                 .collect(),
-            password: crate::proc::random_token(),
+            keys: Default::default(),
             dir,
             fleets: Default::default(),
         }
@@ -114,6 +117,7 @@ impl NatsServer {
     /// Starts every node that is not running, then waits for all of them: a clustered
     /// JetStream is healthy only once a quorum of nodes runs.
     async fn spawn_all(&mut self) -> Result<()> {
+        self.write_tls()?;
         for i in 0..self.nodes.len() {
             if self.nodes[i].child.is_none() {
                 self.spawn_node(i)?;
@@ -149,22 +153,16 @@ impl NatsServer {
         let lo = Ipv4Addr::LOCALHOST;
         let addr: SocketAddr = (lo, self.nodes[i].port).into();
         let monitor: SocketAddr = (lo, self.nodes[i].monitor_port).into();
-        let password = self.password.clone();
+        let options = self.options_for("admin")?;
         let child = self.nodes[i].child.as_mut().context("node not started")?;
         child
             .wait_ready(READY_TIMEOUT, || {
-                let password = password.clone();
+                let options = options.clone();
                 async move {
                     tcp_accepts(addr).await
                         && matches!(http_get(monitor, "127.0.0.1", "/healthz").await,
                                     Ok((200, body)) if body.contains("ok"))
-                        && async_nats::ConnectOptions::with_user_and_password(
-                            "admin".into(),
-                            password,
-                        )
-                        .connect(addr.to_string())
-                        .await
-                        .is_ok()
+                        && options.connect(addr.to_string()).await.is_ok()
                 }
             })
             .await
@@ -178,10 +176,54 @@ impl NatsServer {
         Ok(())
     }
 
-    /// The server config: hafleet's permissions file, included as it ships (less its example
-    /// fleet), each added fleet's applier permissions as `hafleet-applier nats-permissions`
-    /// prints them, and one user per component and fleet plus `admin`, all with this server's
-    /// password.
+    /// The CA (`ca.pem`), and the server's certificate for 127.0.0.1 and its key, made once.
+    fn write_tls(&self) -> Result<()> {
+        let dir = self.dir.path();
+        if dir.join("server.pem").exists() {
+            return Ok(());
+        }
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, "hafleet test NATS CA");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let ca = params.self_signed(&ca_key)?;
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, "127.0.0.1");
+        let cert = params.signed_by(&key, &ca, &ca_key)?;
+        crate::proc::write_private(&dir.join("server.key"), key.serialize_pem().as_bytes())?;
+        std::fs::write(dir.join("server.pem"), cert.pem())?;
+        std::fs::write(dir.join("ca.pem"), ca.pem())?;
+        Ok(())
+    }
+
+    /// The CA the server's certificate chains to (`HAFLEET_NATS_CA`).
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// `user`'s NKEY, made on first use, and the file its seed is in (`HAFLEET_NATS_CREDS`).
+    fn key(&self, user: &str) -> Result<(String, PathBuf)> {
+        let path = self.dir.path().join("creds").join(format!("{user}.nk"));
+        let mut keys = self.keys.lock().expect("not poisoned");
+        if let Some(k) = keys.get(user) {
+            return Ok((k.public_key(), path));
+        }
+        let pair = nkeys::KeyPair::new_user();
+        std::fs::create_dir_all(path.parent().context("a folder")?)?;
+        let seed = pair.seed().map_err(|e| anyhow::anyhow!("an NKEY seed: {e}"))?;
+        crate::proc::write_private(&path, format!("{seed}\n").as_bytes())?;
+        let public = pair.public_key();
+        keys.insert(user.to_owned(), pair);
+        Ok((public, path))
+    }
+
+    /// The server config: TLS for clients, hafleet's permissions file, included as it ships
+    /// (less its example fleet), each added fleet's applier permissions as `hafleet-applier
+    /// nats-permissions` prints them, and one user per component and fleet plus `admin`, each
+    /// by its NKEY.
     fn write_config(&self, node: usize) -> Result<PathBuf> {
         let dir = self.node_dir(node);
         std::fs::create_dir_all(&dir)?;
@@ -195,7 +237,7 @@ impl NatsServer {
         let permissions = dir.join("hafleet-permissions.conf");
         std::fs::write(dir.join("hafleet-permissions.conf.partial"), text)?;
         std::fs::rename(dir.join("hafleet-permissions.conf.partial"), permissions)?;
-        let mut users = format!("    {{ user: admin, password: \"{}\" }}\n", self.password);
+        let mut users = format!("    {{ nkey: {} }}\n", self.key("admin")?.0);
         let mut all: Vec<(String, String)> =
             COMPONENT_USERS.iter().map(|(u, p)| (u.to_string(), p.to_string())).collect();
         let mut fleets = String::new();
@@ -205,8 +247,8 @@ impl NatsServer {
         }
         for (user, permissions) in all {
             users.push_str(&format!(
-                "    {{ user: {user}, password: \"{}\", permissions: ${permissions} }}\n",
-                self.password
+                "    {{ nkey: {}, permissions: ${permissions} }}\n",
+                self.key(&user)?.0
             ));
         }
         let cluster = match self.nodes.len() {
@@ -235,9 +277,13 @@ impl NatsServer {
         std::fs::write(
             &partial,
             format!(
-                "{cluster}jetstream {{ store_dir: {store:?}, max_file_store: 64GB }}\ninclude hafleet-permissions.conf\n\
+                "{cluster}jetstream {{ store_dir: {store:?}, max_file_store: 64GB }}\n\
+                 tls {{ cert_file: {cert:?}, key_file: {key:?}, timeout: 5 }}\n\
+                 include hafleet-permissions.conf\n\
                  {fleets}authorization {{\n  users = [\n{users}  ]\n}}\n",
-                store = dir.join("jetstream").display().to_string()
+                store = dir.join("jetstream").display().to_string(),
+                cert = self.dir.path().join("server.pem").display().to_string(),
+                key = self.dir.path().join("server.key").display().to_string(),
             ),
         )?;
         std::fs::rename(&partial, &config)?;
@@ -277,19 +323,53 @@ impl NatsServer {
         }
     }
 
-    /// `nats://admin:…@127.0.0.1:<port>` (a comma-separated list of every node's, for a
-    /// cluster): the tests' own, unrestricted user.
+    /// `tls://127.0.0.1:<port>` (a comma-separated list of every node's, for a cluster).
     pub fn url(&self) -> String {
-        self.url_for("admin")
+        let urls: Vec<String> =
+            self.nodes.iter().map(|n| format!("tls://127.0.0.1:{}", n.port)).collect();
+        urls.join(",")
     }
 
-    /// The URL a component connects with as `user` (one of [`COMPONENT_USERS`], or `admin`):
-    /// every node's, the first with the credentials.
-    pub fn url_for(&self, user: &str) -> String {
-        let mut urls: Vec<String> =
-            self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.port)).collect();
-        urls[0] = format!("nats://{user}:{}@127.0.0.1:{}", self.password, self.nodes[0].port);
-        urls.join(",")
+    /// The settings a component connects with as `user` (one of [`COMPONENT_USERS`], a
+    /// fleet's `hafleet-applier-<fleet>`, or `admin`), as environment variables: the URL, the
+    /// CA and the user's NKEY seed file.
+    pub fn env_for(&self, user: &str) -> Vec<(&'static str, String)> {
+        let (_, creds) = self.key(user).expect("an NKEY for the user");
+        vec![
+            ("HAFLEET_NATS_URL", self.url()),
+            ("HAFLEET_NATS_CA", self.ca_path().display().to_string()),
+            ("HAFLEET_NATS_CREDS", creds.display().to_string()),
+        ]
+    }
+
+    /// `user`'s NKEY seed, for tests that check no one shows it.
+    pub fn seed_of(&self, user: &str) -> Result<String> {
+        let (_, path) = self.key(user)?;
+        Ok(std::fs::read_to_string(path)?.trim().to_owned())
+    }
+
+    /// The settings of [`NatsServer::env_for`], as a binary reads them.
+    pub fn args_for(&self, user: &str) -> hafleet_runtime::NatsArgs {
+        let (_, creds) = self.key(user).expect("an NKEY for the user");
+        let mut args = hafleet_runtime::NatsArgs::for_url(self.url());
+        args.nats_ca = Some(self.ca_path());
+        args.nats_creds = Some(creds);
+        args
+    }
+
+    /// A bus as `admin`, as the components make theirs.
+    pub async fn bus(&self) -> Result<hafleet_runtime::nats::Bus> {
+        Ok(self.args_for("admin").connect().await?)
+    }
+
+    /// Connect options as `user`: TLS with the test CA, and the user's NKEY.
+    fn options_for(&self, user: &str) -> Result<async_nats::ConnectOptions> {
+        let mut options = self.args_for(user).options(async_nats::ConnectOptions::new())?;
+        if let Some(fleet) = user.strip_prefix("hafleet-applier-") {
+            let fleet = hafleet_proto::FleetName::new(fleet)?;
+            options = options.custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(&fleet));
+        }
+        Ok(options)
     }
 
     /// The first node's client port.
@@ -333,16 +413,9 @@ impl NatsServer {
     /// A new client connection as `user` (one of [`COMPONENT_USERS`], `admin`, or a fleet's
     /// `hafleet-applier-<fleet>`, which gets its fleet's inbox prefix, as the applier does).
     pub async fn client_as(&self, user: &str) -> Result<async_nats::Client> {
-        let mut options = async_nats::ConnectOptions::with_user_and_password(
-            user.to_owned(),
-            self.password.clone(),
-        );
-        if let Some(fleet) = user.strip_prefix("hafleet-applier-") {
-            let fleet = hafleet_proto::FleetName::new(fleet)?;
-            options = options.custom_inbox_prefix(hafleet_proto::applier_inbox_prefix(&fleet));
-        }
-        options
-            .connect(self.addrs())
+        let addrs: Vec<String> = self.addrs().iter().map(|a| format!("tls://{a}")).collect();
+        self.options_for(user)?
+            .connect(addrs)
             .await
             .with_context(|| format!("connect to NATS at {:?} as {user}", self.addrs()))
     }

@@ -282,6 +282,14 @@ pub fn random_u64() -> u64 {
     z ^ (z >> 31)
 }
 
+/// Writes `content` to a new file at `path` only its owner reads (0600): a key or a seed.
+pub fn write_private(path: &std::path::Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(content)
+}
+
 /// A random 32-hex-digit token.
 pub fn random_token() -> String {
     format!("{:016x}{:016x}", random_u64(), random_u64())

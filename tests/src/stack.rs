@@ -199,7 +199,7 @@ impl Stack {
         self.nats.add_applier(fleet).await?;
         let mut cmd = self.command(Component::Applier);
         // Its own NATS user and health port: the stack's applier has the ones `command` gives.
-        cmd.env("HAFLEET_NATS_URL", self.nats.url_for(&format!("hafleet-applier-{fleet}")))
+        cmd.envs(self.nats.env_for(&format!("hafleet-applier-{fleet}")))
             .env("HAFLEET_FLEET", fleet)
             .env("HAFLEET_INVENTORY", &inventory)
             .env("HAFLEET_HEALTH_ADDR", "127.0.0.1:0");
@@ -217,7 +217,11 @@ impl Stack {
         let mut cmd = Command::new(bin_path(c.binary()));
         // Each component as its own NATS user, with the permissions hafleet ships.
         let replicas = self.nats.node_count().min(3).to_string();
-        cmd.env("HAFLEET_NATS_URL", self.nats.url_for(c.binary()))
+        let user = match c {
+            Component::Applier => format!("hafleet-applier-{}", self.fleet),
+            _ => c.binary().to_owned(),
+        };
+        cmd.envs(self.nats.env_for(&user))
             .env("HAFLEET_NATS_REPLICAS", replicas)
             .env("HAFLEET_HEALTH_ADDR", self.health_addr(c).to_string())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
@@ -232,9 +236,7 @@ impl Stack {
                     .env("HAFLEET_SIGNING_KEY", &self.signing.private);
             }
             Component::Applier => {
-                let user = format!("hafleet-applier-{}", self.fleet);
-                cmd.env("HAFLEET_NATS_URL", self.nats.url_for(&user))
-                    .env("HAFLEET_FLEET", &self.fleet)
+                cmd.env("HAFLEET_FLEET", &self.fleet)
                     .env("HAFLEET_INVENTORY", &self.inventory)
                     .env("HAFLEET_SSH_IDENTITY", &self.keys.identity)
                     .env("HAFLEET_SSH_KNOWN_HOSTS", &self.keys.known_hosts)

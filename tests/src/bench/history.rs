@@ -96,7 +96,7 @@ async fn timed(nats: &NatsServer, args: &[&str], runs: usize) -> Result<(Vec<f64
         let started = Instant::now();
         let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
             .args(args)
-            .env("HAFLEET_NATS_URL", nats.url_for("hafleet-operator"))
+            .envs(nats.env_for("hafleet-operator"))
             .env("RUST_LOG", "warn")
             .output()
             .await?;
@@ -133,7 +133,7 @@ pub async fn run(a: HistoryArgs) -> Result<()> {
     let signing = hafleet_tests::SigningKeys::generate(dir.path())?;
     let mut cmd = std::process::Command::new(bin_path("hafleet-renderer"));
     cmd.arg("run")
-        .env("HAFLEET_NATS_URL", nats.url_for("hafleet-renderer"))
+        .envs(nats.env_for("hafleet-renderer"))
         .env("HAFLEET_SIGNING_KEY", &signing.private)
         .env("HAFLEET_DATA_DIR", dir.path().join("renderer-data"))
         .env("HAFLEET_COALESCE_MS", "5")
@@ -141,7 +141,7 @@ pub async fn run(a: HistoryArgs) -> Result<()> {
         .env("HAFLEET_CHECKPOINT_EVERY", "1000000000");
     let _renderer =
         ChildGuard::spawn("hafleet-renderer", &mut cmd, &dir.path().join("renderer.log"))?;
-    let bus = hafleet_runtime::nats::Bus::connect(&nats.url()).await?;
+    let bus = nats.bus().await?;
     // The streams may not exist yet: the renderer is still starting.
     bus.ensure_stream(hafleet_proto::ROUTES).await?;
     bus.ensure_stream(hafleet_proto::CONFIGS).await?;

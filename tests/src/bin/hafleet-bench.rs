@@ -702,7 +702,7 @@ mod applier {
         let signer = Signer::from_pem(&std::fs::read_to_string(&signing.private)?)?;
         let nats = NatsServer::start().await?;
         // The streams the renderer would have made.
-        let admin = hafleet_runtime::nats::Bus::connect(&nats.url()).await?;
+        let admin = nats.bus().await?;
         admin.ensure_stream(hafleet_proto::CONFIGS).await?;
         admin.ensure_stream(hafleet_proto::REPORTS).await?;
         let mut hosts = Vec::new();
@@ -727,7 +727,7 @@ mod applier {
             let inventory = dir.path().join(format!("inventory-{n}.toml"));
             hafleet_tests::stack::write_inventory(&inventory, subset)?;
             let mut cmd = std::process::Command::new(bin_path("hafleet-applier"));
-            cmd.env("HAFLEET_NATS_URL", nats.url_for(&format!("hafleet-applier-{fleet}")))
+            cmd.envs(nats.env_for(&format!("hafleet-applier-{fleet}")))
                 .env("HAFLEET_FLEET", fleet.as_str())
                 .env("HAFLEET_INVENTORY", &inventory)
                 .env("HAFLEET_SSH_IDENTITY", &keys.identity)

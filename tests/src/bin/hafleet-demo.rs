@@ -417,7 +417,10 @@ async fn run(args: &Args) -> Result<()> {
     let mut env = String::new();
     writeln!(env, "# hafleet demo: source this file")?;
     writeln!(env, "export KUBECONFIG={}", stack.kube.kubeconfig_path().display())?;
-    writeln!(env, "export HAFLEET_NATS_URL={}", stack.nats.url())?;
+    // The operator's NATS settings: TLS with the demo's CA, and an NKEY seed file.
+    for (name, value) in stack.nats.env_for("admin") {
+        writeln!(env, "export {name}={value}")?;
+    }
     writeln!(env, "export HAFLEET_FLEET={FLEET}")?;
     writeln!(env, "export HAFLEET_DEMO_DIR={}", stack.dir().display())?;
     for (name, c) in [

@@ -1,0 +1,85 @@
+//! The control plane (issue 34): every component reaches NATS over TLS, known by its NKEY,
+//! and no secret shows on a command line or in `--help`.
+
+use crate::{World, expect_everywhere};
+use anyhow::{Context, Result};
+use hafleet_tests::stack::Component;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// The stack runs as the README says to run it: NATS takes TLS connections only, each
+/// component signs in with its own NKEY seed file, and traffic flows. A client that does not
+/// speak TLS is turned away; a component given a CA that did not sign the server's certificate
+/// stops at once with an error that says what to check, rather than waiting forever; no
+/// component's command line holds a seed, and `--help` never shows the value of
+/// `HAFLEET_NATS_URL` (a password in it, say).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_is_reached_over_tls_with_keys_and_a_wrong_ca_is_refused_at_once() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+
+    // The server asks every client for TLS first thing, and one with the CA but no key of a
+    // user it knows is turned away.
+    let mut tcp = tokio::net::TcpStream::connect(world.stack.nats.addr()).await?;
+    let mut info = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut info)).await??;
+    let info = String::from_utf8_lossy(&info[..n]);
+    assert!(info.starts_with("INFO ") && info.contains("\"tls_required\":true"), "{info}");
+    let url = world.stack.nats.url();
+    let anonymous = hafleet_runtime::NatsArgs {
+        nats_ca: Some(world.stack.nats.ca_path()),
+        ..hafleet_runtime::NatsArgs::for_url(url)
+    };
+    let err = anonymous.connect().await.expect_err("a client without a key was taken");
+    assert!(format!("{err:#}").contains("cannot connect to NATS"), "{err:#}");
+
+    // No seed on any command line.
+    let seeds: Vec<String> = ["hafleet-watcher", "hafleet-renderer", "hafleet-applier-edge"]
+        .into_iter()
+        .map(|u| world.stack.nats.seed_of(u))
+        .collect::<Result<_>>()?;
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        let pid = world.stack.pid(c).context("running")?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        for seed in &seeds {
+            assert!(!cmdline.contains(seed.as_str()), "{c:?}'s command line holds a seed");
+        }
+    }
+
+    // `--help` with a password in the environment's URL does not show it.
+    for (c, args) in [
+        (Component::Watcher, &["--help"][..]),
+        (Component::Renderer, &["run", "--help"]),
+        (Component::Renderer, &["history", "list", "--help"]),
+        (Component::Applier, &["--help"]),
+    ] {
+        let out = std::process::Command::new(hafleet_tests::bin_path(c.binary()))
+            .args(args)
+            .env("HAFLEET_NATS_URL", "nats://hafleet:hunter2-secret@nats.example:4222")
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("--nats-creds") && text.contains("--nats-ca"), "{text}");
+        assert!(!text.contains("hunter2-secret"), "{c:?} --help shows the URL's password");
+    }
+
+    // A CA of someone else's: the renderer says what is wrong and stops.
+    let other = hafleet_tests::tls::Ca::new("not the NATS server's CA")?;
+    let other_ca = world.stack.dir().join("other-ca.pem");
+    std::fs::write(&other_ca, other.cert_pem()?)?;
+    let other_ca = other_ca.display().to_string();
+    world.stack.restart_with(Component::Renderer, &[("HAFLEET_NATS_CA", other_ca.as_str())])?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while world.stack.is_running(Component::Renderer) {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the renderer still waits");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    let last = log.lines().rev().find(|l| l.contains("error")).unwrap_or_default();
+    assert!(
+        last.contains("cannot connect to NATS at tls://127.0.0.1:") && last.contains("--nats-ca"),
+        "{last}"
+    );
+    Ok(())
+}
