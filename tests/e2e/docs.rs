@@ -30,7 +30,8 @@ fn from_help(text: &str) -> Flags {
         let Some(flag) = &current else { continue };
         let entry = out.get_mut(flag).expect("inserted");
         if let Some(env) = trimmed.strip_prefix("[env: ") {
-            entry.0 = env.split('=').next().unwrap_or_default().to_owned();
+            // `[env: X=value]`, or `[env: X]` where the value is hidden.
+            entry.0 = env.split(['=', ']']).next().unwrap_or_default().to_owned();
         }
         if let Some(default) = trimmed.strip_prefix("[default: ") {
             entry.1 = default.trim_end_matches(']').to_owned();
