@@ -83,3 +83,80 @@ async fn nats_is_reached_over_tls_with_keys_and_a_wrong_ca_is_refused_at_once() 
     );
     Ok(())
 }
+
+/// Whether the API server lets the watcher's ServiceAccount `verb` Secrets in `namespace`
+/// (`None`: every namespace), named `name` when given: a SubjectAccessReview, the API server's
+/// own authorizer answering.
+async fn watcher_may(
+    client: &kube::Client,
+    verb: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> Result<bool> {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": hafleet_tests::kube_env::WATCHER_USER,
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:hafleet"],
+            "resourceAttributes": {"verb": verb, "resource": "secrets", "namespace": namespace,
+                                   "name": name}
+        }
+    }))?;
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+    let answer = api.create(&Default::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// With HTTPS on as the manifests set it up, the watcher's ServiceAccount may read the Secrets
+/// of the namespaces it serves certificates from, and not the renderer's signing key, the
+/// appliers' SSH keys or the NATS keys in namespace `hafleet`, nor list Secrets cluster-wide;
+/// and the watcher serves HTTPS with just that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_cannot_read_the_keys_that_sign_versions_or_reach_hosts() -> Result<()> {
+    let mut world = World::with_hosts(1).await?;
+    hafleet_tests::tls::tls_on(&mut world.stack, &[]).await?;
+    let client = world.stack.kube.client().await?;
+    for secret in ["hafleet-signing-key", "hafleet-applier-edge-ssh", "hafleet-nats-renderer"] {
+        for verb in ["get", "watch"] {
+            let may = watcher_may(&client, verb, Some("hafleet"), Some(secret)).await?;
+            assert!(!may, "the watcher may {verb} Secret hafleet/{secret}");
+        }
+    }
+    assert!(!watcher_may(&client, "list", None, None).await?, "it may list every Secret");
+    assert!(!watcher_may(&client, "list", Some("hafleet"), None).await?);
+    // What it needs: the TLS Secrets of `default`.
+    assert!(watcher_may(&client, "list", Some("default"), None).await?);
+    assert!(watcher_may(&client, "get", Some("default"), Some("shop-tls")).await?);
+    // And with only that, a certificate of `default` is served.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "default");
+    let (crt, key) = hafleet_tests::tls::self_signed(&["shop.example.com"])?;
+    let secret = hafleet_tests::tls::tls_secret("shop-tls", &crt, &key)?;
+    secrets.create(&Default::default(), &secret).await?;
+    let ingress: k8s_openapi::api::networking::v1::Ingress =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "shop", "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"ingressClassName": "hafleet",
+                     "tls": [{"hosts": ["shop.example.com"], "secretName": "shop-tls"}],
+                     "rules": [{"host": "shop.example.com", "http": {"paths": [{"path": "/",
+                       "pathType": "Prefix", "backend": {"service": {"name": "web",
+                       "port": {"number": 80}}}}]}}]}
+        }))?;
+    world.ingresses.create(&Default::default(), &ingress).await?;
+    let want = hafleet_tests::tls::fingerprint(&crt)?;
+    let addr = world.stack.hosts[0].https_addr();
+    hafleet_tests::eventually(
+        crate::CONVERGE,
+        "shop.example.com served with its certificate",
+        || {
+            let want = want.clone();
+            async move {
+                let got = hafleet_tests::tls::served_fingerprint(addr, "shop.example.com").await?;
+                anyhow::ensure!(got.as_deref() == Some(want.as_str()), "{got:?}");
+                Ok(())
+            }
+        },
+    )
+    .await
+}

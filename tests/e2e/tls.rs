@@ -9,7 +9,7 @@ use hafleet_applier::core::identity::FleetIdentity;
 use hafleet_proto::{RouteChange, RouteMessage};
 use hafleet_tests::eventually;
 use hafleet_tests::fixtures::IngressBuilder;
-use hafleet_tests::stack::{Component, kubectl_apply, workspace_file};
+use hafleet_tests::stack::Component;
 use hafleet_tests::tls::{
     fingerprint, https_get_as, self_signed, served_fingerprint, tls_on, tls_secret, write_identity,
 };
@@ -37,11 +37,7 @@ fn key_lines(key_pem: &[u8]) -> Vec<String> {
 async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_secrets() -> Result<()>
 {
     let mut world = World::with_hosts(1).await?;
-    kubectl_apply(
-        &world.stack.kube,
-        &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
-    )
-    .await?;
+    hafleet_tests::tls::allow_tls_namespaces(&world.stack, &["default"]).await?;
     let edge = FleetIdentity::generate();
     let seal_to = format!("edge={}", edge.recipient());
     // Every message on NATS from here on, as an observer with every right sees it.
@@ -55,7 +51,10 @@ async fn the_watcher_seals_each_certificate_to_its_fleet_and_warns_about_bad_sec
             }
         });
     }
-    world.stack.restart_with(Component::Watcher, &[("HAFLEET_SEAL_TO", &seal_to)])?;
+    world.stack.restart_with(
+        Component::Watcher,
+        &[("HAFLEET_SEAL_TO", &seal_to), ("HAFLEET_TLS_NAMESPACES", "default")],
+    )?;
 
     let client = world.stack.kube.client().await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
@@ -288,6 +287,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         Component::Watcher,
         &[
             ("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient())),
+            ("HAFLEET_TLS_NAMESPACES", "default"),
             ("HAFLEET_DEFAULT_CERTS", "edge=default/edge-default"),
             // Every certificate here is valid for 30 days: all within 60 days of expiring.
             ("HAFLEET_CERT_EXPIRY_WARNING_DAYS", "60"),

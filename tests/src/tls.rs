@@ -212,19 +212,42 @@ pub fn write_identity(dir: &Path, name: &str, identity: &FleetIdentity) -> Resul
     Ok(path)
 }
 
-/// Turns HTTPS on for `stack`'s fleet as the README says: the TLS RBAC component applied, a
-/// fleet identity made for its applier, the watcher sealing to its recipient. `watcher_env`
-/// is more of the watcher's settings (`HAFLEET_DEFAULT_CERTS`, say). Returns the identity.
-pub async fn tls_on(stack: &mut Stack, watcher_env: &[(&str, &str)]) -> Result<FleetIdentity> {
+/// Lets the watcher read the TLS Secrets of `namespaces` as the README says: the TLS RBAC
+/// component's ClusterRole, and its example RoleBinding in each namespace.
+pub async fn allow_tls_namespaces(stack: &Stack, namespaces: &[&str]) -> Result<()> {
     kubectl_apply(
         &stack.kube,
         &workspace_file("deploy/kubernetes/components/tls/watcher-tls-rbac.yaml"),
     )
     .await?;
+    let example = std::fs::read_to_string(workspace_file(
+        "deploy/kubernetes/components/tls/tls-rolebinding.yaml",
+    ))?;
+    for ns in namespaces {
+        stack.kube.ensure_namespace(ns).await?;
+        let file = stack.dir().join(format!("tls-rolebinding-{ns}.yaml"));
+        std::fs::write(&file, example.replace("namespace: default", &format!("namespace: {ns}")))?;
+        kubectl_apply(&stack.kube, &file).await?;
+    }
+    Ok(())
+}
+
+/// Turns HTTPS on for `stack`'s fleet as the README says: the TLS RBAC component applied (the
+/// watcher reads the Secrets of namespace `default`, or of the namespaces `watcher_env`'s
+/// `HAFLEET_TLS_NAMESPACES` names), a fleet identity made for its applier, the watcher
+/// sealing to its recipient. `watcher_env` is more of the watcher's settings
+/// (`HAFLEET_DEFAULT_CERTS`, say). Returns the identity.
+pub async fn tls_on(stack: &mut Stack, watcher_env: &[(&str, &str)]) -> Result<FleetIdentity> {
+    let namespaces = watcher_env
+        .iter()
+        .find(|(k, _)| *k == "HAFLEET_TLS_NAMESPACES")
+        .map_or("default", |(_, v)| *v);
+    allow_tls_namespaces(stack, &namespaces.split(',').collect::<Vec<_>>()).await?;
     let identity = FleetIdentity::generate();
     let file = write_identity(stack.dir(), &format!("{}.age", stack.fleet), &identity)?;
     let seal_to = format!("{}={}", stack.fleet, identity.recipient());
-    let mut env = vec![("HAFLEET_SEAL_TO", seal_to.as_str())];
+    let mut env =
+        vec![("HAFLEET_SEAL_TO", seal_to.as_str()), ("HAFLEET_TLS_NAMESPACES", "default")];
     env.extend_from_slice(watcher_env);
     stack.restart_with(Component::Watcher, &env)?;
     stack.restart_with(Component::Applier, &[("HAFLEET_TLS_IDENTITY", path_str(&file)?)])?;

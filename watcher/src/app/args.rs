@@ -94,6 +94,15 @@ pub struct RunArgs {
     /// Fleets not named get no certificates; unset: TLS off.
     #[arg(long, env = "HAFLEET_SEAL_TO", value_delimiter = ' ', value_parser = parse_seal_to)]
     pub seal_to: Vec<(FleetName, crate::core::tls_secrets::SealTo)>,
+    /// With TLS on, the only namespaces whose `kubernetes.io/tls` Secrets the watcher watches
+    /// and reads (comma-separated): the RBAC of deploy/kubernetes/components/tls
+    /// then needs a RoleBinding in each of these only, so the watcher can read no Secret
+    /// elsewhere (the renderer's signing key, the appliers' SSH keys). A Secret named from
+    /// another namespace is not served, and its Ingress is told why. Unset: every namespace
+    /// (a ClusterRoleBinding: the watcher may read every Secret of the cluster).
+    #[arg(long, env = "HAFLEET_TLS_NAMESPACES", value_delimiter = ',', num_args = 1..,
+          value_parser = parse_namespace)]
+    pub tls_namespaces: Vec<String>,
     /// Each TLS fleet's default certificate: the `kubernetes.io/tls` Secret HTTPS answers with
     /// for a name no Ingress has a certificate for, as `edge=hafleet/edge-default` (fleets
     /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
@@ -152,6 +161,10 @@ fn parse_default_cert(s: &str) -> Result<(FleetName, (String, String)), String> 
 
 /// `FLEET=age1…`. Errors never quote the value: an identity pasted here by mistake (the
 /// private half) must not reach a log.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    hafleet_proto::Namespace::new(s.trim()).map(|n| n.to_string()).map_err(|e| e.to_string())
+}
+
 fn parse_seal_to(s: &str) -> Result<(FleetName, crate::core::tls_secrets::SealTo), String> {
     if s.to_ascii_uppercase().contains("AGE-SECRET-KEY") {
         return Err("this is a fleet's private identity (AGE-SECRET-KEY-1…), which belongs \

@@ -59,7 +59,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (caches, mut changes) = kube_adapter::watch(
         client.clone(),
         slices,
-        !args.seal_to.is_empty(),
+        (!args.seal_to.is_empty()).then_some(args.tls_namespaces.as_slice()),
         (policy_ref, settings_ns),
         gateway_api,
     );

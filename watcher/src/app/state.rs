@@ -161,9 +161,7 @@ impl TlsState {
     /// not the one read, and forgets the Secrets no longer wanted.
     pub(crate) async fn refresh(
         &mut self,
-        meta: &kube::runtime::reflector::Store<
-            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>,
-        >,
+        meta: &crate::k8s::watch::TlsSecrets,
         wanted: &BTreeSet<(String, String)>,
         now_unix: i64,
     ) {
@@ -178,9 +176,16 @@ impl TlsState {
         self.seals.retain(|(_, chain), _| chains.contains(chain));
         let Some(client) = &self.client else { return };
         for (ns, name) in wanted {
-            let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
+            if !meta.reads(ns) {
+                let why = format!(
+                    "the watcher reads no Secret of namespace {ns} (it is not in its \
+                     --tls-namespaces)"
+                );
+                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
+                continue;
+            }
             let Some(rv) =
-                meta.get(&key).map(|m| m.metadata.resource_version.clone().unwrap_or_default())
+                meta.get(ns, name).map(|m| m.metadata.resource_version.clone().unwrap_or_default())
             else {
                 let why = format!(
                     "no Secret of type {} by that name in namespace {ns}",

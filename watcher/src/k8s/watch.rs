@@ -25,7 +25,7 @@ pub struct Caches {
     pub endpoint_slices: Option<Store<DynamicObject>>,
     /// With TLS on: the `kubernetes.io/tls` Secrets, metadata only (name and resourceVersion,
     /// never data). The data of the ones fleet Ingresses name is read with [`secret_data`].
-    pub tls_secrets: Option<Store<PartialObjectMeta<Secret>>>,
+    pub tls_secrets: Option<TlsSecrets>,
     /// With `--tenancy-policy`: that one ConfigMap (or none while it does not exist).
     pub policy: Option<Store<ConfigMap>>,
     /// With `--settings-namespace`: that namespace's ConfigMaps (the fleets' settings are
@@ -33,6 +33,28 @@ pub struct Caches {
     pub settings: Option<Store<ConfigMap>>,
     /// Where the cluster serves the Gateway API: its objects.
     pub gateway: Option<GatewayCaches>,
+}
+
+/// The `kubernetes.io/tls` Secrets the watcher watches: every namespace's, or those of
+/// `--tls-namespaces` (one watch each).
+#[derive(Clone)]
+pub struct TlsSecrets {
+    stores: Vec<Store<PartialObjectMeta<Secret>>>,
+    /// `None`: every namespace.
+    namespaces: Option<std::collections::BTreeSet<String>>,
+}
+
+impl TlsSecrets {
+    /// Whether the watcher reads TLS Secrets of namespace `ns`.
+    pub fn reads(&self, ns: &str) -> bool {
+        self.namespaces.as_ref().is_none_or(|n| n.contains(ns))
+    }
+
+    /// Secret `ns/name`'s metadata, if it is a TLS Secret the watcher watches.
+    pub fn get(&self, ns: &str, name: &str) -> Option<std::sync::Arc<PartialObjectMeta<Secret>>> {
+        let key = reflector::ObjectRef::new(name).within(ns);
+        self.stores.iter().find_map(|s| s.get(&key))
+    }
 }
 
 /// The Gateway API's objects hafleet reads: every GatewayClass, Gateway, HTTPRoute and
@@ -64,7 +86,7 @@ pub type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
 pub fn watch(
     client: Client,
     endpoint_slices: Option<ApiResource>,
-    tls: bool,
+    tls: Option<&[String]>,
     (policy, settings): (Option<(&str, &str)>, Option<&str>),
     gateway_api: bool,
 ) -> (Caches, Changes) {
@@ -111,20 +133,30 @@ pub fn watch(
         .reflect(node_writer)
         .map(|r| r.map(|_| ()).map_err(|e| ("nodes", e)));
     let mut all = vec![ing.boxed(), svc.boxed(), node.boxed()];
-    let tls_secrets = tls.then(|| {
-        let (store, writer) = reflector::store::<PartialObjectMeta<Secret>>();
-        let config = cfg().fields(&format!("type={}", crate::core::tls_secrets::SECRET_TYPE));
-        let secrets = watcher(Api::<PartialObjectMeta<Secret>>::all(client.clone()), config)
-            .default_backoff()
-            .modify(|s| {
-                s.metadata.managed_fields = None;
-                s.metadata.annotations = None;
-                s.metadata.labels = None;
-            })
-            .reflect(writer)
-            .map(|r| r.map(|_| ()).map_err(|e| ("secrets", e)));
-        all.push(secrets.boxed());
-        store
+    let tls_secrets = tls.map(|namespaces| {
+        // Every namespace's, or one watch per namespace named (where its RoleBinding is).
+        let apis: Vec<Api<PartialObjectMeta<Secret>>> = match namespaces {
+            [] => vec![Api::all(client.clone())],
+            some => some.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect(),
+        };
+        let mut stores = Vec::with_capacity(apis.len());
+        for api in apis {
+            let (store, writer) = reflector::store::<PartialObjectMeta<Secret>>();
+            let config = cfg().fields(&format!("type={}", crate::core::tls_secrets::SECRET_TYPE));
+            let secrets = watcher(api, config)
+                .default_backoff()
+                .modify(|s| {
+                    s.metadata.managed_fields = None;
+                    s.metadata.annotations = None;
+                    s.metadata.labels = None;
+                })
+                .reflect(writer)
+                .map(|r| r.map(|_| ()).map_err(|e| ("secrets", e)));
+            all.push(secrets.boxed());
+            stores.push(store);
+        }
+        let namespaces = (!namespaces.is_empty()).then(|| namespaces.iter().cloned().collect());
+        TlsSecrets { stores, namespaces }
     });
     // The tenancy policy: one ConfigMap, watched by name in its namespace (the watcher's Role
     // there is all it needs; it reads no other ConfigMap's data).
@@ -275,7 +307,9 @@ impl Caches {
             slices.wait_until_ready().await?;
         }
         if let Some(secrets) = &self.tls_secrets {
-            secrets.wait_until_ready().await?;
+            for store in &secrets.stores {
+                store.wait_until_ready().await?;
+            }
         }
         if let Some(policy) = &self.policy {
             policy.wait_until_ready().await?;
