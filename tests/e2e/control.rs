@@ -160,3 +160,66 @@ async fn the_watcher_cannot_read_the_keys_that_sign_versions_or_reach_hosts() ->
     )
     .await
 }
+
+/// A host that answers without end (here: its HAProxy prints 100 MB when asked to check a
+/// config, as a compromised host could) is cut off at the applier's cap and reported failed,
+/// the applier's memory bounded and the rest of the fleet served; a host that may not be the
+/// canary (`canary = false`) is never the first to take a version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_answers_without_end_is_cut_off_and_the_fleet_goes_on() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("before", "before.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "before.example.com", "/", 200, "web@").await?;
+
+    // lb-1 (first in the inventory) may not be the canary, and its checks print 100 MB.
+    let spewer = world.stack.hosts[0].dir().join("haproxy-that-talks");
+    let real = world.stack.hosts[0].haproxy_bin().display().to_string();
+    std::fs::write(
+        &spewer,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -c ]; then head -c 104857600 /dev/zero | tr '\\0' x; fi\n\
+             exec {real} \"$@\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&spewer, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let inventory = std::fs::read_to_string(world.stack.inventory_path())?;
+    let mut hosts: Vec<String> = inventory.split("[[hosts]]").map(str::to_owned).collect();
+    // [0] is what comes before the first host; [1] is lb-1's.
+    let talking = format!("haproxy_bin = \"{}\"", spewer.display());
+    hosts[1] = hosts[1].replace(&format!("haproxy_bin = \"{real}\""), &talking);
+    hosts[1].push_str("canary = false\n");
+    std::fs::write(world.stack.inventory_path(), hosts.join("[[hosts]]"))?;
+    world.stack.restart_with(Component::Applier, &[])?;
+
+    // A new route: its maps are checked with `haproxy -c` on each host.
+    let before = world.stack.latest_version().await?.context("a version")?.version;
+    world.route("after", "after.example.com", "/", "api").await?;
+    let stack = &world.stack;
+    let version =
+        hafleet_tests::eventually(crate::CONVERGE, "the version with the route", || async move {
+            let v = stack.latest_version().await?.context("a version")?.version;
+            anyhow::ensure!(v > before, "still version {v}");
+            Ok(v)
+        })
+        .await?;
+    let lb1 = world.report("lb-1", version).await?;
+    let said = format!("{:?}", lb1.outcome);
+    assert!(said.contains("cut off"), "{said}");
+    // lb-2 was the canary (lb-1 may not be): it serves the new route; the applier runs on.
+    let lb2 = world.report("lb-2", version).await?;
+    assert_eq!(lb2.outcome, hafleet_proto::ApplyOutcome::Applied);
+    assert!(lb2.finished_unix_ms <= lb1.finished_unix_ms, "lb-1 went first");
+    crate::expect_on(&world.stack.hosts[1..], &world.stack, "after.example.com", "/", 200, "api@")
+        .await?;
+    assert!(world.stack.is_running(Component::Applier), "the applier went down");
+    // The applier's memory stayed far below what the host printed.
+    let pid = world.stack.pid(Component::Applier).context("running")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmHWM")?;
+    assert!(peak_kb < 100 * 1024, "the applier's peak memory: {peak_kb} kB");
+    Ok(())
+}

@@ -839,6 +839,7 @@ async fn a_remote_command_that_hangs_fails_at_the_timeout() -> Result<()> {
         haproxy_bin: h.haproxy_bin().display().to_string(),
         probe_address: None,
         probes: vec![],
+        canary: true,
     };
     let conn = HostConn::connect(&host, &settings).await?;
     assert!(conn.run(&NOOP, &[], None).await?.success, "the host answers");

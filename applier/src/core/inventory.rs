@@ -12,14 +12,17 @@
 //! master_socket = "/run/haproxy-master.sock"   # HAProxy's master CLI (-S)
 //! haproxy_bin = "/usr/sbin/haproxy"            # the default; sshd's PATH lacks /usr/sbin
 //! probe_address = "10.0.0.10:80"               # where HAProxy serves HTTP, for the probes
+//! canary = true                                # may be the canary (the default); false: never
 //!
 //! [[probes]]                                   # every host's, unless it lists its own
 //! path = "/healthz"                            #   (as [[hosts.probes]])
 //! host = "shop.example.com"                    # the Host header
 //! status = 200                                 # the status it must answer
 //! ```
-//! Order matters: the first host that can be reached is the canary, and each version goes there
-//! alone before it goes anywhere else. After a version goes live on a host, each probe must
+//! Order matters: the first host that can be reached (of those that may be: `canary = false`
+//! keeps a host out of the role, a host of another trust zone say, so that it cannot veto
+//! every version) is the canary, and each version goes there alone before it goes anywhere
+//! else; at least one host must be able to be the canary. After a version goes live on a host, each probe must
 //! answer its status within the applier's `--probe-timeout-secs`, or the host goes back to
 //! last-known-good and the rollout halts.
 
@@ -39,6 +42,8 @@ pub enum InventoryError {
     Invalid { host: String, what: &'static str, value: String, rule: &'static str },
     #[error("host name {0} appears twice")]
     Duplicate(String),
+    #[error("every host says canary = false: at least one must be able to be the canary")]
+    NoCanary,
     #[error("host name: {0}")]
     Name(#[from] hafleet_proto::InvalidValue),
 }
@@ -57,6 +62,8 @@ pub struct Host {
     pub probe_address: Option<String>,
     /// What must answer after each version goes live here.
     pub probes: Vec<Probe>,
+    /// Whether it may be the canary.
+    pub canary: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +93,12 @@ struct RawHost {
     probe_address: Option<String>,
     #[serde(default)]
     probes: Option<Vec<Probe>>,
+    #[serde(default = "default_canary")]
+    canary: bool,
+}
+
+fn default_canary() -> bool {
+    true
 }
 
 fn default_port() -> u16 {
@@ -174,7 +187,11 @@ pub fn parse(text: &str) -> Result<Vec<Host>, InventoryError> {
             haproxy_bin: h.haproxy_bin,
             probe_address: h.probe_address,
             probes,
+            canary: h.canary,
         });
+    }
+    if !hosts.iter().any(|h| h.canary) {
+        return Err(InventoryError::NoCanary);
     }
     Ok(hosts)
 }
@@ -189,6 +206,18 @@ fn is_safe_path(p: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_may_be_kept_from_the_canary_role_but_not_every_host() {
+        let hosts = parse(
+            "[[hosts]]\nname = \"lb-1\"\naddress = \"10.0.0.1\"\ncanary = false\n\
+             [[hosts]]\nname = \"lb-2\"\naddress = \"10.0.0.2\"\n",
+        )
+        .unwrap();
+        assert_eq!(hosts.iter().map(|h| h.canary).collect::<Vec<_>>(), [false, true]);
+        let none = parse("[[hosts]]\nname = \"lb-1\"\naddress = \"10.0.0.1\"\ncanary = false\n");
+        assert!(matches!(none, Err(InventoryError::NoCanary)), "{none:?}");
+    }
 
     #[test]
     fn probes_are_the_fleet_s_unless_a_host_lists_its_own_and_need_an_address() {

@@ -168,7 +168,7 @@ impl HostConn {
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().await?;
         let pipe = stdin.map(|bytes| (child.stdin().take().expect("stdin is piped"), bytes));
-        let (fed, out) = fed_while(pipe, child.wait_with_output()).await;
+        let (fed, out) = fed_while(pipe, capped_output(child, script.name)).await;
         let out = out?;
         // A script that failed says why on stderr (it may stop reading at once); one that
         // succeeded without reading all it was given is an error of its own.
@@ -295,6 +295,56 @@ impl ConnPool {
 /// this side still writes its stdin. Once the command has ended, the writing is not waited
 /// for: a write still blocked then never ends if something else keeps the pipe open (an ssh
 /// master, say), so it counts as input the command did not read.
+/// The most a remote command may print on its stdout, and on its stderr: hafleet's scripts
+/// answer in kilobytes (a `show` of 10,000 servers' state in a few megabytes), and a host
+/// that says more (a compromised one, streaming without end) is cut off there, not read whole
+/// into the applier's memory.
+pub const MAX_ANSWER_BYTES: usize = 32 << 20;
+
+/// What a remote command printed and how it ended.
+struct Output {
+    status: std::process::ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Waits for `child`, reading its stdout and stderr together, each up to
+/// [`MAX_ANSWER_BYTES`]: one that says more fails the command at once (the pipes closed, the
+/// remote process gets SIGPIPE on its next write), and the host with it.
+async fn capped_output(
+    mut child: openssh::Child<&Session>,
+    script: &str,
+) -> Result<Output, openssh::Error> {
+    let (stdout, stderr) = tokio::try_join!(
+        read_capped(child.stdout().take(), MAX_ANSWER_BYTES, (script, "stdout")),
+        read_capped(child.stderr().take(), MAX_ANSWER_BYTES, (script, "stderr")),
+    )
+    .map_err(openssh::Error::ChildIo)?;
+    let status = child.wait().await?;
+    Ok(Output { status, stdout, stderr })
+}
+
+/// Reads `pipe` to its end, up to `cap` bytes; more is an error naming the script and the
+/// pipe (`what`).
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    cap: usize,
+    (script, what): (&str, &str),
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    if let Some(mut pipe) = pipe {
+        AsyncReadExt::take(&mut pipe, cap as u64 + 1).read_to_end(&mut buf).await?;
+    }
+    if buf.len() > cap {
+        return Err(std::io::Error::other(format!(
+            "the host's answer to {script} was more than {} bytes on its {what}: cut off",
+            cap
+        )));
+    }
+    Ok(buf)
+}
+
 async fn fed_while<W, T>(
     stdin: Option<(W, &[u8])>,
     done: impl std::future::Future<Output = T>,
@@ -328,7 +378,20 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::fed_while;
+    use super::{fed_while, read_capped};
+
+    /// An answer of the cap is read whole; one byte more is an error that names the script and
+    /// the pipe, and nothing beyond the cap is read.
+    #[tokio::test]
+    async fn an_answer_longer_than_the_cap_is_cut_off() {
+        let long = vec![b'x'; 4096];
+        let whole = read_capped(Some(&long[..1024]), 1024, ("validate", "stdout")).await;
+        assert_eq!(whole.unwrap().len(), 1024);
+        let err = read_capped(Some(long.as_slice()), 1024, ("validate", "stderr")).await;
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("validate") && err.contains("1024 bytes on its stderr"), "{err}");
+        assert!(read_capped(None::<&[u8]>, 1024, ("x", "stdout")).await.unwrap().is_empty());
+    }
     use std::process::Stdio;
     use std::time::Duration;
 

@@ -142,7 +142,7 @@ impl HostOps for SshHost {
             };
             match ran {
                 // A dropped connection is an upload that may pass, not a refused config.
-                Err(e) => Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+                Err(e) => Err(fail(ApplyStage::Upload, ssh_error(&e))),
                 ran => {
                     outcome_of(ApplyStage::Validate, ran).map(|out| answer::Uploaded::parse(&out))
                 }
@@ -244,7 +244,7 @@ impl HostOps for SshHost {
                 .conn
                 .run(&scripts::MASTER_CLI, &[self.socket(), "show proc"], None)
                 .await
-                .map_err(|e| format!("ssh: {e}"))?;
+                .map_err(|e| ssh_error(&e))?;
             answer::show_proc(self.socket(), &out.stdout, &out.stderr)
         }
         .boxed()
@@ -256,7 +256,7 @@ impl HostOps for SshHost {
                 .conn
                 .run(&scripts::MASTER_CLI, &[self.socket(), command], None)
                 .await
-                .map_err(|e| format!("ssh: {e}"))?;
+                .map_err(|e| ssh_error(&e))?;
             Ok(out.stdout)
         }
         .boxed()
@@ -268,7 +268,7 @@ impl HostOps for SshHost {
                 .conn
                 .run(&scripts::MASTER_SESSION, &[self.socket()], Some(input))
                 .await
-                .map_err(|e| format!("ssh: {e}"))?;
+                .map_err(|e| ssh_error(&e))?;
             if !out.success {
                 return Err(format!("master CLI session failed: {}", out.stderr.trim()));
             }
@@ -307,7 +307,7 @@ impl Hosts for SshHosts {
             let (conn, generation, out) =
                 match self.pool.take_running(host, &scripts::NOOP, &[], None).await {
                     Ok(running) => running,
-                    Err(e) => return Err(fail(ApplyStage::Upload, format!("ssh: {e}"))),
+                    Err(e) => return Err(fail(ApplyStage::Upload, ssh_error(&e))),
                 };
             let done = outcome_of(ApplyStage::Upload, out).map(|_| ());
             Ok((self.session(host, conn, generation), done))
@@ -356,7 +356,7 @@ fn outcome_of(
             let said = format!("{}{}", out.stdout, out.stderr);
             Err(Failure { exit, ..fail(stage, said.trim()) })
         }
-        Err(e) => Err(fail(stage, format!("ssh: {e}"))),
+        Err(e) => Err(fail(stage, ssh_error(&e))),
     }
 }
 
@@ -387,4 +387,16 @@ async fn connect_failure(host: &Host, e: &openssh::Error) -> Failure {
             host.address, host.port
         ),
     )
+}
+
+/// An SSH error with its causes, for the host's report (`ssh: failure while accessing standard
+/// i/o of remote process: the host's answer to … was more than … bytes on its stderr: cut off`).
+fn ssh_error(e: &openssh::Error) -> String {
+    let mut text = format!("ssh: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
 }

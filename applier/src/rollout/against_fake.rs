@@ -38,6 +38,7 @@ fn host(n: usize) -> Host {
         haproxy_bin: "/usr/sbin/haproxy".into(),
         probe_address: None,
         probes: vec![],
+        canary: true,
     }
 }
 
@@ -213,6 +214,35 @@ async fn an_unreachable_canary_is_passed_over_and_retried_later() {
     let again = roll_out(&hosts[..1], &v2, &[], &settings).await;
     assert_eq!(outcomes_of(&again), [ApplyOutcome::Applied]);
     assert_eq!(fake.host("h0").loaded.as_ref(), Some(&v2.sha256));
+}
+
+/// A host that may not be the canary (`canary = false`) is never the first to get a version,
+/// even ahead of the others in the inventory; when no host that may be the canary can be
+/// reached, the version goes nowhere.
+#[tokio::test(start_paused = true)]
+async fn a_host_that_may_not_be_the_canary_never_goes_first() {
+    let (v1, v2) = (version(1, &config(&["be_a"], 0)), version(2, &config(&["be_b"], 0)));
+    let (mut hosts, fake) = fleet(3, Some(&v1), |_, h| h);
+    hosts[0].canary = false;
+    let result = roll_out(&hosts, &v2, &[], &settings(&fake, 3, 1)).await;
+    assert_eq!(result.outcomes[0].host, 1, "h1 is the canary");
+    assert!(outcomes_of(&result).iter().all(|o| *o == ApplyOutcome::Applied));
+    let log = fake.log();
+    assert!(at(&log, 1, Op::Reload) < at(&log, 0, Op::Open), "h0 went after the canary");
+
+    // The only host that may be the canary is down: nothing goes anywhere.
+    let (v3, down) = (version(3, &config(&["be_c"], 0)), ops::fail(ApplyStage::Connect, "down"));
+    let (mut hosts, fake) = fleet(2, Some(&v2), |i, mut h| {
+        if i == 0 {
+            h.failures.insert(Op::Open, (down.clone(), 1));
+        }
+        h
+    });
+    hosts[1].canary = false;
+    let result = roll_out(&hosts, &v3, &[], &settings(&fake, 2, 1)).await;
+    assert_eq!(stage_of(&outcomes(&result)[0].1), Some(ApplyStage::Connect));
+    assert_eq!(result.not_attempted, [1]);
+    assert_eq!(fake.host("h1").loaded.as_ref(), Some(&v2.sha256));
 }
 
 fn outcomes_of(result: &RolloutResult) -> Vec<ApplyOutcome> {

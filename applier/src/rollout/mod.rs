@@ -253,9 +253,10 @@ async fn attempt_host<'a>(
     HostResult { host: i, outcome, took: started.elapsed(), finished_unix_ms, effort }
 }
 
-/// Rolls `version` out over `hosts`. The canary is the first host in inventory order that can
-/// be reached: unreachable hosts before it are skipped (and retried later), so one host that is
-/// down never freezes its fleet. A canary that fails halts the rollout. After it, the other
+/// Rolls `version` out over `hosts`. The canary is the first host in inventory order that may
+/// be one (`canary`) and can be reached: unreachable hosts before it are skipped (and retried
+/// later), so one host that is down never freezes its fleet; when none of those can be
+/// reached, the version goes nowhere (the others are not attempted). A canary that fails halts the rollout. After it, the other
 /// hosts go in waves of `parallelism`; any failure other than an unreachable host halts. While
 /// the canary goes live, the first wave is prepared (uploaded and validated, nothing live
 /// changed); if the rollout halts, what was prepared is removed.
@@ -269,13 +270,25 @@ pub async fn roll_out(
         warn!(fleet = %version.fleet, version = version.version, "rollout halted");
         result.not_attempted = rest.to_vec();
     };
-    let order: Vec<usize> = (0..hosts.len()).collect();
+    // The hosts that may be the canary first, each group in inventory order.
+    let (mut order, others): (Vec<usize>, Vec<usize>) =
+        (0..hosts.len()).partition(|&i| hosts[i].canary);
+    let candidates = order.len();
+    order.extend(others);
     let mut result = RolloutResult::default();
     // Hosts of the first wave, prepared (uploaded and validated, nothing live changed) while
     // the canary goes live, so the wave only has to swap and apply.
     let mut ready: std::collections::HashMap<usize, Prepared<'_>> = Default::default();
     let mut next = 0;
     while next < order.len() {
+        if next == candidates {
+            // No host that may be the canary could be reached: none of the others goes first.
+            for (_, p) in ready.drain() {
+                abandon(p).await;
+            }
+            halted(&mut result, &order[next..]);
+            return result;
+        }
         let canary = order[next];
         let canary_prepared = ready.remove(&canary);
         let ahead: Vec<usize> = order[next + 1..]
