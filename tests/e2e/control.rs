@@ -223,3 +223,57 @@ async fn a_host_that_answers_without_end_is_cut_off_and_the_fleet_goes_on() -> R
     assert!(peak_kb < 100 * 1024, "the applier's peak memory: {peak_kb} kB");
     Ok(())
 }
+
+/// Consumers are their owners': the watcher's NATS user can create ordered readers but not a
+/// named consumer (neither through the named subject nor with a durable name through the
+/// ephemeral one), so it cannot move an applier's; and an applier whose consumer was changed
+/// by hand (an operator with every right) puts it right at its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_consumer_is_its_owner_s_and_is_put_right() -> Result<()> {
+    let mut world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let consumer = "hafleet-applier-edge";
+    let config = serde_json::json!({"durable_name": consumer, "filter_subject": "hafleet.configs.edge",
+        "ack_policy": "explicit", "deliver_policy": "new", "max_ack_pending": 1});
+    let watcher = world.stack.nats.client_as("hafleet-watcher").await?;
+    for subject in [
+        format!("$JS.API.CONSUMER.CREATE.HAFLEET_CONFIGS.{consumer}.hafleet.configs.edge"),
+        "$JS.API.CONSUMER.CREATE.HAFLEET_CONFIGS".to_owned(),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.HAFLEET_CONFIGS.{consumer}"),
+    ] {
+        let body = serde_json::json!({"stream_name": "HAFLEET_CONFIGS", "config": config,
+                                      "action": "update"});
+        let asked = watcher.request(subject.clone(), serde_json::to_vec(&body)?.into());
+        let answer = tokio::time::timeout(Duration::from_secs(5), asked).await;
+        let refused = match answer {
+            Ok(Ok(m)) => String::from_utf8_lossy(&m.payload).contains("\"error\""),
+            _ => true, // no permission: the request goes nowhere
+        };
+        assert!(refused, "the watcher changed the applier's consumer through {subject}");
+    }
+    let admin = world.stack.nats.bus().await?;
+    let stream = admin.js.get_stream("HAFLEET_CONFIGS").await?;
+    let info = stream.consumer_info(consumer).await?;
+    assert_eq!(info.config.max_ack_pending, 100, "{:?}", info.config);
+
+    // Changed by hand: the applier puts it right when it starts.
+    let mut changed = info.config.clone();
+    changed.max_ack_pending = 1;
+    changed.ack_wait = Duration::from_secs(5);
+    stream.update_consumer(changed).await?;
+    assert_eq!(stream.consumer_info(consumer).await?.config.max_ack_pending, 1);
+    world.stack.restart_with(Component::Applier, &[])?;
+    let stream = &stream;
+    hafleet_tests::eventually(crate::CONVERGE, "the applier's consumer put right", || async move {
+        let c = stream.clone().consumer_info(consumer).await?.config;
+        anyhow::ensure!(c.max_ack_pending == 100 && c.ack_wait == Duration::from_secs(60), "{c:?}");
+        Ok(())
+    })
+    .await?;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Applier))?;
+    assert!(log.contains("the fleet's consumer was changed; putting it right"), "{log}");
+    // And it still serves.
+    world.route("after", "after.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "after.example.com", "/", 200, "web@").await
+}
