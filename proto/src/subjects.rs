@@ -59,6 +59,11 @@ pub const ROUTES_CONFIRM_SUBJECT: &str = "hafleet.routes._confirm";
 /// cannot collide with a fleet's subject.
 pub const ROUTES_QUARANTINE_SUBJECT: &str = "hafleet.routes._quarantine";
 
+/// Where a renderer asks the watchers to publish everything again (core NATS, not a stream):
+/// its routes stream lost events it had not applied (a store rebuilt past the stream's
+/// retention), and it publishes nothing until they do.
+pub const RESYNC_SUBJECT: &str = "hafleet.resync";
+
 /// JetStream's de-duplication header: publishes that are retried carry the same id.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header naming the schema version of the payload.

@@ -277,3 +277,68 @@ async fn a_durable_consumer_is_its_owner_s_and_is_put_right() -> Result<()> {
     world.route("after", "after.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "after.example.com", "/", 200, "web@").await
 }
+
+/// A renderer started on an empty store while the routes stream no longer holds the events
+/// that made its fleet (gone with retention, here purged) publishes nothing from what is left:
+/// it asks the watchers to restate every Ingress, and its first version after that holds them
+/// all, where it used to publish a fleet without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renderer_behind_a_gapped_stream_publishes_nothing_until_everything_is_restated()
+-> Result<()> {
+    let mut world = World::start().await?;
+    let hosts = ["a.example.com", "b.example.com", "c.example.com"];
+    for (i, host) in hosts.iter().enumerate() {
+        world.route(&format!("r{i}"), host, "/", "web").await?;
+    }
+    for host in hosts {
+        expect_everywhere(&world.stack, host, "/", 200, "web@").await?;
+    }
+    let before = world.stack.latest_version().await?.context("a version")?.version;
+
+    // The renderer's store is lost, and the stream no longer holds what it never applied.
+    world.stack.kill(Component::Renderer);
+    std::fs::remove_dir_all(world.stack.dir().join("renderer-data"))?;
+    let admin = world.stack.nats.bus().await?;
+    admin.js.get_stream(hafleet_proto::ROUTES_STREAM).await?.purge().await?;
+    if let Ok(checkpoints) = admin.js.get_stream("OBJ_hafleet-checkpoints").await {
+        checkpoints.purge().await?;
+    }
+    world.stack.restart_with(Component::Renderer, &[])?;
+
+    // The watcher restates everything when asked; the next version holds every Ingress, and
+    // no version of the new renderer ever lacked one.
+    let stack = &world.stack;
+    let newer = hafleet_tests::eventually(
+        crate::CONVERGE,
+        "a version after the restatement",
+        || async move {
+            let v = stack.latest_version().await?.context("a version")?;
+            anyhow::ensure!(v.version > before, "still version {}", v.version);
+            Ok(v.version)
+        },
+    )
+    .await?;
+    let log = std::fs::read_to_string(world.stack.log_path(Component::Renderer))?;
+    assert!(log.contains("publishing nothing until a watcher restates every Ingress"), "{log}");
+    let wlog = std::fs::read_to_string(world.stack.log_path(Component::Watcher))?;
+    assert!(wlog.contains("publishing every Ingress again"), "{wlog}");
+    let bus = world.stack.nats.bus().await?;
+    for v in world.stack.versions().await? {
+        if v.version <= before {
+            continue;
+        }
+        let number = v.version;
+        let v = bus.fetch_bundle(v).await?;
+        let hafleet_proto::Body::Inline { bundle } = &v.body else { anyhow::bail!("not fetched") };
+        let map = bundle.maps.iter().find(|m| m.name.as_str().starts_with("hosts-"));
+        let map = map.map(|m| m.content.as_str()).unwrap_or_default();
+        for host in hosts {
+            assert!(map.contains(host), "version {number} lacks {host}:\n{map}");
+        }
+    }
+    assert!(newer > before);
+    for host in hosts {
+        expect_everywhere(&world.stack, host, "/", 200, "web@").await?;
+    }
+    Ok(())
+}

@@ -46,6 +46,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if store.is_empty()? {
         checkpoints.restore(&bus, &store).await?;
     }
+    // Events the store never applied and the stream no longer holds: publishing before the
+    // watchers restate everything would withdraw what those events routed.
+    let mut gap = Gap::at_start(&bus, &store).await?;
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
     for ((fleet, cluster), held) in &desired.held {
@@ -56,7 +59,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
-    let mut unpublished = publish_unpublished(&bus, &store, &signer).await?;
+    let mut unpublished = match gap.is_some() {
+        true => true,
+        false => publish_unpublished(&bus, &store, &signer).await?,
+    };
     let mut history = bus
         .client
         .subscribe(hafleet_proto::HISTORY_SUBJECTS)
@@ -111,8 +117,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 releases.due(&bus, &desired, args.sweep_release_after).await;
                 continue;
             }
-            _ = retry.tick(), if unpublished => {
+            _ = retry.tick(), if unpublished && gap.is_none() => {
                 unpublished = publish_unpublished(&bus, &store, &signer).await?;
+                continue;
+            }
+            _ = Gap::tick(&mut gap) => {
+                Gap::ask(&bus, &mut gap).await;
                 continue;
             }
             _ = &mut shutdown => break,
@@ -140,9 +150,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
         process(&bus, &stream, &store, &renderer, &mut desired, &guard, &entries).await?;
+        if gap.as_ref().is_some_and(|g| batch.iter().any(|m| g.restates(m))) {
+            info!("a watcher restated everything after the gap; publishing again");
+            gap = None;
+        }
         // Committed versions are safe in the store: the batch is acked even if a fleet's
         // version could not be published yet; it is retried on its own.
-        unpublished = publish_unpublished(&bus, &store, &signer).await?;
+        unpublished = match gap.is_some() {
+            true => true,
+            false => publish_unpublished(&bus, &store, &signer).await?,
+        };
         for m in &batch {
             if let Err(e) = m.ack().await {
                 // Not fatal: the message comes back and is skipped by its sequence.
@@ -154,6 +171,78 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!("renderer stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// A gap in the routes stream behind the store: the events between what the store applied and
+/// the stream's first message are gone. Until a watcher restates everything (its initial
+/// publish: every Ingress again, then a snapshot), nothing is published, and the watchers are
+/// asked to (on [`hafleet_proto::RESYNC_SUBJECT`], every 30 s).
+struct Gap {
+    /// The sequences lost, first and last.
+    lost: (u64, u64),
+    /// The stream's last sequence when the renderer started: only a snapshot after it answers
+    /// the ask (one from before names Ingresses whose events are gone).
+    after: u64,
+    ask: tokio::time::Interval,
+}
+
+impl Gap {
+    async fn at_start(bus: &bus::Bus, store: &Store) -> anyhow::Result<Option<Gap>> {
+        let applied = store.applied_seq()?;
+        let bounds = bus::routes_bounds(bus).await?;
+        // (A new stream's first sequence is 0; one emptied by retention's, its last + 1.)
+        if bounds.first <= applied + 1 {
+            return Ok(None);
+        }
+        let lost = (applied + 1, bounds.first - 1);
+        error!(
+            from_seq = lost.0,
+            to_seq = lost.1,
+            "the routes stream no longer holds events this store never applied: publishing \
+             nothing until a watcher restates every Ingress (asked on {})",
+            hafleet_proto::RESYNC_SUBJECT
+        );
+        let mut ask = tokio::time::interval(Duration::from_secs(30));
+        ask.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Some(Gap { lost, after: bounds.last, ask }))
+    }
+
+    /// Ticks while there is a gap; never without one.
+    async fn tick(gap: &mut Option<Gap>) {
+        match gap {
+            Some(g) => {
+                g.ask.tick().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Asks the watchers to restate everything.
+    async fn ask(bus: &bus::Bus, gap: &mut Option<Gap>) {
+        let Some(g) = gap else { return };
+        let body = format!("{}-{}", g.lost.0, g.lost.1);
+        match bus.client.publish(hafleet_proto::RESYNC_SUBJECT, body.into()).await {
+            Ok(()) => info!(
+                from_seq = g.lost.0,
+                to_seq = g.lost.1,
+                "asked the watchers to restate every Ingress"
+            ),
+            Err(e) => {
+                warn!(error = %e, "cannot ask the watchers to restate every Ingress; again later")
+            }
+        }
+    }
+
+    /// Whether `m` ends a watcher's restatement: a snapshot (which follows every Ingress of
+    /// its cluster) published since the renderer started.
+    fn restates(&self, m: &async_nats::jetstream::Message) -> bool {
+        m.info().is_ok_and(|i| i.stream_sequence > self.after)
+            && m.subject.starts_with(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT)
+            && matches!(
+                hafleet_proto::RouteMessage::decode(&m.payload),
+                Ok(hafleet_proto::RouteMessage::Snapshot(_))
+            )
+    }
 }
 
 /// Releases of held sweeps by --sweep-release-after.

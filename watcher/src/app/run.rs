@@ -87,6 +87,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         slices: Default::default(),
         policy: Default::default(),
         churn: Default::default(),
+        restating: None,
         settings: Default::default(),
         route_seqs: Default::default(),
         served: Default::default(),
@@ -175,6 +176,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
 
+    // A renderer whose routes stream lost events it never applied asks for everything again.
+    let mut resyncs = bus
+        .client
+        .subscribe(hafleet_proto::RESYNC_SUBJECT)
+        .await
+        .context("cannot subscribe to renderers' resync requests")?;
+    let mut last_restated: Option<tokio::time::Instant> = None;
     let debounce = Duration::from_millis(args.debounce_ms);
     let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
     let resync = Duration::from_secs(args.resync_secs.max(1));
@@ -212,19 +220,48 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep(resync) => {}
+            Some(asked) = resyncs.next() => {
+                // At most one restatement per 10 s, however often it is asked for.
+                if last_restated.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+                    continue;
+                }
+                last_restated = Some(tokio::time::Instant::now());
+                let lost = String::from_utf8_lossy(&asked.payload).chars().take(64).collect::<String>();
+                info!(lost_seqs = %lost, "a renderer lost events it never applied: publishing every Ingress again, then a snapshot");
+                restate(&mut state, args.namespace_changes_per_minute);
+            }
             // A fleet serves another version: the Gateways' Programmed may change.
             _ = served_changed.notified() => {}
             // Held changes whose namespace has budget again.
             _ = crate::core::churn::sleep_until(due) => {}
             _ = &mut shutdown => break,
         }
-        if let Err(e) = sync(&args, &caches, &warnings, &bus, &mut state).await {
-            warn!(error = %format!("{e:#}"), "publish failed; will retry");
+        match sync(&args, &caches, &warnings, &bus, &mut state).await {
+            Err(e) => warn!(error = %format!("{e:#}"), "publish failed; will retry"),
+            Ok(()) => {
+                // A restatement is out (its snapshot too): changes count again.
+                if let Some(per_minute) = state.restating.take_if(|_| !state.snapshot_due) {
+                    state.churn = crate::core::churn::Budget::new(per_minute);
+                }
+            }
         }
     }
     info!("watcher stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// Makes the next pass publish every routed Ingress again and a snapshot after them, as the
+/// initial publish does: nothing counts as published, and the churn budget starts anew (a
+/// restatement is no tenant's change).
+fn restate(state: &mut State, changes_per_minute: u32) {
+    state.published.clear();
+    state.nodes = None;
+    state.tls.defaults.clear();
+    state.settings.forget_published();
+    state.snapshot_due = true;
+    state.churn = crate::core::churn::Budget::new(0);
+    state.restating = Some(changes_per_minute);
 }
 
 /// Flushes what NATS has pending and closes, for at most a few seconds: NATS may be what the
@@ -440,15 +477,17 @@ async fn sync(
         }
         publish(bus, state, action).await?;
     }
-    if state.snapshot_due {
-        send_snapshot(bus, state).await?;
-    }
     for (fleet, (ns, name)) in &args.default_cert {
         send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
     }
     if let Some(store) = &caches.settings {
         let fleets = state.published.values().map(|(fleet, _)| fleet.clone());
         send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
+    }
+    // Last: a snapshot closes what came before it (a renderer that lost events waits for one
+    // after everything is restated).
+    if state.snapshot_due {
+        send_snapshot(bus, state).await?;
     }
     // Every Ingress routed on a fleet with addresses shows them, once its routes are out.
     for (key, fleet, ing) in plan.routed(|fleet| args.fleet_addresses.contains_key(fleet)) {

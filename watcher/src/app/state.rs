@@ -39,6 +39,8 @@ pub(crate) struct State {
     pub(crate) policy: crate::core::policy::InForce,
     /// `--namespace-changes-per-minute`, once the initial state is out.
     pub(crate) churn: crate::core::churn::Budget,
+    /// While a renderer's resync is being answered: the churn budget to go back to.
+    pub(crate) restating: Option<u32>,
     /// With `--settings-namespace`: the fleets' settings read and published.
     pub(crate) settings: crate::core::fleet_settings::InForce,
     /// The routes-stream sequence of each object's last published change since the initial

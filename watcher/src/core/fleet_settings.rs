@@ -215,6 +215,11 @@ pub struct InForce {
 }
 
 impl InForce {
+    /// Forgets what was published, so that every fleet's settings go out again.
+    pub fn forget_published(&mut self) {
+        self.published.clear();
+    }
+
     /// From the settings namespace's ConfigMaps as they stand: what to publish for each fleet
     /// that has a ConfigMap or routes (`fleets`). A fleet without a ConfigMap gets the
     /// defaults; one whose ConfigMap is broken keeps its last good settings, or gets nothing
