@@ -287,8 +287,11 @@ impl Releases {
 /// comes from a Secret mounted with `defaultMode: 0400`.
 fn load_signer(path: &std::path::Path) -> anyhow::Result<hafleet_proto::Signer> {
     use std::os::unix::fs::PermissionsExt as _;
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the signing key {}", path.display()))?;
+    // Zeroed once the key is parsed (the key itself zeroes on drop: ed25519-dalek's zeroize).
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the signing key {}", path.display()))?,
+    );
     let mode = std::fs::metadata(path)?.permissions().mode();
     if mode & 0o077 != 0 {
         warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777),

@@ -22,8 +22,9 @@ pub enum Expect {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Command {
     pub line: String,
-    /// Lines sent after `line <<`, ended by an empty line.
-    pub payload: Option<String>,
+    /// Lines sent after `line <<`, ended by an empty line (a certificate's key, for `set ssl
+    /// cert`: zeroed when dropped).
+    pub payload: Option<zeroize::Zeroizing<String>>,
     pub expect: Expect,
 }
 
@@ -31,7 +32,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Command")
             .field("line", &self.line)
-            .field("payload_bytes", &self.payload.as_ref().map(String::len))
+            .field("payload_bytes", &self.payload.as_ref().map(|p| p.len()))
             .field("expect", &self.expect)
             .finish()
     }
@@ -170,7 +171,7 @@ pub fn commands(
                     line: format!("set ssl cert {path}"),
                     // A payload's lines each end in a newline; `session` adds the empty line
                     // that ends it.
-                    payload: Some(format!("{}\n", file.trim_end())),
+                    payload: Some(format!("{}\n", file.trim_end()).into()),
                     expect: Expect::OneOf(&["Transaction created", "Transaction updated"]),
                 });
                 out.push(Command::new(
@@ -185,7 +186,7 @@ pub fn commands(
                 line.push('\n');
                 out.push(Command {
                     line: format!("add ssl crt-list {list}"),
-                    payload: Some(line),
+                    payload: Some(line.into()),
                     expect: Expect::Contains("Success!"),
                 });
             }
@@ -233,7 +234,7 @@ pub fn commands(
                 for chunk in payload_chunks(content) {
                     out.push(Command {
                         line: format!("add map @{version} {id}"),
-                        payload: Some(chunk),
+                        payload: Some(chunk.into()),
                         expect: Expect::Empty,
                     });
                 }
@@ -264,8 +265,8 @@ fn payload_chunks(content: &str) -> Vec<String> {
 
 /// The master CLI session that sends `commands` to the worker `pid`: interactive mode, so that
 /// each answer is followed by a prompt and can be told apart, and `quit` at the end.
-pub fn session(pid: u32, commands: &[Command]) -> String {
-    let mut s = String::from("prompt\n");
+pub fn session(pid: u32, commands: &[Command]) -> zeroize::Zeroizing<String> {
+    let mut s = zeroize::Zeroizing::new(String::from("prompt\n"));
     for c in commands {
         s.push_str(&format!("@!{pid} {}", c.line));
         match &c.payload {

@@ -405,7 +405,7 @@ fn commands_chunk_map_payloads_and_name_the_prepared_version() {
     assert!(adds.len() > 1, "{} bytes in one payload", content.len());
     assert!(adds.iter().all(|c| c.line == "add map @4 #1"));
     assert!(adds.iter().all(|c| c.payload.as_ref().unwrap().len() <= MAP_PAYLOAD_BYTES));
-    let sent: String = adds.iter().map(|c| c.payload.clone().unwrap()).collect();
+    let sent: String = adds.iter().map(|c| c.payload.as_ref().unwrap().as_str()).collect();
     assert_eq!(sent, content, "every entry once, in order");
     assert_eq!(cmds.last().unwrap().line, "commit map @4 #1");
     assert!(
@@ -445,12 +445,12 @@ fn sessions_prefix_the_worker_and_end_payloads_with_a_blank_line() {
         Command::new("set server a/b state maint".into(), Expect::Empty),
         Command {
             line: "add map @2 #0".into(),
-            payload: Some("k v\n".into()),
+            payload: Some(String::from("k v\n").into()),
             expect: Expect::Empty,
         },
     ];
     assert_eq!(
-        session(42, &cmds),
+        session(42, &cmds).as_str(),
         "prompt\n@!42 set server a/b state maint\n@!42 add map @2 #0 <<\nk v\n\nquit\n"
     );
 }
@@ -517,7 +517,10 @@ fn a_rotated_certificate_is_loaded_listed_and_the_old_one_unlisted_without_a_rel
             "del ssl cert hafleet-certs/aa.pem",
         ]
     );
-    assert_eq!(cmds[3].payload.as_deref(), Some("hafleet-certs/cc.pem a.example.com\n"));
+    assert_eq!(
+        cmds[3].payload.as_ref().map(|p| p.as_str()),
+        Some("hafleet-certs/cc.pem a.example.com\n")
+    );
     // Each payload ends in a newline, so the session's empty line ends it.
     assert!(cmds.iter().filter_map(|c| c.payload.as_deref()).all(|p| p.ends_with('\n')));
     assert!(session(7, &cmds).contains("-----END EC PRIVATE KEY-----\n\n@!7 commit ssl cert"));
