@@ -5,12 +5,21 @@
 use crate::messages::{Cause, ConfigVersion, IngressKey};
 use serde::{Deserialize, Serialize};
 
-/// Subjects the renderer answers history requests on.
+/// Subjects the renderer answers history requests on: reads.
 pub const HISTORY_SUBJECTS: &str = "hafleet.history.*";
 
-/// Subject of one fleet's history requests.
+/// Subjects of the requests that change what a fleet runs ([`HistoryRequest::changes`]), apart
+/// from the reads so that NATS permissions can grant them per fleet.
+pub const HISTORY_CHANGE_SUBJECTS: &str = "hafleet.history.*.change";
+
+/// Subject of one fleet's history requests: `request`'s, reads or changes.
 pub fn history_subject(fleet: &crate::FleetName) -> String {
     format!("hafleet.history.{fleet}")
+}
+
+/// Subject of one fleet's history requests that change what it runs.
+pub fn history_change_subject(fleet: &crate::FleetName) -> String {
+    format!("hafleet.history.{fleet}.change")
 }
 
 /// What an operator asks of a fleet's history.
@@ -30,6 +39,39 @@ pub enum HistoryRequest {
     /// Release the sweep held for the fleet (the one at `snapshot_seq`, so an operator never
     /// releases a hold they did not look at).
     ConfirmSweep { snapshot_seq: u64 },
+}
+
+impl HistoryRequest {
+    /// Whether it changes what the fleet runs or will run (a rollback, a resume, a sweep's
+    /// release): sent on [`history_change_subject`], never answered on the read subject.
+    pub fn changes(&self) -> bool {
+        matches!(
+            self,
+            HistoryRequest::Rollback { .. }
+                | HistoryRequest::Resume
+                | HistoryRequest::ConfirmSweep { .. }
+        )
+    }
+
+    /// Its name, as its `op` says it.
+    pub fn encode_name(&self) -> &'static str {
+        match self {
+            HistoryRequest::List { .. } => "list",
+            HistoryRequest::Show { .. } => "show",
+            HistoryRequest::Rollback { .. } => "rollback",
+            HistoryRequest::Resume => "resume",
+            HistoryRequest::HeldSweep => "held_sweep",
+            HistoryRequest::ConfirmSweep { .. } => "confirm_sweep",
+        }
+    }
+
+    /// The subject it goes to for `fleet`.
+    pub fn subject(&self, fleet: &crate::FleetName) -> String {
+        match self.changes() {
+            true => history_change_subject(fleet),
+            false => history_subject(fleet),
+        }
+    }
 }
 
 /// A snapshot's withdrawals the renderer holds back: more of the fleet at once than its guard

@@ -342,3 +342,45 @@ async fn a_renderer_behind_a_gapped_stream_publishes_nothing_until_everything_is
     }
     Ok(())
 }
+
+/// Reads for every fleet, changes for some: the shipped `HAFLEET_OPERATOR_READER` lists a
+/// fleet's history but cannot roll it back (a rollback goes on `hafleet.history.<fleet>.change`,
+/// which it is not granted), while `HAFLEET_OPERATOR` can; and the renderer answers no change
+/// sent on the read subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_granted() -> Result<()> {
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    world.route("more", "more.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "more.example.com", "/", 200, "web@").await?;
+    let run = |user: &'static str, args: &'static [&'static str]| {
+        let env = world.stack.nats.env_for(user);
+        async move {
+            let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-renderer"))
+                .args(args)
+                .args(["--fleet", "edge", "--timeout-secs", "5"])
+                .envs(env)
+                .output()
+                .await?;
+            anyhow::Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
+        }
+    };
+    let (listed, why) = run("hafleet-operator-reader", &["history", "list"]).await?;
+    assert!(listed, "{why}");
+    let before = world.stack.latest_version().await?.context("a version")?.version;
+    let (rolled, _) = run("hafleet-operator-reader", &["rollback", "1"]).await?;
+    assert!(!rolled, "the reader rolled the fleet back");
+    assert_eq!(world.stack.latest_version().await?.context("a version")?.version, before);
+    // A change on the read subject (an older CLI's way) is refused by the renderer itself.
+    let client = world.stack.nats.client_as("hafleet-operator").await?;
+    let asked = hafleet_proto::HistoryRequest::Rollback { version: 1 };
+    let answer = client.request("hafleet.history.edge", asked.encode().into()).await?;
+    let text = String::from_utf8_lossy(&answer.payload);
+    assert!(text.contains("hafleet.history.<fleet>.change"), "{text}");
+    assert_eq!(world.stack.latest_version().await?.context("a version")?.version, before);
+    // The full operator may.
+    let (rolled, why) = run("hafleet-operator", &["rollback", "1"]).await?;
+    assert!(rolled, "{why}");
+    Ok(())
+}

@@ -41,10 +41,11 @@ struct Node {
 }
 
 /// The component users of deploy/nats/hafleet-permissions.conf and their permission variables.
-pub const COMPONENT_USERS: [(&str, &str); 3] = [
+pub const COMPONENT_USERS: [(&str, &str); 4] = [
     ("hafleet-watcher", "HAFLEET_WATCHER"),
     ("hafleet-renderer", "HAFLEET_RENDERER"),
     ("hafleet-operator", "HAFLEET_OPERATOR"),
+    ("hafleet-operator-reader", "HAFLEET_OPERATOR_READER"),
 ];
 
 impl std::fmt::Debug for NatsServer {

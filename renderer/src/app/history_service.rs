@@ -161,9 +161,22 @@ async fn answer(
 pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
     use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
     let Some(reply_to) = request.reply.clone() else { return };
-    let fleet = request.subject.as_str().rsplit('.').next().unwrap_or_default();
+    // hafleet.history.<fleet>, or hafleet.history.<fleet>.change for what changes the fleet.
+    let mut tokens = request.subject.as_str().split('.').skip(2);
+    let (fleet, on_change) = (tokens.next().unwrap_or_default(), tokens.next() == Some("change"));
     let reply =
         match (FleetName::new(fleet), serde_json::from_slice::<HistoryRequest>(&request.payload)) {
+            (Ok(fleet), Ok(req)) if req.changes() != on_change => HistoryReply::Error {
+                kind: HistoryErrorKind::BadRequest,
+                message: format!(
+                    "{} goes on {}: a rollback, resume or sweep release on \
+                     hafleet.history.<fleet>.change (which NATS may grant per fleet), the rest \
+                     on hafleet.history.<fleet>; an older CLI than this renderer sends them \
+                     all on the latter: upgrade it",
+                    req.encode_name(),
+                    req.subject(&fleet)
+                ),
+            },
             (Ok(fleet), Ok(req)) => handle(&ctx, &fleet, req).await,
             (Err(e), _) => {
                 HistoryReply::Error { kind: HistoryErrorKind::BadRequest, message: e.to_string() }

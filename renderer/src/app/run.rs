@@ -63,11 +63,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         true => true,
         false => publish_unpublished(&bus, &store, &signer).await?,
     };
-    let mut history = bus
+    // Reads on `hafleet.history.<fleet>`, changes on `….change` (granted per fleet).
+    let reads = bus
         .client
         .subscribe(hafleet_proto::HISTORY_SUBJECTS)
         .await
         .context("cannot subscribe to history requests")?;
+    let changes = bus
+        .client
+        .subscribe(hafleet_proto::HISTORY_CHANGE_SUBJECTS)
+        .await
+        .context("cannot subscribe to history requests")?;
+    let mut history = futures::stream::select(reads, changes);
 
     let applied = store.applied_seq()?;
     let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;

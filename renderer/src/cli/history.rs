@@ -153,7 +153,7 @@ pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
 
 /// Sends one request to the renderer and returns its answer; error replies become errors.
 async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
-    let subject = hafleet_proto::history_subject(&common.fleet);
+    let subject = request.subject(&common.fleet);
     let timeout = Duration::from_secs(common.timeout_secs.max(1));
     let sent = bus.client.request(subject, request.encode().into());
     let answer = tokio::time::timeout(timeout, sent)
