@@ -183,20 +183,11 @@ impl NatsServer {
         if dir.join("server.pem").exists() {
             return Ok(());
         }
-        let ca_key = rcgen::KeyPair::generate()?;
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, "hafleet test NATS CA");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        let ca = params.self_signed(&ca_key)?;
-        let key = rcgen::KeyPair::generate()?;
-        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, "127.0.0.1");
-        let cert = params.signed_by(&key, &ca, &ca_key)?;
-        crate::proc::write_private(&dir.join("server.key"), key.serialize_pem().as_bytes())?;
-        std::fs::write(dir.join("server.pem"), cert.pem())?;
-        std::fs::write(dir.join("ca.pem"), ca.pem())?;
+        let issuer = crate::tls::Issuer::new("hafleet test NATS CA")?;
+        let (cert, key) = issuer.issue("127.0.0.1")?;
+        crate::proc::write_private(&dir.join("server.key"), key.as_bytes())?;
+        std::fs::write(dir.join("server.pem"), cert)?;
+        std::fs::write(dir.join("ca.pem"), issuer.ca_pem())?;
         Ok(())
     }
 

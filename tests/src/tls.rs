@@ -128,6 +128,49 @@ impl Ca {
     }
 }
 
+/// A CA made in process (rcgen), and the certificates it signs: for the NATS server of the
+/// tests and the bench's thousands of certificates, where `openssl` per certificate is slow.
+pub struct Issuer {
+    ca: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Issuer {
+    pub fn new(name: &str) -> Result<Issuer> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let ca = params.self_signed(&key)?;
+        Ok(Issuer { ca, key })
+    }
+
+    /// A P-256 certificate for `name` (a DNS name or an IP address; PEM), valid from an hour
+    /// ago for 30 days, and its key (PKCS#8 PEM).
+    pub fn issue(&self, name: &str) -> Result<(String, String)> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()])?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(30);
+        let cert = params.signed_by(&key, &self.ca, &self.key)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+
+    /// The CA's certificate (DER).
+    pub fn ca_der(&self) -> rustls_pki_types::CertificateDer<'static> {
+        self.ca.der().clone()
+    }
+}
+
 /// A `kubernetes.io/tls` Secret `name` holding `crt` and `key`.
 pub fn tls_secret(name: &str, crt: &[u8], key: &[u8]) -> Result<Secret> {
     use base64::Engine;

@@ -1,7 +1,7 @@
 //! The upstream conformance cases about hostnames: listeners' and routes' hostnames
 //! intersected, and wildcards that match any number of labels.
 
-use super::{Ask, Bed, V1, V2, V3, backend, expect_cases, http_route, prefix};
+use super::{Ask, Bed, V1, V2, V3, backend, expect_cases, http_route, infra_gateway, prefix};
 use crate::CONVERGE;
 use anyhow::Result;
 use hafleet_tests::eventually;
@@ -9,19 +9,7 @@ use hafleet_tests::gateway_api::{INFRA_NS, create, get};
 use serde_json::{Value, json};
 
 fn listener(name: &str, hostname: Option<&str>) -> Value {
-    let mut l = json!({"name": name, "port": 80, "protocol": "HTTP",
-        "allowedRoutes": {"namespaces": {"from": "Same"}}});
-    if let Some(h) = hostname {
-        l["hostname"] = json!(h);
-    }
-    l
-}
-
-fn gateway(name: &str, listeners: Value) -> Value {
-    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-        "metadata": {"name": name, "namespace": INFRA_NS,
-            "annotations": {"hafleet.io/fleet": "edge"}},
-        "spec": {"gatewayClassName": "hafleet", "listeners": listeners}})
+    super::listener(name, hostname, None)
 }
 
 fn at(host: &'static str, path: &'static str) -> Ask<'static> {
@@ -41,7 +29,7 @@ async fn http_route_listener_hostname_matching() -> Result<()> {
         listener("listener-3", Some("*.bar.com")),
         listener("listener-4", Some("*.foo.com")),
     ]);
-    create(&bed.client, gateway(gw, listeners)).await?;
+    create(&bed.client, infra_gateway(gw, listeners)).await?;
     let section = |s: &str| json!({"name": gw, "sectionName": s});
     for (name, parents, service) in [
         ("backend-v1", json!([section("listener-1")]), "infra-backend-v1"),
@@ -83,9 +71,9 @@ async fn http_route_hostname_intersection() -> Result<()> {
         listener("listener-2", Some("*.wildcard.io")),
         listener("listener-3", Some("*.anotherwildcard.io")),
     ]);
-    create(&bed.client, gateway(gw, listeners)).await?;
+    create(&bed.client, infra_gateway(gw, listeners)).await?;
     let all = "httproute-hostname-intersection-all";
-    create(&bed.client, gateway(all, json!([listener("listener-1", None)]))).await?;
+    create(&bed.client, infra_gateway(all, json!([listener("listener-1", None)]))).await?;
     let routes = [
         (
             "specific-host-matches-listener-specific-host",

@@ -187,6 +187,30 @@ impl Bed {
     }
 }
 
+/// Gateway `name` of gateway-conformance-infra, on fleet `edge`, with these listeners.
+pub(crate) fn infra_gateway(name: &str, listeners: Value) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": INFRA_NS,
+            "annotations": {"hafleet.io/fleet": "edge"}},
+        "spec": {"gatewayClassName": "hafleet", "listeners": listeners}})
+}
+
+/// A listener for routes of its Gateway's namespace: HTTP on port 80, or, given `tls`, HTTPS
+/// on 443 with that `tls`.
+pub(crate) fn listener(name: &str, hostname: Option<&str>, tls: Option<Value>) -> Value {
+    let mut l = json!({"name": name, "port": 80, "protocol": "HTTP",
+        "allowedRoutes": {"namespaces": {"from": "Same"}}});
+    if let Some(h) = hostname {
+        l["hostname"] = json!(h);
+    }
+    if let Some(tls) = tls {
+        l["port"] = json!(443);
+        l["protocol"] = json!("HTTPS");
+        l["tls"] = tls;
+    }
+    l
+}
+
 pub(crate) fn http_route(ns: &str, name: &str, spec: Value) -> Value {
     json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
            "metadata": {"name": name, "namespace": ns}, "spec": spec})

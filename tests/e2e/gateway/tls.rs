@@ -2,7 +2,7 @@
 //! `spec.tls` (sealed by the watcher to the fleet, opened only on its hosts), routes of HTTPS
 //! listeners are served over TLS only, and a certificate rotates without a reload.
 
-use super::{Bed, http_route};
+use super::{Bed, http_route, infra_gateway as gateway};
 use crate::CONVERGE;
 use anyhow::{Context, Result};
 use hafleet_tests::eventually;
@@ -19,21 +19,9 @@ const NAMES: &[&str] = &["example.org", "second-example.org", "shop.org", "*.wil
 
 /// An HTTPS listener of the upstream base, with the upstream certificate.
 fn https_listener(name: &str, hostname: Option<&str>) -> Value {
-    let mut l = json!({"name": name, "port": 443, "protocol": "HTTPS",
-        "allowedRoutes": {"namespaces": {"from": "Same"}},
-        "tls": {"certificateRefs": [{"group": "", "kind": "Secret", "name": CERT,
-            "namespace": INFRA_NS}]}});
-    if let Some(h) = hostname {
-        l["hostname"] = json!(h);
-    }
-    l
-}
-
-fn gateway(name: &str, listeners: Value) -> Value {
-    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-        "metadata": {"name": name, "namespace": INFRA_NS,
-            "annotations": {"hafleet.io/fleet": "edge"}},
-        "spec": {"gatewayClassName": "hafleet", "listeners": listeners}})
+    let tls = json!({"certificateRefs": [{"group": "", "kind": "Secret", "name": CERT,
+        "namespace": INFRA_NS}]});
+    super::listener(name, hostname, Some(tls))
 }
 
 /// GET / for `host` over HTTPS on every host of the fleet, the certificate checked against
@@ -126,8 +114,7 @@ async fn http_route_https_listener() -> Result<()> {
 
     // The usual pair: plain HTTP redirected to HTTPS by an HTTP listener's route, HTTPS served
     // by an HTTPS listener's route, one host and one path.
-    let http = json!({"name": "http", "port": 80, "protocol": "HTTP", "hostname": "shop.org",
-        "allowedRoutes": {"namespaces": {"from": "Same"}}});
+    let http = super::listener("http", Some("shop.org"), None);
     create(&bed.client, gateway("web", json!([http, https_listener("https", Some("shop.org"))])))
         .await?;
     let redirect = json!({"parentRefs": [{"name": "web", "sectionName": "http"}],

@@ -50,40 +50,18 @@ pub struct TlsArgs {
     hosts: usize,
 }
 
-/// A bench CA and the certificates it signs, made in process.
-struct Issuer {
-    ca: rcgen::Certificate,
-    key: rcgen::KeyPair,
+// The bench's CA (hafleet_tests::tls::Issuer), and clients that trust it.
+use hafleet_tests::tls::Issuer;
+
+/// A client that trusts `issuer`'s CA only, resumes no session, and offers no ALPN.
+trait Client {
+    fn client(&self) -> Result<tokio_rustls::TlsConnector>;
 }
 
-impl Issuer {
-    fn new() -> Result<Issuer> {
-        let key = rcgen::KeyPair::generate()?;
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, "hafleet bench CA");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        let ca = params.self_signed(&key)?;
-        Ok(Issuer { ca, key })
-    }
-
-    /// A P-256 certificate for `name` (PEM) and its key (PKCS#8 PEM).
-    fn issue(&self, name: &str) -> Result<(String, String)> {
-        let key = rcgen::KeyPair::generate()?;
-        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()])?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::hours(1);
-        params.not_after = now + time::Duration::days(30);
-        let cert = params.signed_by(&key, &self.ca, &self.key)?;
-        Ok((cert.pem(), key.serialize_pem()))
-    }
-
-    /// A client that trusts this CA only, resumes no session, and offers no ALPN.
+impl Client for Issuer {
     fn client(&self) -> Result<tokio_rustls::TlsConnector> {
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca.der().clone())?;
+        roots.add(self.ca_der())?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -399,7 +377,7 @@ async fn pipeline(issuer: &Issuer, a: &TlsArgs) -> Result<()> {
 }
 
 pub async fn run(a: TlsArgs) -> Result<()> {
-    let issuer = Issuer::new()?;
+    let issuer = Issuer::new("hafleet bench CA")?;
     println!(
         "HAProxy alone: ECDSA P-256 certificates in a crt-list; full TLS 1.3 handshakes/s, {} \
          clients, {} s per name\n",
