@@ -26,6 +26,9 @@ pub struct NatsServer {
     nodes: Vec<Node>,
     /// Each user's NKEY, by user name.
     keys: std::sync::Mutex<std::collections::BTreeMap<String, nkeys::KeyPair>>,
+    /// TLS for clients: always, but where `HAFLEET_TEST_NATS_PLAIN=1` asks for plain NATS (the
+    /// bench's comparison of the two).
+    tls: bool,
     dir: TestDir,
     /// Fleets with an applier user, as an operator adds them.
     fleets: std::sync::Mutex<Vec<hafleet_proto::FleetName>>,
@@ -96,6 +99,7 @@ impl NatsServer {
                 })
                 .collect(),
             keys: Default::default(),
+            tls: std::env::var("HAFLEET_TEST_NATS_PLAIN").as_deref() != Ok("1"),
             dir,
             fleets: Default::default(),
         }
@@ -180,7 +184,7 @@ impl NatsServer {
     /// The CA (`ca.pem`), and the server's certificate for 127.0.0.1 and its key, made once.
     fn write_tls(&self) -> Result<()> {
         let dir = self.dir.path();
-        if dir.join("server.pem").exists() {
+        if !self.tls || dir.join("server.pem").exists() {
             return Ok(());
         }
         let issuer = crate::tls::Issuer::new("hafleet test NATS CA")?;
@@ -269,13 +273,18 @@ impl NatsServer {
         std::fs::write(
             &partial,
             format!(
-                "{cluster}jetstream {{ store_dir: {store:?}, max_file_store: 64GB }}\n\
-                 tls {{ cert_file: {cert:?}, key_file: {key:?}, timeout: 5 }}\n\
+                "{cluster}jetstream {{ store_dir: {store:?}, max_file_store: 64GB }}\n{tls}\
                  include hafleet-permissions.conf\n\
                  {fleets}authorization {{\n  users = [\n{users}  ]\n}}\n",
                 store = dir.join("jetstream").display().to_string(),
-                cert = self.dir.path().join("server.pem").display().to_string(),
-                key = self.dir.path().join("server.key").display().to_string(),
+                tls = match self.tls {
+                    true => format!(
+                        "tls {{ cert_file: {:?}, key_file: {:?}, timeout: 5 }}\n",
+                        self.dir.path().join("server.pem").display().to_string(),
+                        self.dir.path().join("server.key").display().to_string(),
+                    ),
+                    false => String::new(),
+                },
             ),
         )?;
         std::fs::rename(&partial, &config)?;
@@ -317,8 +326,9 @@ impl NatsServer {
 
     /// `tls://127.0.0.1:<port>` (a comma-separated list of every node's, for a cluster).
     pub fn url(&self) -> String {
+        let scheme = if self.tls { "tls" } else { "nats" };
         let urls: Vec<String> =
-            self.nodes.iter().map(|n| format!("tls://127.0.0.1:{}", n.port)).collect();
+            self.nodes.iter().map(|n| format!("{scheme}://127.0.0.1:{}", n.port)).collect();
         urls.join(",")
     }
 
@@ -327,11 +337,14 @@ impl NatsServer {
     /// CA and the user's NKEY seed file.
     pub fn env_for(&self, user: &str) -> Vec<(&'static str, String)> {
         let (_, creds) = self.key(user).expect("an NKEY for the user");
-        vec![
+        let mut env = vec![
             ("HAFLEET_NATS_URL", self.url()),
-            ("HAFLEET_NATS_CA", self.ca_path().display().to_string()),
             ("HAFLEET_NATS_CREDS", creds.display().to_string()),
-        ]
+        ];
+        if self.tls {
+            env.push(("HAFLEET_NATS_CA", self.ca_path().display().to_string()));
+        }
+        env
     }
 
     /// `user`'s NKEY seed, for tests that check no one shows it.
@@ -344,7 +357,7 @@ impl NatsServer {
     pub fn args_for(&self, user: &str) -> hafleet_runtime::NatsArgs {
         let (_, creds) = self.key(user).expect("an NKEY for the user");
         let mut args = hafleet_runtime::NatsArgs::for_url(self.url());
-        args.nats_ca = Some(self.ca_path());
+        args.nats_ca = self.tls.then(|| self.ca_path());
         args.nats_creds = Some(creds);
         args
     }
@@ -405,7 +418,8 @@ impl NatsServer {
     /// A new client connection as `user` (one of [`COMPONENT_USERS`], `admin`, or a fleet's
     /// `hafleet-applier-<fleet>`, which gets its fleet's inbox prefix, as the applier does).
     pub async fn client_as(&self, user: &str) -> Result<async_nats::Client> {
-        let addrs: Vec<String> = self.addrs().iter().map(|a| format!("tls://{a}")).collect();
+        let scheme = if self.tls { "tls" } else { "nats" };
+        let addrs: Vec<String> = self.addrs().iter().map(|a| format!("{scheme}://{a}")).collect();
         self.options_for(user)?
             .connect(addrs)
             .await

@@ -2,6 +2,7 @@
 //! upstream conformance cases ported (here, [`matching`] and [`filters`]), and hafleet's own
 //! cases (an HTTPRoute beside Ingresses).
 
+mod canary;
 mod filters;
 mod hostnames;
 mod matching;
