@@ -290,6 +290,10 @@ async fn refused_ingresses_kept_for_their_routes_are_capped_per_namespace() -> R
         .skip(1)
         .map(|run| run.matches("refused ingress no longer kept ingress=default/k1").count())
         .collect();
-    assert_eq!(runs, [0, 1, 1], "k1 told once per watcher run?\n{log}");
+    // The World's first watcher (no cap) may be restarted before it lists (then its run left
+    // no "caches listed"); the two runs with the cap each told k1 once.
+    let (uncapped, capped) = runs.split_at(runs.len().saturating_sub(2));
+    assert_eq!(capped, [1, 1], "k1 told once per watcher run?\n{log}");
+    assert!(uncapped.len() <= 1 && uncapped.iter().all(|n| *n == 0), "{runs:?}\n{log}");
     Ok(())
 }
