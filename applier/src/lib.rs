@@ -59,13 +59,27 @@ pub enum Command {
     /// What each host of a fleet runs: live version and sha256, its last outcome and when,
     /// drift. Read from the reports stream through NATS, from any machine.
     Status(cli::status::StatusArgs),
-    /// Print the NATS permissions of one fleet's applier, for the server's config (see
-    /// deploy/nats/hafleet-permissions.conf): it may consume, read and report for that fleet
-    /// only.
+    /// Print NATS permissions for the server's config (see
+    /// deploy/nats/hafleet-permissions.conf): of one fleet's applier (--fleet), which may
+    /// consume, read and report for that fleet only; or of an operator (--operator NAME),
+    /// who reads every fleet's history and may roll back, resume and release sweeps of the
+    /// --may-change fleets only (or of every fleet, and republish parked messages, with
+    /// --operator-all).
+    #[command(group = clap::ArgGroup::new("whose").required(true).args(["fleet", "operator", "operator_all"]))]
     NatsPermissions {
-        /// The fleet.
+        /// The fleet whose applier's permissions to print.
         #[arg(long)]
-        fleet: hafleet_proto::FleetName,
+        fleet: Option<hafleet_proto::FleetName>,
+        /// An operator's name (an RFC 1123 label): prints HAFLEET_OPERATOR_<NAME> for user
+        /// hafleet-operator-<name>.
+        #[arg(long)]
+        operator: Option<hafleet_proto::FleetName>,
+        /// A fleet the operator may roll back, resume and release sweeps of; repeat it.
+        #[arg(long = "may-change", requires = "operator", value_name = "FLEET")]
+        may_change: Vec<hafleet_proto::FleetName>,
+        /// The operator of every fleet (HAFLEET_OPERATOR, user hafleet-operator).
+        #[arg(long)]
+        operator_all: bool,
     },
     /// Make a fleet's TLS identity: writes the private half to --out (mode 0600; never
     /// overwritten) for this fleet's applier, and prints the public half (age1…) for the
@@ -84,8 +98,21 @@ impl Cli {
         hafleet_runtime::init_tracing(&cli.log);
         match cli {
             Cli { command: Some(Command::Status(args)), .. } => cli::status::status(args).await,
-            Cli { command: Some(Command::NatsPermissions { fleet }), .. } => {
-                print!("{}", cli::permissions::nats_permissions(&fleet));
+            Cli {
+                command: Some(Command::NatsPermissions { fleet, operator, may_change, .. }),
+                ..
+            } => {
+                use cli::permissions::{Changes, nats_permissions, operator_permissions};
+                match (fleet, operator) {
+                    (Some(fleet), _) => print!("{}", nats_permissions(&fleet)),
+                    (None, Some(name)) => {
+                        print!(
+                            "{}",
+                            operator_permissions(Some(&name), &Changes::Fleets(may_change))
+                        )
+                    }
+                    (None, None) => print!("{}", operator_permissions(None, &Changes::All)),
+                }
                 Ok(())
             }
             Cli { command: Some(Command::Keygen { out }), .. } => keygen(&out),

@@ -12,6 +12,21 @@ pub const HISTORY_SUBJECTS: &str = "hafleet.history.*";
 /// from the reads so that NATS permissions can grant them per fleet.
 pub const HISTORY_CHANGE_SUBJECTS: &str = "hafleet.history.*.change";
 
+/// Subject of a request to republish a message parked on the dead-letter stream
+/// ([`RepublishRequest`]). It changes what fleets run, so it is one of the change subjects
+/// (`_deadletter` is no fleet's name): an operator granted `hafleet.history.*.change` may send
+/// it, one granted some fleets' changes only may not.
+pub const DEADLETTER_REPUBLISH_SUBJECT: &str = "hafleet.history._deadletter.change";
+
+/// Republish the route message parked at `deadletter_seq` of the dead-letter stream: the
+/// renderer reads it, checks that it can now read it (after an upgrade), and publishes it on
+/// [`crate::ROUTES_REPUBLISH_SUBJECT`], into the routes stream, where it is applied in order
+/// (and replayed) like any route event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepublishRequest {
+    pub deadletter_seq: u64,
+}
+
 /// Subject of one fleet's history requests: `request`'s, reads or changes.
 pub fn history_subject(fleet: &crate::FleetName) -> String {
     format!("hafleet.history.{fleet}")
@@ -143,6 +158,10 @@ pub enum HistoryReply {
     Confirmed {
         stream_seq: u64,
     },
+    /// A parked message was published again, at `stream_seq` of the routes stream.
+    Republished {
+        stream_seq: u64,
+    },
     Error {
         kind: HistoryErrorKind,
         message: String,
@@ -157,6 +176,8 @@ pub enum HistoryErrorKind {
     NoSuchVersion,
     /// No sweep is held, or another one than the request names.
     NoSuchSweep,
+    /// No parked message at the sequence the request names.
+    NoSuchMessage,
     BadRequest,
     Internal,
 }

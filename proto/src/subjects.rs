@@ -16,6 +16,11 @@ pub const ROUTES_SUBJECTS: &str = "hafleet.routes.>";
 pub const DEADLETTER_SUBJECTS: &str = "hafleet.deadletter.>";
 /// Where the renderer parks route messages it cannot read.
 pub const ROUTES_DEADLETTER_SUBJECT: &str = "hafleet.deadletter.routes";
+/// Where the renderer publishes a parked route message again, on an operator's request
+/// ([`crate::RepublishRequest`]); like the snapshot's, no fleet can claim it.
+pub const ROUTES_REPUBLISH_SUBJECT: &str = "hafleet.routes._republish";
+/// Header of a republished route message: its sequence in the dead-letter stream.
+pub const DEADLETTER_SEQ_HEADER: &str = "Hafleet-Deadletter-Seq";
 /// Header of a parked message: why it could not be read.
 pub const ERROR_HEADER: &str = "Hafleet-Error";
 /// Header of a parked message: its sequence in the stream it came from.

@@ -345,8 +345,9 @@ async fn a_renderer_behind_a_gapped_stream_publishes_nothing_until_everything_is
 
 /// Reads for every fleet, changes for some: the shipped `HAFLEET_OPERATOR_READER` lists a
 /// fleet's history but cannot roll it back (a rollback goes on `hafleet.history.<fleet>.change`,
-/// which it is not granted), while `HAFLEET_OPERATOR` can; and the renderer answers no change
-/// sent on the read subject.
+/// which it is not granted); an operator printed by `nats-permissions --operator NAME
+/// --may-change core` cannot either, one with `--may-change edge` can; and the renderer answers
+/// no change sent on the read subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_granted() -> Result<()> {
     let world = World::start().await?;
@@ -354,23 +355,17 @@ async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_grante
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     world.route("more", "more.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "more.example.com", "/", 200, "web@").await?;
-    let run = |user: &'static str, args: &'static [&'static str]| {
-        let env = world.stack.nats.env_for(user);
-        async move {
-            let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-renderer"))
-                .args(args)
-                .args(["--fleet", "edge", "--timeout-secs", "5"])
-                .envs(env)
-                .output()
-                .await?;
-            anyhow::Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
-        }
+    let run = async |user: &str, args: &[&str]| {
+        let args = [args, &["--fleet", "edge", "--timeout-secs", "5"]].concat();
+        crate::history::cli_as(&world, user, &args).await.map(|(ok, _, err)| (ok, err))
     };
-    let (listed, why) = run("hafleet-operator-reader", &["history", "list"]).await?;
-    assert!(listed, "{why}");
     let before = world.stack.latest_version().await?.context("a version")?.version;
-    let (rolled, _) = run("hafleet-operator-reader", &["rollback", "1"]).await?;
-    assert!(!rolled, "the reader rolled the fleet back");
+    for user in ["hafleet-operator-reader", "hafleet-operator-core-only"] {
+        let (listed, why) = run(user, &["history", "list"]).await?;
+        assert!(listed, "{user}: {why}");
+        let (rolled, _) = run(user, &["rollback", "1"]).await?;
+        assert!(!rolled, "{user} rolled fleet edge back");
+    }
     assert_eq!(world.stack.latest_version().await?.context("a version")?.version, before);
     // A change on the read subject (an older CLI's way) is refused by the renderer itself.
     let client = world.stack.nats.client_as("hafleet-operator").await?;
@@ -379,8 +374,94 @@ async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_grante
     let text = String::from_utf8_lossy(&answer.payload);
     assert!(text.contains("hafleet.history.<fleet>.change"), "{text}");
     assert_eq!(world.stack.latest_version().await?.context("a version")?.version, before);
-    // The full operator may.
-    let (rolled, why) = run("hafleet-operator", &["rollback", "1"]).await?;
+    // The operator of fleet edge may, and may resume it.
+    let (rolled, why) = run("hafleet-operator-edge-only", &["rollback", "1"]).await?;
     assert!(rolled, "{why}");
+    let (resumed, why) = run("hafleet-operator-edge-only", &["resume"]).await?;
+    assert!(resumed, "{why}");
+    Ok(())
+}
+
+/// The dead-letter tool: `deadletter list` and `show` read what the renderer parked (the
+/// reader may), and `republish` asks the renderer to publish a parked message again into the
+/// routes stream once it can read it (here one parked as an older renderer would have, from a
+/// newer watcher's event): its routes go live. The renderer refuses one it still cannot read
+/// and a sequence with no message; operators granted some fleets' changes only cannot ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_route_messages_are_listed_shown_and_republished_once_readable() -> Result<()> {
+    use hafleet_proto::{HttpHost, ObjectName, RouteChange, RouteMessage};
+    let world = World::start().await?;
+    world.route("a", "a.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+
+    // The watcher's event for `a`, made into one for an Ingress `parked` at p.example.com.
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let routes = js.get_stream(hafleet_proto::ROUTES_STREAM).await?;
+    let newest = routes.get_last_raw_message_by_subject("hafleet.routes.edge").await?;
+    let RouteMessage::Event(mut event) = RouteMessage::decode(&newest.payload)? else {
+        anyhow::bail!("the newest message of fleet edge is no event");
+    };
+    assert_eq!(event.ingress.name.as_str(), "a");
+    event.ingress.name = ObjectName::new("parked")?;
+    let RouteChange::Upsert { routes: r, .. } = &mut event.change else {
+        anyhow::bail!("not an upsert: {:?}", event.change);
+    };
+    r.iter_mut().for_each(|r| r.host = Some(HttpHost::new("p.example.com").expect("a host")));
+    let readable = serde_json::to_vec(&RouteMessage::Event(event))?;
+    // First one this renderer cannot read (parked by it), then the readable one, parked as an
+    // older renderer would have parked it.
+    let future = serde_json::json!({"type": "event", "schema": 99, "fleet": "edge",
+                                    "change": {"op": "rename"}});
+    js.publish("hafleet.routes.edge", serde_json::to_vec(&future)?.into()).await?.await?;
+    let parked = async || anyhow::Ok(js.get_stream(hafleet_proto::DEADLETTER_STREAM).await?);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while parked().await.map_or(0, |s| s.cached_info().state.messages) == 0 {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "nothing parked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(hafleet_proto::ERROR_HEADER, "schema 9 is newer than this build reads");
+    headers.insert(hafleet_proto::SOURCE_SEQ_HEADER, newest.sequence.to_string().as_str());
+    js.publish_with_headers(hafleet_proto::ROUTES_DEADLETTER_SUBJECT, headers, readable.into())
+        .await?
+        .await?;
+
+    let cli = async |user: &str, args: &[&str]| {
+        let args = [args, &["--timeout-secs", "5"]].concat();
+        crate::history::cli_as(&world, user, &args).await
+    };
+    let (ok, listed, err) =
+        cli("hafleet-operator-reader", &["deadletter", "list", "--json"]).await?;
+    assert!(ok, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let listed = listed.as_array().context("an array")?;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed[0]["error"].as_str().is_some_and(|e| e.contains("schema 99")), "{listed:?}");
+    assert_eq!(listed[1]["source_seq"], newest.sequence, "{listed:?}");
+    let (unreadable, readable) = (listed[0]["seq"].to_string(), listed[1]["seq"].to_string());
+    let (ok, shown, err) =
+        cli("hafleet-operator-reader", &["deadletter", "show", &readable]).await?;
+    assert!(
+        ok && shown.contains("p.example.com") && shown.contains("Hafleet-Error"),
+        "{shown}{err}"
+    );
+
+    // Who may not, and what the renderer refuses.
+    for user in ["hafleet-operator-reader", "hafleet-operator-edge-only"] {
+        let (ok, _, _) = cli(user, &["deadletter", "republish", &readable]).await?;
+        assert!(!ok, "{user} republished a parked message");
+    }
+    let (ok, _, err) = cli("hafleet-operator", &["deadletter", "republish", &unreadable]).await?;
+    assert!(!ok && err.contains("still cannot read"), "{err}");
+    let (ok, _, err) = cli("hafleet-operator", &["deadletter", "republish", "999"]).await?;
+    assert!(!ok && err.contains("no such parked message"), "{err}");
+    expect_everywhere(&world.stack, "p.example.com", "/", 404, "").await?;
+
+    let (ok, out, err) = cli("hafleet-operator", &["deadletter", "republish", &readable]).await?;
+    assert!(ok && out.contains("republished at routes sequence"), "{out}{err}");
+    expect_everywhere(&world.stack, "p.example.com", "/", 200, "web@").await?;
+    let republished = routes.get_last_raw_message_by_subject("hafleet.routes._republish").await?;
+    let seq = republished.headers.get(hafleet_proto::DEADLETTER_SEQ_HEADER).map(|v| v.to_string());
+    assert_eq!(seq.as_deref(), Some(readable.as_str()));
     Ok(())
 }

@@ -10,10 +10,18 @@ use time::format_description::well_known::Rfc3339;
 
 /// Runs `hafleet-renderer <args> --fleet edge` as the operator; returns (success, stdout, stderr).
 pub(crate) async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
+    cli_as(world, "hafleet-operator", &[args, &["--fleet", "edge"]].concat()).await
+}
+
+/// `hafleet-renderer ARGS` as NATS user `user`: (success, stdout, stderr).
+pub(crate) async fn cli_as(
+    world: &World,
+    user: &str,
+    args: &[&str],
+) -> Result<(bool, String, String)> {
     let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
         .args(args)
-        .args(["--fleet", "edge"])
-        .envs(world.stack.nats.env_for("hafleet-operator"))
+        .envs(world.stack.nats.env_for(user))
         .env("NO_COLOR", "1")
         .output()
         .await

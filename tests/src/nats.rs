@@ -51,6 +51,10 @@ pub const COMPONENT_USERS: [(&str, &str); 4] = [
     ("hafleet-operator-reader", "HAFLEET_OPERATOR_READER"),
 ];
 
+/// Operators who may change one fleet only: (name, fleet); user `hafleet-operator-<name>`.
+pub const OPERATORS_OF_ONE_FLEET: [(&str, &str); 2] =
+    [("edge-only", "edge"), ("core-only", "core")];
+
 impl std::fmt::Debug for NatsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsServer").field("url", &self.url()).field("dir", &self.dir).finish()
@@ -237,6 +241,15 @@ impl NatsServer {
         let mut all: Vec<(String, String)> =
             COMPONENT_USERS.iter().map(|(u, p)| (u.to_string(), p.to_string())).collect();
         let mut fleets = String::new();
+        // Operators of one fleet each, as `nats-permissions --operator NAME --may-change F`
+        // prints them: `hafleet-operator-edge-only` may change fleet edge, `…-core-only` core.
+        for (name, fleet) in OPERATORS_OF_ONE_FLEET {
+            use permissions::{Changes, operator_permissions, operator_user, operator_variable};
+            let name = hafleet_proto::FleetName::new(name)?;
+            let may = Changes::Fleets(vec![hafleet_proto::FleetName::new(fleet)?]);
+            fleets.push_str(&operator_permissions(Some(&name), &may));
+            all.push((operator_user(Some(&name)), operator_variable(Some(&name))));
+        }
         for fleet in self.fleets.lock().expect("not poisoned").iter() {
             fleets.push_str(&permissions::nats_permissions(fleet));
             all.push((permissions::user(fleet), permissions::variable(fleet)));

@@ -161,6 +161,24 @@ async fn answer(
 pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
     use hafleet_proto::{HistoryErrorKind, HistoryReply, HistoryRequest};
     let Some(reply_to) = request.reply.clone() else { return };
+    if request.subject.as_str() == hafleet_proto::DEADLETTER_REPUBLISH_SUBJECT {
+        let reply = match serde_json::from_slice(&request.payload) {
+            Ok(hafleet_proto::RepublishRequest { deadletter_seq }) => {
+                republish(ctx.bus, deadletter_seq).await.unwrap_or_else(|e| HistoryReply::Error {
+                    kind: HistoryErrorKind::Internal,
+                    message: format!("{e:#}"),
+                })
+            }
+            Err(e) => HistoryReply::Error {
+                kind: HistoryErrorKind::BadRequest,
+                message: format!("not a republish request: {e}"),
+            },
+        };
+        if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
+            tracing::warn!(error = %e, "republish reply lost");
+        }
+        return;
+    }
     // hafleet.history.<fleet>, or hafleet.history.<fleet>.change for what changes the fleet.
     let mut tokens = request.subject.as_str().split('.').skip(2);
     let (fleet, on_change) = (tokens.next().unwrap_or_default(), tokens.next() == Some("change"));
@@ -189,4 +207,48 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
     if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
         tracing::warn!(error = %e, "history reply lost");
     }
+}
+
+/// Publishes the route message parked at `seq` of the dead-letter stream again, on
+/// [`hafleet_proto::ROUTES_REPUBLISH_SUBJECT`], if this build can read it: into the routes
+/// stream, so it is applied in order with every other event, and replayed. Its message id
+/// names the parked message: asking twice within the stream's duplicate window publishes once.
+async fn republish(bus: &Bus, seq: u64) -> anyhow::Result<HistoryReply> {
+    use anyhow::Context as _;
+    use async_nats::jetstream::stream::RawMessageErrorKind;
+    let stream = bus.js.get_stream(hafleet_proto::DEADLETTER_STREAM).await?;
+    let parked = match stream.get_raw_message(seq).await {
+        Ok(m) => m,
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
+            return Ok(error(
+                HistoryErrorKind::NoSuchMessage,
+                format!("the dead-letter stream has no message {seq}"),
+            ));
+        }
+        Err(e) => return Err(e).context("cannot read the dead-letter stream"),
+    };
+    if parked.subject.as_str() != hafleet_proto::ROUTES_DEADLETTER_SUBJECT {
+        return Ok(error(
+            HistoryErrorKind::BadRequest,
+            format!("message {seq} is not a parked route message (subject {})", parked.subject),
+        ));
+    }
+    if let Err(e) = hafleet_proto::RouteMessage::decode(&parked.payload) {
+        return Ok(error(
+            HistoryErrorKind::BadRequest,
+            format!("this renderer still cannot read message {seq}: {e}; upgrade it first"),
+        ));
+    }
+    let seq_text = seq.to_string();
+    let stream_seq = bus
+        .publish_with_headers(
+            hafleet_proto::ROUTES_REPUBLISH_SUBJECT.to_owned(),
+            &format!("republish-{seq}"),
+            parked.payload.to_vec(),
+            &[(hafleet_proto::DEADLETTER_SEQ_HEADER, &seq_text)],
+        )
+        .await
+        .with_context(|| format!("cannot republish parked message {seq}"))?;
+    tracing::info!(deadletter_seq = seq, stream_seq, "parked route message republished");
+    Ok(HistoryReply::Republished { stream_seq })
 }

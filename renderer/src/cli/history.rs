@@ -154,8 +154,19 @@ pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
 /// Sends one request to the renderer and returns its answer; error replies become errors.
 async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
     let subject = request.subject(&common.fleet);
-    let timeout = Duration::from_secs(common.timeout_secs.max(1));
-    let sent = bus.client.request(subject, request.encode().into());
+    request_reply(bus, subject, request.encode(), common.timeout_secs).await
+}
+
+/// Sends `payload` to the renderer on `subject` and returns its answer; error replies become
+/// errors.
+pub(crate) async fn request_reply(
+    bus: &Bus,
+    subject: String,
+    payload: Vec<u8>,
+    timeout_secs: u64,
+) -> anyhow::Result<HistoryReply> {
+    let timeout = Duration::from_secs(timeout_secs.max(1));
+    let sent = bus.client.request(subject, payload.into());
     let answer = tokio::time::timeout(timeout, sent)
         .await
         .map_err(|_| anyhow::anyhow!("no answer from the renderer within {timeout:?}"))?
@@ -167,6 +178,7 @@ async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Res
             HistoryErrorKind::UnknownFleet => "unknown fleet",
             HistoryErrorKind::NoSuchVersion => "no such version",
             HistoryErrorKind::NoSuchSweep => "no such sweep",
+            HistoryErrorKind::NoSuchMessage => "no such parked message",
             HistoryErrorKind::BadRequest => "bad request",
             HistoryErrorKind::Internal => "the renderer failed",
         };

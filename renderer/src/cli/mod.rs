@@ -1,7 +1,9 @@
 //! The command line: `run` starts the renderer ([`crate::app`]); every other command is the
 //! operator's, run from any machine that reaches NATS: [`history`] (history, rollback, resume,
-//! sweep) asks the running renderer, [`replay`] rebuilds a past config from the routes stream.
+//! sweep) asks the running renderer, [`deadletter`] reads the parked route messages (and asks
+//! the renderer to republish one), [`replay`] rebuilds a past config from the routes stream.
 
+pub mod deadletter;
 pub mod history;
 pub mod replay;
 
@@ -45,6 +47,9 @@ pub enum Command {
     /// Show or release a sweep the mass-deletion guard holds (through NATS).
     #[command(subcommand)]
     Sweep(history::SweepCommand),
+    /// List, show or republish the route messages the renderer could not read and parked.
+    #[command(subcommand)]
+    Deadletter(deadletter::DeadLetterCommand),
 }
 
 impl Cli {
@@ -60,6 +65,7 @@ impl Cli {
             }
             Command::History(command) => history::history(command).await,
             Command::Sweep(command) => history::sweep(command).await,
+            Command::Deadletter(command) => deadletter::deadletter(command).await,
             Command::Rollback { common, version } => {
                 history::rollback_or_resume(common, Some(version)).await
             }

@@ -1,0 +1,211 @@
+//! `hafleet-renderer deadletter list|show|republish`: the route messages the renderer could
+//! not read (a newer watcher's schema, a value outside an allowlist), parked on the
+//! dead-letter stream. `list` and `show` read the stream; `republish` asks the running
+//! renderer to publish a parked message again into the routes stream, once an upgrade lets it
+//! read it.
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream::stream::RawMessageErrorKind;
+use hafleet_proto::{
+    DEADLETTER_REPUBLISH_SUBJECT, DEADLETTER_STREAM, ERROR_HEADER, HistoryReply, RepublishRequest,
+    SOURCE_SEQ_HEADER,
+};
+use hafleet_runtime::nats::Bus;
+
+/// Settings of every dead-letter command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub nats: hafleet_runtime::NatsArgs,
+    /// Seconds to wait for the renderer's answer (`republish`).
+    #[arg(long, env = "HAFLEET_TIMEOUT_SECS", default_value_t = 10)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DeadLetterCommand {
+    /// The newest parked messages, oldest first: dead-letter sequence, when, the routes
+    /// stream sequence it came from, its size and why it could not be read.
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// How many of the newest.
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        /// An array of objects instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One parked message: its headers, then its payload (JSON pretty-printed, sealed keys
+    /// blanked).
+    Show {
+        #[command(flatten)]
+        common: Common,
+        /// Its dead-letter sequence, as `list` prints it.
+        seq: u64,
+    },
+    /// Ask the running renderer to publish a parked message again, into the routes stream,
+    /// where it is applied in order like any route event. The renderer refuses one it still
+    /// cannot read. A parked message of a watcher run that has since been replaced is read
+    /// and ignored (that watcher's successor restated every Ingress). Republish several in
+    /// their order: a later event of an Ingress must not come back before an earlier one.
+    Republish {
+        #[command(flatten)]
+        common: Common,
+        /// Dead-letter sequences, as `list` prints them; republished in the order given.
+        #[arg(required = true)]
+        seqs: Vec<u64>,
+    },
+}
+
+/// One parked message as `list --json` prints it.
+#[derive(Debug, serde::Serialize)]
+struct Parked {
+    seq: u64,
+    time: String,
+    subject: String,
+    source_seq: Option<u64>,
+    bytes: usize,
+    error: String,
+}
+
+/// Runs `hafleet-renderer deadletter …`.
+pub async fn deadletter(command: DeadLetterCommand) -> anyhow::Result<()> {
+    match command {
+        DeadLetterCommand::List { common, limit, json } => {
+            let bus = common.nats.connect().await?;
+            let parked = list(&bus, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&parked)?);
+            } else if parked.is_empty() {
+                println!("no parked messages");
+            } else {
+                println!("{:>8}  {:<20}  {:>10}  {:>8}  ERROR", "SEQ", "TIME", "SOURCE", "BYTES");
+                for p in &parked {
+                    let source = p.source_seq.map_or("-".to_owned(), |s| s.to_string());
+                    println!(
+                        "{:>8}  {:<20}  {:>10}  {:>8}  {}",
+                        p.seq, p.time, source, p.bytes, p.error
+                    );
+                }
+            }
+            Ok(())
+        }
+        DeadLetterCommand::Show { common, seq } => {
+            let bus = common.nats.connect().await?;
+            let Some(m) = message(&bus, seq).await? else {
+                bail!("no parked message at {seq} (see `hafleet-renderer deadletter list`)");
+            };
+            println!("seq: {}\nsubject: {}\ntime: {}", m.sequence, m.subject, m.time);
+            for (name, values) in m.headers.iter() {
+                for v in values {
+                    println!("{name}: {v}");
+                }
+            }
+            println!();
+            println!("{}", payload_text(&m.payload));
+            Ok(())
+        }
+        DeadLetterCommand::Republish { common, seqs } => {
+            let bus = common.nats.connect().await?;
+            for seq in seqs {
+                let request = RepublishRequest { deadletter_seq: seq };
+                let body = serde_json::to_vec(&request)?;
+                let subject = DEADLETTER_REPUBLISH_SUBJECT.to_owned();
+                let reply = super::history::request_reply(&bus, subject, body, common.timeout_secs)
+                    .await
+                    .with_context(|| format!("parked message {seq}"))?;
+                match reply {
+                    HistoryReply::Republished { stream_seq } => {
+                        println!("parked message {seq} republished at routes sequence {stream_seq}")
+                    }
+                    other => bail!("unexpected answer {other:?}"),
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The newest `limit` parked messages, oldest first.
+async fn list(bus: &Bus, limit: u64) -> anyhow::Result<Vec<Parked>> {
+    let Ok(mut stream) = bus.js.get_stream(DEADLETTER_STREAM).await else {
+        return Ok(vec![]);
+    };
+    let state = stream.info().await.context("cannot read the dead-letter stream")?.state.clone();
+    if state.messages == 0 {
+        return Ok(vec![]);
+    }
+    let from = state.first_sequence.max(state.last_sequence.saturating_sub(limit.max(1) - 1));
+    let mut out = Vec::new();
+    for seq in from..=state.last_sequence {
+        let Some(m) = message(bus, seq).await? else { continue };
+        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        out.push(Parked {
+            seq,
+            time: m.time.to_string(),
+            subject: m.subject.to_string(),
+            source_seq: header(SOURCE_SEQ_HEADER).and_then(|s| s.parse().ok()),
+            bytes: m.payload.len(),
+            error: header(ERROR_HEADER).unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+/// The parked message at `seq`; `None` when there is none (deleted, aged out, never was).
+pub(crate) async fn message(
+    bus: &Bus,
+    seq: u64,
+) -> anyhow::Result<Option<async_nats::jetstream::message::StreamMessage>> {
+    let stream = bus.js.get_stream(DEADLETTER_STREAM).await.context("no dead-letter stream")?;
+    match stream.get_raw_message(seq).await {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e).context("cannot read the dead-letter stream"),
+    }
+}
+
+/// A payload to print: JSON pretty-printed with every `sealed_key` blanked; anything else as
+/// text, with what is not UTF-8 replaced.
+fn payload_text(payload: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(payload) {
+        Ok(mut json) => {
+            blank_sealed_keys(&mut json);
+            serde_json::to_string_pretty(&json).unwrap_or_default()
+        }
+        Err(_) => String::from_utf8_lossy(payload).into_owned(),
+    }
+}
+
+/// Blanks every `sealed_key` member, however deep: of no use to a reader, and not shown.
+fn blank_sealed_keys(json: &mut serde_json::Value) {
+    match json {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                match k.as_str() {
+                    "sealed_key" => *v = serde_json::Value::String("(sealed, not shown)".into()),
+                    _ => blank_sealed_keys(v),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(blank_sealed_keys),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_keys_are_blanked_at_any_depth_and_other_payloads_print_as_text() {
+        let text = payload_text(
+            br#"{"kind":"default_cert","cert":{"sealed_key":"AAAA","chain":"x"},"more":[{"sealed_key":"B"}]}"#,
+        );
+        assert!(!text.contains("AAAA") && !text.contains("\"B\""), "{text}");
+        assert_eq!(text.matches("(sealed, not shown)").count(), 2, "{text}");
+        assert!(text.contains("\"chain\": \"x\""), "{text}");
+        assert_eq!(payload_text(b"not json \xff"), "not json \u{fffd}");
+    }
+}
