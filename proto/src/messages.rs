@@ -584,6 +584,11 @@ pub struct ConfigVersion {
     /// ([`crate::Quarantine`]), at most [`MAX_QUARANTINED_LISTED`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<IngressKey>,
+    /// How many routes it serves (of every Ingress and HTTPRoute not quarantined): a renderer
+    /// that rebuilt its state compares its first version with the newest published one by
+    /// them (the mass-deletion guard). `None` in versions of older renderers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<u64>,
 }
 
 /// Most quarantined Ingresses a version or a report names (the config's notes name them all).
@@ -607,6 +612,7 @@ impl ConfigVersion {
             body: Body::Inline { bundle },
             signature: None,
             quarantined: vec![],
+            routes: None,
         }
     }
 

@@ -382,6 +382,59 @@ async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_grante
     Ok(())
 }
 
+/// The mass-deletion guard covers a rebuilt state: a renderer whose store was lost, behind a
+/// gapped stream, whose watchers then restate far fewer Ingresses than its fleet's hosts serve
+/// (an API server restored from an empty backup, say) publishes none of it. The fleet is
+/// pinned to what its hosts run, and `resume` publishes the state once an operator has looked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_renderer_holds_a_first_version_that_would_withdraw_most_of_the_fleet()
+-> Result<()> {
+    let mut world = World::start().await?;
+    let hosts = ["a.example.com", "b.example.com", "c.example.com", "d.example.com"];
+    for (i, host) in hosts.iter().enumerate() {
+        world.route(&format!("r{i}"), host, "/", "web").await?;
+    }
+    for host in hosts {
+        expect_everywhere(&world.stack, host, "/", 200, "web@").await?;
+    }
+    let before = world.stack.latest_version().await?.context("a version")?;
+    assert_eq!(before.routes, Some(4), "the version says how many routes it serves");
+
+    world.stack.kill(Component::Renderer);
+    std::fs::remove_dir_all(world.stack.dir().join("renderer-data"))?;
+    let admin = world.stack.nats.bus().await?;
+    admin.js.get_stream(hafleet_proto::ROUTES_STREAM).await?.purge().await?;
+    if let Ok(checkpoints) = admin.js.get_stream("OBJ_hafleet-checkpoints").await {
+        checkpoints.purge().await?;
+    }
+    for i in 1..4 {
+        world.ingresses.delete(&format!("r{i}"), &Default::default()).await?;
+    }
+    world.stack.restart_with(Component::Renderer, &[("HAFLEET_SWEEP_GUARD_MIN_ROUTES", "2")])?;
+
+    let log = world.stack.log_path(Component::Renderer);
+    hafleet_tests::eventually(crate::CONVERGE, "the rebuilt state held", || async {
+        let text = std::fs::read_to_string(&log)?;
+        anyhow::ensure!(text.contains("rebuilt state would withdraw too much"), "not yet");
+        Ok(())
+    })
+    .await?;
+    assert_eq!(world.stack.latest_version().await?.context("a version")?.version, before.version);
+    for host in hosts {
+        expect_everywhere(&world.stack, host, "/", 200, "web@").await?;
+    }
+    let listed = crate::history::ok(&world, &["history", "list"]).await?;
+    assert!(listed.contains(&format!("fleet pinned to version {}", before.version)), "{listed}");
+
+    let resumed = crate::history::ok(&world, &["resume"]).await?;
+    assert!(resumed.contains("resumed"), "{resumed}");
+    expect_everywhere(&world.stack, "b.example.com", "/", 404, "").await?;
+    expect_everywhere(&world.stack, "a.example.com", "/", 200, "web@").await?;
+    let after = world.stack.latest_version().await?.context("a version")?;
+    assert_eq!((after.routes, after.version > before.version), (Some(1), true));
+    Ok(())
+}
+
 /// The dead-letter tool: `deadletter list` and `show` read what the renderer parked (the
 /// reader may), and `republish` asks the renderer to publish a parked message again into the
 /// routes stream once it can read it (here one parked as an older renderer would have, from a

@@ -199,6 +199,7 @@ fn version(config: &str) -> ConfigVersion {
         body: Body::Inline { bundle },
         signature: None,
         quarantined: vec![],
+        routes: None,
     }
 }
 

@@ -58,11 +58,12 @@ pub async fn routes_message(
     }
 }
 
-/// The newest version number published on `fleet`'s configs subject (0: none).
-pub async fn latest_published_number(
+/// The newest version published on `fleet`'s configs subject: its number (0: none) and the
+/// routes it serves (`None`: none, or a version of an older renderer that did not say).
+pub async fn latest_published(
     bus: &Bus,
     fleet: &hafleet_proto::FleetName,
-) -> Result<u64, BusError> {
+) -> Result<Published, BusError> {
     let failed = |e: Box<dyn std::error::Error + Send + Sync>| BusError::Stream {
         name: hafleet_proto::CONFIGS_STREAM,
         source: e,
@@ -71,16 +72,21 @@ pub async fn latest_published_number(
         bus.js.get_stream(hafleet_proto::CONFIGS_STREAM).await.map_err(|e| failed(Box::new(e)))?;
     let subject = hafleet_proto::configs_subject(fleet);
     match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(m) => {
-            #[derive(serde::Deserialize)]
-            struct Number {
-                version: u64,
-            }
-            Ok(serde_json::from_slice::<Number>(&m.payload).map(|n| n.version).unwrap_or(0))
+        Ok(m) => Ok(serde_json::from_slice::<Published>(&m.payload).unwrap_or_default()),
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+            Ok(Published::default())
         }
-        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(0),
         Err(e) => Err(failed(Box::new(e))),
     }
+}
+
+/// What [`latest_published`] reads of a version.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct Published {
+    #[serde(rename = "version")]
+    pub number: u64,
+    #[serde(default)]
+    pub routes: Option<u64>,
 }
 
 /// How long and how much a stream keeps (`0`: no limit).

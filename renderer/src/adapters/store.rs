@@ -371,7 +371,7 @@ impl Store {
 
     /// Fleets that have versions, in name order. Seeks from one fleet's prefix to the next
     /// instead of walking every version: it runs after every batch.
-    fn fleets_with_versions(&self) -> Result<Vec<FleetName>, StoreError> {
+    pub fn fleets_with_versions(&self) -> Result<Vec<FleetName>, StoreError> {
         let mut fleets = Vec::new();
         let mut from: Vec<u8> = Vec::new();
         while let Some(item) = self.versions.range(from.as_slice()..).next() {
@@ -537,6 +537,28 @@ impl Store {
         Ok(out)
     }
 
+    /// Holds every version of `fleet` not yet published (they are recorded as rendered while
+    /// pinned, never published) and pins the fleet to `pin`, until `resume`. Flushed.
+    pub fn hold_unpublished(&self, fleet: &FleetName, pin: u64) -> Result<(), StoreError> {
+        let from = version_key(fleet, self.published(fleet)? + 1);
+        let to = version_key(fleet, u64::MAX);
+        let mut held = Vec::new();
+        for item in self.summaries.range(from..=to) {
+            let (key, value) = item?;
+            let summary: VersionSummary = decode(&key, &value)?;
+            let summary = VersionSummary { held: true, ..summary };
+            held.push((key, serde_json::to_vec(&summary).expect("summaries serialize")));
+        }
+        let mut batch = sled::Batch::default();
+        for (key, value) in held {
+            batch.insert(key, value);
+        }
+        self.summaries.apply_batch(batch)?;
+        self.meta.insert(pinned_key(fleet), &pin.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// The newest `limit` summaries of a fleet, newest first.
     pub fn summaries(
         &self,
@@ -683,6 +705,7 @@ mod tests {
             body: hafleet_proto::Body::Inline { bundle },
             signature: None,
             quarantined: vec![],
+            routes: None,
         }
     }
 

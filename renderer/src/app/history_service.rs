@@ -94,7 +94,7 @@ async fn answer(
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
             store.set_pinned(fleet, Some(number))?;
-            publish_unpublished(ctx.bus, store, ctx.signer).await?;
+            publish_unpublished(ctx.bus, store, ctx.signer, None).await?;
             tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
             Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
         }
@@ -126,7 +126,7 @@ async fn answer(
             let number = made.as_ref().map(|v| v.version);
             if let Some(v) = made {
                 store.commit(&[], &[v], store.applied_seq()?)?;
-                publish_unpublished(ctx.bus, store, ctx.signer).await?;
+                publish_unpublished(ctx.bus, store, ctx.signer, None).await?;
             }
             tracing::info!(fleet = %fleet, version = ?number, "resumed");
             Ok(HistoryReply::Done { version: number, pinned: None })

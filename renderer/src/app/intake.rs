@@ -321,7 +321,7 @@ pub(crate) async fn floors<'a>(
     let mut floors = BTreeMap::new();
     for fleet in fleets {
         if !store.knows(fleet)? {
-            let n = bus::latest_published_number(bus, fleet).await?.max(store.floor(fleet)?);
+            let n = bus::latest_published(bus, fleet).await?.number.max(store.floor(fleet)?);
             if n > 0 {
                 info!(fleet = %fleet, above = n, "no stored history; numbering continues above the newest published version");
             }

@@ -4,6 +4,7 @@
 
 use crate::adapters::bus::{self, Bus};
 use crate::adapters::store::Store;
+use crate::core::state::SweepGuard;
 use hafleet_proto::FleetName;
 use tracing::{error, info};
 
@@ -11,11 +12,18 @@ use tracing::{error, info};
 /// A fleet whose version cannot be published (the object store full, a permission taken away)
 /// is reported and left for the next try; its later versions wait behind it so its order holds,
 /// and other fleets go on. Returns whether anything is left to publish.
+///
+/// With `guard` (the run loop's publishing; not an operator's rollback or resume), a fleet
+/// this store has never published goes through [`hold_rebuilt`] first.
 pub async fn publish_unpublished(
     bus: &bus::Bus,
     store: &Store,
     signer: &hafleet_proto::Signer,
+    guard: Option<&SweepGuard>,
 ) -> anyhow::Result<bool> {
+    if let Some(guard) = guard {
+        hold_rebuilt(bus, store, guard).await?;
+    }
     let mut stuck: Vec<FleetName> = Vec::new();
     for v in store.unpublished()? {
         if stuck.contains(&v.fleet) {
@@ -43,6 +51,49 @@ pub async fn publish_unpublished(
         }
     }
     Ok(!stuck.is_empty())
+}
+
+/// The mass-deletion guard over a rebuilt state. A fleet this store has versions of but has
+/// never published, while its subject has a version of an earlier store (the store was lost
+/// and rebuilt from a checkpoint, the routes stream and the watchers' restatement): if the
+/// newest version would serve so many fewer routes than the newest published one that the
+/// guard holds it (an API server restored from an empty backup, a watcher that lost its
+/// rights), none of those versions is published. They are held and the fleet pinned, as after
+/// a rollback, until an operator looks and runs `resume`. The guard of snapshots cannot see
+/// this: a rebuilt state never held what the restatement left out.
+async fn hold_rebuilt(bus: &Bus, store: &Store, guard: &SweepGuard) -> anyhow::Result<()> {
+    for fleet in store.fleets_with_versions()? {
+        if store.published(&fleet)? > 0 || store.pinned(&fleet)?.is_some() {
+            continue;
+        }
+        let Some(newest) = store.latest_summary(&fleet)? else { continue };
+        if newest.held {
+            continue;
+        }
+        let published = bus::latest_published(bus, &fleet).await?;
+        let now = store.version(&fleet, newest.number)?.and_then(|v| v.routes);
+        let (Some(before), Some(now)) = (published.routes, now) else { continue };
+        let gone = before.saturating_sub(now);
+        if !guard.holds(gone as usize, before as usize) {
+            continue;
+        }
+        store.hold_unpublished(&fleet, published.number)?;
+        error!(fleet = %fleet, published = published.number, published_routes = before,
+               version = newest.number, routes = now,
+               "this renderer's rebuilt state would withdraw too much of the fleet at once; \
+                nothing published, the fleet is pinned to what its hosts run. Check the API \
+                server and the watcher, then `hafleet-renderer resume --fleet {fleet}` to \
+                publish what the state renders now");
+        hafleet_runtime::health::Health::global().count(
+            (
+                "hafleet_renderer_rebuilt_held_total",
+                "Fleets whose first version after a rebuilt state the mass-deletion guard held.",
+            ),
+            &[("fleet", fleet.as_str())],
+            1.0,
+        );
+    }
+    Ok(())
 }
 
 /// Publishes the release of `held` on the routes stream; returns its sequence. Its message id

@@ -32,6 +32,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
             .await?;
     let renderer = args.render.renderer()?;
+    let guard = args.render.guard();
     let signer = load_signer(&args.signing_key)?;
     info!(key = signer.key_id(), "versions are signed");
     let store = Store::open(&args.data_dir)?;
@@ -61,7 +62,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     rerender_all(&store, &renderer, &desired, &start_floors)?;
     let mut unpublished = match gap.is_some() {
         true => true,
-        false => publish_unpublished(&bus, &store, &signer).await?,
+        false => publish_unpublished(&bus, &store, &signer, Some(&guard)).await?,
     };
     // Reads on `hafleet.history.<fleet>`, changes on `….change` (granted per fleet).
     let reads = bus
@@ -91,7 +92,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(Duration::from_secs(args.publish_retry_secs.max(1)));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let guard = args.render.guard();
     let mut releases = Releases::default();
     // Versions HAProxy refused: traced to the Ingresses that made them, which are quarantined.
     let mut refusals = super::refusals::refusals(bus.clone());
@@ -125,7 +125,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             _ = retry.tick(), if unpublished && gap.is_none() => {
-                unpublished = publish_unpublished(&bus, &store, &signer).await?;
+                unpublished = publish_unpublished(&bus, &store, &signer, Some(&guard)).await?;
                 continue;
             }
             _ = Gap::tick(&mut gap) => {
@@ -165,7 +165,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // version could not be published yet; it is retried on its own.
         unpublished = match gap.is_some() {
             true => true,
-            false => publish_unpublished(&bus, &store, &signer).await?,
+            false => publish_unpublished(&bus, &store, &signer, Some(&guard)).await?,
         };
         for m in &batch {
             if let Err(e) = m.ack().await {

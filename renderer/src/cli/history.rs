@@ -301,6 +301,15 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                 ]);
             }
             print!("{}", hafleet_runtime::table(&rows));
+            // A pin to a version not listed: an older one, or (after a rebuilt store was held)
+            // one published by an earlier store.
+            if let Some(p) = pinned.filter(|p| versions.iter().all(|v| v.number != *p)) {
+                println!(
+                    "fleet pinned to version {p}: later versions are held until \
+                     `hafleet-renderer resume --fleet {}`",
+                    common.fleet
+                );
+            }
             Ok(())
         }
         HistoryCommand::Show { common, version: n, json } => {

@@ -39,6 +39,12 @@ pub fn next_version(
         .map(|(k, _)| k.clone())
         .take(hafleet_proto::MAX_QUARANTINED_LISTED)
         .collect();
+    let routes = desired
+        .ingresses(fleet)
+        .values()
+        .filter(|e| e.quarantined.is_none())
+        .map(|e| e.routes.len() as u64)
+        .sum();
     Ok(Some(ConfigVersion {
         schema: SCHEMA_VERSION,
         fleet: fleet.clone(),
@@ -53,6 +59,7 @@ pub fn next_version(
         body: Body::Inline { bundle },
         signature: None,
         quarantined,
+        routes: Some(routes),
     }))
 }
 
