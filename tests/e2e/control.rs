@@ -518,3 +518,34 @@ async fn parked_route_messages_are_listed_shown_and_republished_once_readable() 
     assert_eq!(seq.as_deref(), Some(readable.as_str()));
     Ok(())
 }
+
+/// Mutual TLS: against a NATS server that asks every client for a certificate of its CA, the
+/// operator's CLI connects with `--nats-cert`/`--nats-key` (here through `HAFLEET_NATS_CERT`
+/// and `HAFLEET_NATS_KEY`), is turned away without them, and names a key file it cannot read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_asking_for_client_certificates_takes_nats_cert_and_key() -> Result<()> {
+    let nats = hafleet_tests::nats::NatsServer::start_requiring_client_certs().await?;
+    let env = nats.env_for("hafleet-operator");
+    let run = async |drop: &[&str], set: &[(&str, &str)]| {
+        let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-renderer"))
+            .args(["deadletter", "list"])
+            .env_clear()
+            .envs(env.iter().filter(|(k, _)| !drop.contains(k)).cloned())
+            .envs(set.iter().copied())
+            .env("NO_COLOR", "1")
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        anyhow::Ok((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), text))
+    };
+    let (ok, out, err) = run(&[], &[]).await?;
+    assert!(ok && out.contains("no parked messages"), "{out}{err}");
+    let (ok, _, err) = run(&["HAFLEET_NATS_CERT", "HAFLEET_NATS_KEY"], &[]).await?;
+    assert!(!ok, "connected without a client certificate: {err}");
+    assert!(err.contains("give --nats-cert and --nats-key"), "{err}");
+    let missing = nats.ca_path().with_file_name("no-such.key");
+    let missing = missing.display().to_string();
+    let (ok, _, err) = run(&[], &[("HAFLEET_NATS_KEY", missing.as_str())]).await?;
+    assert!(!ok && err.contains("no-such.key"), "{err}");
+    Ok(())
+}

@@ -29,6 +29,8 @@ pub struct NatsServer {
     /// TLS for clients: always, but where `HAFLEET_TEST_NATS_PLAIN=1` asks for plain NATS (the
     /// bench's comparison of the two).
     tls: bool,
+    /// Whether clients must show a certificate of the test CA too.
+    client_certs: bool,
     dir: TestDir,
     /// Fleets with an applier user, as an operator adds them.
     fleets: std::sync::Mutex<Vec<hafleet_proto::FleetName>>,
@@ -64,11 +66,23 @@ impl std::fmt::Debug for NatsServer {
 impl NatsServer {
     /// Starts one server and waits until JetStream is healthy and a client can connect.
     pub async fn start() -> Result<NatsServer> {
+        Self::start_with(false).await
+    }
+
+    /// Starts one server that also asks every client for a certificate of the test CA (mutual
+    /// TLS): [`NatsServer::args_for`] and [`NatsServer::env_for`] give one
+    /// (`--nats-cert`/`--nats-key`).
+    pub async fn start_requiring_client_certs() -> Result<NatsServer> {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(client_certs: bool) -> Result<NatsServer> {
         let mut dir = TestDir::new("hafleet-nats-")?;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut server = NatsServer::new(dir, 1);
+            server.client_certs = client_certs && server.tls;
             match server.spawn_all().await {
                 Ok(()) => return Ok(server),
                 Err(e) if attempt < 3 && is_addr_in_use(&e) => dir = server.take_dir(),
@@ -104,6 +118,7 @@ impl NatsServer {
                 .collect(),
             keys: Default::default(),
             tls: std::env::var("HAFLEET_TEST_NATS_PLAIN").as_deref() != Ok("1"),
+            client_certs: false,
             dir,
             fleets: Default::default(),
         }
@@ -196,6 +211,9 @@ impl NatsServer {
         crate::proc::write_private(&dir.join("server.key"), key.as_bytes())?;
         std::fs::write(dir.join("server.pem"), cert)?;
         std::fs::write(dir.join("ca.pem"), issuer.ca_pem())?;
+        let (cert, key) = issuer.issue("hafleet-client")?;
+        crate::proc::write_private(&dir.join("client.key"), key.as_bytes())?;
+        std::fs::write(dir.join("client.pem"), cert)?;
         Ok(())
     }
 
@@ -292,9 +310,13 @@ impl NatsServer {
                 store = dir.join("jetstream").display().to_string(),
                 tls = match self.tls {
                     true => format!(
-                        "tls {{ cert_file: {:?}, key_file: {:?}, timeout: 5 }}\n",
+                        "tls {{ cert_file: {:?}, key_file: {:?}, timeout: 5{} }}\n",
                         self.dir.path().join("server.pem").display().to_string(),
                         self.dir.path().join("server.key").display().to_string(),
+                        match self.client_certs {
+                            true => format!(", verify: true, ca_file: {:?}", self.ca_path()),
+                            false => String::new(),
+                        }
                     ),
                     false => String::new(),
                 },
@@ -357,6 +379,16 @@ impl NatsServer {
         if self.tls {
             env.push(("HAFLEET_NATS_CA", self.ca_path().display().to_string()));
         }
+        if self.client_certs {
+            env.push((
+                "HAFLEET_NATS_CERT",
+                self.dir.path().join("client.pem").display().to_string(),
+            ));
+            env.push((
+                "HAFLEET_NATS_KEY",
+                self.dir.path().join("client.key").display().to_string(),
+            ));
+        }
         env
     }
 
@@ -372,6 +404,10 @@ impl NatsServer {
         let mut args = hafleet_runtime::NatsArgs::for_url(self.url());
         args.nats_ca = self.tls.then(|| self.ca_path());
         args.nats_creds = Some(creds);
+        if self.client_certs {
+            args.nats_cert = Some(self.dir.path().join("client.pem"));
+            args.nats_key = Some(self.dir.path().join("client.key"));
+        }
         args
     }
 

@@ -139,29 +139,48 @@ fn with_credentials(
     Ok(options.nkey(trimmed.to_owned()))
 }
 
-/// Whether a connection error is one that waiting does not mend: TLS set up wrong, a server
-/// certificate that does not chain to the CA given (rustls says so as invalid data), or a key
-/// the client cannot sign with.
+/// Whether a connection error is one that waiting does not mend: TLS set up wrong, a
+/// handshake refused on what either side presented, or a key the client cannot sign with.
 pub(super) fn is_permanent(e: &async_nats::ConnectError) -> bool {
     use async_nats::ConnectErrorKind as Kind;
     match e.kind() {
         Kind::Tls | Kind::Authentication => true,
-        Kind::Io => is_tls_refusal(e),
+        Kind::Io => tls_failure(e).is_some(),
         _ => false,
     }
 }
 
-/// Whether the error comes from a TLS handshake that failed on what was presented (an
-/// `InvalidData` I/O error): a refused connection, a reset or a timeout is not that.
-fn is_tls_refusal(e: &async_nats::ConnectError) -> bool {
+/// How a TLS handshake failed, as far as the settings go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsFailure {
+    /// This client does not trust the server's certificate (--nats-ca, the URL's host).
+    ServerNotTrusted,
+    /// The server sent an alert: it refused what this client presented (no client
+    /// certificate where it asks for one, or one it does not trust).
+    RefusedByServer,
+    /// Another handshake failure.
+    Other,
+}
+
+/// The TLS failure behind a connection error: rustls's error inside the I/O error the
+/// handshake returned. `None` when it is not one (a refused connection, a reset, a timeout).
+fn tls_failure(e: &async_nats::ConnectError) -> Option<TlsFailure> {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return io.kind() == std::io::ErrorKind::InvalidData;
+        let inner = match s.downcast_ref::<std::io::Error>() {
+            Some(io) => io.get_ref().map(|i| i as &(dyn std::error::Error + 'static)),
+            None => Some(s),
+        };
+        if let Some(tls) = inner.and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            return Some(match tls {
+                rustls::Error::InvalidCertificate(_) => TlsFailure::ServerNotTrusted,
+                rustls::Error::AlertReceived(_) => TlsFailure::RefusedByServer,
+                _ => TlsFailure::Other,
+            });
         }
         source = s.source();
     }
-    e.to_string().contains("invalid peer certificate")
+    None
 }
 
 /// A connection error with what to check, for the errors that settings cause.
@@ -170,15 +189,24 @@ pub(super) struct Explained(pub(super) async_nats::ConnectError);
 
 impl std::fmt::Display for Explained {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tls = self.0.kind() == async_nats::ConnectErrorKind::Tls
-            || (self.0.kind() == async_nats::ConnectErrorKind::Io && is_tls_refusal(&self.0));
-        let hint = match self.0.kind() {
-            _ if tls => {
-                "; check that --nats-ca holds the CA that signed the server's certificate, and \
-                 that the URL names a host that certificate is for"
+        const TRUST: &str = "; check that --nats-ca holds the CA that signed the server's \
+                             certificate, and that the URL names a host that certificate is for";
+        let hint = match (self.0.kind(), tls_failure(&self.0)) {
+            (_, Some(TlsFailure::ServerNotTrusted)) => TRUST,
+            (_, Some(TlsFailure::RefusedByServer)) => {
+                "; the server refused this client's TLS: where it asks clients for a \
+                 certificate, give --nats-cert and --nats-key (a certificate signed by a CA \
+                 the server trusts, and its key)"
             }
-            async_nats::ConnectErrorKind::Authentication
-            | async_nats::ConnectErrorKind::AuthorizationViolation => {
+            (async_nats::ConnectErrorKind::Tls, _) | (_, Some(TlsFailure::Other)) => {
+                "; check --nats-ca, and --nats-cert and --nats-key if the server asks for a \
+                 client certificate"
+            }
+            (
+                async_nats::ConnectErrorKind::Authentication
+                | async_nats::ConnectErrorKind::AuthorizationViolation,
+                _,
+            ) => {
                 "; check that --nats-creds holds this component's key, and that the server's \
                  configuration lists its public key"
             }
