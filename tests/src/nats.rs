@@ -232,6 +232,12 @@ impl NatsServer {
         let pair = nkeys::KeyPair::new_user();
         std::fs::create_dir_all(path.parent().context("a folder")?)?;
         let seed = pair.seed().map_err(|e| anyhow::anyhow!("an NKEY seed: {e}"))?;
+        // A file left by an attempt whose ports were taken (the folder is kept for the next
+        // attempt, the keys are not): this attempt's key replaces it.
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         crate::proc::write_private(&path, format!("{seed}\n").as_bytes())?;
         let public = pair.public_key();
         keys.insert(user.to_owned(), pair);
