@@ -65,19 +65,44 @@ pub enum LogFormat {
 /// The logging flags every binary takes (`#[command(flatten)]`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
-    /// Log format on stderr: `text` or `json`. The level comes from `RUST_LOG` (default
-    /// `info`, e.g. `RUST_LOG=hafleet_applier=debug`).
+    /// Log format on stderr: `text` or `json`. Text is coloured only on a terminal, and never
+    /// with `NO_COLOR` set.
     #[arg(long, global = true, env = "HAFLEET_LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: LogFormat,
+    /// What to log: a level (`error`, `warn`, `info`, `debug`, `trace`) or per-module
+    /// directives (`hafleet_applier=debug,info`). Unset: `RUST_LOG`, else `info`.
+    #[arg(long, global = true, env = "HAFLEET_LOG_LEVEL", value_parser = log_level)]
+    pub log_level: Option<String>,
 }
 
-/// Logs to stderr in `args`' format, filtered by `RUST_LOG` (default `info`). Fields never hold
-/// secrets: NATS URLs are logged without their credentials, and key material never reaches a
-/// log line.
+/// A `--log-level` that tracing can read.
+fn log_level(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s).map(|_| s.to_owned()).map_err(|e| {
+        format!("not a level or list of directives ({e}); try info or hafleet_applier=debug,info")
+    })
+}
+
+/// Whether log text may carry colour codes: only to a terminal, and not with `NO_COLOR` set
+/// (to anything but the empty string, as no-color.org says).
+fn colour() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Logs to stderr in `args`' format, filtered by `--log-level`, else `RUST_LOG` (default
+/// `info`). Fields never hold secrets: NATS URLs are logged without their credentials, and key
+/// material never reaches a log line.
 pub fn init_tracing(args: &LogArgs) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = match &args.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level),
+        None => {
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
+        }
+    };
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour());
     match args.log_format {
         LogFormat::Text => fmt.init(),
         LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).init(),
@@ -199,5 +224,16 @@ mod bytes_tests {
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    #[test]
+    fn a_log_level_is_a_level_or_directives_and_nothing_else() {
+        assert!(super::log_level("debug").is_ok());
+        assert!(super::log_level("hafleet_applier=debug,info").is_ok());
+        let e = super::log_level("hafleet=loud").unwrap_err();
+        assert!(e.contains("try info"), "{e}");
     }
 }

@@ -64,6 +64,12 @@ async fn nats_is_reached_over_tls_with_keys_and_a_wrong_ca_is_refused_at_once() 
         assert!(!text.contains("hunter2-secret"), "{c:?} --help shows the URL's password");
     }
 
+    // Logs written to a file (a pipe or journald alike) carry no colour codes.
+    for c in [Component::Watcher, Component::Renderer, Component::Applier] {
+        let log = std::fs::read_to_string(world.stack.log_path(c))?;
+        assert!(log.contains(" INFO ") && !log.contains('\x1b'), "{c:?} logged colour codes");
+    }
+
     // A CA of someone else's: the renderer says what is wrong and stops.
     let other = hafleet_tests::tls::Ca::new("not the NATS server's CA")?;
     let other_ca = world.stack.dir().join("other-ca.pem");

@@ -225,7 +225,8 @@ impl Stack {
             .env("HAFLEET_NATS_REPLICAS", replicas)
             .env("HAFLEET_HEALTH_ADDR", self.health_addr(c).to_string())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .env("NO_COLOR", "1");
+            // Logs go to a file: no colour codes, without NO_COLOR's help (a test checks).
+            .env_remove("NO_COLOR");
         match c {
             Component::Watcher => {
                 cmd.env("KUBECONFIG", self.kube.watcher_kubeconfig_path());

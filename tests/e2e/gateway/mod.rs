@@ -4,6 +4,7 @@
 
 mod canary;
 mod filters;
+mod fleets;
 mod hostnames;
 mod matching;
 mod services;

@@ -158,7 +158,7 @@ pub(crate) fn gateway_status(
     args: &crate::app::args::RunArgs,
     (served, route_seqs): (
         &BTreeMap<FleetName, crate::core::served::Served>,
-        &std::collections::HashMap<IngressKey, u64>,
+        &super::state::RouteSeqs,
     ),
     unusable: &dyn Fn(&FleetName, &str, &str) -> Option<String>,
 ) {
@@ -185,8 +185,13 @@ pub(crate) fn gateway_status(
             route.metadata.namespace.as_deref().unwrap_or("default"),
             route.metadata.name.as_deref().unwrap_or_default(),
         );
-        let seq = key.ok().and_then(|k| route_seqs.get(&k).copied()).unwrap_or(0);
         for p in parents {
+            // What was last published of the route on this parent's Gateway's fleet.
+            let fleet = pass.index.gateways.get(&p.gateway).and_then(|gw| gw.fleet.as_ref().ok());
+            let seq = match (&key, fleet) {
+                (Ok(k), Some(f)) => route_seqs.get(&(k.clone(), f.clone())).copied().unwrap_or(0),
+                _ => 0,
+            };
             let on = attached.entry(p.gateway.clone()).or_default();
             for l in &p.listeners {
                 *on.entry(l.clone()).or_default() += 1;

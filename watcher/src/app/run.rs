@@ -481,7 +481,7 @@ async fn sync(
         send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
     }
     if let Some(store) = &caches.settings {
-        let fleets = state.published.values().map(|(fleet, _)| fleet.clone());
+        let fleets = state.published.values().flatten().map(|(fleet, _)| fleet.clone());
         send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
     }
     // Last: a snapshot closes what came before it (a renderer that lost events waits for one
@@ -545,7 +545,7 @@ async fn publish(bus: &Bus, state: &mut State, action: Action) -> anyhow::Result
     let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
     info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
     if !key.kind.is_ingress() {
-        state.route_seqs.insert(key.clone(), seq);
+        state.route_seqs.insert((key.clone(), fleet.clone()), seq);
     }
     hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
     index::record(&mut state.published, &action);

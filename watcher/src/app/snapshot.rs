@@ -25,8 +25,11 @@ pub fn build(
     epoch: u64,
     cluster: Option<&ClusterId>,
 ) -> RoutesSnapshot {
-    let mut live: Vec<(FleetName, IngressKey)> =
-        published.iter().map(|(k, (f, _))| (f.clone(), k.clone().in_cluster(cluster))).collect();
+    let mut live: Vec<(FleetName, IngressKey)> = published
+        .iter()
+        .flat_map(|(k, fleets)| fleets.iter().map(move |(f, _)| (f, k)))
+        .map(|(f, k)| (f.clone(), k.clone().in_cluster(cluster)))
+        .collect();
     live.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
     let keys = live.iter().map(|(_, k)| k).chain(kept.iter());
     RoutesSnapshot {
@@ -143,7 +146,7 @@ mod tests {
         let edge = FleetName::new("edge").unwrap();
         let mut published = Published::default();
         for name in ["b", "a", "c"] {
-            published.insert(IngressKey::new("default", name).unwrap(), (edge.clone(), None));
+            published.insert(IngressKey::new("default", name).unwrap(), vec![(edge.clone(), None)]);
         }
         let kept = BTreeSet::from([IngressKey::new("default", "k").unwrap()]);
         let east = ClusterId::new("east").unwrap();

@@ -8,6 +8,9 @@ use hafleet_proto::{FleetName, IngressKey, NodeAddr};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::warn;
 
+/// The routes-stream sequence of each object's last published change, by object and fleet.
+pub(crate) type RouteSeqs = std::collections::HashMap<(IngressKey, FleetName), u64>;
+
 pub(crate) struct State {
     /// `--cluster-id`: stamped on everything published, which this watcher's view of its one
     /// cluster does not carry.
@@ -43,9 +46,10 @@ pub(crate) struct State {
     pub(crate) restating: Option<u32>,
     /// With `--settings-namespace`: the fleets' settings read and published.
     pub(crate) settings: crate::core::fleet_settings::InForce,
-    /// The routes-stream sequence of each object's last published change since the initial
-    /// state (that one restates what the fleets run): what a Gateway's `Programmed` waits for.
-    pub(crate) route_seqs: std::collections::HashMap<IngressKey, u64>,
+    /// The routes-stream sequence of each object's last published change on each fleet since
+    /// the initial state (that one restates what the fleets run): what a Gateway's
+    /// `Programmed` waits for, on the Gateway's fleet.
+    pub(crate) route_seqs: RouteSeqs,
     /// What each fleet's hosts all run, as the fleets' reports tell ([`crate::app::notices`]).
     pub(crate) served: Served,
     /// Gateway API statuses to write, by a task of their own.

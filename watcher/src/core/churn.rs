@@ -94,8 +94,9 @@ impl Budget {
         }
         let pair = |fleet: &FleetName, key: &IngressKey| (fleet.clone(), key.namespace.clone());
         // A resend of what may already have been stored changes nothing new.
-        let resend =
-            |r: &crate::core::model::Resolved| matches!(published.get(&r.key), Some((_, None)));
+        let resend = |r: &crate::core::model::Resolved| {
+            matches!(crate::core::index::published_on(published, &r.key, &r.fleet), Some(None))
+        };
         let wanting: BTreeSet<Pair> = actions
             .iter()
             .filter_map(|a| match a {
@@ -201,7 +202,7 @@ mod tests {
         at: Instant,
     ) -> Admitted {
         let desired: Wanted =
-            want.iter().map(|r| (r.key.clone(), Desired::Routed(r.clone()))).collect();
+            want.iter().map(|r| (r.key.clone(), Desired::one(r.clone()))).collect();
         let admitted = budget.admit(index::diff(published, &desired), published, at);
         for a in &admitted.go {
             index::record(published, a);
@@ -251,7 +252,7 @@ mod tests {
         let held = pass(&mut budget, &mut published, &[x(3), y(1)], t0 + 2 * S);
         assert_eq!(names(&held), (vec![], vec!["a/x@edge".into(), "a/y@edge".into()]));
         assert!(budget.holds());
-        assert_eq!(published[&x(1).key].1.as_ref().unwrap().0.len(), 2, "x stays as published");
+        assert_eq!(published[&x(1).key][0].1.as_ref().unwrap().0.len(), 2, "x stays as published");
         assert!(!published.contains_key(&y(1).key), "y is not published, nor recorded");
         // Tokens came at 0 + 5 s and 1 + 5 s: the next is due when the bucket holds one again.
         assert_eq!(budget.next_due(t0 + 2 * S), Some(t0 + 5 * S));
@@ -262,7 +263,7 @@ mod tests {
         // Due: both go in one pass, as they stand now, for one token.
         let went = pass(&mut budget, &mut published, &[x(5), y(3)], t0 + 5 * S);
         assert_eq!(names(&went), (vec!["+a/x@edge".into(), "+a/y@edge".into()], vec![]));
-        assert_eq!(published[&x(1).key].1.as_ref().unwrap().0.len(), 5);
+        assert_eq!(published[&x(1).key][0].1.as_ref().unwrap().0.len(), 5);
         assert!(!budget.holds());
         assert_eq!(budget.next_due(t0 + 5 * S), None);
         // Unchanged since: nothing to publish, nothing spent; the next change waits 5 s.
@@ -364,7 +365,7 @@ mod tests {
         // Back to edge, where a's token is spent: held whole, the Ingress stays on core.
         let a = pass(&mut budget, &mut published, &[resolved("a", "x", "edge", 1)], t0 + 2 * S);
         assert_eq!(names(&a), (vec![], vec!["a/x@edge".into()]));
-        assert_eq!(published[&moved.key].0.as_str(), "core");
+        assert_eq!(published[&moved.key][0].0.as_str(), "core");
         // A publish that failed may or may not have been stored: sending it again is no change.
         let y = resolved("a", "y", "edge", 1);
         index::record_unknown(&mut published, &Action::Upsert(y.clone()));
@@ -429,7 +430,7 @@ mod tests {
         // 59.4 s of toggling: the burst's one and a token every 10 s after it, then the last
         // state within 10 s of the last toggle.
         assert!(went.len() <= 1 + 6 + 1, "{went:?}");
-        assert_eq!(published[&state(0).key].1.as_ref().unwrap().0.len(), 3, "the last state");
+        assert_eq!(published[&state(0).key][0].1.as_ref().unwrap().0.len(), 3, "the last state");
         let last = *went.last().unwrap();
         assert!(last >= last_toggle - t0 && last <= last_toggle - t0 + 10 * S, "{went:?}");
         for pair in went.windows(2) {

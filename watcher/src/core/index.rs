@@ -10,24 +10,44 @@ use hafleet_proto::{FleetName, IngressKey, Route, TlsEntry};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-// Nearly every entry is `Routed`: boxing it would add an allocation per Ingress and save nothing.
-#[allow(clippy::large_enum_variant)]
 pub enum Desired {
-    Routed(Resolved),
-    /// Refused: keep whatever was published before.
+    /// Its routes, one [`Resolved`] per fleet that serves it, in fleet order: an Ingress's
+    /// one fleet, or each fleet of the Gateways an HTTPRoute attaches to. Never empty.
+    Routed(Vec<Resolved>),
+    /// Refused: keep whatever was published before, on every fleet.
     Keep,
 }
 
-/// What was last published (and acked) per Ingress. `None` routes: a publish to that fleet
-/// failed and may or may not have been stored, so whatever is desired must be sent again.
-/// Hashed: every pass looks up every Ingress in it.
+impl Desired {
+    /// Routed on one fleet.
+    pub fn one(r: Resolved) -> Desired {
+        Desired::Routed(vec![r])
+    }
+}
+
+/// What was last published (and acked) of an object on one fleet. `None`: a publish to that
+/// fleet failed and may or may not have been stored, so whatever is desired must be sent again.
+pub type PublishedRoutes = Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>;
+
+/// What was last published per object, on each fleet it was published to (one for an
+/// Ingress; an HTTPRoute's Gateways may be on several), in fleet order. Hashed: every pass
+/// looks up every object in it.
 pub type Published = std::collections::HashMap<
     IngressKey,
-    (FleetName, Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>),
+    Vec<(FleetName, PublishedRoutes)>,
     foldhash::fast::RandomState,
 >;
 
-/// What a pass wants for each Ingress. Hashed, as [`Published`] is; [`diff`] puts its
+/// What was last published of `key` on `fleet`: `None` when nothing was.
+pub fn published_on<'a>(
+    published: &'a Published,
+    key: &IngressKey,
+    fleet: &FleetName,
+) -> Option<&'a PublishedRoutes> {
+    published.get(key)?.iter().find(|(f, _)| f == fleet).map(|(_, p)| p)
+}
+
+/// What a pass wants for each object. Hashed, as [`Published`] is; [`diff`] puts its
 /// actions in key order.
 pub type Wanted = std::collections::HashMap<IngressKey, Desired, foldhash::fast::RandomState>;
 
@@ -37,46 +57,48 @@ pub enum Action {
     Delete { fleet: FleetName, key: IngressKey },
 }
 
-/// The routed Ingresses of `desired`, to keep tenants apart and add certificates to.
+/// The routes of `desired` on every fleet, to keep tenants apart and add certificates to.
 pub fn routed_mut(desired: &mut Wanted) -> Vec<&mut Resolved> {
     desired
         .values_mut()
-        .filter_map(|d| match d {
-            Desired::Routed(r) => Some(r),
-            Desired::Keep => None,
+        .flat_map(|d| match d {
+            Desired::Routed(rs) => rs.iter_mut(),
+            Desired::Keep => [].iter_mut(),
         })
         .collect()
 }
 
-/// Whether exactly these routes, for this fleet, are what was last published for the Ingress.
+/// Whether exactly these routes are what was last published of the object on its fleet.
 pub fn is_current(published: &Published, r: &Resolved) -> bool {
-    matches!(published.get(&r.key), Some((fleet, Some((routes, tls))))
-        if fleet == &r.fleet && routes == &r.routes && tls == &r.tls)
+    matches!(published_on(published, &r.key, &r.fleet), Some(Some((routes, tls)))
+        if routes == &r.routes && tls == &r.tls)
 }
 
 /// The actions that bring `published` to `desired`, deletes first, each kind in key order: a
-/// delete for what is gone or moved to another fleet, an upsert for every routed Ingress that
-/// is not current.
+/// delete for each fleet an object is gone from (deleted, or moved to another fleet), an
+/// upsert for every object's routes on a fleet that are not current.
 pub fn diff(published: &Published, desired: &Wanted) -> Vec<Action> {
     let mut deletes = Vec::new();
-    for (key, (fleet, _)) in published {
-        match desired.get(key) {
-            Some(Desired::Keep) => {}
-            Some(Desired::Routed(r)) if &r.fleet == fleet => {}
-            _ => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
+    for (key, fleets) in published {
+        for (fleet, _) in fleets {
+            match desired.get(key) {
+                Some(Desired::Keep) => {}
+                Some(Desired::Routed(rs)) if rs.iter().any(|r| &r.fleet == fleet) => {}
+                _ => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
+            }
         }
     }
     let mut upserts = Vec::new();
     for want in desired.values() {
-        if let Desired::Routed(r) = want
-            && !is_current(published, r)
-        {
-            upserts.push(Action::Upsert(r.clone()));
+        if let Desired::Routed(rs) = want {
+            for r in rs.iter().filter(|r| !is_current(published, r)) {
+                upserts.push(Action::Upsert(r.clone()));
+            }
         }
     }
     let key = |a: &Action| match a {
-        Action::Upsert(r) => r.key.clone(),
-        Action::Delete { key, .. } => key.clone(),
+        Action::Upsert(r) => (r.key.clone(), r.fleet.clone()),
+        Action::Delete { key, fleet } => (key.clone(), fleet.clone()),
     };
     deletes.sort_by_cached_key(key);
     upserts.sort_by_cached_key(key);
@@ -115,25 +137,36 @@ pub fn bulk_deletes(
 pub fn record(published: &mut Published, action: &Action) {
     match action {
         Action::Upsert(r) => {
-            published
-                .insert(r.key.clone(), (r.fleet.clone(), Some((r.routes.clone(), r.tls.clone()))));
+            set(published, &r.key, &r.fleet, Some((r.routes.clone(), r.tls.clone())));
         }
         Action::Delete { fleet, key } => {
-            if published.get(key).is_some_and(|(f, _)| f == fleet) {
-                published.remove(key);
+            if let Some(fleets) = published.get_mut(key) {
+                fleets.retain(|(f, _)| f != fleet);
+                if fleets.is_empty() {
+                    published.remove(key);
+                }
             }
         }
     }
 }
 
 /// Records that publishing `action` failed: its effect is unknown, so the next diff sends
-/// whatever is desired for that Ingress again.
+/// whatever is desired for that object on that fleet again.
 pub fn record_unknown(published: &mut Published, action: &Action) {
     let (fleet, key) = match action {
         Action::Upsert(r) => (&r.fleet, &r.key),
         Action::Delete { fleet, key } => (fleet, key),
     };
-    published.insert(key.clone(), (fleet.clone(), None));
+    set(published, key, fleet, None);
+}
+
+/// Sets what was published of `key` on `fleet`, keeping the fleets in order.
+fn set(published: &mut Published, key: &IngressKey, fleet: &FleetName, routes: PublishedRoutes) {
+    let fleets = published.entry(key.clone()).or_default();
+    match fleets.binary_search_by(|(f, _)| f.cmp(fleet)) {
+        Ok(i) => fleets[i].1 = routes,
+        Err(i) => fleets.insert(i, (fleet.clone(), routes)),
+    }
 }
 
 /// The refused Ingresses among `kept` (each with its creation time, Unix seconds) that are
@@ -201,11 +234,11 @@ mod tests {
         let mut published = Published::default();
         let mut desired = Wanted::default();
         let a = resolved("a", "edge", 1);
-        desired.insert(a.key.clone(), Desired::Routed(a.clone()));
+        desired.insert(a.key.clone(), Desired::one(a.clone()));
         assert_eq!(apply(&mut published, &desired), [Action::Upsert(a.clone())]);
         assert!(apply(&mut published, &desired).is_empty(), "unchanged publishes nothing");
         let a2 = resolved("a", "edge", 2);
-        desired.insert(a.key.clone(), Desired::Routed(a2.clone()));
+        desired.insert(a.key.clone(), Desired::one(a2.clone()));
         assert_eq!(apply(&mut published, &desired), [Action::Upsert(a2)]);
         desired.clear();
         assert_eq!(
@@ -242,7 +275,7 @@ mod tests {
     fn an_invalid_edit_keeps_the_old_routes() {
         let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        let mut desired = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
+        let mut desired = Wanted::from_iter([(a.key.clone(), Desired::one(a.clone()))]);
         apply(&mut published, &desired);
         desired.insert(a.key.clone(), Desired::Keep);
         assert!(apply(&mut published, &desired).is_empty());
@@ -253,7 +286,7 @@ mod tests {
     fn a_failed_publish_is_sent_again_whatever_it_was() {
         let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        let routed = Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]);
+        let routed = Wanted::from_iter([(a.key.clone(), Desired::one(a.clone()))]);
         apply(&mut published, &routed);
         // A delete that may have been stored, then the same Ingress back with the same routes.
         let delete = Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() };
@@ -268,16 +301,46 @@ mod tests {
     fn moving_to_another_fleet_deletes_then_upserts() {
         let mut published = Published::default();
         let a = resolved("a", "edge", 1);
-        apply(&mut published, &Wanted::from_iter([(a.key.clone(), Desired::Routed(a.clone()))]));
+        apply(&mut published, &Wanted::from_iter([(a.key.clone(), Desired::one(a.clone()))]));
         let moved = resolved("a", "core", 1);
         let actions = apply(
             &mut published,
-            &Wanted::from_iter([(a.key.clone(), Desired::Routed(moved.clone()))]),
+            &Wanted::from_iter([(a.key.clone(), Desired::one(moved.clone()))]),
         );
         assert_eq!(
             actions,
             [Action::Delete { fleet: a.fleet.clone(), key: a.key.clone() }, Action::Upsert(moved)]
         );
-        assert_eq!(published[&a.key].0.as_str(), "core");
+        assert_eq!(published[&a.key][0].0.as_str(), "core");
+    }
+
+    #[test]
+    fn an_object_on_two_fleets_is_published_and_withdrawn_on_each() {
+        let mut published = Published::default();
+        let (edge, core) = (resolved("r", "edge", 1), resolved("r", "core", 1));
+        let both = Desired::Routed(vec![core.clone(), edge.clone()]);
+        let actions = apply(&mut published, &Wanted::from_iter([(edge.key.clone(), both)]));
+        assert_eq!(actions, [Action::Upsert(core.clone()), Action::Upsert(edge.clone())]);
+        let fleets: Vec<&str> = published[&edge.key].iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(fleets, ["core", "edge"]);
+        // Changed on one fleet only: one upsert. Gone from the other: one delete.
+        let edge2 = resolved("r", "edge", 2);
+        let actions = apply(
+            &mut published,
+            &Wanted::from_iter([(edge.key.clone(), Desired::one(edge2.clone()))]),
+        );
+        assert_eq!(
+            actions,
+            [
+                Action::Delete { fleet: core.fleet.clone(), key: core.key.clone() },
+                Action::Upsert(edge2)
+            ]
+        );
+        assert_eq!(published[&edge.key].len(), 1);
+        // Refused: kept on every fleet it is on.
+        let actions =
+            apply(&mut published, &Wanted::from_iter([(edge.key.clone(), Desired::Keep)]));
+        assert!(actions.is_empty());
+        assert!(apply(&mut published, &Wanted::default()).len() == 1 && published.is_empty());
     }
 }

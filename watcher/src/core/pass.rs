@@ -175,10 +175,14 @@ impl Plan {
         has_addresses: impl Fn(&FleetName) -> bool + 'a,
     ) -> impl Iterator<Item = (&'a IngressKey, &'a FleetName, &'a Arc<Ingress>)> + 'a {
         self.desired.iter().filter_map(move |(key, d)| match d {
-            Desired::Routed(r) if !r.routes.is_empty() && has_addresses(&r.fleet) => {
-                Some((key, &r.fleet, self.seen.get(key)?.as_ingress()?))
-            }
-            _ => None,
+            // An Ingress is on one fleet.
+            Desired::Routed(rs) => match rs.as_slice() {
+                [r] if !r.routes.is_empty() && has_addresses(&r.fleet) => {
+                    Some((key, &r.fleet, self.seen.get(key)?.as_ingress()?))
+                }
+                _ => None,
+            },
+            Desired::Keep => None,
         })
     }
 }
@@ -217,6 +221,7 @@ pub fn resolve(
         let name = ing.metadata.name.as_deref().unwrap_or_default();
         let result = memo.resolve(ing, rules.resolve, objects.services, objects.endpoints);
         let key = IngressKey::new(ns, name);
+        let result = result.map(|r| vec![r]);
         out.take(Subject::Ingress(ing.clone()), key, result, (policy, rules, published));
     }
     if let Some(gw) = objects.gateway {
@@ -258,7 +263,7 @@ impl Resolution {
         &mut self,
         subject: Subject,
         key: Result<IngressKey, hafleet_proto::InvalidValue>,
-        result: Result<Resolved, Refused>,
+        result: Result<Vec<Resolved>, Refused>,
         (policy, rules, published): (Option<&Policy>, &Rules<'_>, &Published),
     ) {
         // What a warning is said once per: a String, made only where it is needed (most
@@ -274,27 +279,39 @@ impl Resolution {
             self.tells.push(Tell { subject: subject.clone(), key, rv, reason, note, what });
         };
         match result {
-            // Outside the admin's policy: not routed (what it had is withdrawn), and told.
-            Ok(r)
-                if let Some(why) = policy
-                    .and_then(|p| p.refuses(r.key.namespace.as_str(), &r.fleet, &r.routes)) =>
-            {
-                tell(&r.key, "NotAllowed", format!("not routed by hafleet: {why}"));
-            }
-            // Only routes that differ from what was published can have grown too large.
-            Ok(r)
-                if !index::is_current(published, &r)
-                    && let Some(why) = over_budget(&r, &rules.limits, rules.payload_limit) =>
-            {
-                // Refused like any invalid Ingress: alone, with a Warning, keeping its routes.
-                let note = format!("not routed by hafleet: {why}; split the Ingress");
-                tell(&r.key, "RoutesTooLarge", note);
-                self.seen.insert(r.key.clone(), subject);
-                self.desired.insert(r.key.clone(), Desired::Keep);
-            }
-            Ok(r) => {
-                self.seen.insert(r.key.clone(), subject);
-                self.desired.insert(r.key.clone(), Desired::Routed(r));
+            Ok(mut rs) => {
+                // Outside the admin's policy: not routed on that fleet (what it had there is
+                // withdrawn), and told.
+                rs.retain(|r| {
+                    let ns = r.key.namespace.as_str();
+                    match policy.and_then(|p| p.refuses(ns, &r.fleet, &r.routes)) {
+                        Some(why) => {
+                            tell(&r.key, "NotAllowed", format!("not routed by hafleet: {why}"));
+                            false
+                        }
+                        None => true,
+                    }
+                });
+                let Some(first) = rs.first() else { return };
+                let key = first.key.clone();
+                // Only routes that differ from what was published can have grown too large.
+                let over = rs.iter().find_map(|r| {
+                    (!index::is_current(published, r))
+                        .then(|| over_budget(r, &rules.limits, rules.payload_limit))
+                        .flatten()
+                });
+                let desired = match over {
+                    // Refused like any invalid Ingress: alone, with a Warning, keeping its
+                    // routes.
+                    Some(why) => {
+                        let note = format!("not routed by hafleet: {why}; split the Ingress");
+                        tell(&key, "RoutesTooLarge", note);
+                        Desired::Keep
+                    }
+                    None => Desired::Routed(rs),
+                };
+                self.seen.insert(key.clone(), subject);
+                self.desired.insert(key, desired);
             }
             Err(Refused::NotSelected) => {}
             Err(Refused::Invalid(why)) => {
@@ -327,15 +344,17 @@ impl Resolution {
     pub fn secrets(&self, sealed_for: impl Fn(&FleetName) -> bool) -> BTreeSet<(String, String)> {
         let mut wanted = BTreeSet::new();
         for d in self.desired.values() {
-            let Desired::Routed(r) = d else { continue };
-            if !sealed_for(&r.fleet) {
-                continue;
-            }
-            let Some(subject) = self.seen.get(&r.key) else { continue };
-            let ns = r.key.namespace.as_str();
-            for e in tls_spec(r, subject) {
-                let Some(secret) = e.secret else { continue };
-                wanted.insert((e.namespace.unwrap_or_else(|| ns.to_owned()), secret));
+            let Desired::Routed(rs) = d else { continue };
+            for r in rs {
+                if !sealed_for(&r.fleet) {
+                    continue;
+                }
+                let Some(subject) = self.seen.get(&r.key) else { continue };
+                let ns = r.key.namespace.as_str();
+                for e in tls_spec(r, subject) {
+                    let Some(secret) = e.secret else { continue };
+                    wanted.insert((e.namespace.unwrap_or_else(|| ns.to_owned()), secret));
+                }
             }
         }
         wanted.extend(self.gateway.index.listener_secrets(&sealed_for));
@@ -384,9 +403,13 @@ pub fn finish(
         }
         // Its own warnings, tenancy's, then the certificates'. (Nothing reads a Resolved's
         // warnings after this: publishing compares routes.)
+        // (An object on several fleets has one entry: each warning once.)
         let mut said = std::mem::take(&mut r.warnings);
-        said.extend(res.told.remove(&r.key).unwrap_or_default());
-        said.extend(sealing);
+        for w in res.told.remove(&r.key).unwrap_or_default().into_iter().chain(sealing) {
+            if !said.contains(&w) {
+                said.push(w);
+            }
+        }
         if !said.is_empty() {
             res.told.insert(r.key.clone(), said);
         }

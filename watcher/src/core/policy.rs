@@ -167,10 +167,10 @@ pub fn refuses_kept(
 ) -> Option<String> {
     let ns = key.namespace.as_str();
     match published.get(key) {
-        Some((fleet, routes)) => {
+        Some(fleets) => fleets.iter().find_map(|(fleet, routes)| {
             let routes = routes.as_ref().map(|(r, _)| r.as_slice()).unwrap_or_default();
             policy.refuses(ns, fleet, routes)
-        }
+        }),
         None => {
             let annotations = meta.annotations.as_ref()?;
             let fleet = FleetName::new(annotations.get("hafleet.io/fleet")?.trim()).ok()?;

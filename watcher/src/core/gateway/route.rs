@@ -57,7 +57,8 @@ pub struct ParentStatus {
 /// An HTTPRoute resolved: its routes (or why not) and its parents' statuses.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub result: Result<Resolved, Refused>,
+    /// One per fleet, in fleet order.
+    pub result: Result<Vec<Resolved>, Refused>,
     /// Empty: no parent of it is hafleet's (its status is not hafleet's to write).
     pub parents: Vec<ParentStatus>,
 }
@@ -91,6 +92,9 @@ impl Via {
     }
 }
 
+/// The hosts a route is reached for on one fleet, each with how.
+type Hosts = Vec<(Option<HttpHost>, Via)>;
+
 /// Adds `host` reached `via` to `hosts`.
 fn add_host(hosts: &mut Vec<(Option<HttpHost>, Via)>, host: &Option<HttpHost>, via: &Via) {
     match hosts.iter_mut().find(|(h, _)| h == host) {
@@ -99,7 +103,8 @@ fn add_host(hosts: &mut Vec<(Option<HttpHost>, Via)>, host: &Option<HttpHost>, v
     }
 }
 
-/// Resolves `route` against hafleet's Gateways in `index`.
+/// Resolves `route` against hafleet's Gateways in `index`: its routes on each fleet whose
+/// Gateways it attaches to (each fleet with the hostnames its own listeners allow).
 pub fn resolve(
     route: &DynamicObject,
     index: &Index,
@@ -115,40 +120,139 @@ pub fn resolve(
     if parents.is_empty() {
         return nothing;
     }
-    // Nothing attached: the rules are still resolved, for the parents' ResolvedRefs.
-    let fleet = attached.first().map(|a| a.fleet.clone());
-    // One fleet serves an HTTPRoute: parents on another are told so.
-    let mut hosts: Vec<(Option<HttpHost>, Via)> = Vec::new();
+    // Each fleet's hosts, from the listeners of its Gateways the route attached to. Nothing
+    // attached: the rules are still resolved, for the parents' ResolvedRefs.
+    let mut fleets: Vec<(FleetName, Hosts)> = Vec::new();
     for a in &attached {
-        match &fleet {
-            Some(first) if *first != a.fleet => {
-                let message = format!(
-                    "an HTTPRoute is served by one fleet: this parent's Gateway is on fleet {}, \
-                     the route's first parent's on fleet {first}",
-                    a.fleet
-                );
-                parents[a.index].conditions =
-                    vec![Condition::no("Accepted", "UnsupportedValue", message)];
-                parents[a.index].listeners.clear();
+        let at = match fleets.binary_search_by(|(f, _)| f.cmp(&a.fleet)) {
+            Ok(i) => i,
+            Err(i) => {
+                fleets.insert(i, (a.fleet.clone(), Vec::new()));
+                i
             }
-            _ => {
-                for (h, via) in &a.hosts {
-                    add_host(&mut hosts, h, via);
-                }
+        };
+        for (h, via) in &a.hosts {
+            add_host(&mut fleets[at].1, h, via);
+        }
+    }
+    let mut said = Said::default();
+    let mut each: Vec<(FleetName, Vec<Route>, Hosts)> = Vec::new();
+    match fleets.is_empty() {
+        true => {
+            rules_routes(
+                &spec,
+                (namespace, meta),
+                index,
+                (services, endpoints, false),
+                &[],
+                &mut said,
+            );
+        }
+        false => {
+            for (fleet, hosts) in fleets {
+                let pods = config.pods_fleets.contains(&fleet);
+                let sources = (services, endpoints, pods);
+                let routes =
+                    rules_routes(&spec, (namespace, meta), index, sources, &hosts, &mut said);
+                each.push((fleet, routes, hosts));
             }
         }
     }
+    let Said { errors, warnings, unresolved } = said;
 
-    let mut errors = Vec::new();
-    let mut warnings = Vec::new();
-    let mut unresolved: Vec<(&'static str, String)> = Vec::new();
-    let pods_by_default = fleet.as_ref().is_some_and(|f| config.pods_fleets.contains(f));
+    let resolved_refs = match unresolved.first() {
+        None => Condition::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
+        Some((reason, _)) => {
+            let all: Vec<&str> = unresolved.iter().map(|(_, m)| m.as_str()).collect();
+            let message = format!("{}; those rules answer 500", all.join("; "));
+            Condition::no("ResolvedRefs", reason, message)
+        }
+    };
+    let accepted = match errors.is_empty() {
+        true => Condition::yes("Accepted", "Accepted", "accepted by hafleet"),
+        false => Condition::no("Accepted", "UnsupportedValue", errors.join("; ")),
+    };
+    for a in &attached {
+        parents[a.index].conditions = vec![accepted.clone(), resolved_refs.clone()];
+    }
+    // A parent that does not take the route still hears whether its references resolve.
+    for p in parents.iter_mut().filter(|p| p.conditions.len() == 1) {
+        p.conditions.push(resolved_refs.clone());
+    }
+    if each.is_empty() {
+        return Outcome { result: Err(Refused::NotSelected), parents };
+    }
+    if !errors.is_empty() {
+        for a in &attached {
+            parents[a.index].listeners.clear();
+        }
+        return Outcome { result: Err(Refused::Invalid(errors)), parents };
+    }
+    let name = meta.name.as_deref().unwrap_or_default();
+    let Ok(key) = IngressKey::http_route(namespace, name) else {
+        return Outcome { result: Err(Refused::NotSelected), parents };
+    };
+    let sharing = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::core::model::SHARE_ANNOTATION))
+        .map(|v| Sharing::parse(v))
+        .transpose();
+    let sharing = match sharing {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            let note = format!("annotation {}: {e}", crate::core::model::SHARE_ANNOTATION);
+            return Outcome { result: Err(Refused::Invalid(vec![note])), parents };
+        }
+    };
+    let resolved = each
+        .into_iter()
+        .map(|(fleet, routes, hosts)| {
+            let mut r =
+                Resolved::of((fleet, key.clone()), meta, routes, warnings.clone(), sharing.clone());
+            r.tls_spec = tls_spec(&hosts);
+            r
+        })
+        .collect();
+    Outcome { result: Ok(resolved), parents }
+}
+
+/// What resolving a route's rules said: why it is refused, its warnings and its backendRefs
+/// that do not resolve (reason, message). Each once, however many fleets it was resolved for.
+#[derive(Default)]
+struct Said {
+    errors: Vec<String>,
+    warnings: Vec<Warning>,
+    unresolved: Vec<(&'static str, String)>,
+}
+
+impl Said {
+    fn error(&mut self, e: String) {
+        if !self.errors.contains(&e) {
+            self.errors.push(e);
+        }
+    }
+}
+
+/// The routes of `spec`'s rules for `hosts` (one fleet's), with the Services resolved from
+/// `sources` (services, endpoints, whether the fleet routes to pods by default).
+fn rules_routes(
+    spec: &HttpRouteSpec,
+    (namespace, meta): (&str, &kube::api::ObjectMeta),
+    index: &Index,
+    (services, endpoints, pods_by_default): (&Services, Option<&Endpoints>, bool),
+    hosts: &[(Option<HttpHost>, Via)],
+    said: &mut Said,
+) -> Vec<Route> {
     let sources = Sources { services, endpoints, pods_by_default };
     let mut routes: Vec<Route> = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
         let at = format!("rules[{i}]");
-        let Some(matches) = matches_of(rule, &at, &mut errors) else { continue };
-        let Some(filters) = super::filters::of(rule, &at, &mut errors) else { continue };
+        let mut errors = Vec::new();
+        let matches = matches_of(rule, &at, &mut errors);
+        let filters = matches.as_ref().and_then(|_| super::filters::of(rule, &at, &mut errors));
+        errors.into_iter().for_each(|e| said.error(e));
+        let (Some(matches), Some(filters)) = (matches, filters) else { continue };
         // A redirect needs no backend: its rule's route gets an empty one.
         let redirects = filters.redirect.is_some() && rule.backend_refs.is_empty();
         let found = match redirects {
@@ -159,17 +263,26 @@ pub fn resolve(
             false => backends_of(rule, namespace, meta, index, &sources),
         };
         let backends = match found {
-            Ok((backends, said, failed)) => {
-                warnings.extend(said);
-                unresolved.extend(failed.into_iter().map(|(r, m)| (r, format!("{at}: {m}"))));
+            Ok((backends, warned, failed)) => {
+                for w in warned {
+                    if !said.warnings.contains(&w) {
+                        said.warnings.push(w);
+                    }
+                }
+                for (reason, m) in failed {
+                    let entry = (reason, format!("{at}: {m}"));
+                    if !said.unresolved.contains(&entry) {
+                        said.unresolved.push(entry);
+                    }
+                }
                 backends
             }
             Err(e) => {
-                errors.push(format!("{at}.backendRefs: {e}"));
+                said.error(format!("{at}.backendRefs: {e}"));
                 continue;
             }
         };
-        for (host, via) in &hosts {
+        for (host, via) in hosts {
             for (path, kind, conditions) in &matches {
                 // The rule's filters apply whichever backend takes the request, tied to the
                 // match's own path.
@@ -214,55 +327,7 @@ pub fn resolve(
             }
         }
     }
-
-    let resolved_refs = match unresolved.first() {
-        None => Condition::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
-        Some((reason, _)) => {
-            let all: Vec<&str> = unresolved.iter().map(|(_, m)| m.as_str()).collect();
-            let message = format!("{}; those rules answer 500", all.join("; "));
-            Condition::no("ResolvedRefs", reason, message)
-        }
-    };
-    let accepted = match errors.is_empty() {
-        true => Condition::yes("Accepted", "Accepted", "accepted by hafleet"),
-        false => Condition::no("Accepted", "UnsupportedValue", errors.join("; ")),
-    };
-    for a in attached.iter().filter(|a| Some(&a.fleet) == fleet.as_ref()) {
-        parents[a.index].conditions = vec![accepted.clone(), resolved_refs.clone()];
-    }
-    // A parent that does not take the route still hears whether its references resolve.
-    for p in parents.iter_mut().filter(|p| p.conditions.len() == 1) {
-        p.conditions.push(resolved_refs.clone());
-    }
-    let Some(fleet) = fleet else {
-        return Outcome { result: Err(Refused::NotSelected), parents };
-    };
-    if !errors.is_empty() {
-        for a in &attached {
-            parents[a.index].listeners.clear();
-        }
-        return Outcome { result: Err(Refused::Invalid(errors)), parents };
-    }
-    let name = meta.name.as_deref().unwrap_or_default();
-    let Ok(key) = IngressKey::http_route(namespace, name) else {
-        return Outcome { result: Err(Refused::NotSelected), parents };
-    };
-    let sharing = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::core::model::SHARE_ANNOTATION))
-        .map(|v| Sharing::parse(v))
-        .transpose();
-    let sharing = match sharing {
-        Ok(s) => s.unwrap_or_default(),
-        Err(e) => {
-            let note = format!("annotation {}: {e}", crate::core::model::SHARE_ANNOTATION);
-            return Outcome { result: Err(Refused::Invalid(vec![note])), parents };
-        }
-    };
-    let mut resolved = Resolved::of((fleet, key), meta, routes, warnings, sharing);
-    resolved.tls_spec = tls_spec(&hosts);
-    Outcome { result: Ok(resolved), parents }
+    routes
 }
 
 /// Every parentRef that names one of hafleet's Gateways gets a status; those whose Gateway

@@ -75,7 +75,7 @@ fn conditions(o: &Outcome) -> Vec<(&'static str, &'static str, bool)> {
 }
 
 fn hosts_and_paths(o: &Outcome) -> Vec<(String, String, PathKind)> {
-    let r = o.result.as_ref().expect("routed");
+    let r = &o.result.as_ref().expect("routed")[0];
     r.routes
         .iter()
         .map(|r| {
@@ -109,7 +109,7 @@ fn a_route_on_a_hafleet_gateway_is_routed_on_its_fleet_under_its_own_key() {
         [("Accepted", "Accepted", true), ("ResolvedRefs", "ResolvedRefs", true)]
     );
     assert_eq!(o.parents[0].listeners, ["http"]);
-    let resolved = o.result.as_ref().unwrap();
+    let resolved = &o.result.as_ref().unwrap()[0];
     assert_eq!(resolved.key, IngressKey::http_route("shop", "shop").unwrap());
     assert_eq!(resolved.fleet.as_str(), "edge");
     assert_eq!(
@@ -220,7 +220,7 @@ fn https_listeners_give_their_certificate_and_keep_their_routes_to_tls() {
             "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
     );
     let o = resolve_with(&gw, &[], &r, &svc);
-    let resolved = o.result.as_ref().expect("routed");
+    let resolved = &o.result.as_ref().expect("routed")[0];
     let tls_of = |host: &str| {
         let route = resolved.routes.iter().find(|r| r.host.as_ref().unwrap().as_str() == host);
         let route = route.expect("a route for the host");
@@ -259,7 +259,7 @@ fn https_listeners_give_their_certificate_and_keep_their_routes_to_tls() {
         "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
             "namespace": "infra"}], "to": [{"group": "", "kind": "Secret"}]}}));
     let o = resolve_with(&gw, &[grant], &r, &svc);
-    let asked = &o.result.as_ref().expect("routed").tls_spec;
+    let asked = &o.result.as_ref().expect("routed")[0].tls_spec;
     assert!(
         asked
             .iter()
@@ -323,12 +323,12 @@ fn a_backend_that_cannot_be_resolved_answers_500_and_says_why() {
             [("Accepted", "Accepted", true), ("ResolvedRefs", reason, false)],
             "{backend}"
         );
-        let routes = &o.result.as_ref().unwrap().routes;
+        let routes = &o.result.as_ref().unwrap()[0].routes;
         assert_eq!(routes[0].backend.options.fail_status, Some(FailStatus::InternalError));
     }
     let granted = json!({"name": "pay", "namespace": "billing", "port": 80});
     let o = resolve_with(&gw, &[grant], &spec(granted), &svc);
-    let routes = &o.result.as_ref().unwrap().routes;
+    let routes = &o.result.as_ref().unwrap()[0].routes;
     assert_eq!(routes[0].backend.options.fail_status, None);
     assert_eq!(routes[0].backend.service.namespace.as_str(), "billing");
     // No backendRefs at all: 500 too.
@@ -337,7 +337,7 @@ fn a_backend_that_cannot_be_resolved_answers_500_and_says_why() {
         json!({"parentRefs": [{"name": "edge", "namespace": "infra"}], "rules": [{}]}),
     );
     let o = resolve_with(&gw, &[], &r, &svc);
-    let routes = &o.result.as_ref().unwrap().routes;
+    let routes = &o.result.as_ref().unwrap()[0].routes;
     assert_eq!(routes[0].backend.options.fail_status, Some(FailStatus::InternalError));
 }
 
@@ -408,7 +408,7 @@ fn matches_ask_of_the_request_and_weights_share_it() {
         ]}),
     );
     let o = resolve_with(&gw, &[], &r, &svc);
-    let routes = &o.result.as_ref().unwrap().routes;
+    let routes = &o.result.as_ref().unwrap()[0].routes;
     assert_eq!(routes.len(), 3);
     let more = routes[0].more.as_deref().expect("conditions");
     // Of two entries for one header (names without case), the first.
@@ -467,7 +467,7 @@ fn redirects_and_rewrites_are_tied_to_each_match_s_path() {
     let o = resolve_with(&gw, &[], &r, &svc);
     // A redirect needs no backendRefs, and says nothing is unresolved.
     assert_eq!(conditions(&o)[1], ("ResolvedRefs", "ResolvedRefs", true));
-    let routes = &o.result.as_ref().unwrap().routes;
+    let routes = &o.result.as_ref().unwrap()[0].routes;
     let from = |i: usize| {
         let redirect = routes[i].backend.options.redirect.as_deref().unwrap();
         assert_eq!((redirect.port, redirect.code, redirect.host.as_ref()), (Some(8083), 302, None));
@@ -581,7 +581,7 @@ fn timeouts_bound_the_backend_s_answer() {
         resolve_with(&gw, &[], &r, &svc)
     };
     let server = |o: &Outcome| {
-        o.result.as_ref().expect("routed").routes[0].backend.options.timeout_server_ms
+        o.result.as_ref().expect("routed")[0].routes[0].backend.options.timeout_server_ms
     };
     assert_eq!(server(&with(json!({"request": "500ms"}))), Some(500));
     assert_eq!(server(&with(json!({"request": "2s", "backendRequest": "1s"}))), Some(1_000));
@@ -603,4 +603,46 @@ fn timeouts_bound_the_backend_s_answer() {
     assert!(
         matches!(o.result, Err(Refused::Invalid(ref why)) if why[0].contains("rules[0].timeouts"))
     );
+}
+
+/// An HTTPRoute whose parents are Gateways of two fleets is served by both, each with the
+/// hostnames its own Gateway's listeners allow (as upstream's HTTPRouteMultipleGateways has
+/// it: each Gateway gets the route independently), and both parents accept it.
+#[test]
+fn a_route_attached_to_gateways_of_two_fleets_is_routed_on_each() {
+    let on = |name: &str, fleet: &str, hostname: &str| {
+        object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": "infra", "annotations": {"hafleet.io/fleet": fleet}},
+            "spec": {"gatewayClassName": "hafleet",
+                     "listeners": [http_listener("http", Some(hostname), "All")]}}))
+    };
+    let gateways = [on("edge", "edge", "*.example.com"), on("core", "core", "shop.example.com")];
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let objects = Objects { classes: &classes, gateways: &gateways, ..Default::default() };
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}, {"name": "core", "namespace": "infra"}],
+            "hostnames": ["shop.example.com", "blog.example.com"],
+            "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
+    );
+    let svc = services(&[("shop", "web")]);
+    let o = resolve(&r, &Index::new(&objects), Config::default(), &svc, None);
+    let routed = o.result.as_ref().expect("routed");
+    let hosts = |i: usize| -> (String, Vec<String>) {
+        let r = &routed[i];
+        let hosts = r.routes.iter().map(|r| r.host.as_ref().unwrap().to_string()).collect();
+        (r.fleet.to_string(), hosts)
+    };
+    assert_eq!(routed.len(), 2);
+    assert_eq!(hosts(0), ("core".to_owned(), vec!["shop.example.com".to_owned()]));
+    let (edge, mut edge_hosts) = hosts(1);
+    edge_hosts.sort();
+    assert_eq!(
+        (edge.as_str(), edge_hosts),
+        ("edge", vec!["blog.example.com".into(), "shop.example.com".into()])
+    );
+    assert!(routed.iter().all(|r| r.key == IngressKey::http_route("shop", "shop").unwrap()));
+    for p in &o.parents {
+        assert!(p.conditions.iter().all(|c| c.ok), "{:?}", p.conditions);
+    }
 }
