@@ -129,7 +129,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             _ = Gap::tick(&mut gap) => {
-                Gap::ask(&bus, &mut gap).await;
+                match gap.as_ref().is_some_and(Gap::over) {
+                    true => {
+                        gap = None;
+                        unpublished = publish_unpublished(&bus, &store, &signer, Some(&guard)).await?;
+                    }
+                    false => Gap::ask(&bus, &mut gap).await,
+                }
                 continue;
             }
             _ = &mut shutdown => break,
@@ -157,9 +163,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
         process(&bus, &stream, &store, &renderer, &mut desired, &guard, &entries).await?;
-        if gap.as_ref().is_some_and(|g| batch.iter().any(|m| g.restates(m))) {
-            info!("a watcher restated everything after the gap; publishing again");
-            gap = None;
+        if let Some(g) = &mut gap {
+            batch.iter().for_each(|m| g.note(m));
+            if g.over() {
+                gap = None;
+            }
         }
         // Committed versions are safe in the store: the batch is acked even if a fleet's
         // version could not be published yet; it is retried on its own.
@@ -191,7 +199,13 @@ struct Gap {
     /// the ask (one from before names Ingresses whose events are gone).
     after: u64,
     ask: tokio::time::Interval,
+    /// The watchers' restatement since the renderer started.
+    restated: crate::core::restatement::Restatement,
 }
+
+/// How long after a cluster's restatement the renderer waits for the others that began
+/// theirs (a watcher that died half way).
+const RESTATE_GRACE: Duration = Duration::from_secs(60);
 
 impl Gap {
     async fn at_start(bus: &bus::Bus, store: &Store) -> anyhow::Result<Option<Gap>> {
@@ -211,7 +225,8 @@ impl Gap {
         );
         let mut ask = tokio::time::interval(Duration::from_secs(30));
         ask.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Ok(Some(Gap { lost, after: bounds.last, ask }))
+        let restated = Default::default();
+        Ok(Some(Gap { lost, after: bounds.last, ask, restated }))
     }
 
     /// Ticks while there is a gap; never without one.
@@ -240,15 +255,39 @@ impl Gap {
         }
     }
 
-    /// Whether `m` ends a watcher's restatement: a snapshot (which follows every Ingress of
-    /// its cluster) published since the renderer started.
-    fn restates(&self, m: &async_nats::jetstream::Message) -> bool {
-        m.info().is_ok_and(|i| i.stream_sequence > self.after)
-            && m.subject.starts_with(hafleet_proto::ROUTES_SNAPSHOT_SUBJECT)
-            && matches!(
-                hafleet_proto::RouteMessage::decode(&m.payload),
-                Ok(hafleet_proto::RouteMessage::Snapshot(_))
-            )
+    /// Notes `m`, if it was published since the renderer started: the nodes that begin a
+    /// watcher's restatement, the snapshot that ends it (decoded only then).
+    fn note(&mut self, m: &async_nats::jetstream::Message) {
+        if m.info().is_ok_and(|i| i.stream_sequence > self.after) {
+            let snapshot = || {
+                matches!(
+                    hafleet_proto::RouteMessage::decode(&m.payload),
+                    Ok(hafleet_proto::RouteMessage::Snapshot(_))
+                )
+            };
+            let now = tokio::time::Instant::now();
+            self.restated.note(m.subject.as_str(), snapshot, now);
+        }
+    }
+
+    /// Whether the watchers have restated everything: every cluster that began has sent its
+    /// snapshot, or [`RESTATE_GRACE`] has passed since the first did. Says so.
+    fn over(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        if !self.restated.complete(now, RESTATE_GRACE) {
+            if self.restated.any_done() {
+                let waiting = self.restated.waiting_for();
+                info!(clusters = ?waiting, "waiting for the other clusters' restatements");
+            }
+            return false;
+        }
+        let waiting = self.restated.waiting_for();
+        match waiting.is_empty() {
+            true => info!("the watchers restated everything after the gap; publishing again"),
+            false => warn!(clusters = ?waiting, "publishing again without these clusters' \
+                           snapshots (they began restating and did not finish within a minute)"),
+        }
+        true
     }
 }
 

@@ -10,6 +10,7 @@ pub mod model;
 pub mod par;
 pub mod quarantine;
 pub mod render;
+pub mod restatement;
 pub mod settings;
 pub mod snapshots;
 pub mod state;
