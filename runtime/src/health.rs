@@ -32,6 +32,8 @@ pub struct Health {
     /// server unreachable), by source.
     blockers: Arc<Mutex<std::collections::BTreeMap<&'static str, String>>>,
     metrics: Arc<Mutex<Metrics>>,
+    /// Labels every series carries (an applier's `fleet`), unless it names them itself.
+    constant: Arc<Mutex<Vec<(&'static str, String)>>>,
 }
 
 /// Counters, gauges and histograms, written out in Prometheus' text format at `/metrics`.
@@ -75,7 +77,16 @@ impl Health {
             ready: Arc::new(Mutex::new(Err(why.to_owned()))),
             blockers: Default::default(),
             metrics: Default::default(),
+            constant: Default::default(),
         }
+    }
+
+    /// Gives every series the label `name="value"` (one that names `name` itself keeps its
+    /// own): an applier's `fleet`, so that two fleets' `lb-1` do not collide.
+    pub fn label_all(&self, name: &'static str, value: &str) {
+        let mut constant = self.constant.lock().unwrap_or_else(|p| p.into_inner());
+        constant.retain(|(n, _)| *n != name);
+        constant.push((name, value.to_owned()));
     }
 
     pub fn ready(&self) {
@@ -165,12 +176,16 @@ impl Health {
     /// Every metric in Prometheus' text exposition format.
     pub fn exposition(&self) -> String {
         let m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        let constant = self.constant.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut out = String::new();
         for (name, (help, kind, series)) in &m.families {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
             for (labels, value) in series {
-                let labels: Vec<String> = labels
+                let own = |n: &&'static str| labels.iter().any(|(k, _)| k == n);
+                let labels: Vec<String> = constant
                     .iter()
+                    .filter(|(n, _)| !own(n))
+                    .chain(labels.iter())
                     .map(|(k, v)| {
                         let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
                         format!("{k}=\"{v}\"")
@@ -308,6 +323,19 @@ mod tests {
         assert_eq!(answer("GET /other HTTP/1.1", &ready, "").0, 404);
         assert_eq!(answer("POST /readyz HTTP/1.1", &ready, "").0, 405);
         assert_eq!(answer("", &ready, "").0, 405);
+    }
+
+    #[test]
+    fn a_label_of_the_process_goes_on_every_series_that_does_not_name_it() {
+        let h = Health::new("x");
+        h.label_all("fleet", "edge");
+        h.gauge(("m", "help"), &[("host", "lb-1")], 2.0);
+        h.gauge(("n", "help"), &[], 1.0);
+        h.gauge(("o", "help"), &[("fleet", "core")], 3.0);
+        let text = h.exposition();
+        assert!(text.contains("m{fleet=\"edge\",host=\"lb-1\"} 2\n"), "{text}");
+        assert!(text.contains("n{fleet=\"edge\"} 1\n"), "{text}");
+        assert!(text.contains("o{fleet=\"core\"} 3\n"), "{text}");
     }
 
     #[test]

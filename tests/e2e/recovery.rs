@@ -252,8 +252,10 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
             let text = metrics(stack, Component::Applier).await?;
             for host in ["lb-1", "lb-2"] {
                 for line in [
-                    format!("hafleet_applier_nodes_checked{{host=\"{host}\"}} 2\n"),
-                    format!("hafleet_applier_nodes_down{{host=\"{host}\"}} {down}\n"),
+                    format!("hafleet_applier_nodes_checked{{fleet=\"edge\",host=\"{host}\"}} 2\n"),
+                    format!(
+                        "hafleet_applier_nodes_down{{fleet=\"edge\",host=\"{host}\"}} {down}\n"
+                    ),
                 ] {
                     anyhow::ensure!(text.contains(&line), "{line:?} not in\n{text}");
                 }
@@ -306,7 +308,7 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
     }
     eventually(CONVERGE, "no node checks to count", || async {
         let text = metrics(stack, Component::Applier).await?;
-        let line = "hafleet_applier_nodes_checked{host=\"lb-1\"} NaN\n";
+        let line = "hafleet_applier_nodes_checked{fleet=\"edge\",host=\"lb-1\"} NaN\n";
         anyhow::ensure!(text.contains(line), "{line:?} not in\n{text}");
         Ok(())
     })
@@ -615,7 +617,8 @@ async fn changes_go_as_edits_and_whole_to_a_host_that_lacks_what_an_edit_is_made
     // The applier counts what it sent each host, at least what these reports say.
     let text = metrics(stack, Component::Applier).await?;
     for (h, (bytes, _)) in stack.hosts.iter().zip(&sent) {
-        let line = format!("hafleet_applier_sent_bytes_total{{host=\"{}\"}} ", h.name());
+        let line =
+            format!("hafleet_applier_sent_bytes_total{{fleet=\"edge\",host=\"{}\"}} ", h.name());
         let total: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix(line.as_str()))
@@ -718,7 +721,7 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
         let applier = metrics(Component::Applier).await?;
         for host in ["lb-1", "lb-2"] {
             let line =
-                format!("hafleet_applier_outcomes_total{{host=\"{host}\",outcome=\"applied\"}} ");
+                format!("hafleet_applier_outcomes_total{{fleet=\"edge\",host=\"{host}\",outcome=\"applied\"}} ");
             anyhow::ensure!(applier.contains(&line), "{applier}");
         }
         Ok(applier)
@@ -726,11 +729,25 @@ async fn each_component_answers_healthz_and_readyz() -> Result<()> {
     .await?;
     assert!(applier.contains("# TYPE hafleet_applier_reloads_total counter"), "{applier}");
     for host in ["lb-1", "lb-2"] {
-        let live = format!("hafleet_applier_live_version{{host=\"{host}\"}} {version}\n");
+        let live =
+            format!("hafleet_applier_live_version{{fleet=\"edge\",host=\"{host}\"}} {version}\n");
         assert!(applier.contains(&live), "{live:?} not in\n{applier}");
-        let took = format!("hafleet_applier_apply_seconds_count{{host=\"{host}\"}} ");
+        let took =
+            format!("hafleet_applier_apply_seconds_count{{fleet=\"edge\",host=\"{host}\"}} ");
         assert!(applier.contains(&took), "{took:?} not in\n{applier}");
+        let behind =
+            format!("hafleet_applier_host_behind_versions{{fleet=\"edge\",host=\"{host}\"}} 0\n");
+        assert!(applier.contains(&behind), "{behind:?} not in\n{applier}");
     }
+    let newest = &format!("hafleet_fleet_newest_version{{fleet=\"edge\"}} {version}\n");
+    eventually(CONVERGE, "the fleet's gauges", || async move {
+        let text = metrics(Component::Renderer).await?;
+        for n in [newest.as_str(), "hafleet_fleet_pinned{fleet=\"edge\"} 0\n"] {
+            anyhow::ensure!(text.contains(n), "{n:?} not in\n{text}");
+        }
+        Ok(())
+    })
+    .await?;
     counted(Component::Renderer, &["hafleet_renderer_render_seconds_count{fleet=\"edge\"} "])
         .await?;
     for c in [Component::Watcher, Component::Renderer, Component::Applier] {

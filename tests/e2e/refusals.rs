@@ -318,8 +318,14 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     // The rollback is counted for lb-1 alone.
     let addr = world.stack.health_addr(Component::Applier);
     let (_, metrics) = hafleet_tests::http_get(addr, "health", "/metrics").await?;
-    assert!(metrics.contains("hafleet_applier_rollbacks_total{host=\"lb-1\"} 1\n"), "{metrics}");
-    assert!(!metrics.contains("hafleet_applier_rollbacks_total{host=\"lb-2\"}"), "{metrics}");
+    assert!(
+        metrics.contains("hafleet_applier_rollbacks_total{fleet=\"edge\",host=\"lb-1\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("hafleet_applier_rollbacks_total{fleet=\"edge\",host=\"lb-2\"}"),
+        "{metrics}"
+    );
     Ok(())
 }
 
@@ -420,7 +426,8 @@ async fn a_canary_whose_ssh_key_is_not_pinned_is_refused_and_does_not_freeze_its
     assert_eq!(*stage, ApplyStage::HostKey, "{message}");
     let addr = world.stack.health_addr(Component::Applier);
     let (_, metrics) = hafleet_tests::http_get(addr, "health", "/metrics").await?;
-    let counted = "hafleet_applier_ssh_errors_total{host=\"lb-1\",stage=\"host_key\"} ";
+    let counted =
+        "hafleet_applier_ssh_errors_total{fleet=\"edge\",host=\"lb-1\",stage=\"host_key\"} ";
     assert!(metrics.contains(counted), "{metrics}");
     let forgotten = world.stack.dir().join("forgotten_known_hosts");
     std::fs::write(

@@ -313,7 +313,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
             .lines()
             .find(|l| {
                 l.starts_with(&format!(
-                    "hafleet_applier_tls_earliest_not_after_seconds{{host=\"{}\"}}",
+                    "hafleet_applier_tls_earliest_not_after_seconds{{fleet=\"edge\",host=\"{}\"}}",
                     h.name()
                 ))
             })

@@ -108,6 +108,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::ensure!(path.is_file(), "{} does not exist or is not a file", path.display());
     }
     let verifier = load_verifier(&args.verify_keys)?;
+    // One applier per fleet: its series say which, so two fleets' `lb-1` never collide.
+    hafleet_runtime::health::Health::global().label_all("fleet", args.fleet.as_str());
     let tls_identity = match &args.tls_identity {
         Some(path) => {
             let text = zeroize::Zeroizing::new(
@@ -532,10 +534,36 @@ fn tls_expiry_gauge(host: &str, version: &ConfigVersion) {
     );
 }
 
+/// Notes that `version` was rolled out (and, with `host`, that the host runs it), and sets
+/// each host's `hafleet_applier_host_behind_versions`: how many versions older than the newest
+/// rolled out is what it runs (0: the newest; unset until it ran one).
+fn behind(host: Option<&str>, version: u64) {
+    static LIVE: std::sync::Mutex<(u64, BTreeMap<String, u64>)> =
+        std::sync::Mutex::new((0, BTreeMap::new()));
+    let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    live.0 = live.0.max(version);
+    if let Some(host) = host {
+        live.1.insert(host.to_owned(), version);
+    }
+    let m = hafleet_runtime::health::Health::global();
+    for (host, runs) in &live.1 {
+        m.gauge(
+            (
+                "hafleet_applier_host_behind_versions",
+                "How many versions older than the newest rolled out each host runs (0: the \
+                 newest); alert when it stays above 0.",
+            ),
+            &[("host", host)],
+            live.0.saturating_sub(*runs) as f64,
+        );
+    }
+}
+
 /// Counts a report in the applier's metrics.
 fn count_report(r: &ApplyReport) {
     let m = hafleet_runtime::health::Health::global();
     let host = r.host.as_str();
+    behind(None, r.version);
     let outcome = match &r.outcome {
         ApplyOutcome::Applied => "applied".to_owned(),
         ApplyOutcome::Unchanged => "unchanged".to_owned(),
@@ -582,6 +610,7 @@ fn count_report(r: &ApplyReport) {
                 &[("host", host)],
                 r.version as f64,
             );
+            behind(Some(host), r.version);
             m.observe(
                 ("hafleet_applier_apply_seconds", "Time to put a version live, by host."),
                 &[("host", host)],

@@ -94,6 +94,7 @@ async fn answer(
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
             store.set_pinned(fleet, Some(number))?;
+            super::publish::fleet_gauges(store, fleet, None)?;
             publish_unpublished(ctx.bus, store, ctx.signer, None).await?;
             tracing::info!(fleet = %fleet, version = number, restores = version, "rolled back; fleet pinned");
             Ok(HistoryReply::Done { version: Some(number), pinned: Some(number) })
@@ -105,6 +106,7 @@ async fn answer(
             let pinned_sha = store.summary(fleet, pinned)?.map(|s| s.sha256).unwrap_or_default();
             let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
             store.set_pinned(fleet, None)?;
+            super::publish::fleet_gauges(store, fleet, None)?;
             let cause = Cause {
                 stream_seq: store.applied_seq()?,
                 ingress: None,

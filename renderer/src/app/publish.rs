@@ -33,6 +33,7 @@ pub async fn publish_unpublished(
         match bus.publish_version(&v).await {
             Ok(_) => {
                 store.set_published(&v.fleet, v.version)?;
+                fleet_gauges(store, &v.fleet, Some(v.version))?;
                 info!(fleet = %v.fleet, version = v.version, "version published");
                 hafleet_runtime::health::Health::global().count(
                     (
@@ -51,6 +52,24 @@ pub async fn publish_unpublished(
         }
     }
     Ok(!stuck.is_empty())
+}
+
+/// Sets `fleet`'s gauges: whether it is pinned and, given, the newest version published.
+pub fn fleet_gauges(store: &Store, fleet: &FleetName, newest: Option<u64>) -> anyhow::Result<()> {
+    let m = hafleet_runtime::health::Health::global();
+    let labels = [("fleet", fleet.as_str())];
+    if let Some(n) = newest {
+        let what = ("hafleet_fleet_newest_version", "The newest version published, by fleet.");
+        m.gauge(what, &labels, n as f64);
+    }
+    let pinned = store.pinned(fleet)?.is_some();
+    let what = (
+        "hafleet_fleet_pinned",
+        "1 while a rollback (or a held rebuilt state) pins the fleet: its changes are recorded, \
+         not published, until `resume`.",
+    );
+    m.gauge(what, &labels, f64::from(u8::from(pinned)));
+    Ok(())
 }
 
 /// The mass-deletion guard over a rebuilt state. A fleet this store has versions of but has
@@ -78,6 +97,7 @@ async fn hold_rebuilt(bus: &Bus, store: &Store, guard: &SweepGuard) -> anyhow::R
             continue;
         }
         store.hold_unpublished(&fleet, published.number)?;
+        fleet_gauges(store, &fleet, None)?;
         error!(fleet = %fleet, published = published.number, published_routes = before,
                version = newest.number, routes = now,
                "this renderer's rebuilt state would withdraw too much of the fleet at once; \

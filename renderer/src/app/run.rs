@@ -58,6 +58,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
                "a sweep is held since before this start; see `hafleet-renderer sweep status`");
     }
+    for fleet in store.fleets_with_versions()? {
+        let published = store.published(&fleet)?;
+        super::publish::fleet_gauges(&store, &fleet, (published > 0).then_some(published))?;
+    }
     let start_floors = floors(&bus, &store, desired.fleets.keys()).await?;
     rerender_all(&store, &renderer, &desired, &start_floors)?;
     let mut unpublished = match gap.is_some() {
