@@ -217,6 +217,17 @@ impl Health {
                 }
             }
         }
+        // Readiness, as /readyz answers it, for alerts (`hafleet_ready == 0`).
+        let ready = f64::from(u8::from(self.state().is_ok()));
+        let labels: Vec<String> = constant.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        let labels = match labels.is_empty() {
+            true => String::new(),
+            false => format!("{{{}}}", labels.join(",")),
+        };
+        out.push_str(&format!(
+            "# HELP hafleet_ready 1 while /readyz answers 200.\n# TYPE hafleet_ready gauge\n\
+             hafleet_ready{labels} {ready}\n"
+        ));
         out
     }
 }
@@ -336,6 +347,7 @@ mod tests {
         assert!(text.contains("m{fleet=\"edge\",host=\"lb-1\"} 2\n"), "{text}");
         assert!(text.contains("n{fleet=\"edge\"} 1\n"), "{text}");
         assert!(text.contains("o{fleet=\"core\"} 3\n"), "{text}");
+        assert!(text.contains("hafleet_ready{fleet=\"edge\"} 0\n"), "{text}");
     }
 
     #[test]
@@ -351,8 +363,12 @@ mod tests {
             "# HELP hafleet_applies_total Applies by outcome.\n# TYPE hafleet_applies_total counter\n\
              hafleet_applies_total{host=\"a\\\"b\",outcome=\"failed\"} 1\n\
              hafleet_applies_total{host=\"lb-1\",outcome=\"applied\"} 3\n\
-             # HELP hafleet_leader 1 while leading.\n# TYPE hafleet_leader gauge\nhafleet_leader 1\n"
+             # HELP hafleet_leader 1 while leading.\n# TYPE hafleet_leader gauge\nhafleet_leader 1\n\
+             # HELP hafleet_ready 1 while /readyz answers 200.\n# TYPE hafleet_ready gauge\n\
+             hafleet_ready 0\n"
         );
+        h.ready();
+        assert!(h.exposition().ends_with("hafleet_ready 1\n"));
     }
 
     #[test]

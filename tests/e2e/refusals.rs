@@ -596,22 +596,55 @@ async fn a_stream_configured_otherwise_is_refused_not_reused() -> Result<()> {
 
 /// The Kubernetes manifests are what the API server accepts: `kubectl apply -k
 /// deploy/kubernetes`, as an operator installing hafleet would (no controllers run here, so
-/// nothing is scheduled), then the same again as a server-side dry run: nothing changes.
+/// nothing is scheduled), and the example applier beside it; then the same again as a
+/// server-side dry run: nothing changes. (The test API server is Kubernetes 1.20, which serves
+/// PodDisruptionBudgets as `policy/v1beta1` only: the built manifests say `policy/v1`, for
+/// every cluster of today, and are applied here with that one word changed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
+    use tokio::io::AsyncWriteExt as _;
     let kube = hafleet_tests::KubeEnv::start().await?;
-    let kubectl = |args: &[&str]| {
-        let mut cmd = tokio::process::Command::new("kubectl");
-        cmd.arg("--kubeconfig").arg(kube.kubeconfig_path()).args(args);
-        cmd.arg(hafleet_tests::stack::workspace_file("deploy/kubernetes"));
-        cmd.output()
+    let base = hafleet_tests::stack::workspace_file("deploy/kubernetes");
+    let built =
+        tokio::process::Command::new("kubectl").arg("kustomize").arg(&base).output().await?;
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let built = String::from_utf8(built.stdout)?;
+    assert!(built.contains("apiVersion: policy/v1\n"), "{built}");
+    let for_1_20 = built.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    let example = std::fs::read_to_string(hafleet_tests::stack::workspace_file(
+        "deploy/examples/applier-edge.yaml",
+    ))?;
+    let kubectl = async |args: &[&str], input: &str| -> Result<(bool, String)> {
+        let mut child = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kube.kubeconfig_path())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child.stdin.take().context("stdin")?.write_all(input.as_bytes()).await?;
+        let out = child.wait_with_output().await?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.success(), text))
     };
-    let applied = kubectl(&["apply", "-o", "name", "-k"]).await?;
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
-    let out = kubectl(&["apply", "--dry-run=server", "-o", "name", "-k"]).await?;
-    let (stdout, stderr) =
-        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{stdout}{stderr}");
+    let (ok, text) = kubectl(&["apply", "-o", "name", "-f", "-"], &for_1_20).await?;
+    assert!(ok, "{text}");
+    let (ok, text) =
+        kubectl(&["apply", "-n", "hafleet", "-o", "name", "-f", "-"], &example).await?;
+    assert!(ok, "{text}");
+    let (ok, mut stdout) =
+        kubectl(&["apply", "--dry-run=server", "-o", "name", "-f", "-"], &for_1_20).await?;
+    assert!(ok, "{stdout}");
+    let (ok, more) =
+        kubectl(&["apply", "-n", "hafleet", "--dry-run=server", "-o", "name", "-f", "-"], &example)
+            .await?;
+    assert!(ok, "{more}");
+    stdout.push_str(&more);
     for object in [
         "namespace/hafleet",
         "serviceaccount/hafleet-watcher",
@@ -619,15 +652,21 @@ async fn the_kubernetes_manifests_apply_to_the_api_server() -> Result<()> {
         "role.rbac.authorization.k8s.io/hafleet-watcher-lease",
         "deployment.apps/hafleet-watcher",
         "statefulset.apps/hafleet-renderer",
+        "service/hafleet-renderer",
+        "poddisruptionbudget.policy/hafleet-watcher",
+        "networkpolicy.networking.k8s.io/hafleet",
+        "ingressclass.networking.k8s.io/hafleet",
         "configmap/hafleet-applier-edge-inventory",
         "deployment.apps/hafleet-applier-edge",
     ] {
-        assert!(stdout.lines().any(|l| l == object), "{object} missing:\n{stdout}{stderr}");
+        assert!(stdout.lines().any(|l| l == object), "{object} missing:\n{stdout}");
     }
+    // The renderer's StatefulSet names the Service that governs it.
+    assert!(built.contains("serviceName: hafleet-renderer"), "{built}");
+    // The base installs no applier: the example is for documentation addresses.
+    assert!(!built.contains("hafleet-applier-edge"), "{built}");
     // The inventory in the example ConfigMap is one the applier accepts.
-    let manifest = std::fs::read_to_string(hafleet_tests::stack::workspace_file(
-        "deploy/kubernetes/applier-edge.yaml",
-    ))?;
+    let manifest = example;
     // The block scalar under `inventory.toml: |`, indented four spaces.
     let inventory: String = manifest
         .split_once("inventory.toml: |\n")

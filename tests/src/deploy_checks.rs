@@ -81,3 +81,29 @@ fn the_dashboard_graphs_only_metrics_the_binaries_expose() {
         assert!(graphed.contains(name), "{name} is exposed but not on the dashboard");
     }
 }
+
+/// The alert rules of `components/prometheus` use only metrics the binaries expose, and alert
+/// on what the operators' runbook covers.
+#[test]
+fn the_alert_rules_use_only_metrics_the_binaries_expose() {
+    let path = workspace().join("deploy/kubernetes/components/prometheus/hafleet-alerts.yaml");
+    let rules = std::fs::read_to_string(&path).unwrap();
+    let exposed = exposed();
+    let mut used = BTreeSet::new();
+    for line in rules.lines().filter(|l| l.trim_start().starts_with("expr:")) {
+        for name in metric_names(line) {
+            assert!(exposed.contains(&name), "{name} is in an alert rule but not exposed");
+            used.insert(name);
+        }
+    }
+    for name in [
+        "hafleet_fleet_pinned",
+        "hafleet_applier_host_behind_versions",
+        "hafleet_applier_drift_total",
+        "hafleet_applier_tls_earliest_not_after_seconds",
+        "hafleet_applier_outcomes_total",
+        "hafleet_ready",
+    ] {
+        assert!(used.contains(name), "no alert on {name}");
+    }
+}
