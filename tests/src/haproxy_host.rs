@@ -668,9 +668,17 @@ impl HaproxyHost {
         }
     }
 
-    /// `show proc`, parsed.
+    /// `show proc`, parsed. A master busy with a reload may answer nothing at all: asked
+    /// again, for up to 5 s.
     pub fn show_proc(&self) -> Result<ShowProc> {
-        parse_show_proc(&self.master_cli("show proc")?)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = self.master_cli("show proc")?;
+            if !text.trim().is_empty() || Instant::now() >= deadline {
+                return parse_show_proc(&text);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The master's reload counter (successful and failed reloads since it started).
