@@ -478,12 +478,17 @@ async fn parked_route_messages_are_listed_shown_and_republished_once_readable() 
         anyhow::ensure!(std::time::Instant::now() < deadline, "nothing parked");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(hafleet_proto::ERROR_HEADER, "schema 9 is newer than this build reads");
-    headers.insert(hafleet_proto::SOURCE_SEQ_HEADER, newest.sequence.to_string().as_str());
-    js.publish_with_headers(hafleet_proto::ROUTES_DEADLETTER_SUBJECT, headers, readable.into())
-        .await?
-        .await?;
+    let park = async |payload: Vec<u8>, source: u64| -> Result<()> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(hafleet_proto::ERROR_HEADER, "schema 9 is newer than this build reads");
+        headers.insert(hafleet_proto::SOURCE_SEQ_HEADER, source.to_string().as_str());
+        let subject = hafleet_proto::ROUTES_DEADLETTER_SUBJECT;
+        js.publish_with_headers(subject, headers, payload.into()).await?.await?;
+        Ok(())
+    };
+    park(readable, newest.sequence).await?;
+    // And `a`'s own event, as if parked before the one the renderer applied: stale.
+    park(newest.payload.to_vec(), newest.sequence - 1).await?;
 
     let cli = async |user: &str, args: &[&str]| {
         let args = [args, &["--timeout-secs", "5"]].concat();
@@ -494,7 +499,7 @@ async fn parked_route_messages_are_listed_shown_and_republished_once_readable() 
     assert!(ok, "{err}");
     let listed: serde_json::Value = serde_json::from_str(&listed)?;
     let listed = listed.as_array().context("an array")?;
-    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed.len(), 3, "{listed:?}");
     assert!(listed[0]["error"].as_str().is_some_and(|e| e.contains("schema 99")), "{listed:?}");
     assert_eq!(listed[1]["source_seq"], newest.sequence, "{listed:?}");
     let (unreadable, readable) = (listed[0]["seq"].to_string(), listed[1]["seq"].to_string());
@@ -512,6 +517,9 @@ async fn parked_route_messages_are_listed_shown_and_republished_once_readable() 
     }
     let (ok, _, err) = cli("hafleet-operator", &["deadletter", "republish", &unreadable]).await?;
     assert!(!ok && err.contains("still cannot read"), "{err}");
+    let stale = listed[2]["seq"].to_string();
+    let (ok, _, err) = cli("hafleet-operator", &["deadletter", "republish", &stale]).await?;
+    assert!(!ok && err.contains("a newer event of"), "{err}");
     let (ok, _, err) = cli("hafleet-operator", &["deadletter", "republish", "999"]).await?;
     assert!(!ok && err.contains("no such parked message"), "{err}");
     expect_everywhere(&world.stack, "p.example.com", "/", 404, "").await?;

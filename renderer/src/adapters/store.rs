@@ -10,6 +10,8 @@
 //!            "routes_stream_created"                -> when the routes stream followed was created
 //!            "pinned" 0x00 <fleet>                  -> u64 BE: the rollback the fleet is pinned to
 //!            "floor" 0x00 <fleet>                   -> u64 BE: numbers a restored fleet stays above
+//!            "resumed" 0x00 <fleet>                 -> (empty): an operator resumed the fleet, so
+//!                                                      the guard of a rebuilt state is done with it
 //! ```
 //! Versions are stored as zstd-compressed JSON: one in [`KEYFRAME_EVERY`] of a fleet whole (a
 //! keyframe), the others as a zstd frame compressed against the JSON of the fleet's last
@@ -173,6 +175,10 @@ fn be_u64(bytes: &[u8]) -> u64 {
     let mut buf = [0u8; 8];
     buf.copy_from_slice(&bytes[..8]);
     u64::from_be_bytes(buf)
+}
+
+fn resumed_key(fleet: &FleetName) -> Vec<u8> {
+    join(&["resumed", fleet.as_str()])
 }
 
 fn floor_key(fleet: &FleetName) -> Vec<u8> {
@@ -555,6 +561,19 @@ impl Store {
         }
         self.summaries.apply_batch(batch)?;
         self.meta.insert(pinned_key(fleet), &pin.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Whether an operator resumed `fleet` (after which a rebuilt state's first versions go
+    /// out without the guard's comparison: the operator looked).
+    pub fn resumed(&self, fleet: &FleetName) -> Result<bool, StoreError> {
+        Ok(self.meta.contains_key(resumed_key(fleet))?)
+    }
+
+    /// Notes that an operator resumed `fleet`. Flushed.
+    pub fn set_resumed(&self, fleet: &FleetName) -> Result<(), StoreError> {
+        self.meta.insert(resumed_key(fleet), &[])?;
         self.db.flush()?;
         Ok(())
     }

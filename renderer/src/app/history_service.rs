@@ -106,6 +106,7 @@ async fn answer(
             let pinned_sha = store.summary(fleet, pinned)?.map(|s| s.sha256).unwrap_or_default();
             let latest = store.latest_summary(fleet)?.map(|l| l.number).unwrap_or(0);
             store.set_pinned(fleet, None)?;
+            store.set_resumed(fleet)?;
             super::publish::fleet_gauges(store, fleet, None)?;
             let cause = Cause {
                 stream_seq: store.applied_seq()?,
@@ -166,9 +167,11 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
     if request.subject.as_str() == hafleet_proto::DEADLETTER_REPUBLISH_SUBJECT {
         let reply = match serde_json::from_slice(&request.payload) {
             Ok(hafleet_proto::RepublishRequest { deadletter_seq }) => {
-                republish(ctx.bus, deadletter_seq).await.unwrap_or_else(|e| HistoryReply::Error {
-                    kind: HistoryErrorKind::Internal,
-                    message: format!("{e:#}"),
+                republish(ctx.bus, ctx.desired, deadletter_seq).await.unwrap_or_else(|e| {
+                    HistoryReply::Error {
+                        kind: HistoryErrorKind::Internal,
+                        message: format!("{e:#}"),
+                    }
                 })
             }
             Err(e) => HistoryReply::Error {
@@ -215,7 +218,13 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
 /// [`hafleet_proto::ROUTES_REPUBLISH_SUBJECT`], if this build can read it: into the routes
 /// stream, so it is applied in order with every other event, and replayed. Its message id
 /// names the parked message: asking twice within the stream's duplicate window publishes once.
-async fn republish(bus: &Bus, seq: u64) -> anyhow::Result<HistoryReply> {
+///
+/// Only a route event is republished, and only one that is still the newest word on its
+/// object: not one whose watcher run is over (it would be ignored), nor one older than the
+/// event the renderer last applied for its object (it would undo a later change). A snapshot,
+/// a node set or settings are superseded by the watcher's next ones: restarting the watcher
+/// restates them.
+async fn republish(bus: &Bus, desired: &Desired, seq: u64) -> anyhow::Result<HistoryReply> {
     use anyhow::Context as _;
     use async_nats::jetstream::stream::RawMessageErrorKind;
     let stream = bus.js.get_stream(hafleet_proto::DEADLETTER_STREAM).await?;
@@ -235,10 +244,44 @@ async fn republish(bus: &Bus, seq: u64) -> anyhow::Result<HistoryReply> {
             format!("message {seq} is not a parked route message (subject {})", parked.subject),
         ));
     }
-    if let Err(e) = hafleet_proto::RouteMessage::decode(&parked.payload) {
-        return Ok(error(
-            HistoryErrorKind::BadRequest,
-            format!("this renderer still cannot read message {seq}: {e}; upgrade it first"),
+    let event = match hafleet_proto::RouteMessage::decode(&parked.payload) {
+        Err(e) => {
+            return Ok(error(
+                HistoryErrorKind::BadRequest,
+                format!("this renderer still cannot read message {seq}: {e}; upgrade it first"),
+            ));
+        }
+        Ok(hafleet_proto::RouteMessage::Event(event)) => event,
+        Ok(_) => {
+            return Ok(error(
+                HistoryErrorKind::BadRequest,
+                format!(
+                    "message {seq} is no route event: a snapshot, node set or settings message \
+                     is superseded by the watcher's next one; restart the watcher to restate \
+                     everything instead"
+                ),
+            ));
+        }
+    };
+    let refuse = |why: String| Ok(error(HistoryErrorKind::BadRequest, why));
+    let newest_epoch = desired.epoch(event.ingress.cluster.as_ref());
+    if event.epoch < newest_epoch {
+        return refuse(format!(
+            "message {seq} comes from a watcher run (epoch {}) that is over (now {newest_epoch}): \
+             it would be ignored, and that run's successor restated {}",
+            event.epoch, event.ingress
+        ));
+    }
+    let source: Option<u64> =
+        parked.headers.get(hafleet_proto::SOURCE_SEQ_HEADER).and_then(|v| v.as_str().parse().ok());
+    let applied = desired.ingresses(&event.fleet).get(&event.ingress).map(|e| e.seq);
+    if let (Some(source), Some(applied)) = (source, applied)
+        && applied > source
+    {
+        return refuse(format!(
+            "a newer event of {} (routes sequence {applied}) was applied after message {seq} \
+             (sequence {source}): republishing it would undo that change",
+            event.ingress
         ));
     }
     let seq_text = seq.to_string();

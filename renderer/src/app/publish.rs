@@ -6,7 +6,7 @@ use crate::adapters::bus::{self, Bus};
 use crate::adapters::store::Store;
 use crate::core::state::SweepGuard;
 use hafleet_proto::FleetName;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// Publishes every version stored but not yet published, oldest first within each fleet.
 /// A fleet whose version cannot be published (the object store full, a permission taken away)
@@ -21,10 +21,11 @@ pub async fn publish_unpublished(
     signer: &hafleet_proto::Signer,
     guard: Option<&SweepGuard>,
 ) -> anyhow::Result<bool> {
-    if let Some(guard) = guard {
-        hold_rebuilt(bus, store, guard).await?;
-    }
-    let mut stuck: Vec<FleetName> = Vec::new();
+    // Fleets the guard could not check yet wait, as a fleet whose publish failed does.
+    let mut stuck: Vec<FleetName> = match guard {
+        Some(guard) => hold_rebuilt(bus, store, guard).await?,
+        None => Vec::new(),
+    };
     for v in store.unpublished()? {
         if stuck.contains(&v.fleet) {
             continue;
@@ -80,16 +81,35 @@ pub fn fleet_gauges(store: &Store, fleet: &FleetName, newest: Option<u64>) -> an
 /// rights), none of those versions is published. They are held and the fleet pinned, as after
 /// a rollback, until an operator looks and runs `resume`. The guard of snapshots cannot see
 /// this: a rebuilt state never held what the restatement left out.
-async fn hold_rebuilt(bus: &Bus, store: &Store, guard: &SweepGuard) -> anyhow::Result<()> {
+///
+/// Returns the fleets it could not check (the configs stream unreadable for now): they are not
+/// published this time.
+async fn hold_rebuilt(
+    bus: &Bus,
+    store: &Store,
+    guard: &SweepGuard,
+) -> anyhow::Result<Vec<FleetName>> {
+    let mut unchecked = Vec::new();
     for fleet in store.fleets_with_versions()? {
-        if store.published(&fleet)? > 0 || store.pinned(&fleet)?.is_some() {
+        if store.published(&fleet)? > 0
+            || store.pinned(&fleet)?.is_some()
+            || store.resumed(&fleet)?
+        {
             continue;
         }
         let Some(newest) = store.latest_summary(&fleet)? else { continue };
         if newest.held {
             continue;
         }
-        let published = bus::latest_published(bus, &fleet).await?;
+        let published = match bus::latest_published(bus, &fleet).await {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(fleet = %fleet, error = %e, "cannot read the newest published version to \
+                      compare a rebuilt state with; publishing the fleet later");
+                unchecked.push(fleet);
+                continue;
+            }
+        };
         let now = store.version(&fleet, newest.number)?.and_then(|v| v.routes);
         let (Some(before), Some(now)) = (published.routes, now) else { continue };
         let gone = before.saturating_sub(now);
@@ -113,7 +133,7 @@ async fn hold_rebuilt(bus: &Bus, store: &Store, guard: &SweepGuard) -> anyhow::R
             1.0,
         );
     }
-    Ok(())
+    Ok(unchecked)
 }
 
 /// Publishes the release of `held` on the routes stream; returns its sequence. Its message id

@@ -52,6 +52,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut gap = Gap::at_start(&bus, &store).await?;
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
+    if let Some(g) = &mut gap {
+        // Every cluster the state knows restates, besides those seen beginning.
+        g.restated.expect(desired.epochs.keys().map(Option::as_ref));
+    }
     for ((fleet, cluster), held) in &desired.held {
         held_gauge(&desired, fleet);
         error!(fleet = %fleet, cluster = cluster.as_ref().map(|c| c.as_str()),
@@ -138,7 +142,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         gap = None;
                         unpublished = publish_unpublished(&bus, &store, &signer, Some(&guard)).await?;
                     }
-                    false => Gap::ask(&bus, &mut gap).await,
+                    false => {
+                        if let Some(g) = gap.as_ref().filter(|g| g.restated.any_done()) {
+                            let waiting = g.restated.waiting_for();
+                            info!(clusters = ?waiting, "waiting for these clusters' restatements");
+                        }
+                        Gap::ask(&bus, &mut gap).await
+                    }
                 }
                 continue;
             }
@@ -281,7 +291,7 @@ impl Gap {
         if !self.restated.complete(now, RESTATE_GRACE) {
             if self.restated.any_done() {
                 let waiting = self.restated.waiting_for();
-                info!(clusters = ?waiting, "waiting for the other clusters' restatements");
+                tracing::debug!(clusters = ?waiting, "waiting for the other clusters' restatements");
             }
             return false;
         }

@@ -44,11 +44,11 @@ pub enum DeadLetterCommand {
         /// Its dead-letter sequence, as `list` prints it.
         seq: u64,
     },
-    /// Ask the running renderer to publish a parked message again, into the routes stream,
-    /// where it is applied in order like any route event. The renderer refuses one it still
-    /// cannot read. A parked message of a watcher run that has since been replaced is read
-    /// and ignored (that watcher's successor restated every Ingress). Republish several in
-    /// their order: a later event of an Ingress must not come back before an earlier one.
+    /// Ask the running renderer to publish a parked route event again, into the routes stream,
+    /// where it is applied in order like any other. The renderer refuses one it still cannot
+    /// read, one of a watcher run that is over (its successor restated every Ingress), one
+    /// older than the event it last applied for the same object, and anything but a route
+    /// event (restart the watcher to restate those). Republish several in their order.
     Republish {
         #[command(flatten)]
         common: Common,

@@ -26,15 +26,26 @@ pub struct Restatement {
 }
 
 impl Restatement {
+    /// Expects the restatement of `clusters` too (those the renderer's state knows), whether
+    /// or not their nodes come first.
+    pub fn expect<'a>(
+        &mut self,
+        clusters: impl Iterator<Item = Option<&'a hafleet_proto::ClusterId>>,
+    ) {
+        self.started.extend(clusters.map(|c| c.map_or(String::new(), |c| c.as_str().to_owned())));
+    }
+
     /// Notes a message on `subject`, received at `now`; `is_snapshot`: whether it is a
     /// whole snapshot (asked only for messages on a snapshot subject).
     pub fn note(&mut self, subject: &str, is_snapshot: impl FnOnce() -> bool, now: Instant) {
         if let Some(cluster) = cluster_of(subject, hafleet_proto::ROUTES_NODES_SUBJECT) {
             self.started.insert(cluster.to_owned());
         } else if let Some(cluster) = cluster_of(subject, hafleet_proto::ROUTES_SNAPSHOT_SUBJECT)
+            && self.started.contains(cluster)
             && is_snapshot()
         {
-            self.started.insert(cluster.to_owned());
+            // (A snapshot of a cluster whose restatement was not seen to begin is a routine
+            // one, not the end of a restatement.)
             self.done.insert(cluster.to_owned());
             self.first_done.get_or_insert(now);
         }
@@ -103,9 +114,21 @@ mod tests {
         assert_eq!(r.waiting_for(), ["gone"]);
         assert!(!r.complete(t0 + Duration::from_secs(59), grace));
         assert!(r.complete(t0 + grace, grace));
+        // A snapshot without the nodes that begin a restatement ends nothing.
+        let mut routine = Restatement::default();
+        routine.note("hafleet.routes._snapshot", || true, t0);
+        assert!(!routine.complete(t0 + grace, grace));
+        // A cluster the state knows is waited for, nodes or not.
+        let mut known = Restatement::default();
+        let east = hafleet_proto::ClusterId::new("east").unwrap();
+        known.expect([None, Some(&east)].into_iter());
+        known.note("hafleet.routes._nodes", || unreachable!(), t0);
+        known.note("hafleet.routes._snapshot", || true, t0);
+        assert_eq!(known.waiting_for(), ["east"]);
         // `hafleet.routes._nodesX` is no cluster's nodes subject.
         let mut other = Restatement::default();
         other.note("hafleet.routes._nodesX", || unreachable!(), t0);
+        other.note("hafleet.routes._nodes", || unreachable!(), t0);
         other.note("hafleet.routes._snapshot", || true, t0);
         assert!(other.complete(t0, grace));
     }

@@ -116,21 +116,30 @@ impl Budget {
             }
         }
         let mut out = Admitted::default();
-        let mut moving: BTreeSet<IngressKey> = BTreeSet::new();
+        // The upserts held, (fleet, object).
+        let mut held: BTreeSet<(FleetName, IngressKey)> = BTreeSet::new();
         for a in &actions {
             if let Action::Upsert(r) = a
                 && !resend(r)
                 && self.held.contains_key(&pair(&r.fleet, &r.key))
             {
                 out.held.push((r.fleet.clone(), r.key.clone()));
-                moving.insert(r.key.clone());
+                held.insert((r.fleet.clone(), r.key.clone()));
             }
         }
+        // Objects whose every fleet this pass deletes them from, while their upsert elsewhere
+        // is held: a move, whose old half waits with the new one.
+        let moves = moves(&actions, &held, published);
+        let mut go = Vec::with_capacity(actions.len());
         for a in actions {
             match &a {
-                Action::Upsert(r) if moving.contains(&r.key) && !resend(r) => continue,
-                // The old half of a held move: the Ingress stays where it is.
-                Action::Delete { key, .. } if moving.contains(key) => continue,
+                Action::Upsert(r)
+                    if !held.is_empty() && held.contains(&(r.fleet.clone(), r.key.clone())) =>
+                {
+                    continue;
+                }
+                // The old half of a held move: the object stays where it is.
+                Action::Delete { key, .. } if moves.contains(key) => continue,
                 Action::Delete { fleet, key } => {
                     let p = pair(fleet, key);
                     if !paid.contains(&p) {
@@ -142,8 +151,9 @@ impl Budget {
                 }
                 Action::Upsert(_) => {}
             }
-            out.go.push(a);
+            go.push(a);
         }
+        out.go = go;
         for (p, due) in self.held.iter_mut() {
             *due = self.full_at[p] - self.tolerance;
         }
@@ -178,6 +188,36 @@ impl Budget {
     }
 }
 
+/// The objects of `actions` with a `held` upsert that would be published nowhere once the
+/// pass's deletes and the upserts that go are done: moved, not withdrawn.
+fn moves(
+    actions: &[Action],
+    held: &BTreeSet<(FleetName, IngressKey)>,
+    published: &Published,
+) -> BTreeSet<IngressKey> {
+    let mut out = BTreeSet::new();
+    for (_, key) in held {
+        let deleted: BTreeSet<&FleetName> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { fleet, key: k } if k == key => Some(fleet),
+                _ => None,
+            })
+            .collect();
+        let stays = published
+            .get(key)
+            .is_some_and(|fleets| fleets.iter().any(|(f, _)| !deleted.contains(f)));
+        let goes = actions.iter().any(|a| {
+            matches!(a, Action::Upsert(r) if r.key == *key
+                && !held.contains(&(r.fleet.clone(), r.key.clone())))
+        });
+        if !deleted.is_empty() && !stays && !goes {
+            out.insert(key.clone());
+        }
+    }
+    out
+}
+
 /// Sleeps until `due`; with none, forever (a branch of the watcher's `select!`).
 pub async fn sleep_until(due: Option<Instant>) {
     match due {
@@ -201,8 +241,14 @@ mod tests {
         want: &[Resolved],
         at: Instant,
     ) -> Admitted {
-        let desired: Wanted =
-            want.iter().map(|r| (r.key.clone(), Desired::one(r.clone()))).collect();
+        // One entry per object, with its routes on each fleet.
+        let mut desired = Wanted::default();
+        for r in want {
+            match desired.entry(r.key.clone()).or_insert_with(|| Desired::Routed(vec![])) {
+                Desired::Routed(rs) => rs.push(r.clone()),
+                Desired::Keep(_) => unreachable!(),
+            }
+        }
         let admitted = budget.admit(index::diff(published, &desired), published, at);
         for a in &admitted.go {
             index::record(published, a);
@@ -349,6 +395,28 @@ mod tests {
         // A burst of 1 and a token every 10 s: 7 tokens in the minute, some paying for deletes.
         assert!(went <= 7, "{went} changes went");
         assert!(went >= 4, "{went} changes went");
+    }
+
+    /// An HTTPRoute on several fleets: the budget of one fleet holds its change there only;
+    /// its upsert on another fleet goes, and so does its withdrawal from a third.
+    #[test]
+    fn a_route_on_several_fleets_is_held_only_where_its_budget_is_spent() {
+        let t0 = Instant::now();
+        // 12 a minute: a burst of 2.
+        let mut budget = Budget::new(12);
+        let mut published = Published::default();
+        let on = |fleet: &str, n| resolved("a", "r", fleet, n);
+        pass(&mut budget, &mut published, &[on("edge", 1), on("gone", 1)], t0);
+        pass(&mut budget, &mut published, &[on("edge", 2), on("gone", 1)], t0 + S);
+        // edge's burst is spent; new's is not, and r leaves fleet gone.
+        let a = pass(&mut budget, &mut published, &[on("edge", 3), on("new", 1)], t0 + 2 * S);
+        assert_eq!(
+            names(&a),
+            (vec!["-a/r@gone".into(), "+a/r@new".into()], vec!["a/r@edge".into()])
+        );
+        let fleets: Vec<&str> =
+            published[&on("edge", 1).key].iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(fleets, ["edge", "new"]);
     }
 
     #[test]

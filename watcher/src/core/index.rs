@@ -14,8 +14,9 @@ pub enum Desired {
     /// Its routes, one [`Resolved`] per fleet that serves it, in fleet order: an Ingress's
     /// one fleet, or each fleet of the Gateways an HTTPRoute attaches to. Never empty.
     Routed(Vec<Resolved>),
-    /// Refused: keep whatever was published before, on every fleet.
-    Keep,
+    /// Refused: keep whatever was published before, on every fleet but these (which the
+    /// admin's policy no longer allows it).
+    Keep(Vec<FleetName>),
 }
 
 impl Desired {
@@ -63,7 +64,7 @@ pub fn routed_mut(desired: &mut Wanted) -> Vec<&mut Resolved> {
         .values_mut()
         .flat_map(|d| match d {
             Desired::Routed(rs) => rs.iter_mut(),
-            Desired::Keep => [].iter_mut(),
+            Desired::Keep(_) => [].iter_mut(),
         })
         .collect()
 }
@@ -82,7 +83,7 @@ pub fn diff(published: &Published, desired: &Wanted) -> Vec<Action> {
     for (key, fleets) in published {
         for (fleet, _) in fleets {
             match desired.get(key) {
-                Some(Desired::Keep) => {}
+                Some(Desired::Keep(refused)) if !refused.contains(fleet) => {}
                 Some(Desired::Routed(rs)) if rs.iter().any(|r| &r.fleet == fleet) => {}
                 _ => deletes.push(Action::Delete { fleet: fleet.clone(), key: key.clone() }),
             }
@@ -277,7 +278,7 @@ mod tests {
         let a = resolved("a", "edge", 1);
         let mut desired = Wanted::from_iter([(a.key.clone(), Desired::one(a.clone()))]);
         apply(&mut published, &desired);
-        desired.insert(a.key.clone(), Desired::Keep);
+        desired.insert(a.key.clone(), Desired::Keep(vec![]));
         assert!(apply(&mut published, &desired).is_empty());
         assert_eq!(published.len(), 1);
     }
@@ -337,9 +338,16 @@ mod tests {
             ]
         );
         assert_eq!(published[&edge.key].len(), 1);
+        // Kept, but not where the policy refuses it: withdrawn from core alone.
+        let mut two = Published::default();
+        let both = Desired::Routed(vec![core.clone(), edge.clone()]);
+        apply(&mut two, &Wanted::from_iter([(edge.key.clone(), both)]));
+        let keep = Desired::Keep(vec![core.fleet.clone()]);
+        let actions = apply(&mut two, &Wanted::from_iter([(edge.key.clone(), keep)]));
+        assert_eq!(actions, [Action::Delete { fleet: core.fleet.clone(), key: core.key.clone() }]);
         // Refused: kept on every fleet it is on.
         let actions =
-            apply(&mut published, &Wanted::from_iter([(edge.key.clone(), Desired::Keep)]));
+            apply(&mut published, &Wanted::from_iter([(edge.key.clone(), Desired::Keep(vec![]))]));
         assert!(actions.is_empty());
         assert!(apply(&mut published, &Wanted::default()).len() == 1 && published.is_empty());
     }

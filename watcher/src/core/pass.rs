@@ -124,6 +124,9 @@ pub struct Resolution {
     current: Option<BTreeSet<(IngressKey, String)>>,
     /// How many Ingresses were resolved anew (the others came from the memo).
     pub resolved_anew: usize,
+    /// Fleets the admin's policy refuses an object on while it is routed on others: if it is
+    /// kept later (over budget), not on these.
+    refused_fleets: HashMap<IngressKey, Vec<FleetName>>,
     /// The Gateway API's objects as this pass read them, for their status.
     pub gateway: GatewayPass,
 }
@@ -182,7 +185,7 @@ impl Plan {
                 }
                 _ => None,
             },
-            Desired::Keep => None,
+            Desired::Keep(_) => None,
         })
     }
 }
@@ -213,6 +216,7 @@ pub fn resolve(
         current: prune_warned.then(BTreeSet::new),
         resolved_anew: 0,
         gateway: GatewayPass::default(),
+        refused_fleets: HashMap::default(),
     };
     let policy = objects.policy;
     memo.begin_pass();
@@ -281,12 +285,14 @@ impl Resolution {
         match result {
             Ok(mut rs) => {
                 // Outside the admin's policy: not routed on that fleet (what it had there is
-                // withdrawn), and told.
+                // withdrawn, even where the rest is kept), and told.
+                let mut refused = Vec::new();
                 rs.retain(|r| {
                     let ns = r.key.namespace.as_str();
                     match policy.and_then(|p| p.refuses(ns, &r.fleet, &r.routes)) {
                         Some(why) => {
                             tell(&r.key, "NotAllowed", format!("not routed by hafleet: {why}"));
+                            refused.push(r.fleet.clone());
                             false
                         }
                         None => true,
@@ -306,10 +312,13 @@ impl Resolution {
                     Some(why) => {
                         let note = format!("not routed by hafleet: {why}; split the Ingress");
                         tell(&key, "RoutesTooLarge", note);
-                        Desired::Keep
+                        Desired::Keep(refused.clone())
                     }
                     None => Desired::Routed(rs),
                 };
+                if !refused.is_empty() {
+                    self.refused_fleets.insert(key.clone(), refused);
+                }
                 self.seen.insert(key.clone(), subject);
                 self.desired.insert(key, desired);
             }
@@ -333,7 +342,7 @@ impl Resolution {
                     return;
                 }
                 self.seen.insert(key.clone(), subject);
-                self.desired.insert(key, Desired::Keep);
+                self.desired.insert(key, Desired::Keep(vec![]));
             }
         }
     }
@@ -420,8 +429,10 @@ pub fn finish(
         plan_tells.push(Tell { subject, key, rv, reason, note, what });
     };
     for (key, why) in too_big {
-        // Refused like any Ingress over budget: alone, keeping what it had.
-        res.desired.insert(key.clone(), Desired::Keep);
+        // Refused like any Ingress over budget: alone, keeping what it had (where the policy
+        // still allows it).
+        let refused = res.refused_fleets.remove(&key).unwrap_or_default();
+        res.desired.insert(key.clone(), Desired::Keep(refused));
         if let Some(seen) = res.seen.get(&key) {
             let note = format!("not routed by hafleet: {why}; split the Ingress");
             tell(seen, &key, "RoutesTooLarge", note, "ingress refused");
@@ -436,7 +447,7 @@ pub fn finish(
     // Refused Ingresses kept beyond the cap (the oldest of a namespace's) are no longer desired
     // at all: what was published of them is deleted and no snapshot keeps them.
     let cap = rules.max_kept_per_namespace;
-    let refused = res.desired.iter().filter(|(_, d)| matches!(d, Desired::Keep));
+    let refused = res.desired.iter().filter(|(_, d)| matches!(d, Desired::Keep(_)));
     let times = refused.map(|(k, _)| (k.clone(), res.seen.get(k).map_or(0, Subject::created)));
     for key in index::beyond_cap(times.collect::<Vec<_>>(), cap) {
         res.desired.remove(&key);
@@ -464,7 +475,7 @@ pub fn finish(
     let kept = res
         .desired
         .iter()
-        .filter(|(_, d)| matches!(d, Desired::Keep))
+        .filter(|(_, d)| matches!(d, Desired::Keep(_)))
         .map(|(k, _)| k.clone())
         .collect();
     Plan {

@@ -51,8 +51,11 @@ pub fn keep_apart(
     type Hashed<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
     let mut warnings: BTreeMap<IngressKey, Vec<Warning>> = BTreeMap::new();
     // Oldest first: the first to claim a host owns it, the first to claim a path wins it.
-    // (Keys are unique, so an unstable sort gives the one order.)
-    routed.sort_unstable_by(|a, b| (a.created_unix, &a.key).cmp(&(b.created_unix, &b.key)));
+    // (A key and a fleet are unique, so an unstable sort gives the one order: an HTTPRoute
+    // on several fleets has one entry per fleet.)
+    routed.sort_unstable_by(|a, b| {
+        (a.created_unix, &a.key, &a.fleet).cmp(&(b.created_unix, &b.key, &b.fleet))
+    });
     // (index into `routed`, indices of the routes it loses) for each Ingress that loses any.
     let mut drops: Vec<(usize, Vec<usize>)> = Vec::new();
     {

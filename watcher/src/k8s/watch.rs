@@ -188,10 +188,14 @@ pub fn watch(
             let ar = crate::core::gateway::api_resource(kind);
             let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
             let store = writer.as_reader();
+            let mut seen = SpecSeen::default();
             let objects = watcher(Api::<DynamicObject>::all_with(client.clone(), &ar), cfg())
                 .default_backoff()
                 .modify(|o| o.metadata.managed_fields = None)
                 .reflect(writer)
+                // The cache holds every change; a pass follows only those of what hafleet
+                // reads (not the statuses it writes itself: each would wake one more pass).
+                .filter(move |r| std::future::ready(r.as_ref().map_or(true, |e| seen.wakes(e))))
                 .map(move |r| r.map(|_| ()).map_err(|e| (kind, e)));
             all.push(objects.boxed());
             store
@@ -245,6 +249,36 @@ pub fn watch(
         gateway,
     };
     (caches, Box::pin(changes))
+}
+
+/// What a Gateway API object was when it last woke a pass: its generation (moved by its spec
+/// only: these kinds have a status subresource), labels, annotations and whether it is being
+/// deleted, hashed, by namespace and name. A change of its status alone wakes no pass.
+#[derive(Default)]
+struct SpecSeen(std::collections::HashMap<(Option<String>, Option<String>), u64>);
+
+impl SpecSeen {
+    /// Whether `event` should wake a pass, remembering what it saw.
+    fn wakes(&mut self, event: &watcher::Event<DynamicObject>) -> bool {
+        use std::hash::{Hash, Hasher};
+        let key = |m: &kube::api::ObjectMeta| (m.namespace.clone(), m.name.clone());
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                let m = &o.metadata;
+                let mut h = std::hash::DefaultHasher::new();
+                (m.generation, &m.labels, &m.annotations, m.deletion_timestamp.is_some())
+                    .hash(&mut h);
+                let new = h.finish();
+                let before = self.0.insert(key(m), new);
+                matches!(event, watcher::Event::InitApply(_)) || before != Some(new)
+            }
+            watcher::Event::Delete(o) => {
+                self.0.remove(&key(&o.metadata));
+                true
+            }
+            watcher::Event::Init | watcher::Event::InitDone => true,
+        }
+    }
 }
 
 /// A `kubernetes.io/tls` Secret's `tls.crt` and `tls.key` and its resourceVersion, read from
@@ -324,5 +358,34 @@ impl Caches {
             g.namespaces.wait_until_ready().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gateway_api_object_wakes_a_pass_for_its_spec_and_metadata_not_its_status() {
+        let route = |generation: i64, annotation: &str, status: &str| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": "shop", "namespace": "shop", "generation": generation,
+                             "annotations": {"a": annotation}},
+                "status": {"parents": [{"controllerName": status}]}
+            }))
+            .unwrap()
+        };
+        let mut seen = SpecSeen::default();
+        assert!(seen.wakes(&watcher::Event::Apply(route(1, "x", "none"))));
+        assert!(!seen.wakes(&watcher::Event::Apply(route(1, "x", "hafleet"))), "status only");
+        assert!(seen.wakes(&watcher::Event::Apply(route(2, "x", "hafleet"))), "a new generation");
+        assert!(seen.wakes(&watcher::Event::Apply(route(2, "y", "hafleet"))), "an annotation");
+        assert!(seen.wakes(&watcher::Event::Delete(route(2, "y", "hafleet"))));
+        assert!(
+            seen.wakes(&watcher::Event::Apply(route(2, "y", "hafleet"))),
+            "back after a delete"
+        );
+        assert!(seen.wakes(&watcher::Event::InitApply(route(2, "y", "hafleet"))), "a relist");
     }
 }
