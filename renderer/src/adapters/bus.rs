@@ -50,12 +50,33 @@ pub async fn routes_message(
     stream: &stream::Stream,
     seq: u64,
 ) -> Result<Option<bytes::Bytes>, BusError> {
+    Ok(stream_message(stream, hafleet_proto::ROUTES_STREAM, seq).await?.map(|m| m.payload))
+}
+
+/// Message `seq` of `stream` (named `name` in errors), headers and all; `None` if the stream
+/// does not hold it (deleted, aged out, never was).
+pub async fn stream_message(
+    stream: &stream::Stream,
+    name: &'static str,
+    seq: u64,
+) -> Result<Option<jetstream::message::StreamMessage>, BusError> {
     use async_nats::jetstream::stream::RawMessageErrorKind;
     match stream.get_raw_message(seq).await {
-        Ok(m) => Ok(Some(m.payload)),
+        Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(BusError::Stream { name: hafleet_proto::ROUTES_STREAM, source: Box::new(e) }),
+        Err(e) => Err(BusError::Stream { name, source: Box::new(e) }),
     }
+}
+
+/// Message `seq` of the dead-letter stream; `None` if there is none.
+pub async fn deadletter_message(
+    bus: &Bus,
+    seq: u64,
+) -> anyhow::Result<Option<jetstream::message::StreamMessage>> {
+    use anyhow::Context as _;
+    let name = hafleet_proto::DEADLETTER_STREAM;
+    let stream = bus.js.get_stream(name).await.context("no dead-letter stream")?;
+    Ok(stream_message(&stream, name, seq).await?)
 }
 
 /// The newest version published on `fleet`'s configs subject: its number (0: none) and the

@@ -527,12 +527,8 @@ impl Store {
     pub fn unpublished(&self) -> Result<Vec<ConfigVersion>, StoreError> {
         let mut out = Vec::new();
         for fleet in self.fleets_with_versions()? {
-            let published = self.published(&fleet)?;
-            let from = version_key(&fleet, published + 1);
-            let to = version_key(&fleet, u64::MAX);
-            for item in self.summaries.range(from..=to) {
-                let (key, value) = item?;
-                let summary: VersionSummary = decode(&key, &value)?;
+            for item in self.after_published(&fleet)? {
+                let (_, summary) = item?;
                 if !summary.held
                     && let Some(v) = self.version(&fleet, summary.number)?
                 {
@@ -543,21 +539,30 @@ impl Store {
         Ok(out)
     }
 
+    /// The summaries of `fleet`'s versions after its published mark, oldest first, with
+    /// their keys.
+    fn after_published(
+        &self,
+        fleet: &FleetName,
+    ) -> Result<impl Iterator<Item = Result<(sled::IVec, VersionSummary), StoreError>>, StoreError>
+    {
+        let from = version_key(fleet, self.published(fleet)? + 1);
+        let to = version_key(fleet, u64::MAX);
+        Ok(self.summaries.range(from..=to).map(|item| {
+            let (key, value) = item?;
+            let summary = decode(&key, &value)?;
+            Ok((key, summary))
+        }))
+    }
+
     /// Holds every version of `fleet` not yet published (they are recorded as rendered while
     /// pinned, never published) and pins the fleet to `pin`, until `resume`. Flushed.
     pub fn hold_unpublished(&self, fleet: &FleetName, pin: u64) -> Result<(), StoreError> {
-        let from = version_key(fleet, self.published(fleet)? + 1);
-        let to = version_key(fleet, u64::MAX);
-        let mut held = Vec::new();
-        for item in self.summaries.range(from..=to) {
-            let (key, value) = item?;
-            let summary: VersionSummary = decode(&key, &value)?;
-            let summary = VersionSummary { held: true, ..summary };
-            held.push((key, serde_json::to_vec(&summary).expect("summaries serialize")));
-        }
         let mut batch = sled::Batch::default();
-        for (key, value) in held {
-            batch.insert(key, value);
+        for item in self.after_published(fleet)? {
+            let (key, summary) = item?;
+            let summary = VersionSummary { held: true, ..summary };
+            batch.insert(key, serde_json::to_vec(&summary).expect("summaries serialize"));
         }
         self.summaries.apply_batch(batch)?;
         self.meta.insert(pinned_key(fleet), &pin.to_be_bytes())?;

@@ -226,17 +226,11 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
 /// restates them.
 async fn republish(bus: &Bus, desired: &Desired, seq: u64) -> anyhow::Result<HistoryReply> {
     use anyhow::Context as _;
-    use async_nats::jetstream::stream::RawMessageErrorKind;
-    let stream = bus.js.get_stream(hafleet_proto::DEADLETTER_STREAM).await?;
-    let parked = match stream.get_raw_message(seq).await {
-        Ok(m) => m,
-        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
-            return Ok(error(
-                HistoryErrorKind::NoSuchMessage,
-                format!("the dead-letter stream has no message {seq}"),
-            ));
-        }
-        Err(e) => return Err(e).context("cannot read the dead-letter stream"),
+    let Some(parked) = crate::adapters::bus::deadletter_message(bus, seq).await? else {
+        return Ok(error(
+            HistoryErrorKind::NoSuchMessage,
+            format!("the dead-letter stream has no message {seq}"),
+        ));
     };
     if parked.subject.as_str() != hafleet_proto::ROUTES_DEADLETTER_SUBJECT {
         return Ok(error(

@@ -5,7 +5,6 @@
 //! read it.
 
 use anyhow::{Context as _, bail};
-use async_nats::jetstream::stream::RawMessageErrorKind;
 use hafleet_proto::{
     DEADLETTER_REPUBLISH_SUBJECT, DEADLETTER_STREAM, ERROR_HEADER, HistoryReply, RepublishRequest,
     SOURCE_SEQ_HEADER,
@@ -93,7 +92,7 @@ pub async fn deadletter(command: DeadLetterCommand) -> anyhow::Result<()> {
         }
         DeadLetterCommand::Show { common, seq } => {
             let bus = common.nats.connect().await?;
-            let Some(m) = message(&bus, seq).await? else {
+            let Some(m) = crate::adapters::bus::deadletter_message(&bus, seq).await? else {
                 bail!("no parked message at {seq} (see `hafleet-renderer deadletter list`)");
             };
             println!("seq: {}\nsubject: {}\ntime: {}", m.sequence, m.subject, m.time);
@@ -139,7 +138,11 @@ async fn list(bus: &Bus, limit: u64) -> anyhow::Result<Vec<Parked>> {
     let from = state.first_sequence.max(state.last_sequence.saturating_sub(limit.max(1) - 1));
     let mut out = Vec::new();
     for seq in from..=state.last_sequence {
-        let Some(m) = message(bus, seq).await? else { continue };
+        // One stream handle for every read (the list's first lookup made it).
+        let Some(m) = crate::adapters::bus::stream_message(&stream, DEADLETTER_STREAM, seq).await?
+        else {
+            continue;
+        };
         let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
         out.push(Parked {
             seq,
@@ -151,19 +154,6 @@ async fn list(bus: &Bus, limit: u64) -> anyhow::Result<Vec<Parked>> {
         });
     }
     Ok(out)
-}
-
-/// The parked message at `seq`; `None` when there is none (deleted, aged out, never was).
-pub(crate) async fn message(
-    bus: &Bus,
-    seq: u64,
-) -> anyhow::Result<Option<async_nats::jetstream::message::StreamMessage>> {
-    let stream = bus.js.get_stream(DEADLETTER_STREAM).await.context("no dead-letter stream")?;
-    match stream.get_raw_message(seq).await {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(e).context("cannot read the dead-letter stream"),
-    }
 }
 
 /// A payload to print: JSON pretty-printed with every `sealed_key` blanked; anything else as
