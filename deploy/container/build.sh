@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds the hafleet image from deploy/container/Containerfile: an empty base (FROM scratch)
-# with the three binaries, ssh, ssh-keygen and ssh-keyscan (the applier's), every shared
-# library they load (as ldd lists them on this machine), and a passwd entry for the user the
-# image runs as (65532, `hafleet`; ssh refuses to run as a user it cannot look up).
+# with the three binaries and the operator CLI (hafleet), ssh, ssh-keygen and ssh-keyscan (the
+# applier's), every shared library they load (as ldd lists them on this machine), and a passwd
+# entry for the user the image runs as (65532, `hafleet`; ssh refuses to run as a user it
+# cannot look up).
 #
 #   deploy/container/build.sh [--binaries DIR] [--tag TAG] [--engine podman|docker]
 #
-# --binaries: where hafleet-watcher, hafleet-renderer and hafleet-applier are (default: build
-# them with `cargo build --release`, into target/release). --tag: default hafleet:<version>.
-# --engine: default $CONTAINER_ENGINE, else podman. Needs a Debian or Ubuntu build machine
-# with openssh-client; the image runs on any x86_64 or arm64 Linux of the same architecture.
+# --binaries: where hafleet-watcher, hafleet-renderer, hafleet-applier and hafleet are
+# (default: build them with `cargo build --release`, into target/release). --tag: default
+# hafleet:<version>. --engine: default $CONTAINER_ENGINE, else podman. Needs a Debian or Ubuntu
+# build machine with openssh-client; the image runs on any Linux of the same architecture.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,15 +23,15 @@ while [ $# -gt 0 ]; do
     --binaries) binaries="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --engine) engine="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-components=(hafleet-watcher hafleet-renderer hafleet-applier)
+components=(hafleet-watcher hafleet-renderer hafleet-applier hafleet)
 tools=(ssh ssh-keygen ssh-keyscan)
 
 if [ -z "$binaries" ]; then
-  (cd "$root" && cargo build --release --locked -p hafleet-watcher -p hafleet-renderer -p hafleet-applier --bins)
+  (cd "$root" && cargo build --release --locked -p hafleet-watcher -p hafleet-renderer -p hafleet-applier -p hafleet --bins)
   binaries="${CARGO_TARGET_DIR:-$root/target}/release"
 fi
 if [ -z "$tag" ]; then

@@ -18,6 +18,27 @@ pub const HISTORY_CHANGE_SUBJECTS: &str = "hafleet.history.*.change";
 /// it, one granted some fleets' changes only may not.
 pub const DEADLETTER_REPUBLISH_SUBJECT: &str = "hafleet.history._deadletter.change";
 
+/// Subject of the request for every fleet the renderer knows ([`FleetSummary`]): a read
+/// (`_fleets` is no fleet's name), so every operator may send it. Its payload is empty.
+pub const FLEETS_SUBJECT: &str = "hafleet.history._fleets";
+
+/// A fleet as `hafleet fleets` lists it: what the renderer knows of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetSummary {
+    pub name: crate::FleetName,
+    /// The newest version recorded (published or held), and when it was made.
+    pub newest: Option<u64>,
+    pub newest_unix_ms: Option<u64>,
+    /// The newest version published to the fleet's appliers (0: none yet).
+    pub published: u64,
+    /// The version a rollback pinned the fleet to.
+    pub pinned: Option<u64>,
+    /// Sweeps the mass-deletion guard holds for it.
+    pub held_sweeps: usize,
+    /// Ingresses (and routes of Gateway API) in its desired state.
+    pub objects: usize,
+}
+
 /// Republish the route message parked at `deadletter_seq` of the dead-letter stream: the
 /// renderer reads it, checks that it can now read it (after an upgrade), and publishes it on
 /// [`crate::ROUTES_REPUBLISH_SUBJECT`], into the routes stream, where it is applied in order
@@ -161,6 +182,10 @@ pub enum HistoryReply {
     /// A parked message was published again, at `stream_seq` of the routes stream.
     Republished {
         stream_seq: u64,
+    },
+    /// Every fleet the renderer knows, by name ([`FLEETS_SUBJECT`]).
+    Fleets {
+        fleets: Vec<FleetSummary>,
     },
     Error {
         kind: HistoryErrorKind,

@@ -434,7 +434,7 @@ pub struct RoutesSnapshot {
 
 /// Releases a sweep the renderer held (a snapshot that would have withdrawn too much of a
 /// fleet at once), published on [`crate::ROUTES_CONFIRM_SUBJECT`] by the renderer when an
-/// operator confirms it (`hafleet-renderer sweep confirm`) or its release policy says so. It is
+/// operator confirms it (`hafleet sweep confirm`) or its release policy says so. It is
 /// in the routes stream, so replay withdraws the same Ingresses at the same point.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweepConfirm {

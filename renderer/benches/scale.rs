@@ -206,7 +206,7 @@ fn main() {
     }
 
     // Replay: decode and apply N route events (10 updates of each Ingress, on 3 nodes), then
-    // render once, as `hafleet-renderer replay` does after reading them from the stream.
+    // render once, as `hafleet replay` does after reading them from the stream.
     let nodes = 3;
     let encoded: Vec<Vec<u8>> = (0..a.events)
         .map(|k| {

@@ -184,6 +184,31 @@ pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
     }
 }
 
+/// The operator's commands that moved from the component binaries to `hafleet`.
+const MOVED: &[&str] = &[
+    "history",
+    "rollback",
+    "resume",
+    "replay",
+    "sweep",
+    "deadletter",
+    "status",
+    "keygen",
+    "nats-permissions",
+];
+
+/// Refuses a command a component binary no longer has: a moved one says where it went.
+pub fn moved_to_cli(binary: &str, args: &[String]) -> anyhow::Result<()> {
+    let name = args.first().map(String::as_str).unwrap_or_default();
+    if MOVED.contains(&name) {
+        anyhow::bail!(
+            "`{binary} {name}` moved to the operator CLI: run `hafleet {name} …` (its --fleet \
+             and NATS flags are the same; --json is now -o json)"
+        );
+    }
+    anyhow::bail!("{binary} has no command {name:?} (see `{binary} --help`)")
+}
+
 /// Parses a byte size for a flag: a whole number with an optional unit, `B`, `KB`/`MB`/`GB`/`TB`
 /// (powers of 1000) or `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024): `1GiB`, `500MB`, `0`.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

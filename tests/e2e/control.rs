@@ -50,18 +50,19 @@ async fn nats_is_reached_over_tls_with_keys_and_a_wrong_ca_is_refused_at_once() 
 
     // `--help` with a password in the environment's URL does not show it.
     for (c, args) in [
-        (Component::Watcher, &["--help"][..]),
-        (Component::Renderer, &["run", "--help"]),
-        (Component::Renderer, &["history", "list", "--help"]),
-        (Component::Applier, &["--help"]),
+        ("hafleet-watcher", &["--help"][..]),
+        ("hafleet-renderer", &["run", "--help"]),
+        ("hafleet", &["history", "list", "--help"]),
+        ("hafleet", &["--help"]),
+        ("hafleet-applier", &["--help"]),
     ] {
-        let out = std::process::Command::new(hafleet_tests::bin_path(c.binary()))
+        let out = std::process::Command::new(hafleet_tests::bin_path(c))
             .args(args)
             .env("HAFLEET_NATS_URL", "nats://hafleet:hunter2-secret@nats.example:4222")
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("--nats-creds") && text.contains("--nats-ca"), "{text}");
-        assert!(!text.contains("hunter2-secret"), "{c:?} --help shows the URL's password");
+        assert!(!text.contains("hunter2-secret"), "{c} --help shows the URL's password");
     }
 
     // Logs written to a file (a pipe or journald alike) carry no colour codes.
@@ -362,7 +363,7 @@ async fn an_operator_may_read_every_fleet_s_history_and_change_only_where_grante
     world.route("more", "more.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "more.example.com", "/", 200, "web@").await?;
     let run = async |user: &str, args: &[&str]| {
-        let args = [args, &["--fleet", "edge", "--timeout-secs", "5"]].concat();
+        let args = [args, &["--fleet", "edge", "--timeout", "5s"]].concat();
         crate::history::cli_as(&world, user, &args).await.map(|(ok, _, err)| (ok, err))
     };
     let before = world.stack.latest_version().await?.context("a version")?.version;
@@ -491,11 +492,11 @@ async fn parked_route_messages_are_listed_shown_and_republished_once_readable() 
     park(newest.payload.to_vec(), newest.sequence - 1).await?;
 
     let cli = async |user: &str, args: &[&str]| {
-        let args = [args, &["--timeout-secs", "5"]].concat();
+        let args = [args, &["--timeout", "5s"]].concat();
         crate::history::cli_as(&world, user, &args).await
     };
     let (ok, listed, err) =
-        cli("hafleet-operator-reader", &["deadletter", "list", "--json"]).await?;
+        cli("hafleet-operator-reader", &["deadletter", "list", "-o", "json"]).await?;
     assert!(ok, "{err}");
     let listed: serde_json::Value = serde_json::from_str(&listed)?;
     let listed = listed.as_array().context("an array")?;
@@ -541,7 +542,7 @@ async fn a_server_asking_for_client_certificates_takes_nats_cert_and_key() -> Re
     let nats = hafleet_tests::nats::NatsServer::start_requiring_client_certs().await?;
     let env = nats.env_for("hafleet-operator");
     let run = async |drop: &[&str], set: &[(&str, &str)]| {
-        let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet-renderer"))
+        let out = tokio::process::Command::new(hafleet_tests::bin_path("hafleet"))
             .args(["deadletter", "list"])
             .env_clear()
             .envs(env.iter().filter(|(k, _)| !drop.contains(k)).cloned())

@@ -1,4 +1,4 @@
-//! Config history from an operator's machine: `hafleet-renderer history|rollback|resume` run as
+//! Config history from an operator's machine: `hafleet history|rollback|resume` run as
 //! separate processes, as the `hafleet-operator` NATS user, against a running pipeline.
 
 use crate::{CONVERGE, World, expect_everywhere};
@@ -8,24 +8,24 @@ use hafleet_tests::{eventually, stack::Component};
 use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 
-/// Runs `hafleet-renderer <args> --fleet edge` as the operator; returns (success, stdout, stderr).
+/// Runs `hafleet <args> --fleet edge` as the operator; returns (success, stdout, stderr).
 pub(crate) async fn cli(world: &World, args: &[&str]) -> Result<(bool, String, String)> {
     cli_as(world, "hafleet-operator", &[args, &["--fleet", "edge"]].concat()).await
 }
 
-/// `hafleet-renderer ARGS` as NATS user `user`: (success, stdout, stderr).
+/// `hafleet ARGS` as NATS user `user`: (success, stdout, stderr).
 pub(crate) async fn cli_as(
     world: &World,
     user: &str,
     args: &[&str],
 ) -> Result<(bool, String, String)> {
-    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+    let out = tokio::process::Command::new(bin_path("hafleet"))
         .args(args)
         .envs(world.stack.nats.env_for(user))
         .env("NO_COLOR", "1")
         .output()
         .await
-        .context("running hafleet-renderer")?;
+        .context("running hafleet")?;
     Ok((
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -35,7 +35,7 @@ pub(crate) async fn cli_as(
 
 pub(crate) async fn ok(world: &World, args: &[&str]) -> Result<String> {
     let (success, stdout, stderr) = cli(world, args).await?;
-    anyhow::ensure!(success, "hafleet-renderer {args:?} failed: {stderr}\n{}", world.stack.logs());
+    anyhow::ensure!(success, "hafleet {args:?} failed: {stderr}\n{}", world.stack.logs());
     Ok(stdout)
 }
 
@@ -55,7 +55,7 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
 
     // list: newest first, live on both hosts, with a one-line cause.
     let json: serde_json::Value =
-        serde_json::from_str(&ok(&world, &["history", "list", "--json"]).await?)?;
+        serde_json::from_str(&ok(&world, &["history", "list", "-o", "json"]).await?)?;
     let rows = json.as_array().context("an array")?;
     assert_eq!(rows[0]["number"], v_blog);
     assert_eq!(rows[0]["live"], true, "{json}");
@@ -78,7 +78,7 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
     assert!(diff.contains("+blog.example.com/ be_default_api_80"), "{diff}");
     // why: the Ingress, what changed, and where in the routes stream.
     let why: serde_json::Value = serde_json::from_str(
-        &ok(&world, &["history", "why", &v_blog.to_string(), "--json"]).await?,
+        &ok(&world, &["history", "why", &v_blog.to_string(), "-o", "json"]).await?,
     )?;
     let cause = &why["causes"][0];
     assert_eq!(cause["ingress"], "default/blog", "{why}");
@@ -94,7 +94,7 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     expect_everywhere(stack, "news.example.com", "/", 404, "").await?;
     let json: serde_json::Value =
-        serde_json::from_str(&ok(&world, &["history", "list", "--json"]).await?)?;
+        serde_json::from_str(&ok(&world, &["history", "list", "-o", "json"]).await?)?;
     assert_eq!(json[0]["held"], true, "the change after the rollback is held: {json}");
     assert_eq!(json[1]["restores"], v_shop, "{json}");
     assert_eq!(json[1]["pinned"], true, "{json}");
@@ -109,14 +109,14 @@ async fn history_lists_shows_diffs_explains_rolls_back_and_resumes() -> Result<(
     assert!(!success && stderr.contains("no such version"), "{stderr}");
     let (success, _, stderr) = cli(&world, &["rollback", "999"]).await?;
     assert!(!success && stderr.contains("no such version"), "{stderr}");
-    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+    let out = tokio::process::Command::new(bin_path("hafleet"))
         .args(["history", "list", "--fleet", "nowhere"])
         .envs(world.stack.nats.env_for("hafleet-operator"))
         .output()
         .await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("unknown fleet"), "{stderr}");
-    let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+    let out = tokio::process::Command::new(bin_path("hafleet"))
         .args(["history", "list", "--fleet", "edge", "--nats-url", "nats://127.0.0.1:1"])
         .output()
         .await?;
@@ -169,8 +169,9 @@ async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_
     let replayed = ok(&world, &["replay", "--until", &between]).await?;
     assert_eq!(replayed, at_a, "replay at {between} is version {v_a}");
     // By sequence: the one `why` names for b's version gives b's version.
-    let why: serde_json::Value =
-        serde_json::from_str(&ok(&world, &["history", "why", &v_b.to_string(), "--json"]).await?)?;
+    let why: serde_json::Value = serde_json::from_str(
+        &ok(&world, &["history", "why", &v_b.to_string(), "-o", "json"]).await?,
+    )?;
     let seq_b = why["causes"][0]["stream_seq"].as_u64().context("a sequence")?;
     let at_b = ok(&world, &["history", "show", &v_b.to_string()]).await?;
     assert_eq!(ok(&world, &["replay", "--until", &seq_b.to_string()]).await?, at_b);
@@ -230,7 +231,7 @@ async fn a_mass_deletion_is_held_until_an_operator_confirms_it() -> Result<()> {
     }
     world.stack.start_component(Component::Watcher)?;
     let held = eventually(CONVERGE, "the renderer holds the sweep", || async {
-        let out = ok(&world, &["sweep", "status", "--json"]).await?;
+        let out = ok(&world, &["sweep", "status", "-o", "json"]).await?;
         let holds: Vec<serde_json::Value> = serde_json::from_str(&out)?;
         anyhow::ensure!(!holds.is_empty(), "nothing held yet");
         anyhow::ensure!(holds.len() == 1, "one cluster, one hold: {out}");
@@ -289,7 +290,7 @@ async fn a_held_sweep_is_released_by_the_release_policy() -> Result<()> {
     }
     world.stack.start_component(Component::Watcher)?;
     eventually(CONVERGE, "the renderer holds the sweep", || async {
-        let out = ok(&world, &["sweep", "status", "--json"]).await?;
+        let out = ok(&world, &["sweep", "status", "-o", "json"]).await?;
         let holds: Vec<serde_json::Value> = serde_json::from_str(&out)?;
         anyhow::ensure!(!holds.is_empty(), "nothing held yet");
         Ok(())

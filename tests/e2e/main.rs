@@ -18,6 +18,7 @@
 //! - `image`: the container image, built and run.
 
 mod churn;
+mod cli;
 mod clusters;
 mod control;
 mod docs;

@@ -286,15 +286,15 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     assert_eq!(world.stack.last_report("lb-2").await?.map(|r| r.version), Some(good));
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
 
-    // What an operator sees from their machine: `hafleet-applier status`, as hafleet-operator.
+    // What an operator sees from their machine: `hafleet status`, as hafleet-operator.
     let status = |args: &[&str]| {
-        std::process::Command::new(hafleet_tests::bin_path("hafleet-applier"))
+        std::process::Command::new(hafleet_tests::bin_path("hafleet"))
             .arg("status")
             .args(args)
             .envs(world.stack.nats.env_for("hafleet-operator"))
             .output()
     };
-    let out = status(&["--fleet", "edge", "--json"])?;
+    let out = status(&["--fleet", "edge", "-o", "json"])?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let hosts: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
     let by_name = |n: &str| hosts.iter().find(|h| h["host"] == n).cloned().unwrap_or_default();
@@ -786,7 +786,7 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
     Ok(())
 }
 
-/// Each fleet's applier has NATS credentials of its own (`hafleet-applier nats-permissions`):
+/// Each fleet's applier has NATS credentials of its own (`hafleet nats-permissions`):
 /// with fleet edge's, nothing of fleet core's can be read, neither through the JetStream API
 /// (newest config, whole-stream reads, a consumer of its own or of core's, core's large
 /// bundles) nor by subscribing to core's subject; the same reads of edge's own succeed.

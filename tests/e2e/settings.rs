@@ -182,7 +182,7 @@ async fn fleet_settings_change_what_every_host_does_and_history_names_them() -> 
 
     // History: the version's cause is the settings change, with each key set.
     let why: serde_json::Value = serde_json::from_str(
-        &ok(&world, &["history", "why", &version.to_string(), "--json"]).await?,
+        &ok(&world, &["history", "why", &version.to_string(), "-o", "json"]).await?,
     )?;
     let causes = why["causes"].as_array().context("causes")?;
     let cause =

@@ -381,7 +381,7 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     assert!(!listed.contains(&new_fp), "only the certificates of that version: {shown}");
     // As JSON the sealed keys are blanked too: a fingerprint, no key in any form.
     let json =
-        crate::history::ok(&world, &["history", "show", &before.to_string(), "--json"]).await?;
+        crate::history::ok(&world, &["history", "show", &before.to_string(), "-o", "json"]).await?;
     let parsed: serde_json::Value = serde_json::from_str(&json)?;
     let certs = parsed.pointer("/version/body/bundle/certs").context("certs in the JSON")?;
     let certs = certs.as_array().context("a list")?;
@@ -394,7 +394,8 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     let shown_now = crate::history::ok(&world, &["history", "show", &rotated.to_string()]).await?;
     assert_eq!(replayed, shown_now);
     assert!(replayed.contains(&format!(" sha256:{new_fp} ")), "{replayed}");
-    let replayed_json = crate::history::ok(&world, &["replay", "--until", &now, "--json"]).await?;
+    let replayed_json =
+        crate::history::ok(&world, &["replay", "--until", &now, "-o", "json"]).await?;
     let parsed: serde_json::Value = serde_json::from_str(&replayed_json)?;
     assert_eq!(parsed["sha256"], rotated_sha.as_str(), "{replayed_json}");
     let certs = parsed.pointer("/bundle/certs").and_then(|c| c.as_array()).context("certs")?;

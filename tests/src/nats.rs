@@ -20,7 +20,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// reads), with the permissions hafleet ships (deploy/nats/hafleet-permissions.conf): user
 /// `admin` may do anything (the tests' own view), and `hafleet-watcher`, `hafleet-renderer`,
 /// `hafleet-operator` and each fleet's `hafleet-applier-<fleet>` ([`NatsServer::add_applier`])
-/// only what that file, or `hafleet-applier nats-permissions`, grants them (see
+/// only what that file, or `hafleet nats-permissions`, grants them (see
 /// [`NatsServer::env_for`]).
 pub struct NatsServer {
     nodes: Vec<Node>,
@@ -251,7 +251,7 @@ impl NatsServer {
     fn write_config(&self, node: usize) -> Result<PathBuf> {
         let dir = self.node_dir(node);
         std::fs::create_dir_all(&dir)?;
-        use hafleet_applier::cli::permissions;
+        use hafleet_cli::commands::permissions;
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/hafleet-permissions.conf");
         let example = permissions::nats_permissions(&hafleet_proto::FleetName::new("edge")?);
@@ -333,11 +333,11 @@ impl NatsServer {
     }
 
     /// Adds `fleet`'s applier user (`hafleet-applier-<fleet>`) with the permissions
-    /// `hafleet-applier nats-permissions` prints, and reloads the server's config, as an
+    /// `hafleet nats-permissions` prints, and reloads the server's config, as an
     /// operator adding a fleet would. Returns once the user can connect.
     pub async fn add_applier(&self, fleet: &str) -> Result<()> {
         let fleet = hafleet_proto::FleetName::new(fleet)?;
-        let user = hafleet_applier::cli::permissions::user(&fleet);
+        let user = hafleet_cli::commands::permissions::user(&fleet);
         {
             let mut fleets = self.fleets.lock().expect("not poisoned");
             if fleets.contains(&fleet) {

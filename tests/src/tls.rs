@@ -244,7 +244,7 @@ pub async fn https_get_as(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Writes `identity` to `dir/name` as `hafleet-applier keygen` does: an age identity file
+/// Writes `identity` to `dir/name` as `hafleet keygen` does: an age identity file
 /// only its owner reads.
 pub fn write_identity(dir: &Path, name: &str, identity: &FleetIdentity) -> Result<PathBuf> {
     use std::io::Write;

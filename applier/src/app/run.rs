@@ -85,7 +85,7 @@ pub struct RunArgs {
     /// connection, slow reload) get the current version again.
     #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
     pub retry_secs: u64,
-    /// The fleet's TLS identity (`hafleet-applier keygen --out FILE`; keep it 0600): opens the
+    /// The fleet's TLS identity (`hafleet keygen --out FILE`; keep it 0600): opens the
     /// private keys the watcher sealed to this fleet, to write each certificate's file on the
     /// hosts (0600, next to the config in hafleet-certs/). Without it a version that has
     /// certificates fails at upload on every host, and nothing changes.

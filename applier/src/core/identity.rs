@@ -32,7 +32,7 @@ pub enum UnsealError {
 
 impl FleetIdentity {
     /// From an age identity file: `AGE-SECRET-KEY-1…` on a line, `#` comments allowed, as
-    /// `hafleet-applier keygen` or `age-keygen` write it. The error never quotes the text.
+    /// `hafleet keygen` or `age-keygen` write it. The error never quotes the text.
     pub fn from_text(text: &str) -> Result<FleetIdentity, String> {
         let keys: Vec<&str> =
             text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();

@@ -89,7 +89,7 @@ pub struct RenderArgs {
     /// Mass-deletion guard: a snapshot of the watcher (after its restart, or a resync that
     /// loses many Ingresses at once) that would withdraw more than this percentage of a
     /// fleet's routes at once withdraws none of them: the fleet keeps serving them, the
-    /// renderer logs and counts the hold, and `hafleet-renderer sweep status` shows it until
+    /// renderer logs and counts the hold, and `hafleet sweep status` shows it until
     /// `sweep confirm` (or --sweep-release-after) releases it. 100 turns the guard off.
     #[arg(long, env = "HAFLEET_SWEEP_GUARD_PERCENT", default_value_t = 50,
           value_parser = clap::value_parser!(u8).range(1..=100))]
@@ -124,7 +124,7 @@ impl RenderArgs {
 }
 
 /// How much history NATS keeps, and how often the renderer checkpoints its desired state so
-/// that any point inside the kept history can be replayed (`hafleet-renderer replay`) and an
+/// that any point inside the kept history can be replayed (`hafleet replay`) and an
 /// empty store can be rebuilt. The renderer owns the routes and configs streams' retention: it
 /// sets them to these values at start-up.
 ///

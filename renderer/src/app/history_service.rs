@@ -89,7 +89,7 @@ async fn answer(
             }];
             v.notes = vec![format!(
                 "rolled back to version {version} by an operator; the fleet stays on it until \
-                 `hafleet-renderer resume --fleet {fleet}`"
+                 `hafleet resume --fleet {fleet}`"
             )];
             let number = v.version;
             store.commit(&[], &[v], store.applied_seq()?)?;
@@ -184,6 +184,16 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
         }
         return;
     }
+    if request.subject.as_str() == hafleet_proto::FLEETS_SUBJECT {
+        let reply = fleets(&ctx).unwrap_or_else(|e| HistoryReply::Error {
+            kind: HistoryErrorKind::Internal,
+            message: format!("{e:#}"),
+        });
+        if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
+            tracing::warn!(error = %e, "fleets reply lost");
+        }
+        return;
+    }
     // hafleet.history.<fleet>, or hafleet.history.<fleet>.change for what changes the fleet.
     let mut tokens = request.subject.as_str().split('.').skip(2);
     let (fleet, on_change) = (tokens.next().unwrap_or_default(), tokens.next() == Some("change"));
@@ -212,6 +222,28 @@ pub(crate) async fn answer_history(ctx: Ctx<'_>, request: async_nats::Message) {
     if let Err(e) = ctx.bus.client.publish(reply_to, reply.encode().into()).await {
         tracing::warn!(error = %e, "history reply lost");
     }
+}
+
+/// Every fleet with versions or desired state, by name.
+fn fleets(ctx: &Ctx<'_>) -> anyhow::Result<HistoryReply> {
+    let store = ctx.store;
+    let mut names: std::collections::BTreeSet<FleetName> =
+        store.fleets_with_versions()?.into_iter().collect();
+    names.extend(ctx.desired.fleets.keys().cloned());
+    let mut fleets = Vec::with_capacity(names.len());
+    for name in names {
+        let newest = store.latest_summary(&name)?;
+        fleets.push(hafleet_proto::FleetSummary {
+            newest: newest.as_ref().map(|v| v.number),
+            newest_unix_ms: newest.as_ref().map(|v| v.created_unix_ms),
+            published: store.published(&name)?,
+            pinned: store.pinned(&name)?,
+            held_sweeps: ctx.desired.held_in(&name).count(),
+            objects: ctx.desired.ingresses(&name).len(),
+            name,
+        });
+    }
+    Ok(HistoryReply::Fleets { fleets })
 }
 
 /// Publishes the route message parked at `seq` of the dead-letter stream again, on

@@ -175,7 +175,7 @@ fn report_holds(desired: &mut state::Desired, out: &mut Applied) {
                 error!(fleet = %fleet, cluster, snapshot_seq = h.snapshot_seq, ingresses = count,
                        routes, fleet_routes = h.fleet_routes,
                        "snapshot would withdraw too much of the fleet at once; held. Check the \
-                        API server and the watcher, then `hafleet-renderer sweep status` and \
+                        API server and the watcher, then `hafleet sweep status` and \
                         `sweep confirm` to withdraw them");
             }
             Some(h) => {

@@ -122,7 +122,7 @@ async fn hold_rebuilt(
                version = newest.number, routes = now,
                "this renderer's rebuilt state would withdraw too much of the fleet at once; \
                 nothing published, the fleet is pinned to what its hosts run. Check the API \
-                server and the watcher, then `hafleet-renderer resume --fleet {fleet}` to \
+                server and the watcher, then `hafleet resume --fleet {fleet}` to \
                 publish what the state renders now");
         hafleet_runtime::health::Health::global().count(
             (

@@ -60,7 +60,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         held_gauge(&desired, fleet);
         error!(fleet = %fleet, cluster = cluster.as_ref().map(|c| c.as_str()),
                snapshot_seq = held.snapshot_seq, ingresses = held.ingresses.len(),
-               "a sweep is held since before this start; see `hafleet-renderer sweep status`");
+               "a sweep is held since before this start; see `hafleet sweep status`");
     }
     for fleet in store.fleets_with_versions()? {
         let published = store.published(&fleet)?;

@@ -632,8 +632,9 @@ async fn rollback_and_replay_reproduce_an_http_route_change() -> Result<()> {
     assert!(why.contains("shop.example.com/ (Prefix) when version: 3"), "{why}");
     // Replay rebuilds each version byte for byte, from the stream sequence `why` names.
     for v in [v1, v2] {
-        let why: Value =
-            serde_json::from_str(&ok(world, &["history", "why", &v.to_string(), "--json"]).await?)?;
+        let why: Value = serde_json::from_str(
+            &ok(world, &["history", "why", &v.to_string(), "-o", "json"]).await?,
+        )?;
         let seq = why["causes"]
             .as_array()
             .into_iter()

@@ -1,4 +1,4 @@
-//! The history commands as an operator runs them: a separate `hafleet-renderer` process,
+//! The history commands as an operator runs them: a separate `hafleet` process,
 //! as the `hafleet-operator` NATS user, against real NATS and a running renderer. Route
 //! events are published straight to the routes stream (as the watcher would), so no API
 //! server or HAProxy is needed.
@@ -94,7 +94,7 @@ async fn timed(nats: &NatsServer, args: &[&str], runs: usize) -> Result<(Vec<f64
     let mut stdout = String::new();
     for _ in 0..runs {
         let started = Instant::now();
-        let out = tokio::process::Command::new(bin_path("hafleet-renderer"))
+        let out = tokio::process::Command::new(bin_path("hafleet"))
             .args(args)
             .envs(nats.env_for("hafleet-operator"))
             .env("RUST_LOG", "warn")
@@ -169,9 +169,12 @@ pub async fn run(a: HistoryArgs) -> Result<()> {
         renderer_at(&js, &small, rv as u64 + 1).await?;
     }
     let limit = a.versions.to_string();
-    let (list, out) =
-        timed(&nats, &["history", "list", "--fleet", "small", "--limit", &limit, "--json"], a.runs)
-            .await?;
+    let (list, out) = timed(
+        &nats,
+        &["history", "list", "--fleet", "small", "--limit", &limit, "-o", "json"],
+        a.runs,
+    )
+    .await?;
     let rows: serde_json::Value = serde_json::from_str(&out)?;
     anyhow::ensure!(rows.as_array().map(Vec::len) == Some(a.versions), "list returned {}", rows);
 
@@ -198,7 +201,7 @@ pub async fn run(a: HistoryArgs) -> Result<()> {
     .await?;
     let until = last.to_string();
     let (replay, out) =
-        timed(&nats, &["replay", "--fleet", "big", "--until", &until, "--json"], a.runs.min(3))
+        timed(&nats, &["replay", "--fleet", "big", "--until", &until, "-o", "json"], a.runs.min(3))
             .await?;
     let replayed: serde_json::Value = serde_json::from_str(&out)?;
     let events = replayed["events"].as_u64().context("events")?;

@@ -87,7 +87,7 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_ENDPOINTS", value_delimiter = ' ', value_parser = parse_endpoints)]
     pub endpoints: Vec<(FleetName, crate::core::pods::Mode)>,
     /// Serve the certificates of Ingresses' `spec.tls` on these fleets, each private key
-    /// sealed to the fleet's age X25519 recipient (`hafleet-applier keygen` prints it):
+    /// sealed to the fleet's age X25519 recipient (`hafleet keygen` prints it):
     /// `edge=age1… core=age1…`, fleets separated by spaces. Turns on the watch of
     /// `kubernetes.io/tls` Secrets (metadata only; the data of the Secrets fleet Ingresses
     /// name is read one by one), which needs the RBAC of deploy/kubernetes/components/tls.
@@ -169,7 +169,7 @@ fn parse_seal_to(s: &str) -> Result<(FleetName, crate::core::tls_secrets::SealTo
     if s.to_ascii_uppercase().contains("AGE-SECRET-KEY") {
         return Err("this is a fleet's private identity (AGE-SECRET-KEY-1…), which belongs \
                     with its applier only; give the watcher its recipient (age1…, printed by \
-                    `hafleet-applier keygen`)"
+                    `hafleet keygen`)"
             .into());
     }
     let (fleet, recipient) = s.split_once('=').ok_or("expected FLEET=age1…")?;

@@ -195,7 +195,7 @@ impl std::str::FromStr for SealTo {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         s.trim().parse::<age::x25519::Recipient>().map(SealTo).map_err(|_| {
-            "not an age X25519 recipient (age1…, as `hafleet-applier keygen` prints it)".into()
+            "not an age X25519 recipient (age1…, as `hafleet keygen` prints it)".into()
         })
     }
 }

@@ -1,5 +1,5 @@
-//! The NATS permissions of one fleet's applier, as `hafleet-applier nats-permissions --fleet F`
-//! prints them for the server's config. Pure.
+//! The NATS permissions of one fleet's applier or of an operator, as `hafleet nats-permissions`
+//! prints them for the server's config. Pure, but for printing them.
 //!
 //! With them an applier can consume only its own fleet's configs (through its named durable
 //! consumer, whose filter is pinned in the API subject: the server refuses a create request
@@ -12,6 +12,41 @@ use hafleet_proto::{
     BUNDLES_STREAM, CONFIGS_STREAM, FleetName, REPORTS_STREAM, applier_consumer,
     applier_inbox_prefix, configs_subject,
 };
+
+/// Whose permissions `hafleet nats-permissions` prints: a fleet's applier (the global
+/// `--fleet`, or the context's fleet), or an operator.
+#[derive(Debug, clap::Args)]
+pub struct PermissionsArgs {
+    /// An operator's name (an RFC 1123 label): prints HAFLEET_OPERATOR_<NAME> for user
+    /// hafleet-operator-<name>, who reads every fleet's history and may roll back, resume and
+    /// release sweeps of the --may-change fleets only.
+    #[arg(long, conflicts_with = "operator_all")]
+    pub operator: Option<FleetName>,
+    /// A fleet the operator may roll back, resume and release sweeps of; repeat it.
+    #[arg(long = "may-change", requires = "operator", value_name = "FLEET")]
+    pub may_change: Vec<FleetName>,
+    /// The operator of every fleet (HAFLEET_OPERATOR, user hafleet-operator), who may also
+    /// republish parked messages.
+    #[arg(long)]
+    pub operator_all: bool,
+}
+
+/// Prints the block `args` ask for; without an operator, `fleet`'s applier's.
+pub fn print(args: &PermissionsArgs, fleet: Option<&FleetName>) -> anyhow::Result<()> {
+    let text = match (&args.operator, args.operator_all, fleet) {
+        (Some(name), _, _) => {
+            operator_permissions(Some(name), &Changes::Fleets(args.may_change.clone()))
+        }
+        (None, true, _) => operator_permissions(None, &Changes::All),
+        (None, false, Some(fleet)) => nats_permissions(fleet),
+        (None, false, None) => anyhow::bail!(
+            "whose permissions? give --fleet FLEET (its applier's), --operator NAME or \
+             --operator-all"
+        ),
+    };
+    print!("{text}");
+    Ok(())
+}
 
 /// The NATS config variable holding `fleet`'s applier permissions: `HAFLEET_APPLIER_<FLEET>`,
 /// upper case, `-` as `_`.
@@ -42,8 +77,8 @@ pub fn nats_permissions(fleet: &FleetName) -> String {
         format!("$JS.ACK.{CONFIGS_STREAM}.{consumer}.>"),
     ];
     let mut out = format!(
-        "# Fleet {fleet}'s applier (user {user}), as `hafleet-applier nats-permissions --fleet \
-         {fleet}` prints it.\n{var} = {{\n  publish = [\n",
+        "# Fleet {fleet}'s applier (user {user}), as `hafleet nats-permissions --fleet {fleet}` \
+         prints it.\n{var} = {{\n  publish = [\n",
         user = user(fleet),
         var = variable(fleet)
     );
@@ -72,7 +107,7 @@ const OPERATOR_READS: &[&str] = &[
     "$JS.API.STREAM.INFO.HAFLEET_REPORTS",
     "$JS.API.STREAM.MSG.GET.HAFLEET_REPORTS",
     "$JS.API.DIRECT.GET.HAFLEET_REPORTS.>",
-    "# hafleet-applier status: a fleet's reports read with an ordered consumer.",
+    "# hafleet status: a fleet's reports read with an ordered consumer.",
     "$JS.API.CONSUMER.CREATE.HAFLEET_REPORTS",
     "$JS.FC.HAFLEET_REPORTS.>",
     "$JS.API.DIRECT.GET.HAFLEET_BUNDLES.>",
@@ -134,8 +169,7 @@ pub fn operator_permissions(name: Option<&FleetName>, changes: &Changes) -> Stri
         None => command,
     };
     let mut out = format!(
-        "# User {user}: {what}.\n# As `hafleet-applier nats-permissions {command}` prints \
-         it.\n{var} = {{\n  publish = [\n",
+        "# User {user}: {what}.\n# As `hafleet nats-permissions {command}` prints it.\n{var} = {{\n  publish = [\n",
         user = operator_user(name),
         command = command.trim_start(),
         var = operator_variable(name),

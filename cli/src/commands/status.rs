@@ -1,4 +1,4 @@
-//! `hafleet-applier status --fleet F`: what each host of a fleet runs, from the reports
+//! `hafleet status --fleet F`: what each host of a fleet runs, from the reports
 //! stream, as an operator sees it from any machine with NATS access (the `hafleet-operator`
 //! user). It needs no running applier and never touches a host.
 //!
@@ -7,6 +7,8 @@
 //! config that loaded and passed its probes, which is that same version. Only a failure after
 //! the swap that could not restore, or drift left as it is, leaves it unknown.
 
+use crate::output::Output;
+use crate::session::Session;
 use futures::StreamExt as _;
 use hafleet_proto::{ApplyOutcome, ApplyReport, ApplyStage, FleetName};
 use serde::Serialize;
@@ -80,6 +82,7 @@ pub fn of_host(host: &str, reports: &[ApplyReport]) -> Option<HostStatus> {
 async fn reports(
     bus: &hafleet_runtime::nats::Bus,
     fleet: &FleetName,
+    timeout: Duration,
 ) -> anyhow::Result<BTreeMap<String, Vec<ApplyReport>>> {
     use anyhow::Context as _;
     let mut out: BTreeMap<String, Vec<ApplyReport>> = BTreeMap::new();
@@ -97,7 +100,7 @@ async fn reports(
     }
     let mut messages = consumer.messages().await.context("cannot read the reports stream")?;
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        let m = tokio::time::timeout(timeout, messages.next())
             .await
             .context("the reports stream stopped answering")?
             .context("the reports stream ended")??;
@@ -111,39 +114,24 @@ async fn reports(
     }
 }
 
-/// Settings of `hafleet-applier status`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    pub nats: hafleet_runtime::NatsArgs,
-    /// The fleet whose hosts to show.
-    #[arg(long, env = "HAFLEET_FLEET")]
-    pub fleet: FleetName,
-    /// An array of objects (`host`, `version`, `sha256`, `drift`, the last outcome) instead of
-    /// a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// When, to the second, for the table.
 fn time_of(unix_ms: u64) -> String {
     hafleet_runtime::rfc3339_of_unix_ms(unix_ms / 1000 * 1000)
 }
 
-/// Runs `hafleet-applier status`.
-pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let bus = args.nats.connect().await?;
-    let all = reports(&bus, &args.fleet).await?;
+/// Runs `hafleet status`.
+pub async fn status(session: &Session) -> anyhow::Result<()> {
+    let bus = session.connect().await?;
+    let fleet = session.fleet(&bus).await?;
+    let all = reports(&bus, &fleet, session.timeout).await?;
     anyhow::ensure!(
         !all.is_empty(),
-        "fleet {} has no reports: no applier has reported on it (within the reports stream's \
-         7 days), or the fleet name is wrong",
-        args.fleet
+        "fleet {fleet} has no reports: no applier has reported on it (within the reports \
+         stream's 7 days), or the fleet name is wrong (see `hafleet fleets`)"
     );
     let hosts: Vec<HostStatus> = all.iter().filter_map(|(h, r)| of_host(h, r)).collect();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&hosts)?);
-        return Ok(());
+    if session.output != Output::Table {
+        return session.output.print(&hosts);
     }
     let mut rows =
         vec![["HOST", "VERSION", "SHA256", "LAST", "OUTCOME", "WHEN", "DRIFT"].map(String::from)];

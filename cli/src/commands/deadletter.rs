@@ -1,45 +1,32 @@
-//! `hafleet-renderer deadletter list|show|republish`: the route messages the renderer could
+//! `hafleet deadletter list|show|republish`: the route messages the renderer could
 //! not read (a newer watcher's schema, a value outside an allowlist), parked on the
 //! dead-letter stream. `list` and `show` read the stream; `republish` asks the running
 //! renderer to publish a parked message again into the routes stream, once an upgrade lets it
 //! read it.
 
+use crate::output::Output;
+use crate::session::Session;
 use anyhow::{Context as _, bail};
 use hafleet_proto::{
     DEADLETTER_REPUBLISH_SUBJECT, DEADLETTER_STREAM, ERROR_HEADER, HistoryReply, RepublishRequest,
     SOURCE_SEQ_HEADER,
 };
+use hafleet_renderer::adapters::bus::{deadletter_message, stream_message};
 use hafleet_runtime::nats::Bus;
-
-/// Settings of every dead-letter command.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    pub nats: hafleet_runtime::NatsArgs,
-    /// Seconds to wait for the renderer's answer (`republish`).
-    #[arg(long, env = "HAFLEET_TIMEOUT_SECS", default_value_t = 10)]
-    pub timeout_secs: u64,
-}
+use std::collections::BTreeMap;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum DeadLetterCommand {
     /// The newest parked messages, oldest first: dead-letter sequence, when, the routes
     /// stream sequence it came from, its size and why it could not be read.
     List {
-        #[command(flatten)]
-        common: Common,
         /// How many of the newest.
         #[arg(long, default_value_t = 50)]
         limit: u64,
-        /// An array of objects instead of a table.
-        #[arg(long)]
-        json: bool,
     },
     /// One parked message: its headers, then its payload (JSON pretty-printed, sealed keys
     /// blanked).
     Show {
-        #[command(flatten)]
-        common: Common,
         /// Its dead-letter sequence, as `list` prints it.
         seq: u64,
     },
@@ -49,15 +36,13 @@ pub enum DeadLetterCommand {
     /// older than the event it last applied for the same object, and anything but a route
     /// event (restart the watcher to restate those). Republish several in their order.
     Republish {
-        #[command(flatten)]
-        common: Common,
         /// Dead-letter sequences, as `list` prints them; republished in the order given.
         #[arg(required = true)]
         seqs: Vec<u64>,
     },
 }
 
-/// One parked message as `list --json` prints it.
+/// One parked message as `list -o json` prints it.
 #[derive(Debug, serde::Serialize)]
 struct Parked {
     seq: u64,
@@ -68,14 +53,14 @@ struct Parked {
     error: String,
 }
 
-/// Runs `hafleet-renderer deadletter …`.
-pub async fn deadletter(command: DeadLetterCommand) -> anyhow::Result<()> {
+/// Runs `hafleet deadletter …`.
+pub async fn deadletter(session: &Session, command: DeadLetterCommand) -> anyhow::Result<()> {
+    let bus = session.connect().await?;
     match command {
-        DeadLetterCommand::List { common, limit, json } => {
-            let bus = common.nats.connect().await?;
+        DeadLetterCommand::List { limit } => {
             let parked = list(&bus, limit).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&parked)?);
+            if session.output != Output::Table {
+                session.output.print(&parked)?;
             } else if parked.is_empty() {
                 println!("no parked messages");
             } else {
@@ -90,11 +75,24 @@ pub async fn deadletter(command: DeadLetterCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        DeadLetterCommand::Show { common, seq } => {
-            let bus = common.nats.connect().await?;
-            let Some(m) = crate::adapters::bus::deadletter_message(&bus, seq).await? else {
-                bail!("no parked message at {seq} (see `hafleet-renderer deadletter list`)");
+        DeadLetterCommand::Show { seq } => {
+            let Some(m) = deadletter_message(&bus, seq).await? else {
+                bail!("no parked message at {seq} (see `hafleet deadletter list`)");
             };
+            if session.output != Output::Table {
+                let headers: BTreeMap<String, Vec<String>> = m
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.iter().map(|v| v.to_string()).collect()))
+                    .collect();
+                let mut payload = serde_json::from_slice(&m.payload)
+                    .unwrap_or_else(|_| serde_json::Value::String(payload_text(&m.payload)));
+                blank_sealed_keys(&mut payload);
+                return session.output.print(&serde_json::json!({
+                    "seq": m.sequence, "subject": m.subject.to_string(),
+                    "time": m.time.to_string(), "headers": headers, "payload": payload,
+                }));
+            }
             println!("seq: {}\nsubject: {}\ntime: {}", m.sequence, m.subject, m.time);
             for (name, values) in m.headers.iter() {
                 for v in values {
@@ -105,23 +103,28 @@ pub async fn deadletter(command: DeadLetterCommand) -> anyhow::Result<()> {
             println!("{}", payload_text(&m.payload));
             Ok(())
         }
-        DeadLetterCommand::Republish { common, seqs } => {
-            let bus = common.nats.connect().await?;
+        DeadLetterCommand::Republish { seqs } => {
+            let mut done = Vec::new();
             for seq in seqs {
                 let request = RepublishRequest { deadletter_seq: seq };
                 let body = serde_json::to_vec(&request)?;
                 let subject = DEADLETTER_REPUBLISH_SUBJECT.to_owned();
-                let reply = super::history::request_reply(&bus, subject, body, common.timeout_secs)
+                let reply = session
+                    .request(&bus, subject, body)
                     .await
                     .with_context(|| format!("parked message {seq}"))?;
-                match reply {
-                    HistoryReply::Republished { stream_seq } => {
-                        println!("parked message {seq} republished at routes sequence {stream_seq}")
-                    }
-                    other => bail!("unexpected answer {other:?}"),
+                let HistoryReply::Republished { stream_seq } = reply else {
+                    bail!("unexpected answer {reply:?}");
+                };
+                if session.output == Output::Table {
+                    println!("parked message {seq} republished at routes sequence {stream_seq}");
                 }
+                done.push(serde_json::json!({"seq": seq, "stream_seq": stream_seq}));
             }
-            Ok(())
+            match session.output {
+                Output::Table => Ok(()),
+                o => o.print(&done),
+            }
         }
     }
 }
@@ -139,8 +142,7 @@ async fn list(bus: &Bus, limit: u64) -> anyhow::Result<Vec<Parked>> {
     let mut out = Vec::new();
     for seq in from..=state.last_sequence {
         // One stream handle for every read (the list's first lookup made it).
-        let Some(m) = crate::adapters::bus::stream_message(&stream, DEADLETTER_STREAM, seq).await?
-        else {
+        let Some(m) = stream_message(&stream, DEADLETTER_STREAM, seq).await? else {
             continue;
         };
         let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());

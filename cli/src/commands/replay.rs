@@ -1,16 +1,18 @@
-//! `hafleet-renderer replay`: the config a fleet would have had at a point of the routes stream,
+//! `hafleet replay`: the config a fleet would have had at a point of the routes stream,
 //! rebuilt on the operator's machine from the stream itself (and the newest checkpoint before
 //! that point, once the stream has dropped its oldest messages). It needs neither the renderer's
 //! store nor the renderer: only NATS, read as the `hafleet-operator` user.
 
-use super::history::{Common, diff, print_bundle};
-use crate::adapters::bus;
-use crate::core::checkpoint::{Base, base_for};
-use crate::core::state::{self, Applied, Desired};
+use super::history::{Fleet, diff, print_bundle};
+use crate::output::Output;
+use crate::session::Session;
 use anyhow::{Context as _, bail};
 use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use futures::StreamExt as _;
 use hafleet_proto::RouteMessage;
+use hafleet_renderer::adapters::bus;
+use hafleet_renderer::core::checkpoint::{Base, base_for};
+use hafleet_renderer::core::state::{self, Applied, Desired};
 use std::io::IsTerminal as _;
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -41,33 +43,32 @@ impl std::str::FromStr for Until {
 
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    #[command(flatten)]
-    pub common: Common,
     /// Where to stop: a routes stream sequence (as `history why` shows them), or an RFC 3339
     /// time (the state after the last route event stored at or before it).
     #[arg(long)]
     pub until: Until,
     /// Show a unified diff from the newest version (asked of the running renderer) to the
-    /// replayed config, instead of the config.
-    #[arg(long, conflicts_with = "json")]
-    pub diff: bool,
-    /// The point, where replay started, the sha256 and the bundle as JSON.
+    /// replayed config, instead of the config (-o json|yaml: the point, where replay
+    /// started, the sha256 and the bundle).
     #[arg(long)]
-    pub json: bool,
+    pub diff: bool,
     /// The renderer's own settings (template, servers per backend, node health): the result
     /// is byte for byte the version of that time only with the ones the renderer used then.
     #[command(flatten)]
-    pub render: crate::app::args::RenderArgs,
+    pub render: hafleet_renderer::app::args::RenderArgs,
 }
 
 /// How long to wait for the next stream message before calling the stream stuck.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Runs `hafleet-renderer replay`.
-pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+/// Runs `hafleet replay`.
+pub async fn replay(session: &Session, args: ReplayArgs) -> anyhow::Result<()> {
     let renderer = args.render.renderer()?;
-    let common = &args.common;
-    let bus = common.nats.connect().await?;
+    let bus = session.connect().await?;
+    let fleet = match &session.fleet {
+        Some(name) => name.clone(),
+        None => session.fleet(&bus).await?,
+    };
     let bounds = bus::routes_bounds(&bus).await?;
     let (first, last) = (bounds.first, bounds.last);
     let until = match args.until {
@@ -98,31 +99,32 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
     };
     let events = apply_range(&bus, &mut desired, &args.render.guard(), from, until).await?;
-    let Some(ingresses) = desired.fleets.get(&common.fleet) else {
-        bail!("unknown fleet: {} has no route events up to sequence {until}", common.fleet);
+    let Some(ingresses) = desired.fleets.get(&fleet) else {
+        bail!("unknown fleet: {fleet} has no route events up to sequence {until}");
     };
     // As the renderer builds a version: its certificates and default certificate included.
-    let fleetwide = crate::core::render::Fleetwide::of(&desired, &common.fleet);
-    let model = renderer.model(&common.fleet, ingresses, &desired.nodes, fleetwide);
+    let fleetwide = hafleet_renderer::core::render::Fleetwide::of(&desired, &fleet);
+    let model = renderer.model(&fleet, ingresses, &desired.nodes, fleetwide);
     let bundle = renderer.render(&model).context("render failed")?;
     let sha256 = bundle.sha256();
     let started =
         if from > 1 { format!("checkpoint after {}", from - 1) } else { "the start".into() };
     eprintln!(
-        "fleet {} at routes sequence {until}: replayed {events} events from {started}; sha256 {}",
-        common.fleet,
+        "fleet {fleet} at routes sequence {until}: replayed {events} events from {started}; \
+         sha256 {}",
         &sha256[..12]
     );
-    if args.json {
+    if session.output != Output::Table {
         let mut out = serde_json::json!({
-            "fleet": common.fleet, "until_seq": until, "from_seq": from, "events": events,
+            "fleet": fleet, "until_seq": until, "from_seq": from, "events": events,
             "sha256": sha256, "bundle": bundle,
         });
         super::history::hide_sealed_keys(&mut out, "/bundle/certs");
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        session.output.print(&out)?;
     } else if args.diff {
-        let newest = super::history::newest(&bus, common).await?;
-        let (_, v) = super::history::version(&bus, common, newest).await?;
+        let fleet = Fleet { session, bus, name: fleet };
+        let newest = fleet.newest().await?;
+        let (_, v) = fleet.version(newest).await?;
         let text = diff(
             (&format!("v{newest}"), v.bundle().context("bundle missing")?),
             (&format!("seq-{until}"), &bundle),
@@ -183,7 +185,7 @@ async fn seq_at(
 async fn apply_range(
     bus: &bus::Bus,
     desired: &mut Desired,
-    guard: &crate::core::state::SweepGuard,
+    guard: &state::SweepGuard,
     from: u64,
     until: u64,
 ) -> anyhow::Result<u64> {
@@ -217,7 +219,7 @@ async fn apply_range(
                     Some(bytes) => Ok(Some(bytes.clone())),
                     None => read_at(bus, part).await,
                 };
-                match crate::core::snapshots::whole(msg, read).await? {
+                match hafleet_renderer::core::snapshots::whole(msg, read).await? {
                     Ok(msg) => state::apply(desired, seq, &msg, guard, &mut out),
                     Err(e) => eprintln!(
                         "sequence {seq} skipped: snapshot in parts cannot be made whole: {e} \

@@ -1,114 +1,118 @@
-//! The operator's side: `hafleet-renderer history …`, `rollback` and `resume`, run from any
-//! machine that reaches NATS. They ask the running renderer (request/reply on
-//! `hafleet.history.<fleet>`), read large bundles from the object store and what each host runs
-//! from the reports stream; they never open the renderer's store.
+//! `hafleet history list|show|diff|why`, `rollback`, `resume` and `sweep status|confirm`. They
+//! ask the running renderer (request/reply on `hafleet.history.<fleet>`), read large bundles
+//! from the object store and what each host runs from the reports stream; they never open the
+//! renderer's store.
 
+use crate::output::Output;
+use crate::session::Session;
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use hafleet_proto::{
-    ApplyOutcome, ApplyReport, Bundle, ConfigVersion, FleetName, HistoryErrorKind, HistoryReply,
-    HistoryRequest, VersionSummary,
+    ApplyOutcome, ApplyReport, Bundle, ConfigVersion, FleetName, HistoryReply, HistoryRequest,
+    VersionSummary,
 };
 use hafleet_runtime::nats::Bus;
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
-use std::time::Duration;
-
-/// Settings every history command takes.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    pub nats: hafleet_runtime::NatsArgs,
-    /// The fleet whose history to read or change.
-    #[arg(long, env = "HAFLEET_FLEET")]
-    pub fleet: FleetName,
-    /// Seconds to wait for the renderer's answer.
-    #[arg(long, env = "HAFLEET_TIMEOUT_SECS", default_value_t = 10)]
-    pub timeout_secs: u64,
-}
 
 #[derive(Debug, clap::Subcommand)]
 pub enum HistoryCommand {
     /// Versions, newest first: number, time, sha256, parent, size, cause, and on how many
     /// hosts each is live.
     List {
-        #[command(flatten)]
-        common: Common,
         /// How many versions.
         #[arg(long, default_value_t = 20)]
         limit: usize,
-        /// An array of objects instead of a table.
-        #[arg(long)]
-        json: bool,
     },
-    /// A version's config and map files, byte for byte as published.
+    /// A version's config and map files, byte for byte as published (-o json|yaml: the whole
+    /// version, summary, causes and bundle, sealed keys blanked).
     Show {
-        #[command(flatten)]
-        common: Common,
-        version: u64,
-        /// The whole version (summary, causes, bundle) as JSON.
-        #[arg(long)]
-        json: bool,
+        #[arg(value_name = "VERSION")]
+        number: u64,
     },
     /// A unified diff between two versions' files (B defaults to the newest).
-    Diff {
-        #[command(flatten)]
-        common: Common,
-        a: u64,
-        b: Option<u64>,
-    },
+    Diff { a: u64, b: Option<u64> },
     /// The route changes that made a version: each Ingress, what changed, and its stream
     /// sequence.
     Why {
-        #[command(flatten)]
-        common: Common,
-        version: u64,
-        #[arg(long)]
-        json: bool,
+        #[arg(value_name = "VERSION")]
+        number: u64,
     },
 }
 
 /// The mass-deletion guard's holds (see `hafleet-renderer run --sweep-guard-percent`).
 #[derive(Debug, clap::Subcommand)]
 pub enum SweepCommand {
-    /// The sweep held for the fleet, if any: the snapshot, since when, and each Ingress it
+    /// The sweeps held for the fleet, if any: the snapshot, since when, and each Ingress it
     /// would withdraw with its routes. Exits 0 either way.
-    Status {
-        #[command(flatten)]
-        common: Common,
-        /// An object (`null` when none is held) instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Status,
     /// Withdraw the Ingresses of the held sweep: the fleet stops serving them with the next
     /// version. Names the snapshot (from `sweep status`), so it never releases a hold that
     /// changed since it was looked at.
     Confirm {
-        #[command(flatten)]
-        common: Common,
         /// The held snapshot's routes stream sequence, as `sweep status` prints it.
         #[arg(long)]
         snapshot: u64,
     },
 }
 
-/// Runs `hafleet-renderer sweep …`.
-pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
+/// A session connected, and the fleet it acts on.
+pub(crate) struct Fleet<'a> {
+    pub session: &'a Session,
+    pub bus: Bus,
+    pub name: FleetName,
+}
+
+impl<'a> Fleet<'a> {
+    /// Connects and settles on the fleet.
+    pub async fn open(session: &'a Session) -> anyhow::Result<Fleet<'a>> {
+        let bus = session.connect().await?;
+        let name = session.fleet(&bus).await?;
+        Ok(Fleet { session, bus, name })
+    }
+
+    /// Sends one request about the fleet to the renderer and returns its answer.
+    async fn ask(&self, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
+        let subject = request.subject(&self.name);
+        self.session.request(&self.bus, subject, request.encode()).await
+    }
+
+    /// A version with its bundle (fetched from the object store if the reply named it there).
+    pub async fn version(&self, n: u64) -> anyhow::Result<(VersionSummary, ConfigVersion)> {
+        match self.ask(HistoryRequest::Show { version: n }).await? {
+            HistoryReply::Version { summary, version } => {
+                Ok((summary, self.bus.fetch_bundle(*version).await?))
+            }
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
+    /// The newest version's number.
+    pub async fn newest(&self) -> anyhow::Result<u64> {
+        match self.ask(HistoryRequest::List { limit: 1 }).await? {
+            HistoryReply::List { versions, .. } => {
+                versions.first().map(|v| v.number).context("the fleet has no versions")
+            }
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+}
+
+/// Runs `hafleet sweep …`.
+pub async fn sweep(session: &Session, command: SweepCommand) -> anyhow::Result<()> {
+    let fleet = Fleet::open(session).await?;
     match command {
-        SweepCommand::Status { common, json } => {
-            let bus = common.nats.connect().await?;
-            let HistoryReply::Held { sweep, more } =
-                ask(&bus, &common, HistoryRequest::HeldSweep).await?
+        SweepCommand::Status => {
+            let HistoryReply::Held { sweep, more } = fleet.ask(HistoryRequest::HeldSweep).await?
             else {
                 bail!("unexpected answer from the renderer");
             };
             let holds: Vec<_> = sweep.into_iter().chain(more).collect();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&holds)?);
-                return Ok(());
+            if session.output != Output::Table {
+                return session.output.print(&holds);
             }
             if holds.is_empty() {
-                println!("fleet {}: no sweep held", common.fleet);
+                println!("fleet {}: no sweep held", fleet.name);
             }
             for held in holds {
                 let routes: usize = held.ingresses.iter().map(|(_, n)| n).sum();
@@ -116,7 +120,7 @@ pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
                 println!(
                     "fleet {}: the snapshot{} at sequence {} (watcher epoch {}) would withdraw \
                      {} Ingresses ({routes} of {} routes) at once; held since {}.",
-                    common.fleet,
+                    fleet.name,
                     of.unwrap_or_default(),
                     held.snapshot_seq,
                     held.epoch,
@@ -128,90 +132,45 @@ pub async fn sweep(command: SweepCommand) -> anyhow::Result<()> {
                     println!("  {key}  ({n} routes)");
                 }
                 println!(
-                    "If they are really gone: hafleet-renderer sweep confirm --fleet {} \
-                     --snapshot {}",
-                    common.fleet, held.snapshot_seq
+                    "If they are really gone: hafleet sweep confirm --fleet {} --snapshot {}",
+                    fleet.name, held.snapshot_seq
                 );
             }
             Ok(())
         }
-        SweepCommand::Confirm { common, snapshot } => {
-            let bus = common.nats.connect().await?;
+        SweepCommand::Confirm { snapshot } => {
             let request = HistoryRequest::ConfirmSweep { snapshot_seq: snapshot };
-            let HistoryReply::Confirmed { stream_seq } = ask(&bus, &common, request).await? else {
+            let HistoryReply::Confirmed { stream_seq } = fleet.ask(request).await? else {
                 bail!("unexpected answer from the renderer");
             };
-            println!(
+            let text = format!(
                 "released: the renderer withdraws the held Ingresses of fleet {} when it reaches \
                  routes stream sequence {stream_seq}",
-                common.fleet
+                fleet.name
             );
+            let value = serde_json::json!({"fleet": fleet.name, "released": snapshot, "stream_seq": stream_seq});
+            print_done(session.output, &text, &value)
+        }
+    }
+}
+
+/// Prints `text` for a table, else `value`.
+pub(crate) fn print_done(
+    output: Output,
+    text: &str,
+    value: &serde_json::Value,
+) -> anyhow::Result<()> {
+    match output {
+        Output::Table => {
+            println!("{text}");
             Ok(())
         }
-    }
-}
-
-/// Sends one request to the renderer and returns its answer; error replies become errors.
-async fn ask(bus: &Bus, common: &Common, request: HistoryRequest) -> anyhow::Result<HistoryReply> {
-    let subject = request.subject(&common.fleet);
-    request_reply(bus, subject, request.encode(), common.timeout_secs).await
-}
-
-/// Sends `payload` to the renderer on `subject` and returns its answer; error replies become
-/// errors.
-pub(crate) async fn request_reply(
-    bus: &Bus,
-    subject: String,
-    payload: Vec<u8>,
-    timeout_secs: u64,
-) -> anyhow::Result<HistoryReply> {
-    let timeout = Duration::from_secs(timeout_secs.max(1));
-    let sent = bus.client.request(subject, payload.into());
-    let answer = tokio::time::timeout(timeout, sent)
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer from the renderer within {timeout:?}"))?
-        .context("the renderer did not answer (is `hafleet-renderer run` running?)")?;
-    let reply: HistoryReply =
-        serde_json::from_slice(&answer.payload).context("the renderer's answer is unreadable")?;
-    if let HistoryReply::Error { kind, message } = &reply {
-        let what = match kind {
-            HistoryErrorKind::UnknownFleet => "unknown fleet",
-            HistoryErrorKind::NoSuchVersion => "no such version",
-            HistoryErrorKind::NoSuchSweep => "no such sweep",
-            HistoryErrorKind::NoSuchMessage => "no such parked message",
-            HistoryErrorKind::BadRequest => "bad request",
-            HistoryErrorKind::Internal => "the renderer failed",
-        };
-        bail!("{what}: {message}");
-    }
-    Ok(reply)
-}
-
-/// A version with its bundle (fetched from the object store if the reply named it there).
-pub(crate) async fn version(
-    bus: &Bus,
-    common: &Common,
-    n: u64,
-) -> anyhow::Result<(VersionSummary, ConfigVersion)> {
-    match ask(bus, common, HistoryRequest::Show { version: n }).await? {
-        HistoryReply::Version { summary, version } => {
-            Ok((summary, bus.fetch_bundle(*version).await?))
-        }
-        other => bail!("unexpected answer {other:?}"),
-    }
-}
-
-pub(crate) async fn newest(bus: &Bus, common: &Common) -> anyhow::Result<u64> {
-    match ask(bus, common, HistoryRequest::List { limit: 1 }).await? {
-        HistoryReply::List { versions, .. } => {
-            versions.first().map(|v| v.number).context("the fleet has no versions")
-        }
-        other => bail!("unexpected answer {other:?}"),
+        o => o.print(value),
     }
 }
 
 /// Each host's newest report for the fleet, from the reports stream.
-async fn reports(bus: &Bus, fleet: &FleetName) -> anyhow::Result<Vec<ApplyReport>> {
+pub(crate) async fn reports(bus: &Bus, fleet: &FleetName) -> anyhow::Result<Vec<ApplyReport>> {
     let Ok(stream) = bus.js.get_stream(hafleet_proto::REPORTS_STREAM).await else {
         return Ok(vec![]);
     };
@@ -233,7 +192,7 @@ async fn reports(bus: &Bus, fleet: &FleetName) -> anyhow::Result<Vec<ApplyReport
 }
 
 /// Hosts whose newest report says they run `number`.
-fn live_on(reports: &[ApplyReport], number: u64) -> usize {
+pub(crate) fn live_on(reports: &[ApplyReport], number: u64) -> usize {
     reports
         .iter()
         .filter(|r| {
@@ -243,19 +202,20 @@ fn live_on(reports: &[ApplyReport], number: u64) -> usize {
         .count()
 }
 
-/// Runs `hafleet-renderer history …`.
-pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
+/// Runs `hafleet history …`.
+pub async fn history(session: &Session, command: HistoryCommand) -> anyhow::Result<()> {
+    let fleet = Fleet::open(session).await?;
+    let output = session.output;
     match command {
-        HistoryCommand::List { common, limit, json } => {
-            let bus = common.nats.connect().await?;
+        HistoryCommand::List { limit } => {
             let HistoryReply::List { versions, pinned } =
-                ask(&bus, &common, HistoryRequest::List { limit }).await?
+                fleet.ask(HistoryRequest::List { limit }).await?
             else {
                 bail!("unexpected answer");
             };
-            let reports = reports(&bus, &common.fleet).await?;
+            let reports = reports(&fleet.bus, &fleet.name).await?;
             let hosts = reports.len();
-            if json {
+            if output != Output::Table {
                 let rows: Vec<serde_json::Value> = versions
                     .iter()
                     .map(|v| {
@@ -269,8 +229,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                         })
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-                return Ok(());
+                return output.print(&rows);
             }
             let mut rows = vec![[
                 "VERSION".to_owned(),
@@ -306,47 +265,46 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
             if let Some(p) = pinned.filter(|p| versions.iter().all(|v| v.number != *p)) {
                 println!(
                     "fleet pinned to version {p}: later versions are held until \
-                     `hafleet-renderer resume --fleet {}`",
-                    common.fleet
+                     `hafleet resume --fleet {}`",
+                    fleet.name
                 );
             }
             Ok(())
         }
-        HistoryCommand::Show { common, version: n, json } => {
-            let bus = common.nats.connect().await?;
-            let (summary, v) = version(&bus, &common, n).await?;
-            if json {
+        HistoryCommand::Show { number: n } => {
+            let (summary, v) = fleet.version(n).await?;
+            if output != Output::Table {
                 let mut out = serde_json::json!({"summary": summary, "version": v});
                 hide_sealed_keys(&mut out, "/version/body/bundle/certs");
-                println!("{}", serde_json::to_string_pretty(&out)?);
-                return Ok(());
+                return output.print(&out);
             }
             print_bundle(v.bundle().context("bundle missing")?);
             Ok(())
         }
-        HistoryCommand::Diff { common, a, b } => {
-            let bus = common.nats.connect().await?;
+        HistoryCommand::Diff { a, b } => {
             let b = match b {
                 Some(b) => b,
-                None => newest(&bus, &common).await?,
+                None => fleet.newest().await?,
             };
-            let (_, va) = version(&bus, &common, a).await?;
-            let (_, vb) = version(&bus, &common, b).await?;
+            let (_, va) = fleet.version(a).await?;
+            let (_, vb) = fleet.version(b).await?;
             let text = diff(
                 (&format!("v{a}"), va.bundle().context("bundle missing")?),
                 (&format!("v{b}"), vb.bundle().context("bundle missing")?),
             );
+            if output != Output::Table {
+                return output.print(&serde_json::json!({"a": a, "b": b, "diff": text}));
+            }
             print!("{}", colour(&text, std::io::stdout().is_terminal()));
             Ok(())
         }
-        HistoryCommand::Why { common, version: n, json } => {
-            let bus = common.nats.connect().await?;
+        HistoryCommand::Why { number: n } => {
             let HistoryReply::Version { summary, version } =
-                ask(&bus, &common, HistoryRequest::Show { version: n }).await?
+                fleet.ask(HistoryRequest::Show { version: n }).await?
             else {
                 bail!("unexpected answer");
             };
-            if json {
+            if output != Output::Table {
                 let causes: Vec<serde_json::Value> = version
                     .causes
                     .iter()
@@ -361,8 +319,7 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
                     .collect();
                 let out = serde_json::json!({"version": n, "cause": summary.cause,
                     "restores": version.restores, "causes": causes, "notes": version.notes});
-                println!("{}", serde_json::to_string_pretty(&out)?);
-                return Ok(());
+                return output.print(&out);
             }
             println!("version {n}: {}", summary.cause);
             for c in &version.causes {
@@ -388,28 +345,28 @@ pub async fn history(command: HistoryCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Runs `hafleet-renderer rollback N` or `resume`.
-pub async fn rollback_or_resume(common: Common, to: Option<u64>) -> anyhow::Result<()> {
-    let bus = common.nats.connect().await?;
+/// Runs `hafleet rollback N` or `resume`.
+pub async fn rollback_or_resume(session: &Session, to: Option<u64>) -> anyhow::Result<()> {
+    let fleet = Fleet::open(session).await?;
     let request = match to {
         Some(version) => HistoryRequest::Rollback { version },
         None => HistoryRequest::Resume,
     };
-    match ask(&bus, &common, request).await? {
-        HistoryReply::Done { version: Some(v), pinned: Some(_) } => println!(
-            "fleet {} rolled back: version {v} republishes version {}; pinned until `resume`",
-            common.fleet,
+    let HistoryReply::Done { version, pinned } = fleet.ask(request).await? else {
+        bail!("unexpected answer from the renderer");
+    };
+    let name = &fleet.name;
+    let text = match (version, pinned) {
+        (Some(v), Some(_)) => format!(
+            "fleet {name} rolled back: version {v} republishes version {}; pinned until \
+             `hafleet resume`",
             to.unwrap_or_default()
         ),
-        HistoryReply::Done { version: Some(v), pinned: None } => {
-            println!("fleet {} resumed: version {v} published", common.fleet)
-        }
-        HistoryReply::Done { version: None, .. } => {
-            println!("fleet {}: nothing to publish, it already runs its latest state", common.fleet)
-        }
-        other => bail!("unexpected answer {other:?}"),
-    }
-    Ok(())
+        (Some(v), None) => format!("fleet {name} resumed: version {v} published"),
+        (None, _) => format!("fleet {name}: nothing to publish, it already runs its latest state"),
+    };
+    let value = serde_json::json!({"fleet": name, "published": version, "pinned": pinned});
+    print_done(session.output, &text, &value)
 }
 
 /// Blanks the sealed key of each certificate in the array at `pointer` of `json`: of no use
