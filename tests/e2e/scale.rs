@@ -482,8 +482,8 @@ async fn the_demo_runs_on_a_nats_cluster() -> Result<()> {
 }
 
 /// The README's demo, as a new user runs it: it writes its env file, and with what that file
-/// names, HAProxy host 1 serves hello.local (over HTTPS, from the demo's CA) and the applier
-/// answers /metrics; Ctrl-C stops it.
+/// names, HAProxy host 1 serves hello.local (over HTTPS, from the demo's CA), the applier
+/// answers /metrics and `hafleet` answers; Ctrl-C stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
     let dir = hafleet_tests::TestDir::new("hafleet-demo-env")?;
@@ -533,6 +533,21 @@ async fn the_demo_s_env_file_names_working_hosts_and_metrics() -> Result<()> {
             },
         )
         .await?;
+    }
+    // The operator CLI with nothing but the env file, as the README shows it.
+    for args in ["status", "fleets", "history list"] {
+        let script = format!(
+            "source {} && {} {args}",
+            env_file.display(),
+            hafleet_tests::bin_path("hafleet").display()
+        );
+        let out = std::process::Command::new("bash").args(["-c", &script]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !text.trim().is_empty(),
+            "hafleet {args} with the demo's env: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let pid = child.pid().to_string();
     assert!(std::process::Command::new("kill").args(["-INT", &pid]).status()?.success());

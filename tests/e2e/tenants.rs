@@ -1,4 +1,4 @@
-//! What one namespace can and cannot do to another (the README's "Tenants"), and what one
+//! What one namespace can and cannot do to another (docs/ingress.md, "Tenants"), and what one
 //! Ingress can and cannot do to its fleet: each sentence of that section has its test here or
 //! in `refusals`.
 

@@ -80,7 +80,7 @@ pub fn host_haproxy() -> PathBuf {
 }
 
 /// Set, the test hosts' HAProxy runs with its value as `GLIBC_TUNABLES` (for instance
-/// `glibc.malloc.hugetlb=1`, the README's advice for big fleets).
+/// `glibc.malloc.hugetlb=1`, the advice of docs/install.md, "For big fleets").
 pub const HOST_GLIBC_TUNABLES: &str = "HAFLEET_TEST_HOST_GLIBC_TUNABLES";
 
 /// The client side of SSH for one test env: an ed25519 identity and a known_hosts file that
@@ -446,7 +446,7 @@ impl HaproxyHost {
             .env("HAFLEET_HTTP_BIND", self.http_addr.to_string())
             .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string())
             .env("HAFLEET_METRICS_ADDR", self.http_addr.ip().to_string());
-        // A host set up with the README's advice for big fleets (its heap on transparent huge
+        // A host set up as docs/install.md's "For big fleets" says (its heap on transparent huge
         // pages), for a bench run. Unset, a host runs as a fresh install's would.
         if let Some(tunables) = std::env::var_os(HOST_GLIBC_TUNABLES) {
             cmd.env("GLIBC_TUNABLES", tunables);

@@ -28,7 +28,7 @@ pub struct RunArgs {
     /// The fleet this applier owns; it applies `hafleet.configs.<fleet>` to the inventory's hosts.
     #[arg(long, env = "HAFLEET_FLEET")]
     pub fleet: FleetName,
-    /// TOML file listing the fleet's HAProxy hosts (see the README for its fields).
+    /// TOML file listing the fleet's HAProxy hosts (see docs/install.md for its fields).
     #[arg(long, env = "HAFLEET_INVENTORY")]
     pub inventory: PathBuf,
     #[command(flatten)]
