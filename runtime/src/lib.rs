@@ -6,6 +6,7 @@
 
 pub mod health;
 pub mod nats;
+pub mod settings;
 
 pub use nats::NatsArgs;
 

@@ -200,7 +200,21 @@ async fn node_health_checks_each_node_once_drain_a_failing_node_and_can_be_turne
     // Node health checks are on by default: each node of the world answers on kube-proxy's
     // health port, 10256. The applier reads how each host sees them at each drift check.
     let mut world = World::start().await?;
+    // (In the spelling of before, still taken for a release, with a warning.)
     world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "1")])?;
+    let log_path = world.stack.log_path(Component::Applier);
+    hafleet_tests::eventually(Duration::from_secs(20), "a deprecation warning", || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        async move {
+            anyhow::ensure!(
+                log.contains("--drift-check-secs (HAFLEET_DRIFT_CHECK_SECS) is deprecated")
+                    && log.contains("use --drift-check 1s (HAFLEET_DRIFT_CHECK)"),
+                "no deprecation warning: {log}"
+            );
+            Ok(())
+        }
+    })
+    .await?;
     let health2 = world.node_health.pop().expect("node-2's health");
     let health1 = world.node_health.pop().expect("node-1's health");
     assert_eq!((health1.name(), health2.name()), ("healthy@node-1", "healthy@node-2"));
@@ -368,11 +382,11 @@ async fn with_node_health_a_backend_moves_to_another_node_without_a_reload() -> 
     Ok(())
 }
 
-/// A stack whose applier checks for drift every `drift_check_secs` (0: never), with
+/// A stack whose applier checks for drift every `drift_check` (0s: never), with
 /// `shop.example.com` live and reported on every host.
-async fn shop_live_with_drift_checks_every(drift_check_secs: &str) -> Result<World> {
+async fn shop_live_with_drift_checks_every(drift_check: &str) -> Result<World> {
     let mut world = World::start().await?;
-    let env = [("HAFLEET_DRIFT_CHECK_SECS", drift_check_secs)];
+    let env = [("HAFLEET_DRIFT_CHECK", drift_check)];
     world.stack.restart_with(Component::Applier, &env)?;
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
@@ -397,7 +411,7 @@ fn map_files(host: &hafleet_tests::HaproxyHost) -> Result<Vec<std::path::PathBuf
 /// the default), or only reported, once (`report`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says() -> Result<()> {
-    let mut world = shop_live_with_drift_checks_every("1").await?;
+    let mut world = shop_live_with_drift_checks_every("1s").await?;
     let lb2 = &world.stack.hosts[1];
     let file = |h: &hafleet_tests::HaproxyHost| std::fs::read_to_string(h.config_path());
     let good = file(lb2)?;
@@ -425,7 +439,7 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
     // Report only: the edit stays, and is reported once, as drift.
     world.stack.restart_with(
         Component::Applier,
-        &[("HAFLEET_DRIFT_CHECK_SECS", "1"), ("HAFLEET_DRIFT_POLICY", "report")],
+        &[("HAFLEET_DRIFT_CHECK", "1s"), ("HAFLEET_DRIFT_POLICY", "report")],
     )?;
     let lb2 = &world.stack.hosts[1];
     let stack = &world.stack;
@@ -476,7 +490,7 @@ async fn a_host_edited_by_hand_is_repaired_or_reported_as_the_drift_policy_says(
 /// are wrong, and a later reload or restart would load them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -> Result<()> {
-    let world = shop_live_with_drift_checks_every("1").await?;
+    let world = shop_live_with_drift_checks_every("1s").await?;
     let lb2 = &world.stack.hosts[1];
     let maps = map_files(lb2)?;
     anyhow::ensure!(maps.len() >= 2, "a version has at least two map files: {maps:?}");
@@ -515,7 +529,7 @@ async fn map_files_deleted_or_edited_on_a_host_are_put_back_without_a_reload() -
 /// and HAProxy holds the map it loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Result<()> {
-    let mut world = shop_live_with_drift_checks_every("0").await?;
+    let mut world = shop_live_with_drift_checks_every("0s").await?;
     let lb2 = &world.stack.hosts[1];
     let gone = map_files(lb2)?.first().context("a map file")?.clone();
     let text = std::fs::read(&gone)?;
@@ -524,7 +538,7 @@ async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Res
     // The report of the apply that put the file back, not the one from before: the file is
     // back on the host a moment before its report is.
     let earlier = world.stack.last_report("lb-2").await?.context("no report")?.finished_unix_ms;
-    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK_SECS", "0")])?;
+    world.stack.restart_with(Component::Applier, &[("HAFLEET_DRIFT_CHECK", "0s")])?;
     let stack = &world.stack;
     let (gone, text) = (&gone, &text);
     let report = eventually(CONVERGE, "lb-2's map file put back", || async move {
@@ -554,7 +568,7 @@ async fn an_apply_puts_back_a_missing_map_file_of_a_config_that_is_live() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_go_as_edits_and_whole_to_a_host_that_lacks_what_an_edit_is_made_from() -> Result<()>
 {
-    let world = shop_live_with_drift_checks_every("0").await?;
+    let world = shop_live_with_drift_checks_every("0s").await?;
     for i in 0..30 {
         world.route(&format!("s{i}"), &format!("s{i}.example.com"), "/", "web").await?;
     }
@@ -637,7 +651,7 @@ async fn a_standby_watcher_takes_over_when_the_leader_is_killed() -> Result<()> 
     let election = |me: &'static str| {
         [
             ("HAFLEET_LEADER_ELECTION", "true"),
-            ("HAFLEET_LEASE_DURATION_SECS", "3"),
+            ("HAFLEET_LEASE_DURATION", "3s"),
             ("HAFLEET_IDENTITY", me),
         ]
     };

@@ -240,7 +240,7 @@ async fn a_version_whose_probes_fail_is_rolled_back_and_halts_the_rollout() -> R
     world.route("shop", "shop.example.com", "/", "web").await?;
     expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
     let probes = "[[probes]]\npath = \"/\"\nhost = \"shop.example.com\"\nstatus = 200\n";
-    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT_SECS", "2")])?;
+    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT", "2s")])?;
     // A good version goes live with its probes passing: it becomes last-known-good.
     world.route("second", "second.example.com", "/", "api").await?;
     expect_everywhere(&world.stack, "second.example.com", "/", 200, "api@").await?;
@@ -897,7 +897,7 @@ async fn the_ingress_tells_where_its_change_went_live_and_where_it_was_rolled_ba
 
     // Probes no version can pass: the next one is rolled back on the canary.
     let probes = "[[probes]]\npath = \"/\"\nhost = \"nowhere.example.com\"\nstatus = 200\n";
-    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT_SECS", "2")])?;
+    world.stack.restart_applier_with_inventory(probes, &[("HAFLEET_PROBE_TIMEOUT", "2s")])?;
     world.route("blog", "blog.example.com", "/", "api").await?;
     let kind = told("blog", "RolledBack", "rolled back on lb-1 at probe: ".into()).await?;
     assert_eq!(kind, "Warning");

@@ -101,7 +101,7 @@ async fn a_fleet_whose_version_cannot_be_published_holds_up_no_other_fleet() -> 
         Component::Renderer,
         &[
             ("HAFLEET_TEMPLATE", path.to_str().expect("utf-8 temp path")),
-            ("HAFLEET_PUBLISH_RETRY_SECS", "1"),
+            ("HAFLEET_PUBLISH_RETRY", "1s"),
         ],
     )?;
 

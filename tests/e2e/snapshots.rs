@@ -171,7 +171,7 @@ async fn sigterm_ends_a_watcher_retrying_its_initial_publish() -> Result<()> {
         Component::Watcher,
         &[
             ("HAFLEET_LEADER_ELECTION", "true"),
-            ("HAFLEET_LEASE_DURATION_SECS", "3"),
+            ("HAFLEET_LEASE_DURATION", "3s"),
             ("HAFLEET_IDENTITY", "watcher-a"),
             ("RUST_BACKTRACE", "1"),
         ],

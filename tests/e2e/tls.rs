@@ -288,7 +288,7 @@ async fn every_host_serves_each_tls_host_its_own_certificate_by_sni() -> Result<
         &[
             ("HAFLEET_SEAL_TO", &format!("edge={}", edge.recipient())),
             ("HAFLEET_TLS_NAMESPACES", "default"),
-            ("HAFLEET_DEFAULT_CERTS", "edge=default/edge-default"),
+            ("HAFLEET_DEFAULT_CERT", "edge=default/edge-default"),
             // Every certificate here is valid for 30 days: all within 60 days of expiring.
             ("HAFLEET_CERT_EXPIRY_WARNING_DAYS", "60"),
         ],
@@ -480,7 +480,7 @@ async fn a_certificate_file_edited_or_deleted_on_a_host_is_put_back_without_a_re
     let identity = identity.to_str().context("identity path")?.to_owned();
     world.stack.restart_with(
         Component::Applier,
-        &[("HAFLEET_TLS_IDENTITY", identity.as_str()), ("HAFLEET_DRIFT_CHECK_SECS", "1")],
+        &[("HAFLEET_TLS_IDENTITY", identity.as_str()), ("HAFLEET_DRIFT_CHECK", "1s")],
     )?;
     let secrets: Api<Secret> = Api::namespaced(world.stack.kube.client().await?, "default");
     let (crt, key) = self_signed(&["shop.example.com"])?;

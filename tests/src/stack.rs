@@ -241,8 +241,8 @@ impl Stack {
                     .env("HAFLEET_INVENTORY", &self.inventory)
                     .env("HAFLEET_SSH_IDENTITY", &self.keys.identity)
                     .env("HAFLEET_SSH_KNOWN_HOSTS", &self.keys.known_hosts)
-                    .env("HAFLEET_VERIFY_KEYS", &self.signing.public)
-                    .env("HAFLEET_RETRY_SECS", "2");
+                    .env("HAFLEET_VERIFY_KEY", &self.signing.public)
+                    .env("HAFLEET_RETRY", "2s");
             }
         }
         cmd

@@ -279,7 +279,7 @@ pub async fn allow_tls_namespaces(stack: &Stack, namespaces: &[&str]) -> Result<
 /// watcher reads the Secrets of namespace `default`, or of the namespaces `watcher_env`'s
 /// `HAFLEET_TLS_NAMESPACES` names), a fleet identity made for its applier, the watcher
 /// sealing to its recipient. `watcher_env` is more of the watcher's settings
-/// (`HAFLEET_DEFAULT_CERTS`, say). Returns the identity.
+/// (`HAFLEET_DEFAULT_CERT`, say). Returns the identity.
 pub async fn tls_on(stack: &mut Stack, watcher_env: &[(&str, &str)]) -> Result<FleetIdentity> {
     let namespaces = watcher_env
         .iter()

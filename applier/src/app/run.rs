@@ -3,8 +3,8 @@
 //! HAProxy only ever needs the newest config: at start-up the applier rolls out the newest
 //! version on its subject, and any version older than the newest is acked and skipped. Hosts
 //! that failed in a way that may pass (unreachable, a dropped upload, a slow reload) get the
-//! same version again after `--retry-secs`, until a newer one arrives. Hosts that could not be
-//! reached are retried with the same version after `--retry-secs`, until a newer one arrives.
+//! same version again after `--retry`, until a newer one arrives. Hosts that could not be
+//! reached are retried with the same version after `--retry`, until a newer one arrives.
 
 use crate::adapters::bus;
 use crate::core::inventory::{self, Host};
@@ -48,43 +48,67 @@ pub struct RunArgs {
     /// touched, and reported at stage `signature`.
     #[arg(
         long = "verify-key",
-        env = "HAFLEET_VERIFY_KEYS",
+        env = "HAFLEET_VERIFY_KEY",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "verify_keys_old"
     )]
     pub verify_keys: Vec<PathBuf>,
-    /// Seconds to wait for an SSH connection.
-    #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value_t = 10)]
-    pub ssh_connect_timeout: u64,
-    /// Seconds any one remote command (upload, `haproxy -c`, a master CLI session…) may take
+    /// Deprecated: HAFLEET_VERIFY_KEY's old name.
+    #[arg(long = "verify-keys", env = "HAFLEET_VERIFY_KEYS", value_delimiter = ',', hide = true)]
+    pub verify_keys_old: Vec<PathBuf>,
+    /// How long to wait for an SSH connection (a bare number of seconds is deprecated).
+    #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value = "10s",
+          value_parser = hafleet_runtime::settings::duration_or_seconds)]
+    pub ssh_connect_timeout: hafleet_runtime::settings::OrSeconds,
+    /// How long any one remote command (upload, `haproxy -c`, a master CLI session…) may take
     /// before it counts as failed.
-    #[arg(long, env = "HAFLEET_REMOTE_TIMEOUT_SECS", default_value_t = 120)]
-    pub remote_timeout_secs: u64,
+    #[arg(long, env = "HAFLEET_REMOTE_TIMEOUT", default_value = "2m",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub remote_timeout: Duration,
+    /// Deprecated: --remote-timeout in seconds.
+    #[arg(long, env = "HAFLEET_REMOTE_TIMEOUT_SECS", hide = true)]
+    pub remote_timeout_secs: Option<u64>,
     /// Hosts updated at once after the canary (the first host in inventory order that can be
     /// reached) succeeded.
     #[arg(long, env = "HAFLEET_PARALLELISM", default_value_t = 2)]
     pub parallelism: usize,
-    /// Milliseconds a reload may take before it counts as failed and is rolled back.
-    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", default_value_t = 10_000)]
-    pub reload_timeout_ms: u64,
-    /// Seconds a host's HTTP probes (inventory `probes`) may take to pass after a version goes
-    /// live there, before the host is rolled back to last-known-good.
-    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", default_value_t = 10)]
-    pub probe_timeout_secs: u64,
-    /// Seconds between checks that each host still runs the version it was given: its live
-    /// config, the config HAProxy last loaded, its map files and its certificate files. 0:
+    /// How long a reload may take before it counts as failed and is rolled back.
+    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT", default_value = "10s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub reload_timeout: Duration,
+    /// Deprecated: --reload-timeout in milliseconds.
+    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", hide = true)]
+    pub reload_timeout_ms: Option<u64>,
+    /// How long a host's HTTP probes (inventory `probes`) may take to pass after a version
+    /// goes live there, before the host is rolled back to last-known-good.
+    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT", default_value = "10s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub probe_timeout: Duration,
+    /// Deprecated: --probe-timeout in seconds.
+    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", hide = true)]
+    pub probe_timeout_secs: Option<u64>,
+    /// How often to check that each host still runs the version it was given: its live
+    /// config, the config HAProxy last loaded, its map files and its certificate files. 0s:
     /// never check.
-    #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", default_value_t = 30)]
-    pub drift_check_secs: u64,
+    #[arg(long, env = "HAFLEET_DRIFT_CHECK", default_value = "30s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub drift_check: Duration,
+    /// Deprecated: --drift-check in seconds.
+    #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", hide = true)]
+    pub drift_check_secs: Option<u64>,
     /// What to do with a host that drifted: `repair` puts the version back (through the
     /// runtime API, or a reload, as for any version) and reports what it found; `report` only
     /// reports it (outcome failed at stage drift), once per finding.
     #[arg(long, env = "HAFLEET_DRIFT_POLICY", value_enum, default_value_t = DriftPolicy::Repair)]
     pub drift_policy: DriftPolicy,
-    /// Seconds before hosts that failed in a way that may pass (unreachable, dropped
+    /// How long before hosts that failed in a way that may pass (unreachable, dropped
     /// connection, slow reload) get the current version again.
-    #[arg(long, env = "HAFLEET_RETRY_SECS", default_value_t = 30)]
-    pub retry_secs: u64,
+    #[arg(long, env = "HAFLEET_RETRY", default_value = "30s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub retry: Duration,
+    /// Deprecated: --retry in seconds.
+    #[arg(long, env = "HAFLEET_RETRY_SECS", hide = true)]
+    pub retry_secs: Option<u64>,
     /// The fleet's TLS identity (`hafleet keygen --out FILE`; keep it 0600): opens the
     /// private keys the watcher sealed to this fleet, to write each certificate's file on the
     /// hosts (0600, next to the config in hafleet-certs/). Without it a version that has
@@ -93,7 +117,32 @@ pub struct RunArgs {
     pub tls_identity: Option<PathBuf>,
 }
 
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+impl RunArgs {
+    /// Takes the deprecated spellings of settings into the current ones; returns what was
+    /// used, to log.
+    pub fn settle(&mut self) -> hafleet_runtime::settings::Deprecations {
+        let (ms, s) = (Duration::from_millis(1), Duration::from_secs(1));
+        let mut d = hafleet_runtime::settings::Deprecations::default();
+        let connect = d.seconds(self.ssh_connect_timeout, "ssh-connect-timeout");
+        self.ssh_connect_timeout =
+            hafleet_runtime::settings::OrSeconds { value: connect, bare: false };
+        let names = ("remote-timeout-secs", "remote-timeout");
+        d.renamed(self.remote_timeout_secs.take(), s, &mut self.remote_timeout, names);
+        let names = ("reload-timeout-ms", "reload-timeout");
+        d.renamed(self.reload_timeout_ms.take(), ms, &mut self.reload_timeout, names);
+        let names = ("probe-timeout-secs", "probe-timeout");
+        d.renamed(self.probe_timeout_secs.take(), s, &mut self.probe_timeout, names);
+        let names = ("drift-check-secs", "drift-check");
+        d.renamed(self.drift_check_secs.take(), s, &mut self.drift_check, names);
+        d.renamed(self.retry_secs.take(), s, &mut self.retry, ("retry-secs", "retry"));
+        let old = std::mem::take(&mut self.verify_keys_old);
+        d.renamed_env(&old, &mut self.verify_keys, ("HAFLEET_VERIFY_KEYS", "HAFLEET_VERIFY_KEY"));
+        d
+    }
+}
+
+pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    args.settle().log();
     hafleet_runtime::install_shutdown_handler();
     let health = hafleet_runtime::health::start(
         &args.health,
@@ -136,15 +185,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             SshSettings::new(
                 args.ssh_identity.clone(),
                 args.ssh_known_hosts.clone(),
-                Duration::from_secs(args.ssh_connect_timeout),
+                args.ssh_connect_timeout.value,
                 control_dir.path().to_owned(),
             )
             .context("cannot write the applier's ssh_config")?
-            .with_command_timeout(Duration::from_secs(args.remote_timeout_secs.max(1))),
+            .with_command_timeout(args.remote_timeout.max(Duration::from_secs(1))),
         ))),
         parallelism: args.parallelism,
-        reload_timeout: Duration::from_millis(args.reload_timeout_ms),
-        probe_timeout: Duration::from_secs(args.probe_timeout_secs),
+        reload_timeout: args.reload_timeout,
+        probe_timeout: args.probe_timeout,
         fleet_hosts: hosts.len(),
         tls_identity,
         reload_times: Default::default(),
@@ -162,7 +211,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut messages = consumer.messages().await.context("cannot pull from the configs stream")?;
     info!(fleet = %args.fleet, hosts = hosts.len(), "applier running");
 
-    let retry_every = Duration::from_secs(args.retry_secs.max(1));
+    let retry_every = args.retry.max(Duration::from_secs(1));
     let mut retry: Option<(ConfigVersion, Vec<usize>)> = None;
     // The last versions rolled out, whole: a host that runs one of them may take the next
     // through HAProxy's runtime API instead of a reload.
@@ -203,7 +252,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     health.ready();
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
-    let drift_every = Duration::from_secs(args.drift_check_secs.max(1));
+    let drift_every = args.drift_check.max(Duration::from_secs(1));
     let mut drift_timer =
         tokio::time::interval_at(tokio::time::Instant::now() + drift_every, drift_every);
     drift_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,7 +260,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     loop {
         let next = tokio::select! {
             m = messages.next() => m,
-            _ = drift_timer.tick(), if args.drift_check_secs > 0 && !known.0.is_empty() => {
+            _ = drift_timer.tick(), if !args.drift_check.is_zero() && !known.0.is_empty() => {
                 let current = known.0.last().expect("guarded by if");
                 let context = (args.drift_policy, &mut in_sync, &mut drift_reported);
                 check_drift(&bus, &hosts, current, &known, &settings, context).await;

@@ -23,7 +23,7 @@
 //! keeps a host out of the role, a host of another trust zone say, so that it cannot veto
 //! every version) is the canary, and each version goes there alone before it goes anywhere
 //! else; at least one host must be able to be the canary. After a version goes live on a host, each probe must
-//! answer its status within the applier's `--probe-timeout-secs`, or the host goes back to
+//! answer its status within the applier's `--probe-timeout`, or the host goes back to
 //! last-known-good and the rollout halts.
 
 use crate::adapters::probe::Probe;

@@ -33,7 +33,9 @@ pub fn version(output: Output) -> anyhow::Result<()> {
 /// The man page, in roff.
 pub fn man_page() -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::new();
-    clap_mangen::Man::new(without_env_values(crate::Cli::command())).render(&mut out)?;
+    // The release alone, not the commit: the page is the same for every build of a release.
+    let command = without_env_values(crate::Cli::command()).version(env!("CARGO_PKG_VERSION"));
+    clap_mangen::Man::new(command).render(&mut out)?;
     Ok(out)
 }
 

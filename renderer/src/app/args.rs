@@ -19,20 +19,32 @@ pub struct RunArgs {
     pub data_dir: PathBuf,
     #[command(flatten)]
     pub render: RenderArgs,
-    /// Most milliseconds to wait for more route events after one arrives, so that a burst of
-    /// changes makes one version instead of many.
-    #[arg(long, env = "HAFLEET_COALESCE_MS", default_value_t = 200)]
-    pub coalesce_ms: u64,
-    /// Milliseconds without a route event after which a batch closes before --coalesce-ms: a
-    /// lone change is rendered after this, a burst is folded for up to --coalesce-ms.
-    #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
-    pub quiet_ms: u64,
+    /// Most time to wait for more route events after one arrives, so that a burst of changes
+    /// makes one version instead of many.
+    #[arg(long, env = "HAFLEET_COALESCE", default_value = "200ms",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub coalesce: Duration,
+    /// Time without a route event after which a batch closes before --coalesce: a lone change
+    /// is rendered after this, a burst is folded for up to --coalesce.
+    #[arg(long, env = "HAFLEET_QUIET", default_value = "20ms",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub quiet: Duration,
+    /// Deprecated: --coalesce in milliseconds.
+    #[arg(long, env = "HAFLEET_COALESCE_MS", hide = true)]
+    pub coalesce_ms: Option<u64>,
+    /// Deprecated: --quiet in milliseconds.
+    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true)]
+    pub quiet_ms: Option<u64>,
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
-    /// Seconds between tries to publish a version that could not be published.
-    #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", default_value_t = 5)]
-    pub publish_retry_secs: u64,
+    /// How long to wait between tries to publish a version that could not be published.
+    #[arg(long, env = "HAFLEET_PUBLISH_RETRY", default_value = "5s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub publish_retry: Duration,
+    /// Deprecated: --publish-retry in seconds.
+    #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", hide = true)]
+    pub publish_retry_secs: Option<u64>,
     #[command(flatten)]
     pub retention: RetentionArgs,
     /// The renderer's ed25519 private key (PKCS#8 PEM, `openssl genpkey -algorithm ed25519`).
@@ -47,6 +59,20 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_SWEEP_RELEASE_AFTER", default_value = "0s",
           value_parser = humantime::parse_duration)]
     pub sweep_release_after: Duration,
+}
+
+impl RunArgs {
+    /// Takes the deprecated spellings of settings into the current ones; returns what was
+    /// used, to log.
+    pub fn settle(&mut self) -> hafleet_runtime::settings::Deprecations {
+        let (ms, s) = (Duration::from_millis(1), Duration::from_secs(1));
+        let mut d = hafleet_runtime::settings::Deprecations::default();
+        d.renamed(self.coalesce_ms.take(), ms, &mut self.coalesce, ("coalesce-ms", "coalesce"));
+        d.renamed(self.quiet_ms.take(), ms, &mut self.quiet, ("quiet-ms", "quiet"));
+        let names = ("publish-retry-secs", "publish-retry");
+        d.renamed(self.publish_retry_secs.take(), s, &mut self.publish_retry, names);
+        d
+    }
 }
 
 /// Everything that decides what a config looks like. `replay` takes the same flags (and reads

@@ -2,8 +2,8 @@
 //! publish, then ack.
 //!
 //! ```text
-//! routes stream ──▶ batch (first message + what follows it, until --quiet-ms pass without
-//!   one or --coalesce-ms after the first)
+//! routes stream ──▶ batch (first message + what follows it, until --quiet passes without
+//!   one or --coalesce after the first)
 //!   ──▶ skip seq ≤ applied_seq ──▶ state::apply ──▶ versions::next_version per touched fleet
 //!   ──▶ store.commit (state + versions + applied_seq, one transaction, flushed)
 //!   ──▶ publish unpublished versions ──▶ ack the batch
@@ -26,7 +26,8 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// Runs the renderer until SIGTERM or Ctrl-C.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    args.settle().log();
     hafleet_runtime::install_shutdown_handler();
     let health =
         hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
@@ -92,13 +93,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
     health.ready();
 
-    let coalesce = Duration::from_millis(args.coalesce_ms);
-    let quiet = Duration::from_millis(args.quiet_ms.min(args.coalesce_ms));
+    let coalesce = args.coalesce;
+    let quiet = args.quiet.min(args.coalesce);
     let shutdown = hafleet_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(60).min(r.checkpoint_interval));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut retry = tokio::time::interval(Duration::from_secs(args.publish_retry_secs.max(1)));
+    let mut retry = tokio::time::interval(args.publish_retry.max(Duration::from_secs(1)));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut releases = Releases::default();
     // Versions HAProxy refused: traced to the Ingresses that made them, which are quarantined.

@@ -22,9 +22,7 @@ async fn an_http_route_change_goes_to_the_canary_first_and_a_bad_one_stays_there
     bed.accepted_and_resolved((INFRA_NS, "canary"), "same-namespace").await?;
     expect_cases(&bed, &[(get_("/"), V1)]).await?;
     let probes = format!("[[probes]]\npath = \"/\"\nhost = \"{ANY}\"\nstatus = 200\n");
-    bed.world
-        .stack
-        .restart_applier_with_inventory(&probes, &[("HAFLEET_PROBE_TIMEOUT_SECS", "2")])?;
+    bed.world.stack.restart_applier_with_inventory(&probes, &[("HAFLEET_PROBE_TIMEOUT", "2s")])?;
 
     // Generation 2: to the canary, then the other host.
     let change = |service: &str| json!({"spec": spec(service)});

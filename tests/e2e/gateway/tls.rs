@@ -71,7 +71,7 @@ async fn http_route_https_listener() -> Result<()> {
         .create(&PostParams::default(), &tls_secret("edge-default", &default_crt, &default_key)?)
         .await?;
     let default = format!("edge={INFRA_NS}/edge-default");
-    let env = [("HAFLEET_DEFAULT_CERTS", default.as_str()), ("HAFLEET_TLS_NAMESPACES", INFRA_NS)];
+    let env = [("HAFLEET_DEFAULT_CERT", default.as_str()), ("HAFLEET_TLS_NAMESPACES", INFRA_NS)];
     tls_on(&mut bed.world.stack, &env).await?;
     let ca = bed.world.stack.dir().join("gateway-ca.pem");
     std::fs::write(&ca, [crt.as_slice(), &default_crt].concat())?;

@@ -136,7 +136,7 @@ pub async fn run(a: HistoryArgs) -> Result<()> {
         .envs(nats.env_for("hafleet-renderer"))
         .env("HAFLEET_SIGNING_KEY", &signing.private)
         .env("HAFLEET_DATA_DIR", dir.path().join("renderer-data"))
-        .env("HAFLEET_COALESCE_MS", "5")
+        .env("HAFLEET_COALESCE", "5ms")
         // No checkpoint inside the run: replay reads every event from the stream.
         .env("HAFLEET_CHECKPOINT_EVERY", "1000000000");
     let _renderer =

@@ -732,9 +732,9 @@ mod applier {
                 .env("HAFLEET_INVENTORY", &inventory)
                 .env("HAFLEET_SSH_IDENTITY", &keys.identity)
                 .env("HAFLEET_SSH_KNOWN_HOSTS", &keys.known_hosts)
-                .env("HAFLEET_VERIFY_KEYS", &signing.public)
+                .env("HAFLEET_VERIFY_KEY", &signing.public)
                 .env("HAFLEET_PARALLELISM", a.parallelism.to_string())
-                .env("HAFLEET_DRIFT_CHECK_SECS", "0")
+                .env("HAFLEET_DRIFT_CHECK", "0s")
                 // RUST_LOG=hafleet_applier=debug shows each remote command's time in the log.
                 .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
             let log = dir.path().join(format!("applier-{n}.log"));

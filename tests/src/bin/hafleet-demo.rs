@@ -197,7 +197,7 @@ async fn run(args: &Args) -> Result<()> {
         &mut stack,
         &[
             ("HAFLEET_FLEET_ADDRESSES", fleet_addresses.as_str()),
-            ("HAFLEET_DEFAULT_CERTS", default_cert.as_str()),
+            ("HAFLEET_DEFAULT_CERT", default_cert.as_str()),
             ("HAFLEET_SETTINGS_NAMESPACE", SETTINGS_NAMESPACE),
         ],
     )

@@ -2,6 +2,8 @@
 //! the limits and policies it keeps tenants to.
 
 use hafleet_proto::FleetName;
+use hafleet_runtime::settings::Deprecations;
+use std::time::Duration;
 
 /// Settings of `hafleet-watcher`.
 #[derive(Debug, Clone, clap::Args)]
@@ -12,14 +14,22 @@ pub struct RunArgs {
     /// kubernetes.io/ingress.class annotation). Unset: every Ingress carrying hafleet.io/fleet.
     #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
     pub ingress_class: Option<String>,
-    /// Most milliseconds to let a burst of cluster changes settle before resolving: a burst
-    /// that goes on longer is published in steps of this.
-    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", default_value_t = 100)]
-    pub debounce_ms: u64,
-    /// Milliseconds without a cluster change after which a burst counts as settled: a lone
-    /// change is resolved after this, not after --debounce-ms.
-    #[arg(long, env = "HAFLEET_QUIET_MS", default_value_t = 20)]
-    pub quiet_ms: u64,
+    /// Most time to let a burst of cluster changes settle before resolving: a burst that goes
+    /// on longer is published in steps of this.
+    #[arg(long, env = "HAFLEET_DEBOUNCE", default_value = "100ms",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub debounce: Duration,
+    /// Time without a cluster change after which a burst counts as settled: a lone change is
+    /// resolved after this, not after --debounce.
+    #[arg(long, env = "HAFLEET_QUIET", default_value = "20ms",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub quiet: Duration,
+    /// Deprecated: --debounce in milliseconds.
+    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", hide = true)]
+    pub debounce_ms: Option<u64>,
+    /// Deprecated: --quiet in milliseconds.
+    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true)]
+    pub quiet_ms: Option<u64>,
     /// Where each fleet takes traffic, shown in the `status.loadBalancer.ingress` of every
     /// Ingress routed on it (so `kubectl get ingress` shows it): `edge=192.0.2.10,192.0.2.11
     /// core=lb.example.com` (fleets separated by spaces, addresses by commas; IPs or
@@ -67,10 +77,14 @@ pub struct RunArgs {
     /// has; a fleet never given any has the defaults).
     #[arg(long, env = "HAFLEET_SETTINGS_NAMESPACE")]
     pub settings_namespace: Option<hafleet_proto::Namespace>,
-    /// Seconds between re-resolving everything from the caches even without changes, which
-    /// retries publishes that failed. Reads only the local caches; never polls the API server.
-    #[arg(long, env = "HAFLEET_RESYNC_SECS", default_value_t = 30)]
-    pub resync_secs: u64,
+    /// How often to re-resolve everything from the caches even without changes, which retries
+    /// publishes that failed. Reads only the local caches; never polls the API server.
+    #[arg(long, env = "HAFLEET_RESYNC", default_value = "30s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub resync: Duration,
+    /// Deprecated: --resync in seconds.
+    #[arg(long, env = "HAFLEET_RESYNC_SECS", hide = true)]
+    pub resync_secs: Option<u64>,
     /// A pass that would delete more than this many Ingresses of one fleet at once (a relist
     /// after the API server was restored from an empty backup, say) sends no delete events
     /// for them but a snapshot, which the renderer's mass-deletion guard checks
@@ -106,8 +120,12 @@ pub struct RunArgs {
     /// Each TLS fleet's default certificate: the `kubernetes.io/tls` Secret HTTPS answers with
     /// for a name no Ingress has a certificate for, as `edge=hafleet/edge-default` (fleets
     /// separated by spaces; the fleet needs --seal-to). A fleet without one refuses such names.
-    #[arg(long, env = "HAFLEET_DEFAULT_CERTS", value_delimiter = ' ', value_parser = parse_default_cert)]
+    #[arg(long, env = "HAFLEET_DEFAULT_CERT", value_delimiter = ' ', value_parser = parse_default_cert)]
     pub default_cert: Vec<(FleetName, (String, String))>,
+    /// Deprecated: HAFLEET_DEFAULT_CERT's old name.
+    #[arg(long = "default-certs", env = "HAFLEET_DEFAULT_CERTS", hide = true,
+          value_delimiter = ' ', value_parser = parse_default_cert)]
+    pub default_certs: Vec<(FleetName, (String, String))>,
     /// Days before a served certificate's notAfter from which its Ingress gets a
     /// CertificateExpiring Warning Event (it is still served until it expires, then refused).
     #[arg(long, env = "HAFLEET_CERT_EXPIRY_WARNING_DAYS", default_value_t = 14)]
@@ -126,13 +144,30 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// What one Ingress's route event may take ([`crate::core::route_events::over_budget`]).
+    /// Takes the deprecated spellings of settings into the current ones; returns what was
+    /// used, to log.
+    pub fn settle(&mut self) -> Deprecations {
+        let (ms, s) = (Duration::from_millis(1), Duration::from_secs(1));
+        let mut d = Deprecations::default();
+        d.renamed(self.debounce_ms.take(), ms, &mut self.debounce, ("debounce-ms", "debounce"));
+        d.renamed(self.quiet_ms.take(), ms, &mut self.quiet, ("quiet-ms", "quiet"));
+        d.renamed(self.resync_secs.take(), s, &mut self.resync, ("resync-secs", "resync"));
+        let lease = &mut self.lease;
+        let names = ("lease-duration-secs", "lease-duration");
+        d.renamed(lease.lease_duration_secs.take(), s, &mut lease.lease_duration, names);
+        let old = std::mem::take(&mut self.default_certs);
+        let names = ("HAFLEET_DEFAULT_CERTS", "HAFLEET_DEFAULT_CERT");
+        d.renamed_env(&old, &mut self.default_cert, names);
+        d
+    }
+
     /// The fleets whose Services go to their pods by default (`--endpoints FLEET=pods`).
     pub fn pods_fleets(&self) -> Vec<FleetName> {
         let pods = self.endpoints.iter().filter(|(_, m)| *m == crate::core::pods::Mode::Pods);
         pods.map(|(f, _)| f.clone()).collect()
     }
 
+    /// What one Ingress's route event may take ([`crate::core::route_events::over_budget`]).
     pub fn ingress_limits(&self) -> crate::core::route_events::IngressLimits<'_> {
         crate::core::route_events::IngressLimits {
             max_paths: self.max_paths_per_ingress,

@@ -1,8 +1,8 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet-ms without a change,
-//!   at most --debounce-ms) ──▶ Ready nodes changed? publish them
+//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet without a change,
+//!   at most --debounce) ──▶ Ready nodes changed? publish them
 //!   ──▶ resolve every Ingress from the caches (resolve::Memo: anew only where an Ingress, a
 //!   Service it names or their endpoints changed) ──▶ index::diff against what was published
 //!   ──▶ publish (acked) ──▶ index::record
@@ -30,7 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, info, warn};
 
 /// Runs the watcher until SIGTERM or Ctrl-C.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    args.settle().log();
     hafleet_runtime::install_shutdown_handler();
     let health =
         hafleet_runtime::health::start(&args.health, "the watches have not listed yet").await?;
@@ -183,9 +184,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("cannot subscribe to renderers' resync requests")?;
     let mut last_restated: Option<tokio::time::Instant> = None;
-    let debounce = Duration::from_millis(args.debounce_ms);
-    let quiet = Duration::from_millis(args.quiet_ms.min(args.debounce_ms));
-    let resync = Duration::from_secs(args.resync_secs.max(1));
+    let debounce = args.debounce;
+    let quiet = args.quiet.min(args.debounce);
+    let resync = args.resync.max(Duration::from_secs(1));
     let mut leadership = state.leader.clone();
     let served_changed = state.served.changed.clone();
     let lost = async move {

@@ -27,9 +27,14 @@ pub struct LeaseArgs {
     pub lease_namespace: String,
     #[arg(long, env = "HAFLEET_LEASE_NAME", default_value = "hafleet-watcher")]
     pub lease_name: String,
-    /// Seconds a lease holds without renewal: how long a standby waits after the leader dies.
-    #[arg(long, env = "HAFLEET_LEASE_DURATION_SECS", default_value_t = 15)]
-    pub lease_duration_secs: u64,
+    /// How long a lease holds without renewal: how long a standby waits after the leader dies
+    /// (whole seconds, at least 3).
+    #[arg(long, env = "HAFLEET_LEASE_DURATION", default_value = "15s",
+          value_parser = hafleet_runtime::settings::duration)]
+    pub lease_duration: Duration,
+    /// Deprecated: --lease-duration in seconds.
+    #[arg(long, env = "HAFLEET_LEASE_DURATION_SECS", hide = true)]
+    pub lease_duration_secs: Option<u64>,
     /// This replica's name in the Lease (default: host name and process id).
     #[arg(long, env = "HAFLEET_IDENTITY")]
     pub identity: Option<String>,
@@ -124,7 +129,7 @@ impl Elector {
             api: Api::namespaced(client, &args.lease_namespace),
             name: args.lease_name.clone(),
             me,
-            duration: Duration::from_secs(args.lease_duration_secs.max(3)),
+            duration: Duration::from_secs(args.lease_duration.as_secs().max(3)),
         }
     }
 
