@@ -173,6 +173,18 @@ impl Health {
         }
     }
 
+    /// Drops every gauge series labelled `label="value"` (a host taken out of the inventory,
+    /// whose gauges would otherwise say forever what it last ran); counters and histograms
+    /// stay, as Prometheus expects of them.
+    pub fn forget(&self, label: &str, value: &str) {
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, kind, series) in m.families.values_mut() {
+            if *kind == "gauge" {
+                series.retain(|labels, _| !labels.iter().any(|(k, v)| *k == label && v == value));
+            }
+        }
+    }
+
     /// Every metric in Prometheus' text exposition format.
     pub fn exposition(&self) -> String {
         let m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());

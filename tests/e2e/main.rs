@@ -26,6 +26,7 @@ mod filters;
 mod gateway;
 mod history;
 mod image;
+mod inventory;
 mod pods;
 mod recovery;
 mod refusals;

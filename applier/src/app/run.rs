@@ -6,6 +6,7 @@
 //! same version again after `--retry`, until a newer one arrives. Hosts that could not be
 //! reached are retried with the same version after `--retry`, until a newer one arrives.
 
+use super::inventory_watch::{self, InventoryWatch};
 use crate::adapters::bus;
 use crate::core::inventory::{self, Host};
 use crate::host::conn::{ConnPool, SshSettings};
@@ -28,7 +29,9 @@ pub struct RunArgs {
     /// The fleet this applier owns; it applies `hafleet.configs.<fleet>` to the inventory's hosts.
     #[arg(long, env = "HAFLEET_FLEET")]
     pub fleet: FleetName,
-    /// TOML file listing the fleet's HAProxy hosts (see docs/install.md for its fields).
+    /// TOML file listing the fleet's HAProxy hosts (see docs/install.md for its fields). Read
+    /// again on SIGHUP and whenever it changes: hosts put in get the current version at once,
+    /// hosts taken out get no more; a text that does not parse is refused and logged.
     #[arg(long, env = "HAFLEET_INVENTORY")]
     pub inventory: PathBuf,
     #[command(flatten)]
@@ -149,10 +152,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         "starting: inventory, streams, start-up convergence",
     )
     .await?;
-    let text = std::fs::read_to_string(&args.inventory)
-        .with_context(|| format!("cannot read inventory {}", args.inventory.display()))?;
-    let hosts = inventory::parse(&text)
-        .with_context(|| format!("inventory {}", args.inventory.display()))?;
+    let (mut inventory, mut hosts) = InventoryWatch::start(args.inventory.clone())?;
     for path in [&args.ssh_identity, &args.ssh_known_hosts] {
         anyhow::ensure!(path.is_file(), "{} does not exist or is not a file", path.display());
     }
@@ -180,7 +180,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     };
     info!(keys = ?verifier.key_ids(), "applying only versions signed by these keys");
     let control_dir = tempfile::Builder::new().prefix("hafleet-applier-ssh").tempdir()?;
-    let settings = RolloutSettings {
+    let mut settings = RolloutSettings {
         hosts: Box::new(SshHosts::new(ConnPool::new(
             SshSettings::new(
                 args.ssh_identity.clone(),
@@ -277,6 +277,43 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 let left: Vec<usize> = rolled.retry.into_iter().map(|i| unreached[i]).collect();
                 if !left.is_empty() {
                     retry = Some((version, left));
+                }
+                continue;
+            }
+            new_hosts = inventory.next() => {
+                let change = inventory::reread(&hosts, &new_hosts);
+                if !change.changes_anything() {
+                    continue;
+                }
+                inventory_watch::count("applied");
+                let fresh: Vec<&str> = change.fresh.iter().map(|&i| new_hosts[i].name.as_str()).collect();
+                info!(hosts = new_hosts.len(), ?fresh, removed = ?change.removed, "inventory re-read");
+                for gone in &change.removed {
+                    hafleet_runtime::health::Health::global().forget("host", gone.as_str());
+                }
+                let moved = |i: &usize| change.moved[*i];
+                in_sync = in_sync.iter().filter_map(moved).collect();
+                drift_reported = std::mem::take(&mut drift_reported)
+                    .into_iter()
+                    .filter_map(|(i, found)| moved(&i).map(|j| (j, found)))
+                    .collect();
+                retry = retry.take().and_then(|(version, left)| {
+                    let left: Vec<usize> = left.iter().filter_map(moved).collect();
+                    (!left.is_empty()).then_some((version, left))
+                });
+                hosts = new_hosts;
+                settings.fleet_hosts = hosts.len();
+                // New and changed hosts get the fleet's current version now.
+                if let Some(current) = known.0.last().cloned().filter(|_| !change.fresh.is_empty()) {
+                    let subset: Vec<Host> = change.fresh.iter().map(|&i| hosts[i].clone()).collect();
+                    let rolled = apply_and_report(&bus, &subset, &current, &known, &settings, None).await;
+                    in_sync.extend(rolled.live.iter().map(|&i| change.fresh[i]));
+                    let left: Vec<usize> = rolled.retry.into_iter().map(|i| change.fresh[i]).collect();
+                    match &mut retry {
+                        Some((v, pending)) if v.version == current.version => pending.extend(left),
+                        _ if left.is_empty() => {}
+                        _ => retry = Some((current, left)),
+                    }
                 }
                 continue;
             }

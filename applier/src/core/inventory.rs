@@ -203,9 +203,67 @@ fn is_safe_path(p: &str) -> bool {
         && p.chars().all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c))
 }
 
+/// How a re-read inventory differs from the one in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reread {
+    /// For each host of the old inventory, its index in the new one (`None`: removed).
+    pub moved: Vec<Option<usize>>,
+    /// Hosts of the new inventory that are new, or whose entry changed (address, paths,
+    /// probes…): they are given the fleet's current version.
+    pub fresh: Vec<usize>,
+    /// Hosts no longer in it.
+    pub removed: Vec<HostName>,
+}
+
+impl Reread {
+    /// Whether anything changed at all (the order of hosts counts: it chooses the canary).
+    pub fn changes_anything(&self) -> bool {
+        !self.fresh.is_empty()
+            || !self.removed.is_empty()
+            || self.moved.iter().enumerate().any(|(i, m)| *m != Some(i))
+    }
+}
+
+/// Compares the inventory in use with a re-read one, host by host, by name. Pure.
+pub fn reread(old: &[Host], new: &[Host]) -> Reread {
+    let at = |name: &HostName| new.iter().position(|h| &h.name == name);
+    let moved: Vec<Option<usize>> =
+        old.iter().map(|h| at(&h.name).filter(|&j| new[j] == *h)).collect();
+    let kept: Vec<usize> = moved.iter().flatten().copied().collect();
+    Reread {
+        fresh: (0..new.len()).filter(|j| !kept.contains(j)).collect(),
+        removed: old.iter().filter(|h| at(&h.name).is_none()).map(|h| h.name.clone()).collect(),
+        moved,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reread_inventory_names_new_changed_moved_and_removed_hosts() {
+        let text = |hosts: &[(&str, &str)]| {
+            let mut t = String::new();
+            for (name, address) in hosts {
+                t.push_str(&format!("[[hosts]]\nname = \"{name}\"\naddress = \"{address}\"\n"));
+            }
+            parse(&t).unwrap()
+        };
+        let old = text(&[("lb-1", "10.0.0.1"), ("lb-2", "10.0.0.2"), ("lb-3", "10.0.0.3")]);
+        assert!(!reread(&old, &old).changes_anything());
+        // lb-2 goes, lb-3 moves up and gets a new address, lb-4 comes.
+        let new = text(&[("lb-1", "10.0.0.1"), ("lb-3", "10.0.0.9"), ("lb-4", "10.0.0.4")]);
+        let r = reread(&old, &new);
+        assert_eq!(r.moved, [Some(0), None, None]);
+        assert_eq!(r.fresh, [1, 2]);
+        assert_eq!(r.removed.iter().map(|h| h.as_str()).collect::<Vec<_>>(), ["lb-2"]);
+        assert!(r.changes_anything());
+        // Only the order: nothing fresh, but it changes (the canary is the first host).
+        let swapped = text(&[("lb-2", "10.0.0.2"), ("lb-1", "10.0.0.1"), ("lb-3", "10.0.0.3")]);
+        let r = reread(&old, &swapped);
+        assert_eq!((r.moved, r.fresh.len()), (vec![Some(1), Some(0), Some(2)], 0));
+    }
 
     #[test]
     fn a_host_may_be_kept_from_the_canary_role_but_not_every_host() {
