@@ -18,6 +18,7 @@ pub mod matches;
 pub mod messages;
 pub mod parts;
 pub mod quarantine;
+pub mod render;
 pub mod settings;
 pub mod signature;
 pub mod subjects;
@@ -33,6 +34,7 @@ pub use matches::{Method, ParamName, RouteMore};
 pub use messages::*;
 pub use parts::{PartsError, SnapshotPart};
 pub use quarantine::Quarantine;
+pub use render::RenderSettings;
 pub use settings::{
     AcceptProxy, ERROR_PAGE_CODES, FleetSettings, ForwardedFor, Hsts, LogTarget, MAX_ERROR_PAGE,
     SettingsUpdate, Timeouts, duration_text,

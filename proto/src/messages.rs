@@ -478,6 +478,8 @@ pub enum RouteMessage {
     DefaultCert(DefaultCert),
     Quarantine(crate::Quarantine),
     Settings(crate::SettingsUpdate),
+    /// The renderer's template and render options from here on.
+    Render(crate::RenderSettings),
 }
 
 impl RouteMessage {
@@ -494,6 +496,7 @@ impl RouteMessage {
             // The renderer's own, about Ingresses of any cluster: no watcher's epoch fences it.
             RouteMessage::Quarantine(_) => None,
             RouteMessage::Settings(s) => s.cluster.as_ref(),
+            RouteMessage::Render(_) => None,
         }
     }
 
@@ -508,6 +511,7 @@ impl RouteMessage {
             RouteMessage::DefaultCert(d) => d.epoch,
             RouteMessage::Quarantine(_) => 0,
             RouteMessage::Settings(s) => s.epoch,
+            RouteMessage::Render(_) => 0,
         }
     }
 

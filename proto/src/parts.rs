@@ -170,6 +170,7 @@ fn kind(msg: &RouteMessage) -> &'static str {
         RouteMessage::DefaultCert(_) => "default_cert",
         RouteMessage::Quarantine(_) => "quarantine",
         RouteMessage::Settings(_) => "settings",
+        RouteMessage::Render(_) => "render settings",
     }
 }
 

@@ -64,6 +64,10 @@ pub const ROUTES_CONFIRM_SUBJECT: &str = "hafleet.routes._confirm";
 /// cannot collide with a fleet's subject.
 pub const ROUTES_QUARANTINE_SUBJECT: &str = "hafleet.routes._quarantine";
 
+/// Subject of the renderer's own settings ([`crate::RenderSettings`]); like the snapshot's, it
+/// cannot collide with a fleet's subject.
+pub const ROUTES_RENDER_SUBJECT: &str = "hafleet.routes._render";
+
 /// Where a renderer asks the watchers to publish everything again (core NATS, not a stream):
 /// its routes stream lost events it had not applied (a store rebuilt past the stream's
 /// retention), and it publishes nothing until they do.

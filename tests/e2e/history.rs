@@ -181,6 +181,31 @@ async fn replay_rebuilds_past_configs_byte_for_byte_within_retention_and_a_lost_
     let (success, _, stderr) = cli(&world, &["replay", "--until", "last tuesday"]).await?;
     assert!(!success && stderr.contains("neither a stream sequence nor an RFC 3339"), "{stderr}");
 
+    // The renderer restarted with other render settings (one server per backend): it records
+    // them in the routes stream, a version says why, and replay renders each point with the
+    // settings of that point without being told them.
+    let env = [
+        ("HAFLEET_CHECKPOINT_EVERY", "1"),
+        ("HAFLEET_ROUTES_MAX_BYTES", "64MiB"),
+        ("HAFLEET_SERVERS_PER_BACKEND", "1"),
+    ];
+    world.stack.restart_with(Component::Renderer, &env)?;
+    let v_r = eventually(CONVERGE, "a version for the new render settings", || async {
+        let v = world.stack.latest_version().await?.context("a version")?.version;
+        anyhow::ensure!(v > v_b, "not yet");
+        Ok(v)
+    })
+    .await?;
+    let why: serde_json::Value = serde_json::from_str(
+        &ok(&world, &["history", "why", &v_r.to_string(), "-o", "json"]).await?,
+    )?;
+    assert_eq!(why["causes"][0]["what"], "render settings", "{why}");
+    assert!(why["causes"][0]["added"].to_string().contains("servers per backend 1"), "{why}");
+    let at_r = ok(&world, &["history", "show", &v_r.to_string()]).await?;
+    assert_ne!(at_r, at_b);
+    assert_eq!(ok(&world, &["replay", "--until", &seq_b.to_string()]).await?, at_b);
+    assert_eq!(ok(&world, &["replay", "--until", &u64::MAX.to_string()]).await?, at_r);
+
     // The stream drops everything up to b's event (as its limits would); a checkpoint after b
     // still lets replay reach b's point, and refuses, clearly, a point nothing can rebuild.
     eventually(CONVERGE, "a checkpoint at or after b's event", || async {

@@ -52,8 +52,9 @@ pub struct ReplayArgs {
     /// started, the sha256 and the bundle).
     #[arg(long)]
     pub diff: bool,
-    /// The renderer's own settings (template, servers per backend, node health): the result
-    /// is byte for byte the version of that time only with the ones the renderer used then.
+    /// The renderer's own settings (template, servers per backend, node health, sweep guard),
+    /// for points of the stream before any renderer recorded its own there (older releases):
+    /// after that, the recorded ones are used and these are ignored.
     #[command(flatten)]
     pub render: hafleet_renderer::app::args::RenderArgs,
 }
@@ -63,7 +64,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `hafleet replay`.
 pub async fn replay(session: &Session, args: ReplayArgs) -> anyhow::Result<()> {
-    let renderer = args.render.renderer()?;
     let bus = session.connect().await?;
     let fleet = match &session.fleet {
         Some(name) => name.clone(),
@@ -101,6 +101,20 @@ pub async fn replay(session: &Session, args: ReplayArgs) -> anyhow::Result<()> {
     let events = apply_range(&bus, &mut desired, &args.render.guard(), from, until).await?;
     let Some(ingresses) = desired.fleets.get(&fleet) else {
         bail!("unknown fleet: {fleet} has no route events up to sequence {until}");
+    };
+    // With the renderer's settings of that point, as it recorded them in the stream.
+    let renderer = match &desired.render {
+        Some(settings) => {
+            eprintln!(
+                "rendering with the settings the renderer recorded (template {})",
+                &settings.template_sha256()[..12]
+            );
+            hafleet_renderer::core::render::Renderer::from_settings(settings)?
+        }
+        None => {
+            eprintln!("no render settings recorded before this point: rendering with the flags'");
+            args.render.renderer()?
+        }
     };
     // As the renderer builds a version: its certificates and default certificate included.
     let fleetwide = hafleet_renderer::core::render::Fleetwide::of(&desired, &fleet);

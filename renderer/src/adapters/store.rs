@@ -116,6 +116,7 @@ const HELD: &[u8] = b"held-sweeps";
 const DEFAULT_CERTS: &[u8] = b"default-certs";
 /// Every fleet's settings (JSON pairs), where they are not the defaults.
 const SETTINGS: &[u8] = b"settings";
+const RENDER: &[u8] = b"render-settings";
 
 fn join(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
@@ -372,6 +373,9 @@ impl Store {
                 decode(SETTINGS, &settings)?;
             desired.settings = pairs.into_iter().collect();
         }
+        if let Some(render) = self.meta.get(RENDER)? {
+            desired.render = decode(RENDER, &render)?;
+        }
         Ok(desired)
     }
 
@@ -495,6 +499,10 @@ impl Store {
                             let pairs: Vec<_> = settings.iter().collect();
                             let v = serde_json::to_vec(&pairs).expect("settings serialize");
                             meta.insert(SETTINGS, v)?;
+                        }
+                        StateWrite::Render(render) => {
+                            let v = serde_json::to_vec(render).expect("render settings serialize");
+                            meta.insert(RENDER, v)?;
                         }
                     }
                 }
@@ -654,6 +662,7 @@ impl Store {
                 StateWrite::Held(desired.held.clone()),
                 StateWrite::DefaultCerts(desired.default_certs.clone()),
                 StateWrite::Settings(desired.settings.clone()),
+                StateWrite::Render(desired.render.clone()),
             ])
             .collect();
         self.commit(&writes, &[], applied_seq)

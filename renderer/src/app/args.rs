@@ -127,6 +127,31 @@ pub struct RenderArgs {
 }
 
 impl RenderArgs {
+    /// The settings these flags describe, the template's text read (or the built-in one), as
+    /// the renderer records them in the routes stream.
+    pub fn settings(&self) -> anyhow::Result<hafleet_proto::RenderSettings> {
+        use anyhow::Context as _;
+        let (template, builtin) = match &self.template {
+            Some(path) => (
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read template {}", path.display()))?,
+                false,
+            ),
+            None => (crate::core::render::BUILTIN_TEMPLATE.to_owned(), true),
+        };
+        Ok(hafleet_proto::RenderSettings {
+            schema: hafleet_proto::SCHEMA_VERSION,
+            template,
+            builtin,
+            servers_per_backend: self.servers_per_backend,
+            spare_backends: self.spare_backends,
+            node_health: (self.node_health_port != 0)
+                .then(|| (self.node_health_port, self.node_health_path.clone())),
+            sweep_guard_percent: self.sweep_guard_percent,
+            sweep_guard_min_routes: self.sweep_guard_min_routes,
+        })
+    }
+
     /// The mass-deletion guard these flags describe.
     pub fn guard(&self) -> state::SweepGuard {
         state::SweepGuard {
@@ -137,15 +162,12 @@ impl RenderArgs {
 
     /// The renderer these flags describe.
     pub fn renderer(&self) -> anyhow::Result<Renderer> {
-        let node_health = (self.node_health_port != 0).then(|| crate::core::model::NodeHealth {
-            port: self.node_health_port,
-            path: self.node_health_path.clone(),
-        });
-        Ok(Renderer::load(self.template.as_deref())?.with_options(crate::core::model::Options {
-            servers_per_backend: self.servers_per_backend,
-            spare_backends: self.spare_backends,
-            node_health,
-        }))
+        let settings = self.settings()?;
+        let what = match &self.template {
+            Some(path) => format!("template {}", path.display()),
+            None => "the built-in template".to_owned(),
+        };
+        anyhow::Context::with_context(Renderer::from_settings(&settings), || what)
     }
 }
 

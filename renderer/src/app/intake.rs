@@ -94,7 +94,7 @@ pub(crate) async fn process(
     bus: &bus::Bus,
     stream: &async_nats::jetstream::stream::Stream,
     store: &Store,
-    renderer: &Renderer,
+    renderer: &mut Renderer,
     desired: &mut state::Desired,
     guard: &state::SweepGuard,
     entries: &[(u64, bytes::Bytes)],
@@ -146,6 +146,22 @@ pub(crate) async fn process(
         out.fenced.len() as f64,
     );
     report_holds(desired, &mut out);
+    if out.render_changed
+        && let Some(settings) = &desired.render
+    {
+        match Renderer::from_settings(settings) {
+            Ok(new) => {
+                info!(
+                    template = &settings.template_sha256()[..12],
+                    "rendering with the render settings the stream recorded"
+                );
+                *renderer = new;
+            }
+            Err(e) => {
+                error!(error = %e, "the recorded render settings do not compile; rendering as before")
+            }
+        }
+    }
     let floors = floors(bus, store, out.causes.keys()).await?;
     let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
     store.commit(&out.writes, &versions, last_seq)?;

@@ -25,6 +25,32 @@ use hafleet_proto::FleetName;
 use std::time::Duration;
 use tracing::{error, info, warn};
 
+/// Publishes the renderer's settings into the routes stream, where it takes them up in order.
+async fn record_render_settings(
+    bus: &bus::Bus,
+    settings: hafleet_proto::RenderSettings,
+) -> anyhow::Result<()> {
+    let sha = settings.template_sha256();
+    let msg = hafleet_proto::RouteMessage::Render(settings).encode();
+    // One id per start: a retried publish is stored once, a later start's again.
+    let id = format!(
+        "render-{}-{}",
+        &hafleet_proto::sha256_hex(&msg)[..16],
+        hafleet_runtime::now_unix_ms()
+    );
+    let subject = hafleet_proto::ROUTES_RENDER_SUBJECT;
+    let what = "the routes stream to record the render settings";
+    let seq =
+        hafleet_runtime::nats::retrying(what, || bus.publish(subject.to_owned(), &id, msg.clone()))
+            .await?;
+    info!(
+        seq,
+        template = &sha[..12],
+        "render settings recorded in the routes stream; they apply from there"
+    );
+    Ok(())
+}
+
 /// Runs the renderer until SIGTERM or Ctrl-C.
 pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     args.settle().log();
@@ -32,8 +58,10 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let health =
         hafleet_runtime::health::start(&args.health, "starting: store, streams, start-up renders")
             .await?;
-    let renderer = args.render.renderer()?;
-    let guard = args.render.guard();
+    // What the flags say (checked now: a template that does not compile stops the start).
+    let wanted = args.render.settings()?;
+    let flags_renderer = args.render.renderer()?;
+    let flags_guard = args.render.guard();
     let signer = load_signer(&args.signing_key)?;
     info!(key = signer.key_id(), "versions are signed");
     let store = Store::open(&args.data_dir)?;
@@ -53,6 +81,16 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let mut gap = Gap::at_start(&bus, &store).await?;
     // The desired state lives in memory; the store is its journal. Work follows the change.
     let mut desired = store.desired()?;
+    // Render with the settings the stream has reached; the flags' go into the stream below and
+    // take over when the renderer reaches them, so every version, and every replay, is
+    // rendered with the settings of its point of the stream.
+    let mut renderer = match desired.render.as_ref().filter(|r| **r != wanted) {
+        None => flags_renderer,
+        Some(recorded) => crate::core::render::Renderer::from_settings(recorded).unwrap_or_else(|e| {
+            error!(error = %e, "the recorded render settings no longer compile; rendering with the flags'");
+            flags_renderer
+        }),
+    };
     if let Some(g) = &mut gap {
         // Every cluster the state knows restates, besides those seen beginning.
         g.restated.expect(desired.epochs.keys().map(Option::as_ref));
@@ -71,7 +109,10 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     rerender_all(&store, &renderer, &desired, &start_floors)?;
     let mut unpublished = match gap.is_some() {
         true => true,
-        false => publish_unpublished(&bus, &store, &signer, Some(&guard)).await?,
+        false => {
+            publish_unpublished(&bus, &store, &signer, Some(&flags_guard.in_force(&desired)))
+                .await?
+        }
     };
     // Reads on `hafleet.history.<fleet>`, changes on `….change` (granted per fleet).
     let reads = bus
@@ -86,6 +127,9 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         .context("cannot subscribe to history requests")?;
     let mut history = futures::stream::select(reads, changes);
 
+    if desired.render.as_ref() != Some(&wanted) {
+        record_render_settings(&bus, wanted).await?;
+    }
     let applied = store.applied_seq()?;
     let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
     check_same_stream(&store, stream.cached_info())?;
@@ -134,14 +178,14 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             _ = retry.tick(), if unpublished && gap.is_none() => {
-                unpublished = publish_unpublished(&bus, &store, &signer, Some(&guard)).await?;
+                unpublished = publish_unpublished(&bus, &store, &signer, Some(&flags_guard.in_force(&desired))).await?;
                 continue;
             }
             _ = Gap::tick(&mut gap) => {
                 match gap.as_ref().is_some_and(Gap::over) {
                     true => {
                         gap = None;
-                        unpublished = publish_unpublished(&bus, &store, &signer, Some(&guard)).await?;
+                        unpublished = publish_unpublished(&bus, &store, &signer, Some(&flags_guard.in_force(&desired))).await?;
                     }
                     false => {
                         if let Some(g) = gap.as_ref().filter(|g| g.restated.any_done()) {
@@ -177,7 +221,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             }
         }
         let entries = fill_gaps(&stream, store.applied_seq()?, &batch).await?;
-        process(&bus, &stream, &store, &renderer, &mut desired, &guard, &entries).await?;
+        process(&bus, &stream, &store, &mut renderer, &mut desired, &flags_guard, &entries).await?;
         if let Some(g) = &mut gap {
             batch.iter().for_each(|m| g.note(m));
             if g.over() {
@@ -188,7 +232,10 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         // version could not be published yet; it is retried on its own.
         unpublished = match gap.is_some() {
             true => true,
-            false => publish_unpublished(&bus, &store, &signer, Some(&guard)).await?,
+            false => {
+                publish_unpublished(&bus, &store, &signer, Some(&flags_guard.in_force(&desired)))
+                    .await?
+            }
         };
         for m in &batch {
             if let Err(e) = m.ack().await {

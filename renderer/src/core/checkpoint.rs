@@ -49,6 +49,10 @@ pub struct Checkpoint {
     /// Each fleet's settings where they are not the defaults (pairs, as `fleets`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub settings: Vec<(FleetName, hafleet_proto::FleetSettings)>,
+    /// The renderer's settings at this point (absent in checkpoints of builds before they
+    /// went into the stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub render: Option<hafleet_proto::RenderSettings>,
 }
 
 /// What a checkpoint keeps of a named cluster.
@@ -112,6 +116,7 @@ impl Checkpoint {
                 .map(|(f, c)| (f.clone(), c.clone()))
                 .collect(),
             settings: desired.settings.iter().map(|(f, s)| (f.clone(), s.clone())).collect(),
+            render: desired.render.clone(),
         }
     }
 
@@ -139,6 +144,7 @@ impl Checkpoint {
                 .collect(),
             default_certs: self.default_certs.iter().cloned().collect(),
             settings: self.settings.iter().cloned().collect(),
+            render: self.render.clone(),
         }
     }
 

@@ -112,6 +112,19 @@ impl Renderer {
         Renderer::new(source).with_context(|| format!("template {}", path.display()))
     }
 
+    /// The renderer `settings` describe: their template, compiled, with their options.
+    pub fn from_settings(settings: &hafleet_proto::RenderSettings) -> anyhow::Result<Self> {
+        let node_health = settings
+            .node_health
+            .as_ref()
+            .map(|(port, path)| crate::core::model::NodeHealth { port: *port, path: path.clone() });
+        Ok(Renderer::new(settings.template.clone())?.with_options(crate::core::model::Options {
+            servers_per_backend: settings.servers_per_backend,
+            spare_backends: settings.spare_backends,
+            node_health,
+        }))
+    }
+
     pub fn builtin() -> Self {
         Self::new(BUILTIN_TEMPLATE.to_owned()).expect("the built-in template compiles")
     }

@@ -61,6 +61,10 @@ pub struct Desired {
     /// Per fleet, the settings its watcher read ([`RouteMessage::Settings`]); a fleet not
     /// here has the defaults.
     pub settings: BTreeMap<FleetName, hafleet_proto::FleetSettings>,
+    /// The renderer's template and options as of this point of the stream
+    /// ([`RouteMessage::Render`]); `None` before any renderer recorded them (then the
+    /// renderer's own flags decide).
+    pub render: Option<hafleet_proto::RenderSettings>,
 }
 
 /// When a snapshot's withdrawals are held instead of applied: when they would take more than
@@ -79,6 +83,20 @@ impl Default for SweepGuard {
 }
 
 impl SweepGuard {
+    /// The guard `settings` describe.
+    pub fn of(settings: &hafleet_proto::RenderSettings) -> Self {
+        SweepGuard {
+            percent: settings.sweep_guard_percent,
+            min_routes: settings.sweep_guard_min_routes,
+        }
+    }
+
+    /// The guard in force for `desired`: the one the stream recorded, else `self` (the
+    /// renderer's flags, before any renderer recorded its settings).
+    pub fn in_force(self, desired: &Desired) -> Self {
+        desired.render.as_ref().map_or(self, SweepGuard::of)
+    }
+
     /// Whether withdrawing `routes` of a fleet's `of` routes at once is held.
     pub fn holds(&self, routes: usize, of: usize) -> bool {
         routes >= self.min_routes && routes * 100 > usize::from(self.percent) * of
@@ -121,6 +139,8 @@ pub enum StateWrite {
     DefaultCerts(BTreeMap<FleetName, hafleet_proto::SealedCert>),
     /// Every fleet's settings, replaced whole.
     Settings(BTreeMap<FleetName, hafleet_proto::FleetSettings>),
+    /// The renderer's settings, replaced whole.
+    Render(Option<hafleet_proto::RenderSettings>),
 }
 
 /// The outcome of applying a batch: writes for the store, and per fleet the causes to record.
@@ -135,6 +155,8 @@ pub struct Applied {
     pub held_changed: BTreeSet<HoldKey>,
     /// Releases that matched no held sweep: (fleet, snapshot sequence).
     pub stale_confirms: Vec<(FleetName, u64)>,
+    /// The renderer's settings changed ([`RouteMessage::Render`]): render with the new ones.
+    pub render_changed: bool,
 }
 
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
@@ -283,12 +305,13 @@ pub fn apply(
     guard: &SweepGuard,
     out: &mut Applied,
 ) {
+    let guard = &guard.in_force(desired);
     let epoch = msg.epoch();
     let cluster = msg.cluster();
     let newest = desired.epoch(cluster);
     // A quarantine is the renderer's own (about Ingresses of any cluster): no watcher's
     // epoch fences it, and it moves none.
-    let own = matches!(msg, RouteMessage::Quarantine(_));
+    let own = matches!(msg, RouteMessage::Quarantine(_) | RouteMessage::Render(_));
     if epoch < newest && !own {
         out.fenced.push((epoch, newest));
         return;
@@ -514,6 +537,27 @@ pub fn apply(
             desired.fleets.entry(fleet.clone()).or_default();
             out.writes.push(StateWrite::Settings(desired.settings.clone()));
             out.causes.entry(fleet.clone()).or_default().push(cause);
+        }
+        RouteMessage::Render(settings) => {
+            if desired.render.as_ref() == Some(settings) {
+                return;
+            }
+            let before = desired.render.as_ref().map(|r| r.describe()).unwrap_or_default();
+            let after = settings.describe();
+            for fleet in desired.fleets.keys() {
+                out.causes.entry(fleet.clone()).or_default().push(Cause {
+                    stream_seq: seq,
+                    ingress: None,
+                    what: "render settings".into(),
+                    resource_version: None,
+                    added: after.iter().filter(|s| !before.contains(s)).cloned().collect(),
+                    removed: before.iter().filter(|s| !after.contains(s)).cloned().collect(),
+                    note: None,
+                });
+            }
+            desired.render = Some(settings.clone());
+            out.writes.push(StateWrite::Render(desired.render.clone()));
+            out.render_changed = true;
         }
         RouteMessage::Quarantine(q) => {
             let Some(ingresses) = desired.fleets.get_mut(&q.fleet) else { return };

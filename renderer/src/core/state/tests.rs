@@ -568,3 +568,46 @@ fn fleet_settings_replace_the_fleets_whole_and_a_change_is_a_cause_naming_each_k
         (&["timeout-client=2m".to_owned()][..], None)
     );
 }
+
+fn render_settings(template: &str, percent: u8) -> hafleet_proto::RenderSettings {
+    hafleet_proto::RenderSettings {
+        schema: SCHEMA_VERSION,
+        template: template.into(),
+        builtin: false,
+        servers_per_backend: 8,
+        spare_backends: 0,
+        node_health: None,
+        sweep_guard_percent: percent,
+        sweep_guard_min_routes: 10,
+    }
+}
+
+#[test]
+fn render_settings_are_state_a_change_is_a_cause_per_fleet_and_their_guard_is_in_force() {
+    // The flags' guard would hold a sweep of 20 of 30 routes; the recorded one (100%) does not.
+    let flags = SweepGuard { percent: 50, min_routes: 10 };
+    let mut d = fleet_of(30, &flags);
+    let mut out = Applied::default();
+    let recorded = render_settings("global\n", 100);
+    apply(&mut d, 31, &RouteMessage::Render(recorded.clone()), &flags, &mut out);
+    assert!(out.render_changed && d.render.as_ref() == Some(&recorded));
+    let cause = &out.causes[&fleet()][0];
+    assert_eq!((cause.what.as_str(), cause.stream_seq), ("render settings", 31));
+    assert!(cause.added.iter().any(|a| a.starts_with("template ")), "{cause:?}");
+    assert!(matches!(out.writes.as_slice(), [StateWrite::Render(Some(_))]));
+    // The same settings again (a renderer restarted before it read its own): nothing.
+    let mut out = Applied::default();
+    apply(&mut d, 32, &RouteMessage::Render(recorded.clone()), &flags, &mut out);
+    assert!(!out.render_changed && out.causes.is_empty() && out.writes.is_empty());
+    // No epoch fences the renderer's own message, and it moves none.
+    assert_eq!(d.epoch(None), 1);
+    // The guard in force is the recorded one: the sweep goes through.
+    let mut out = Applied::default();
+    apply(&mut d, 33, &snapshot_keeping(10), &flags, &mut out);
+    assert!(d.held.is_empty() && d.ingresses(&fleet()).len() == 10, "{:?}", d.held);
+    // A change of template only names the template.
+    let mut out = Applied::default();
+    apply(&mut d, 34, &RouteMessage::Render(render_settings("defaults\n", 100)), &flags, &mut out);
+    let cause = &out.causes[&fleet()][0];
+    assert_eq!((cause.added.len(), cause.removed.len()), (1, 1), "{cause:?}");
+}
