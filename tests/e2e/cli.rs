@@ -182,6 +182,28 @@ async fn every_hafleet_command_answers_in_table_json_and_yaml_and_fails_clearly(
         unknown.err
     );
 
+    // A second context, chosen, listed in both forms, and deleted.
+    let with_config = [("HAFLEET_CONFIG", config.clone())];
+    for args in [
+        &["context", "set", "prod", "--nats-url", "nats://127.0.0.1:1"][..],
+        &["context", "use", "prod"],
+    ] {
+        let said = run("hafleet", &with_config, args).await?;
+        assert!(said.ok, "{args:?}: {}", said.err);
+    }
+    let listed = run("hafleet", &with_config, &["context", "list", "-o", "json"]).await?;
+    let listed: serde_json::Value = serde_json::from_str(&listed.out)?;
+    assert_eq!(listed["current-context"], "prod", "{listed}");
+    assert_eq!(listed["contexts"]["lab"]["fleet"], "edge", "{listed}");
+    let table = run("hafleet", &with_config, &["context", "list"]).await?.out;
+    assert!(table.lines().any(|l| l.starts_with('*') && l.contains("prod")), "{table}");
+    let down = run("hafleet", &with_config, &["fleets"]).await?;
+    assert!(!down.ok && down.err.contains("context \"prod\""), "{}", down.err);
+    let said = run("hafleet", &with_config, &["context", "delete", "prod"]).await?;
+    assert!(said.ok, "{}", said.err);
+    let listed = run("hafleet", &with_config, &["context", "list", "-o", "yaml"]).await?.out;
+    assert!(!listed.contains("prod") && listed.contains("lab"), "{listed}");
+
     // As kubectl's plugin, the same program.
     let plugin = run("kubectl-hafleet", &env, &["fleets", "-o", "json"]).await?;
     assert!(plugin.ok && plugin.out.contains("\"edge\""), "{}", plugin.err);

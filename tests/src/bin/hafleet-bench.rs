@@ -177,6 +177,17 @@ struct Measured {
     /// New backends the hosts served through spares ahead of their reload.
     bridged: u32,
     reports: u32,
+    /// The latency budget, hop by hop, each change's: created → route event stored, → version
+    /// stored, → the canary's apply done, → every host's apply done.
+    hops: [Vec<f64>; 4],
+}
+
+/// When a stream stored the newest message on `subject`, in Unix ms.
+async fn stored_at(stack: &Stack, stream: &str, subject: &str) -> Result<f64> {
+    let js = async_nats::jetstream::new(stack.nats.client().await?);
+    let stream = js.get_stream(stream).await?;
+    let m = stream.get_last_raw_message_by_subject(subject).await?;
+    Ok((m.time.unix_timestamp_nanos() / 1_000) as f64 / 1000.0)
 }
 
 impl Measured {
@@ -190,12 +201,14 @@ impl Measured {
     ) -> Result<()> {
         api.create(name, host, service).await?;
         let started = Instant::now();
+        let created_ms = hafleet_runtime::now_unix_ms() as f64;
         until_served(stack, host).await?;
         self.converge.push(started.elapsed().as_secs_f64() * 1000.0);
         // A host serves the route before the applier reports: wait for the report of the
         // version that made it live.
         let version = stack.latest_version().await?.map(|v| v.version).unwrap_or(0);
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut finished: Vec<f64> = Vec::new();
         for h in &stack.hosts {
             let report = loop {
                 match stack.last_report(h.name()).await? {
@@ -207,10 +220,31 @@ impl Measured {
                 }
             };
             self.apply.push(report.duration_ms as f64);
+            finished.push(report.finished_unix_ms as f64);
             self.sent.push(report.sent_bytes as f64);
             self.reloads += report.reloads;
             self.bridged += report.bridged;
             self.reports += 1;
+        }
+        let fleet = hafleet_proto::FleetName::new(stack.fleet.as_str())?;
+        let event =
+            stored_at(stack, hafleet_proto::ROUTES_STREAM, &hafleet_proto::routes_subject(&fleet))
+                .await?;
+        let config = stored_at(
+            stack,
+            hafleet_proto::CONFIGS_STREAM,
+            &hafleet_proto::configs_subject(&fleet),
+        )
+        .await?;
+        finished.sort_by(f64::total_cmp);
+        let (canary, last) = (finished[0], finished[finished.len() - 1]);
+        for (hop, ms) in self.hops.iter_mut().zip([
+            event - created_ms,
+            config - event,
+            canary - config,
+            last - canary,
+        ]) {
+            hop.push(ms.max(0.0));
         }
         Ok(())
     }
@@ -394,6 +428,21 @@ async fn pipeline(args: Args) -> Result<()> {
         );
         let apply = format!("{} {what}: apply on one host", api.what());
         println!("{}", percentiles(&apply, m.apply.clone()));
+    }
+    println!("\n| latency budget, hop by hop | n | p50 ms | p90 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|---|");
+    for (what, m) in [("on a routed Service", &known), ("on a new Service", &new)] {
+        for (hop, ms) in [
+            "created → route event stored (watcher)",
+            "→ version stored (renderer)",
+            "→ the canary's apply done (applier)",
+            "→ every host's apply done (applier)",
+        ]
+        .iter()
+        .zip(&m.hops)
+        {
+            println!("{}", percentiles(&format!("{what}: {hop}"), ms.clone()));
+        }
     }
     println!(
         "\nreloads per host report: {} of {} on a routed Service, {} of {} on a new Service \
