@@ -134,6 +134,16 @@ impl Session {
         })
     }
 
+    /// Says on stderr what a change is about to act on (fleet, NATS, context): settings can
+    /// come from flags, the environment and the context, each filling what the other leaves.
+    pub fn announce_change(&self, what: &str, fleet: &FleetName) {
+        let url = hafleet_runtime::nats::redact(&self.nats.nats_url);
+        match &self.context {
+            Some(c) => eprintln!("{what} fleet {fleet} at {url} (context {c})"),
+            None => eprintln!("{what} fleet {fleet} at {url}"),
+        }
+    }
+
     /// The fleet to act on: the one given, the context's, or the only one the renderer knows.
     pub async fn fleet(&self, bus: &Bus) -> anyhow::Result<FleetName> {
         if let Some(fleet) = &self.fleet {

@@ -532,6 +532,13 @@ async fn each_component_may_publish_only_its_own_messages_on_nats() -> Result<()
         ("hafleet-renderer", "hafleet.routes.edge", false),
         ("hafleet-applier-edge", "hafleet.routes.edge", false),
         ("hafleet-watcher", "hafleet.reports.edge.lb-1", false),
+        // Nor the renderer's own messages on the routes stream: its render settings (a
+        // template reaches every host), sweep releases, quarantines, republished messages.
+        ("hafleet-watcher", hafleet_proto::ROUTES_RENDER_SUBJECT, false),
+        ("hafleet-watcher", hafleet_proto::ROUTES_CONFIRM_SUBJECT, false),
+        ("hafleet-watcher", hafleet_proto::ROUTES_QUARANTINE_SUBJECT, false),
+        ("hafleet-watcher", hafleet_proto::ROUTES_REPUBLISH_SUBJECT, false),
+        ("hafleet-operator", hafleet_proto::ROUTES_RENDER_SUBJECT, false),
         // Controls: the same publish succeeds for the component that owns the subject (on a
         // fleet nobody serves, so nothing real is disturbed).
         ("hafleet-renderer", "hafleet.configs.nobody", true),

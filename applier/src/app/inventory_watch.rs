@@ -33,6 +33,10 @@ impl InventoryWatch {
         let hosts =
             inventory::parse(&text).with_context(|| format!("inventory {}", path.display()))?;
         let hangup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+        // Both series from the start, at 0: an alert on their increase sees the first one.
+        for outcome in ["applied", "refused"] {
+            hafleet_runtime::health::Health::global().count(RELOADS, &[("outcome", outcome)], 0.0);
+        }
         let mut look =
             tokio::time::interval_at(tokio::time::Instant::now() + LOOK_EVERY, LOOK_EVERY);
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -57,7 +57,13 @@ pub struct RunArgs {
     )]
     pub verify_keys: Vec<PathBuf>,
     /// Deprecated: HAFLEET_VERIFY_KEY's old name.
-    #[arg(long = "verify-keys", env = "HAFLEET_VERIFY_KEYS", value_delimiter = ',', hide = true)]
+    #[arg(
+        long = "verify-keys",
+        env = "HAFLEET_VERIFY_KEYS",
+        value_delimiter = ',',
+        hide = true,
+        conflicts_with = "verify_keys"
+    )]
     pub verify_keys_old: Vec<PathBuf>,
     /// How long to wait for an SSH connection (a bare number of seconds is deprecated).
     #[arg(long, env = "HAFLEET_SSH_CONNECT_TIMEOUT", default_value = "10s",
@@ -69,7 +75,12 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub remote_timeout: Duration,
     /// Deprecated: --remote-timeout in seconds.
-    #[arg(long, env = "HAFLEET_REMOTE_TIMEOUT_SECS", hide = true)]
+    #[arg(
+        long,
+        env = "HAFLEET_REMOTE_TIMEOUT_SECS",
+        hide = true,
+        conflicts_with = "remote_timeout"
+    )]
     pub remote_timeout_secs: Option<u64>,
     /// Hosts updated at once after the canary (the first host in inventory order that can be
     /// reached) succeeded.
@@ -80,7 +91,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub reload_timeout: Duration,
     /// Deprecated: --reload-timeout in milliseconds.
-    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", hide = true)]
+    #[arg(long, env = "HAFLEET_RELOAD_TIMEOUT_MS", hide = true, conflicts_with = "reload_timeout")]
     pub reload_timeout_ms: Option<u64>,
     /// How long a host's HTTP probes (inventory `probes`) may take to pass after a version
     /// goes live there, before the host is rolled back to last-known-good.
@@ -88,7 +99,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub probe_timeout: Duration,
     /// Deprecated: --probe-timeout in seconds.
-    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", hide = true)]
+    #[arg(long, env = "HAFLEET_PROBE_TIMEOUT_SECS", hide = true, conflicts_with = "probe_timeout")]
     pub probe_timeout_secs: Option<u64>,
     /// How often to check that each host still runs the version it was given: its live
     /// config, the config HAProxy last loaded, its map files and its certificate files. 0s:
@@ -97,7 +108,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub drift_check: Duration,
     /// Deprecated: --drift-check in seconds.
-    #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", hide = true)]
+    #[arg(long, env = "HAFLEET_DRIFT_CHECK_SECS", hide = true, conflicts_with = "drift_check")]
     pub drift_check_secs: Option<u64>,
     /// What to do with a host that drifted: `repair` puts the version back (through the
     /// runtime API, or a reload, as for any version) and reports what it found; `report` only
@@ -110,7 +121,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub retry: Duration,
     /// Deprecated: --retry in seconds.
-    #[arg(long, env = "HAFLEET_RETRY_SECS", hide = true)]
+    #[arg(long, env = "HAFLEET_RETRY_SECS", hide = true, conflicts_with = "retry")]
     pub retry_secs: Option<u64>,
     /// The fleet's TLS identity (`hafleet keygen --out FILE`; keep it 0600): opens the
     /// private keys the watcher sealed to this fleet, to write each certificate's file on the
@@ -257,6 +268,11 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         tokio::time::interval_at(tokio::time::Instant::now() + drift_every, drift_every);
     drift_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut drift_reported = BTreeMap::new();
+    // A timer of its own: a sleep made anew at each turn of the loop would never end while
+    // drift checks (every --drift-check, 30 s by default like --retry) come first.
+    let mut retry_timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + retry_every, retry_every);
+    retry_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let next = tokio::select! {
             m = messages.next() => m,
@@ -266,7 +282,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 check_drift(&bus, &hosts, current, &known, &settings, context).await;
                 continue;
             }
-            _ = tokio::time::sleep(retry_every), if retry.is_some() => {
+            _ = retry_timer.tick(), if retry.is_some() => {
                 let (version, unreached) = retry.take().expect("guarded by if");
                 let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
                 info!(version = version.version, hosts = subset.len(), "retrying hosts");
@@ -303,6 +319,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 });
                 hosts = new_hosts;
                 settings.fleet_hosts = hosts.len();
+                settings.hosts.keep_only(&hosts).await;
                 // New and changed hosts get the fleet's current version now.
                 if let Some(current) = known.0.last().cloned().filter(|_| !change.fresh.is_empty()) {
                     let subset: Vec<Host> = change.fresh.iter().map(|&i| hosts[i].clone()).collect();

@@ -201,6 +201,12 @@ impl HostConn {
     }
 }
 
+/// A pooled connection's key: the host's name and where it is reached, so that a host whose
+/// address, port or user changed (an inventory re-read) never gets the old machine's session.
+fn pool_key(host: &Host) -> String {
+    format!("{}\n{}@{}:{}", host.name, host.user, host.address, host.port)
+}
+
 /// Open connections kept between versions, one per host: a rollout then costs no SSH
 /// handshake. A pooled connection must run the rollout's first (read-only) command on its host
 /// within the connect timeout to be reused, else the command runs again on a new connection (a
@@ -235,7 +241,7 @@ impl ConnPool {
         stdin: Option<&[u8]>,
     ) -> Result<(HostConn, u64, Result<RemoteOutput, openssh::Error>), openssh::Error> {
         let generation = self.known_hosts_generation().await;
-        let pooled = self.conns.lock().await.remove(host.name.as_str());
+        let pooled = self.conns.lock().await.remove(&pool_key(host));
         if let Some((conn_generation, conn)) = pooled {
             if conn_generation == generation {
                 let first = conn.run(script, args, stdin);
@@ -257,7 +263,7 @@ impl ConnPool {
     pub async fn give_back(&self, host: &Host, conn: HostConn, generation: u64, healthy: bool) {
         let current = self.known_hosts.lock().await.1;
         if healthy && generation == current {
-            self.conns.lock().await.insert(host.name.to_string(), (generation, conn));
+            self.conns.lock().await.insert(pool_key(host), (generation, conn));
         } else {
             conn.close().await;
         }
@@ -278,6 +284,19 @@ impl ConnPool {
             }
         }
         known.1
+    }
+
+    /// Closes the connections to anything but `hosts` as they are now.
+    pub async fn keep_only(&self, hosts: &[Host]) {
+        let keys: std::collections::HashSet<String> = hosts.iter().map(pool_key).collect();
+        let stale: Vec<HostConn> = {
+            let mut conns = self.conns.lock().await;
+            let gone: Vec<String> = conns.keys().filter(|k| !keys.contains(*k)).cloned().collect();
+            gone.into_iter().filter_map(|k| conns.remove(&k)).map(|(_, c)| c).collect()
+        };
+        for conn in stale {
+            conn.close().await;
+        }
     }
 
     /// Closes every connection (at shutdown).

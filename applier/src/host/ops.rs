@@ -177,4 +177,10 @@ pub trait Hosts: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<HostFiles, String>>;
     /// Ends every session kept (at shutdown).
     fn close_all(&self) -> BoxFuture<'_, ()>;
+    /// Ends the sessions kept to anything but `hosts` as they are now (an inventory re-read:
+    /// a host gone, or one whose address, port or user changed).
+    fn keep_only<'a>(&'a self, hosts: &'a [Host]) -> BoxFuture<'a, ()> {
+        let _ = hosts;
+        Box::pin(async {})
+    }
 }

@@ -340,6 +340,10 @@ impl Hosts for SshHosts {
     fn close_all(&self) -> BoxFuture<'_, ()> {
         self.pool.close_all().boxed()
     }
+
+    fn keep_only<'a>(&'a self, hosts: &'a [Host]) -> BoxFuture<'a, ()> {
+        self.pool.keep_only(hosts).boxed()
+    }
 }
 
 /// A script's stdout; a non-zero exit becomes a failure of `stage` carrying its output.

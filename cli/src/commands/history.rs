@@ -139,6 +139,7 @@ pub async fn sweep(session: &Session, command: SweepCommand) -> anyhow::Result<(
             Ok(())
         }
         SweepCommand::Confirm { snapshot } => {
+            session.announce_change("releasing a held sweep of", &fleet.name);
             let request = HistoryRequest::ConfirmSweep { snapshot_seq: snapshot };
             let HistoryReply::Confirmed { stream_seq } = fleet.ask(request).await? else {
                 bail!("unexpected answer from the renderer");
@@ -352,6 +353,8 @@ pub async fn rollback_or_resume(session: &Session, to: Option<u64>) -> anyhow::R
         Some(version) => HistoryRequest::Rollback { version },
         None => HistoryRequest::Resume,
     };
+    let what = if to.is_some() { "rolling back" } else { "resuming" };
+    session.announce_change(what, &fleet.name);
     let HistoryReply::Done { version, pinned } = fleet.ask(request).await? else {
         bail!("unexpected answer from the renderer");
     };

@@ -30,10 +30,10 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub quiet: Duration,
     /// Deprecated: --coalesce in milliseconds.
-    #[arg(long, env = "HAFLEET_COALESCE_MS", hide = true)]
+    #[arg(long, env = "HAFLEET_COALESCE_MS", hide = true, conflicts_with = "coalesce")]
     pub coalesce_ms: Option<u64>,
     /// Deprecated: --quiet in milliseconds.
-    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true)]
+    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true, conflicts_with = "quiet")]
     pub quiet_ms: Option<u64>,
     /// Most route events folded into one batch.
     #[arg(long, env = "HAFLEET_MAX_BATCH", default_value_t = 1000)]
@@ -43,7 +43,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub publish_retry: Duration,
     /// Deprecated: --publish-retry in seconds.
-    #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", hide = true)]
+    #[arg(long, env = "HAFLEET_PUBLISH_RETRY_SECS", hide = true, conflicts_with = "publish_retry")]
     pub publish_retry_secs: Option<u64>,
     #[command(flatten)]
     pub retention: RetentionArgs,

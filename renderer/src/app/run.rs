@@ -60,7 +60,8 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             .await?;
     // What the flags say (checked now: a template that does not compile stops the start).
     let wanted = args.render.settings()?;
-    let flags_renderer = args.render.renderer()?;
+    let flags_renderer = crate::core::render::Renderer::from_settings(&wanted)
+        .context("the renderer's template (--template, or the built-in one)")?;
     let flags_guard = args.render.guard();
     let signer = load_signer(&args.signing_key)?;
     info!(key = signer.key_id(), "versions are signed");
@@ -127,12 +128,14 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         .context("cannot subscribe to history requests")?;
     let mut history = futures::stream::select(reads, changes);
 
-    if desired.render.as_ref() != Some(&wanted) {
-        record_render_settings(&bus, wanted).await?;
-    }
     let applied = store.applied_seq()?;
     let (stream, consumer) = bus::routes_consumer(&bus, applied).await?;
     check_same_stream(&store, stream.cached_info())?;
+    // Only into the stream this store follows: a start that stops at the check above must
+    // not append to a stream it will not read.
+    if desired.render.as_ref() != Some(&wanted) {
+        record_render_settings(&bus, wanted).await?;
+    }
     let mut messages = consumer.messages().await.context("cannot pull from the routes stream")?;
     info!(data_dir = %args.data_dir.display(), applied_seq = store.applied_seq()?, "renderer running");
     health.ready();

@@ -25,10 +25,10 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub quiet: Duration,
     /// Deprecated: --debounce in milliseconds.
-    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", hide = true)]
+    #[arg(long, env = "HAFLEET_DEBOUNCE_MS", hide = true, conflicts_with = "debounce")]
     pub debounce_ms: Option<u64>,
     /// Deprecated: --quiet in milliseconds.
-    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true)]
+    #[arg(long, env = "HAFLEET_QUIET_MS", hide = true, conflicts_with = "quiet")]
     pub quiet_ms: Option<u64>,
     /// Where each fleet takes traffic, shown in the `status.loadBalancer.ingress` of every
     /// Ingress routed on it (so `kubectl get ingress` shows it): `edge=192.0.2.10,192.0.2.11
@@ -83,7 +83,7 @@ pub struct RunArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub resync: Duration,
     /// Deprecated: --resync in seconds.
-    #[arg(long, env = "HAFLEET_RESYNC_SECS", hide = true)]
+    #[arg(long, env = "HAFLEET_RESYNC_SECS", hide = true, conflicts_with = "resync")]
     pub resync_secs: Option<u64>,
     /// A pass that would delete more than this many Ingresses of one fleet at once (a relist
     /// after the API server was restored from an empty backup, say) sends no delete events
@@ -124,7 +124,7 @@ pub struct RunArgs {
     pub default_cert: Vec<(FleetName, (String, String))>,
     /// Deprecated: HAFLEET_DEFAULT_CERT's old name.
     #[arg(long = "default-certs", env = "HAFLEET_DEFAULT_CERTS", hide = true,
-          value_delimiter = ' ', value_parser = parse_default_cert)]
+          value_delimiter = ' ', value_parser = parse_default_cert, conflicts_with = "default_cert")]
     pub default_certs: Vec<(FleetName, (String, String))>,
     /// Days before a served certificate's notAfter from which its Ingress gets a
     /// CertificateExpiring Warning Event (it is still served until it expires, then refused).

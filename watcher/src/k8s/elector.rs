@@ -33,7 +33,12 @@ pub struct LeaseArgs {
           value_parser = hafleet_runtime::settings::duration)]
     pub lease_duration: Duration,
     /// Deprecated: --lease-duration in seconds.
-    #[arg(long, env = "HAFLEET_LEASE_DURATION_SECS", hide = true)]
+    #[arg(
+        long,
+        env = "HAFLEET_LEASE_DURATION_SECS",
+        hide = true,
+        conflicts_with = "lease_duration"
+    )]
     pub lease_duration_secs: Option<u64>,
     /// This replica's name in the Lease (default: host name and process id).
     #[arg(long, env = "HAFLEET_IDENTITY")]
