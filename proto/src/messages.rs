@@ -519,6 +519,24 @@ impl RouteMessage {
         serde_json::to_vec(self).expect("route messages always serialize")
     }
 
+    /// The subject a message of the renderer's own must have come on (its render settings,
+    /// sweep releases, quarantines), which no watcher may publish on; `None` for a watcher's.
+    /// A renderer's message found on another subject was forged by someone who may publish
+    /// route events, and is not applied.
+    pub fn renderer_subject(&self) -> Option<&'static str> {
+        match self {
+            RouteMessage::Render(_) => Some(crate::ROUTES_RENDER_SUBJECT),
+            RouteMessage::Confirm(_) => Some(crate::ROUTES_CONFIRM_SUBJECT),
+            RouteMessage::Quarantine(_) => Some(crate::ROUTES_QUARANTINE_SUBJECT),
+            _ => None,
+        }
+    }
+
+    /// Whether it came on a subject it may come on ([`RouteMessage::renderer_subject`]).
+    pub fn on_its_subject(&self, subject: &str) -> bool {
+        self.renderer_subject().is_none_or(|own| own == subject)
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         check_schema_first(bytes, 1, crate::GATEWAY_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)

@@ -77,5 +77,9 @@ mod tests {
             lines[0].starts_with("template ") && lines.contains(&"servers per backend 3".into())
         );
         assert!(lines.contains(&"node health :10256/healthz".to_owned()), "{lines:?}");
+        // Only on its own subject: on a fleet's (where a watcher may publish) it is forged.
+        assert!(msg.on_its_subject(crate::ROUTES_RENDER_SUBJECT));
+        assert!(!msg.on_its_subject("hafleet.routes.edge"));
+        assert!(!msg.on_its_subject(crate::ROUTES_CONFIRM_SUBJECT));
     }
 }

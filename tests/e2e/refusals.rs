@@ -835,3 +835,42 @@ async fn applier_until_it_exits(world: &mut World) -> Result<(bool, String)> {
     .await;
     Ok((exited, std::fs::read_to_string(world.stack.log_path(Component::Applier))?))
 }
+
+/// The renderer's own messages count only on their own subjects, which no watcher may publish
+/// on: render settings published on a fleet's subject (as anyone who may publish route events
+/// could) are parked, not applied, and no version carries their template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_settings_on_a_route_subject_are_parked_not_applied() -> Result<()> {
+    let world = World::start().await?;
+    world.route("shop", "shop.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "shop.example.com", "/", 200, "web@").await?;
+    let forged = hafleet_proto::RouteMessage::Render(hafleet_proto::RenderSettings {
+        schema: hafleet_proto::SCHEMA_VERSION,
+        template: "global\n# forged-template-marker\n".into(),
+        builtin: false,
+        servers_per_backend: 1,
+        spare_backends: 0,
+        node_health: None,
+        sweep_guard_percent: 100,
+        sweep_guard_min_routes: 10,
+    });
+    let admin = world.stack.nats.bus().await?;
+    admin.js.publish("hafleet.routes.edge", forged.encode().into()).await?.await?;
+    let parked = eventually(CONVERGE, "the forged settings parked", || async {
+        let (ok, out, err) =
+            crate::history::cli(&world, &["deadletter", "list", "-o", "json"]).await?;
+        anyhow::ensure!(ok, "{err}");
+        let parked: serde_json::Value = serde_json::from_str(&out)?;
+        anyhow::ensure!(parked.as_array().is_some_and(|a| !a.is_empty()), "none yet");
+        Ok(parked)
+    })
+    .await?;
+    assert!(parked[0]["error"].as_str().unwrap_or_default().contains("forged"), "{parked}");
+    // The fleet goes on with the settings it had.
+    world.route("blog", "blog.example.com", "/", "api").await?;
+    expect_everywhere(&world.stack, "blog.example.com", "/", 200, "api@").await?;
+    let latest = world.stack.latest_version().await?.context("a version")?;
+    let config = latest.bundle().map(|b| b.config.clone()).unwrap_or_default();
+    assert!(!config.contains("forged-template-marker"), "the forged template was applied");
+    Ok(())
+}

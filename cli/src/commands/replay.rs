@@ -224,6 +224,11 @@ async fn apply_range(
             break;
         }
         match RouteMessage::decode(&m.payload) {
+            Ok(msg) if !msg.on_its_subject(m.subject.as_str()) => eprintln!(
+                "sequence {seq} skipped: a message of the renderer's own on {} (the renderer \
+                 parks such messages)",
+                m.subject
+            ),
             Ok(msg) => {
                 if let RouteMessage::SnapshotPart(_) = &msg {
                     parts.insert(seq, m.payload.clone());

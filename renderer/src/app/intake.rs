@@ -41,44 +41,53 @@ pub(crate) fn check_same_stream(
     Ok(())
 }
 
-/// The batch as (stream sequence, payload), in sequence order, without what is already applied,
+/// The batch as (stream sequence, payload) with each one's subject, in sequence order, without what is already applied,
 /// and with any sequence the consumer skipped read from the stream, so that events are applied
 /// exactly once and in order whatever the deliveries did.
 pub(crate) async fn fill_gaps(
     stream: &async_nats::jetstream::stream::Stream,
     applied: u64,
     batch: &[jetstream::Message],
-) -> anyhow::Result<Vec<(u64, bytes::Bytes)>> {
-    let mut delivered: Vec<(u64, bytes::Bytes)> = batch
+) -> anyhow::Result<Entries> {
+    let mut delivered: Vec<(u64, bytes::Bytes, String)> = batch
         .iter()
         .filter_map(|m| match m.info() {
-            Ok(info) => Some((info.stream_sequence, m.payload.clone())),
+            Ok(info) => Some((info.stream_sequence, m.payload.clone(), m.subject.to_string())),
             Err(e) => {
                 warn!(error = %e, "message without JetStream metadata; skipped");
                 None
             }
         })
-        .filter(|(seq, _)| *seq > applied)
+        .filter(|(seq, _, _)| *seq > applied)
         .collect();
-    delivered.sort_by_key(|(seq, _)| *seq);
-    delivered.dedup_by_key(|(seq, _)| *seq);
-    let mut entries = Vec::with_capacity(delivered.len());
+    delivered.sort_by_key(|(seq, _, _)| *seq);
+    delivered.dedup_by_key(|(seq, _, _)| *seq);
+    let mut entries = Entries::default();
     let mut next = applied + 1;
-    for (seq, payload) in delivered {
+    for (seq, payload, subject) in delivered {
         while next < seq {
-            match bus::routes_message(stream, next).await? {
+            match bus::stream_message(stream, hafleet_proto::ROUTES_STREAM, next).await? {
                 Some(missing) => {
                     info!(seq = next, "filled a gap in deliveries from the stream");
-                    entries.push((next, missing));
+                    entries.subjects.insert(next, missing.subject.to_string());
+                    entries.messages.push((next, missing.payload));
                 }
                 None => warn!(seq = next, "route message no longer in the stream; skipped"),
             }
             next += 1;
         }
-        entries.push((seq, payload));
+        entries.subjects.insert(seq, subject);
+        entries.messages.push((seq, payload));
         next = seq + 1;
     }
     Ok(entries)
+}
+
+/// A batch's messages in sequence order, and the subject each came on.
+#[derive(Debug, Default)]
+pub(crate) struct Entries {
+    pub messages: Vec<(u64, bytes::Bytes)>,
+    pub subjects: std::collections::BTreeMap<u64, String>,
 }
 
 /// Applies entries (in sequence order, all above the applied sequence) and commits them.
@@ -89,7 +98,7 @@ pub(crate) async fn fill_gaps(
 /// anything is committed; the rest of the batch goes on. One bad message must not stop every
 /// fleet behind it, and parked, it is not lost: an operator can read it back and, after an
 /// upgrade, publish it again.
-#[tracing::instrument(skip_all, fields(messages = entries.len()))]
+#[tracing::instrument(skip_all, fields(messages = batch.messages.len()))]
 pub(crate) async fn process(
     bus: &bus::Bus,
     stream: &async_nats::jetstream::stream::Stream,
@@ -97,14 +106,27 @@ pub(crate) async fn process(
     renderer: &mut Renderer,
     desired: &mut state::Desired,
     guard: &state::SweepGuard,
-    entries: &[(u64, bytes::Bytes)],
+    batch: &Entries,
 ) -> anyhow::Result<Vec<ConfigVersion>> {
     let mut last_seq = store.applied_seq()?;
     let mut out = Applied::default();
     let mut applied = 0u32;
+    let entries = &batch.messages;
     for (seq, payload) in entries {
         let seq = *seq;
+        let subject = batch.subjects.get(&seq).map_or("", String::as_str);
         let msg = match RouteMessage::decode(payload) {
+            Ok(msg) if !msg.on_its_subject(subject) => {
+                let why = format!(
+                    "a message of the renderer's own on {subject:?}, not {:?}: forged by \
+                     someone who may publish route events; not applied",
+                    msg.renderer_subject().unwrap_or_default()
+                );
+                error!(seq, subject, "{why}");
+                park(bus, seq, payload, &why).await?;
+                last_seq = last_seq.max(seq);
+                continue;
+            }
             Ok(msg) => msg,
             Err(e) => {
                 park(bus, seq, payload, &e).await?;
