@@ -284,7 +284,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             }
             _ = retry_timer.tick(), if retry.is_some() => {
                 let (version, unreached) = retry.take().expect("guarded by if");
-                let subset: Vec<Host> = unreached.iter().map(|&i| hosts[i].clone()).collect();
+                let subset = rollout::followers(unreached.iter().map(|&i| hosts[i].clone()));
                 info!(version = version.version, hosts = subset.len(), "retrying hosts");
                 let rolled = apply_and_report(&bus, &subset, &version, &known, &settings, None).await;
                 if Some(version.version) == known.0.last().map(|v| v.version) {
@@ -322,7 +322,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 settings.hosts.keep_only(&hosts).await;
                 // New and changed hosts get the fleet's current version now.
                 if let Some(current) = known.0.last().cloned().filter(|_| !change.fresh.is_empty()) {
-                    let subset: Vec<Host> = change.fresh.iter().map(|&i| hosts[i].clone()).collect();
+                    let subset = rollout::followers(change.fresh.iter().map(|&i| hosts[i].clone()));
                     let rolled = apply_and_report(&bus, &subset, &current, &known, &settings, None).await;
                     in_sync.extend(rolled.live.iter().map(|&i| change.fresh[i]));
                     let left: Vec<usize> = rolled.retry.into_iter().map(|i| change.fresh[i]).collect();

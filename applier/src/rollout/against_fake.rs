@@ -245,6 +245,20 @@ async fn a_host_that_may_not_be_the_canary_never_goes_first() {
     assert_eq!(fake.host("h1").loaded.as_ref(), Some(&v2.sha256));
 }
 
+/// A version that went live on the canary goes to hosts retried or put in the inventory later,
+/// even when none of them may be the canary.
+#[tokio::test(start_paused = true)]
+async fn hosts_that_may_not_be_the_canary_still_take_a_version_that_passed_one() {
+    let (v1, v2) = (version(1, &config(&["be_a"], 0)), version(2, &config(&["be_b"], 0)));
+    let (mut hosts, fake) = fleet(2, Some(&v1), |_, h| h);
+    hosts.iter_mut().for_each(|h| h.canary = false);
+    let halted = roll_out(&hosts, &v2, &[], &settings(&fake, 2, 1)).await;
+    assert_eq!(halted.not_attempted, [0, 1], "no canary: nothing goes");
+    let result = roll_out(&followers(hosts), &v2, &[], &settings(&fake, 2, 1)).await;
+    assert!(outcomes_of(&result).iter().all(|o| *o == ApplyOutcome::Applied), "{result:?}");
+    assert_eq!(fake.host("h1").loaded.as_ref(), Some(&v2.sha256));
+}
+
 fn outcomes_of(result: &RolloutResult) -> Vec<ApplyOutcome> {
     result.outcomes.iter().map(|r| r.outcome.clone()).collect()
 }

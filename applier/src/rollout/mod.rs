@@ -260,6 +260,14 @@ async fn attempt_host<'a>(
 /// hosts go in waves of `parallelism`; any failure other than an unreachable host halts. While
 /// the canary goes live, the first wave is prepared (uploaded and validated, nothing live
 /// changed); if the rollout halts, what was prepared is removed.
+/// `hosts` for a version that already went live on the fleet's canary (a retry of hosts it
+/// did not reach, hosts put in the inventory since): any of them may go first, so a subset of
+/// hosts kept from the canary's role (`canary = false`) is not left waiting for a canary it
+/// has none of.
+pub fn followers(hosts: impl IntoIterator<Item = Host>) -> Vec<Host> {
+    hosts.into_iter().map(|h| Host { canary: true, ..h }).collect()
+}
+
 pub async fn roll_out(
     hosts: &[Host],
     version: &ConfigVersion,
