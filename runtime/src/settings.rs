@@ -128,6 +128,12 @@ pub fn env_mismatches(command: &clap::Command) -> Vec<String> {
     out
 }
 
+/// Panics with every [`env_mismatches`] of `command`: each binary's unit test of the grammar.
+pub fn assert_grammar(command: &clap::Command) {
+    let mismatches = env_mismatches(command);
+    assert!(mismatches.is_empty(), "{mismatches:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,10 +49,10 @@ pub(crate) async fn fill_gaps(
     applied: u64,
     batch: &[jetstream::Message],
 ) -> anyhow::Result<Entries> {
-    let mut delivered: Vec<(u64, bytes::Bytes, String)> = batch
+    let mut delivered: Vec<(u64, bytes::Bytes, async_nats::Subject)> = batch
         .iter()
         .filter_map(|m| match m.info() {
-            Ok(info) => Some((info.stream_sequence, m.payload.clone(), m.subject.to_string())),
+            Ok(info) => Some((info.stream_sequence, m.payload.clone(), m.subject.clone())),
             Err(e) => {
                 warn!(error = %e, "message without JetStream metadata; skipped");
                 None
@@ -69,7 +69,7 @@ pub(crate) async fn fill_gaps(
             match bus::stream_message(stream, hafleet_proto::ROUTES_STREAM, next).await? {
                 Some(missing) => {
                     info!(seq = next, "filled a gap in deliveries from the stream");
-                    entries.subjects.insert(next, missing.subject.to_string());
+                    entries.subjects.insert(next, missing.subject);
                     entries.messages.push((next, missing.payload));
                 }
                 None => warn!(seq = next, "route message no longer in the stream; skipped"),
@@ -87,7 +87,7 @@ pub(crate) async fn fill_gaps(
 #[derive(Debug, Default)]
 pub(crate) struct Entries {
     pub messages: Vec<(u64, bytes::Bytes)>,
-    pub subjects: std::collections::BTreeMap<u64, String>,
+    pub subjects: std::collections::BTreeMap<u64, async_nats::Subject>,
 }
 
 /// Applies entries (in sequence order, all above the applied sequence) and commits them.
@@ -114,7 +114,7 @@ pub(crate) async fn process(
     let entries = &batch.messages;
     for (seq, payload) in entries {
         let seq = *seq;
-        let subject = batch.subjects.get(&seq).map_or("", String::as_str);
+        let subject = batch.subjects.get(&seq).map_or("", |s| s.as_str());
         let msg = match RouteMessage::decode(payload) {
             Ok(msg) if !msg.on_its_subject(subject) => {
                 let why = format!(
