@@ -151,6 +151,26 @@ impl Uploaded {
     }
 }
 
+/// What swap_runtime.sh printed after its swap: the runtime session's output, or that the
+/// maps could not be prepared (`hafleet-runtime-skipped`), so nothing was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwapRuntime {
+    /// The session was sent; what it printed (read by `runtime::answers`).
+    Sent(String),
+    /// A map was not in `show map` once, or `prepare map` did not give a version: the swap
+    /// stands and the caller reloads. Why, from the script's stderr.
+    Skipped(String),
+}
+
+impl SwapRuntime {
+    pub fn parse(stdout: &str, stderr: &str) -> SwapRuntime {
+        match stdout.trim() == "hafleet-runtime-skipped" {
+            true => SwapRuntime::Skipped(stderr.trim().to_owned()),
+            false => SwapRuntime::Sent(stdout.to_owned()),
+        }
+    }
+}
+
 /// What the master answered to `reload`. HAProxy 3.1 and later answer once the new worker is
 /// up or has failed: `Success=1` or `Success=0`, then `--` and the startup logs; 2.6 closes
 /// the connection without a word as the master re-executes.

@@ -9,7 +9,9 @@
 //! applier expects) or run `haproxy -c` (a config is refused when a test says so).
 
 use super::answer::{self, Exit, LiveShas, LiveState, MasterAnswer};
-use super::ops::{Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, UploadCheck, fail};
+use super::ops::{
+    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, fail,
+};
 use crate::core::inventory::Host;
 use crate::core::plan::{HostFiles, ProcState};
 use futures::FutureExt as _;
@@ -36,6 +38,7 @@ pub enum Op {
     ShowProc,
     MasterCli,
     Session,
+    SwapRuntime,
     DriftState,
 }
 
@@ -147,7 +150,21 @@ impl FakeHost {
         if command.starts_with("add server ") {
             return "New server registered.".into();
         }
+        if command.starts_with("set server ") && command.contains(" addr ") {
+            return "IP changed from the old address".into();
+        }
         String::new()
+    }
+
+    /// What an interactive session of `commands` prints: a prompt, then each answer and a
+    /// prompt.
+    fn answer_session(&self, commands: &[String]) -> String {
+        let mut out = "> ".to_owned();
+        for command in commands {
+            out.push_str(&self.cli(command));
+            out.push_str("\n> ");
+        }
+        out
     }
 
     /// Takes what an upload stream names (see `Outgoing::stream`, `cert_stream`): files into
@@ -369,6 +386,37 @@ impl HostOps for Session {
         self.call(Op::Swap, move |h| swap(h, token)).boxed()
     }
 
+    fn swap_runtime<'a>(
+        &'a self,
+        ask: RuntimeSwap<'a>,
+    ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
+        // Each kind of map is `#<n>` (its place in `ask.maps`), prepared as version 1.
+        let mut text = String::from_utf8_lossy(ask.session).into_owned();
+        for (n, kind) in ask.maps.iter().enumerate() {
+            text = text.replace(&format!("{{map:{kind}}}"), &format!("@1 #{n}"));
+        }
+        let commands = session_commands(text.as_bytes());
+        async move {
+            let sent = self
+                .call(Op::SwapRuntime, |h| {
+                    if h.shas() != *ask.prepared {
+                        return Err(exit(Exit::Stale, "the host changed since it was prepared"));
+                    }
+                    if crate::core::plan::current_worker(&h.proc) != Some(ask.pid) {
+                        return Err(exit(Exit::Stale, "another worker is the current one"));
+                    }
+                    swap(h, ask.token)?;
+                    Ok(answer::SwapRuntime::Sent(h.answer_session(&commands)))
+                })
+                .await;
+            if sent.is_ok() {
+                self.log_commands(commands.iter().map(String::as_str));
+            }
+            sent
+        }
+        .boxed()
+    }
+
     fn reload<'a>(
         &'a self,
         request: ReloadRequest<'a>,
@@ -435,37 +483,36 @@ impl HostOps for Session {
     }
 
     fn session<'a>(&'a self, input: &'a [u8]) -> BoxFuture<'a, Result<String, String>> {
-        let input = String::from_utf8_lossy(input).into_owned();
-        // `@!<pid> <command>` lines; a payload (after ` <<`) runs to an empty line.
-        let mut commands = Vec::new();
-        let mut lines = input.lines();
-        while let Some(line) = lines.next() {
-            let Some((_, command)) = line.strip_prefix("@!").and_then(|l| l.split_once(' ')) else {
-                continue;
-            };
-            if let Some(command) = command.strip_suffix(" <<") {
-                lines.by_ref().take_while(|l| !l.is_empty()).for_each(drop);
-                commands.push(command.to_owned());
-            } else {
-                commands.push(command.to_owned());
-            }
-        }
+        let commands = session_commands(input);
         self.log_commands(commands.iter().map(String::as_str));
-        self.call(Op::Session, move |h| {
-            let mut out = "> ".to_owned();
-            for command in &commands {
-                out.push_str(&h.cli(command));
-                out.push_str("\n> ");
-            }
-            Ok(out)
-        })
-        .map(|r| r.map_err(|f| f.message))
-        .boxed()
+        self.call(Op::Session, move |h| Ok(h.answer_session(&commands)))
+            .map(|r| r.map_err(|f| f.message))
+            .boxed()
     }
 
     fn give_back(self: Box<Self>, _healthy: bool) -> BoxFuture<'static, ()> {
         async {}.boxed()
     }
+}
+
+/// The commands of a master CLI session (`@!<pid> <command>` lines; a payload, after ` <<`,
+/// runs to an empty line), without their `@!<pid>`.
+fn session_commands(input: &[u8]) -> Vec<String> {
+    let input = String::from_utf8_lossy(input);
+    let mut commands = Vec::new();
+    let mut lines = input.lines();
+    while let Some(line) = lines.next() {
+        let Some((_, command)) = line.strip_prefix("@!").and_then(|l| l.split_once(' ')) else {
+            continue;
+        };
+        if let Some(command) = command.strip_suffix(" <<") {
+            lines.by_ref().take_while(|l| !l.is_empty()).for_each(drop);
+            commands.push(command.to_owned());
+        } else {
+            commands.push(command.to_owned());
+        }
+    }
+    commands
 }
 
 /// Keeps the live file as last-known-good and renames the upload `token` over it.

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! rollout ──Hosts::open──▶ Box<dyn HostOps> ──refresh, upload, validate, swap, reload,
-//!    │                                        runtime commands, mark loaded, restore──▶ host
+//!    │                                        runtime commands (with the swap or apart),
+//!    │                                        mark loaded, restore──▶ host
 //!    └──Hosts::drift_state (a session of its own)
 //! ```
 
@@ -84,6 +85,23 @@ pub struct ReloadRequest<'a> {
     pub version: Option<u64>,
 }
 
+/// What a change through the runtime API asks of the host in one round trip
+/// (swap_runtime.sh): the swap, after checking the host is as prepared, then the commands.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeSwap<'a> {
+    /// This attempt's validated upload.
+    pub token: &'a str,
+    /// The live and loaded sha256 lines it was prepared on.
+    pub prepared: &'a LiveShas,
+    /// The worker the commands are for, which must still be the current one.
+    pub pid: u32,
+    /// The kinds of map replaced: each is found in `show map` and prepared, and `{map:KIND}`
+    /// in `session` becomes its `@<version> #<id>`.
+    pub maps: &'a [&'a str],
+    /// The master CLI session (see `runtime::session`).
+    pub session: &'a [u8],
+}
+
 /// What marking the live file loaded records (mark_loaded.sh).
 #[derive(Debug, Clone, Copy)]
 pub struct Mark<'a> {
@@ -138,6 +156,12 @@ pub trait HostOps: Send + Sync {
     ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>>;
     /// Keeps the live file as last-known-good and renames the upload `token` over it.
     fn swap<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), Failure>>;
+    /// Swaps the upload in if the host is as it was prepared, then sends the runtime
+    /// commands to the worker (swap_runtime.sh). Exits Stale or Swap: nothing was done.
+    fn swap_runtime<'a>(
+        &'a self,
+        ask: RuntimeSwap<'a>,
+    ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>>;
     /// Asks the master to reload (after a swap, if asked) and watches `show proc`.
     fn reload<'a>(
         &'a self,

@@ -69,6 +69,8 @@ pub static SWAP: Script = Script::new("swap", with_lib!("swap.sh"));
 pub static RELOAD_WAIT: Script = Script::new("reload_wait", with_lib!("reload_wait.sh"));
 /// See `scripts/swap_reload.sh`.
 pub static SWAP_RELOAD: Script = Script::new("swap_reload", with_lib!("swap_reload.sh"));
+/// See `scripts/swap_runtime.sh`.
+pub static SWAP_RUNTIME: Script = Script::new("swap_runtime", with_lib!("swap_runtime.sh"));
 /// See `scripts/restore.sh`.
 pub static RESTORE: Script = Script::new("restore", with_lib!("restore.sh"));
 /// See `scripts/upload_maps.sh`.
@@ -85,7 +87,7 @@ pub static NOOP: Script = Script::new("noop", "true\n");
 
 /// Every script, for tests.
 #[cfg(test)]
-pub(crate) static ALL: [&Script; 17] = [
+pub(crate) static ALL: [&Script; 18] = [
     &LIVE_STATE,
     &REFRESH,
     &MARK_LOADED,
@@ -97,6 +99,7 @@ pub(crate) static ALL: [&Script; 17] = [
     &SWAP,
     &RELOAD_WAIT,
     &SWAP_RELOAD,
+    &SWAP_RUNTIME,
     &RESTORE,
     &UPLOAD_MAPS,
     &UPLOAD_CERTS,
@@ -107,3 +110,5 @@ pub(crate) static ALL: [&Script; 17] = [
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_runtime;

@@ -2,7 +2,9 @@
 //! host through a pooled [`crate::host::conn::HostConn`], its answer read by [`super::answer`].
 
 use super::answer::{self, Exit, LiveState};
-use super::ops::{Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, UploadCheck, fail};
+use super::ops::{
+    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, fail,
+};
 use super::scripts::{self, Script};
 use crate::core::inventory::Host;
 use crate::core::plan::{self, HostFiles, ProcState};
@@ -170,6 +172,26 @@ impl HostOps for SshHost {
         async move {
             self.remote(ApplyStage::Swap, &scripts::SWAP, &[self.live(), token], None).await?;
             Ok(())
+        }
+        .boxed()
+    }
+
+    fn swap_runtime<'a>(
+        &'a self,
+        ask: RuntimeSwap<'a>,
+    ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
+        async move {
+            let pid = ask.pid.to_string();
+            let (live, loaded) = (ask.prepared.live.as_str(), ask.prepared.loaded.as_str());
+            let mut args = vec![self.live(), ask.token, self.socket(), &pid, live, loaded];
+            args.extend(ask.maps);
+            let run = self.conn.run(&scripts::SWAP_RUNTIME, &args, Some(ask.session)).await;
+            match run {
+                Ok(out) if out.success => Ok(answer::SwapRuntime::parse(&out.stdout, &out.stderr)),
+                // Stale and Swap changed nothing; anything else may have come after the swap,
+                // which leaves a live file HAProxy has not loaded (reloaded at the next look).
+                failed => Err(outcome_of(ApplyStage::Swap, failed).unwrap_err()),
+            }
         }
         .boxed()
     }

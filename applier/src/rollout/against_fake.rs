@@ -313,6 +313,45 @@ async fn a_host_that_changed_while_prepared_ahead_is_prepared_again() {
     assert_eq!(fake.host("h1").loaded.as_ref(), Some(&v2.sha256));
 }
 
+/// A change the runtime API takes goes live on each host in one round trip after its upload
+/// (swap_runtime): no read of a host prepared ahead, no swap or session apart, no reload. A
+/// host whose worker changed since it was prepared is prepared again and then goes live.
+#[tokio::test(start_paused = true)]
+async fn a_runtime_change_swaps_with_its_commands_and_a_stale_host_is_prepared_again() {
+    let moved = |c: String| c.replace("10.0.0.1:30081", "10.0.0.2:30081");
+    let (v1, v2) = (version(1, &config(&["be_a"], 0)), version(2, &moved(config(&["be_a"], 0))));
+    let (hosts, fake) = fleet(3, Some(&v1), |_, h| h);
+    let settings = settings(&fake, 3, 2);
+    // h2's master reloads (another worker) while the canary goes live.
+    let known = [&v1];
+    let result = {
+        let rollout = roll_out(&hosts, &v2, &known, &settings);
+        let meddle = async {
+            while !fake.log().contains(&("h0".to_owned(), Op::SwapRuntime)) {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+            }
+            fake.change("h2", |h| h.proc.workers = vec![(999, 0)]);
+        };
+        tokio::join!(rollout, meddle).0
+    };
+    let applied = [ApplyOutcome::Applied, ApplyOutcome::Applied, ApplyOutcome::Applied];
+    assert_eq!(outcomes_of(&result), applied);
+    let log = fake.log();
+    for i in 0..3 {
+        let effort = result.outcomes[i].effort;
+        assert_eq!((effort.reloads, effort.runtime_commands), (0, 1), "h{i}");
+        for op in [Op::Refresh, Op::Swap, Op::Session, Op::MasterCli, Op::Reload] {
+            assert_eq!(count(&log, i, op), 0, "h{i} did {op:?}: {log:?}");
+        }
+        assert!(at(&log, i, Op::SwapRuntime) < at(&log, i, Op::MarkLoaded));
+        assert_eq!(fake.host(&format!("h{i}")).loaded.as_ref(), Some(&v2.sha256));
+    }
+    let set = "set server be_a/n1 addr 10.0.0.2 port 30081".to_owned();
+    assert!(fake.commands().contains(&("h2".to_owned(), set)), "{:?}", fake.commands());
+    assert_eq!((count(&log, 1, Op::SwapRuntime), count(&log, 1, Op::Open)), (1, 1));
+    assert_eq!((count(&log, 2, Op::SwapRuntime), count(&log, 2, Op::Open)), (2, 2), "again");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_host_is_left_alone() {
     let v1 = version(1, &config(&["be_a"], 0));

@@ -85,7 +85,10 @@ pub(super) async fn go_live(
     // bridged to spares first swaps before its runtime commands, so that a stop in between
     // leaves a live file HAProxy has not loaded (reloaded at the next look).
     let swap_with_reload = matches!(change, runtime::Plan::Reload(_)) && bridge.is_none();
-    if !swap_with_reload {
+    // A change the runtime API takes, certificates apart, swaps in the same round trip as its
+    // commands (swap_runtime.sh), which checks first that the host is as it was prepared.
+    let swap_with_commands = runtime::swaps_with_commands(change);
+    if !swap_with_reload && !swap_with_commands {
         conn.swap(token).await?;
     }
 
@@ -94,6 +97,19 @@ pub(super) async fn go_live(
         runtime::Plan::Nothing => {
             info!("the new config differs from the running one in comments only; no reload");
             true
+        }
+        runtime::Plan::Runtime(steps) if swap_with_commands => {
+            match swap_runtime(conn, token, prepared_state, &before, steps).await? {
+                Ok(sent) => {
+                    effort.runtime_commands = sent;
+                    info!(commands = sent, "applied through the runtime API; no reload");
+                    true
+                }
+                Err(why) => {
+                    warn!(%why, "the runtime API did not take the change; reloading instead");
+                    false
+                }
+            }
         }
         runtime::Plan::Runtime(steps) => match apply_runtime(
             conn,
@@ -258,10 +274,7 @@ pub(super) async fn apply_runtime(
     let pid = plan::current_worker(before).ok_or("no single current worker in `show proc`")?;
     let mut sent = 0;
     let mut certs = runtime::CertInputs::default();
-    let cert_steps = steps
-        .iter()
-        .any(|s| matches!(s, runtime::Step::AddCert { .. } | runtime::Step::RemoveCert { .. }));
-    if cert_steps {
+    if runtime::touches_certs(steps) {
         let show = format!("@!{pid} show ssl crt-list");
         let out = conn.master_cli(&show).await?;
         sent += 1;
@@ -297,6 +310,48 @@ pub(super) async fn apply_runtime(
         return Err(format!("HAProxy answered {answer:?} to `{command}`"));
     }
     Ok(sent as u32)
+}
+
+/// Swaps the upload `token` in and sends `steps` (no certificate among them) to the current
+/// worker of `before`, in one round trip (swap_runtime.sh), if the host is still as it was
+/// `prepared`: the number of commands sent, or why the runtime API did not take the change
+/// (the swap stands: the caller reloads). `Err`: the host changed since it was prepared, or
+/// the swap failed; nothing was done (or, the connection lost, it is not known).
+async fn swap_runtime(
+    conn: &dyn HostOps,
+    token: &str,
+    prepared: &LiveShas,
+    before: &plan::ProcState,
+    steps: &[runtime::Step],
+) -> Result<Result<u32, String>, Failure> {
+    let kinds = runtime::map_kinds(steps);
+    let maps = runtime::map_placeholders(&kinds);
+    let no_certs = runtime::CertInputs::default();
+    let planned = plan::current_worker(before)
+        .ok_or_else(|| "no single current worker in `show proc`".to_owned())
+        .and_then(|pid| Ok((pid, runtime::commands(steps, &maps, &no_certs)?)));
+    let (pid, commands) = match planned {
+        Ok(planned) => planned,
+        Err(why) => {
+            conn.swap(token).await?;
+            return Ok(Err(why));
+        }
+    };
+    let session = runtime::session(pid, &commands);
+    let ask = ops::RuntimeSwap { token, prepared, pid, maps: &kinds, session: session.as_bytes() };
+    let out = match conn.swap_runtime(ask).await? {
+        answer::SwapRuntime::Sent(out) => out,
+        answer::SwapRuntime::Skipped(why) => {
+            return Ok(Err(format!("the maps could not be prepared: {why}")));
+        }
+    };
+    let answers = runtime::answers(&out, commands.len());
+    if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
+        return Ok(Err(format!("HAProxy answered {answer:?} to `{command}`")));
+    }
+    // `show map` and a `prepare map` for each map, then the commands.
+    let asked = if kinds.is_empty() { 0 } else { kinds.len() + 1 };
+    Ok(Ok((asked + commands.len()) as u32))
 }
 
 /// One interactive master CLI session: the answers to `commands`, in order.

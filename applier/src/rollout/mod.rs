@@ -24,6 +24,10 @@
 //!            copy live ─▶ <config>.hafleet-last-good; rename new ─▶ live   (atomic)
 //!            the change fits the runtime API (see crate::core::runtime_api) and HAProxy takes every
 //!            command? ──yes──▶ no reload
+//!              (without a certificate in it, the swap, `show map`, `prepare map` and the
+//!               commands go in one round trip, which first checks that the host's files and
+//!               worker are those it was prepared on, as a reload's does: a host prepared
+//!               ahead is not read again)
 //!              │ no (then the swap above is in the reload's round trip, unless the reload
 //!              │ has a bridge: its new backends go into empty spares first, the spares
 //!              │ checked empty, the servers added, then the maps, each only if the last
@@ -229,22 +233,23 @@ async fn attempt_host<'a>(
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> HostResult {
-    let (prepared, started, ahead) = match prepared {
-        // A reload checks, in its own round trip, that the host is as it was prepared.
-        Some(p) if p.reloads() => (p, std::time::Instant::now(), true),
+    let (prepared, started) = match prepared {
+        // A reload, or runtime commands, check in their own round trip that the host is as
+        // it was prepared.
+        Some(p) if p.checks_when_live() => (p, std::time::Instant::now()),
         Some(p) => {
             let started = std::time::Instant::now();
-            (refresh(p, version, known, settings).await, started, false)
+            (refresh(p, version, known, settings).await, started)
         }
         None => {
             let p = prepare(&hosts[i], version, known, settings).await;
             let started = p.started;
-            (p, started, false)
+            (p, started)
         }
     };
     let (mut result, mut effort) = finish(prepared, version, settings).await;
-    if ahead && matches!(&result, Err(f) if f.exit == Some(Exit::Stale)) {
-        warn!(host = %hosts[i].name, "the host changed while the canary went live; preparing it again");
+    if matches!(&result, Err(f) if f.exit == Some(Exit::Stale)) {
+        warn!(host = %hosts[i].name, "the host changed since it was prepared; preparing it again");
         let p = prepare(&hosts[i], version, known, settings).await;
         (result, effort) = finish(p, version, settings).await;
     }

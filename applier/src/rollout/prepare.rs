@@ -25,6 +25,14 @@ impl Prepared<'_> {
     pub(super) fn reloads(&self) -> bool {
         matches!(&self.step, Next::Staged { change, bridge: None, .. } if matches!(**change, runtime::Plan::Reload(_)))
     }
+
+    /// Whether going live checks, in its own round trip, that the host is as it was
+    /// prepared: a reload that swaps in its round trip ([`Prepared::reloads`]), or a change
+    /// whose runtime commands do (swap_runtime.sh, which checks the worker too).
+    pub(super) fn checks_when_live(&self) -> bool {
+        self.reloads()
+            || matches!(&self.step, Next::Staged { change, .. } if runtime::swaps_with_commands(change))
+    }
 }
 
 /// What [`finish`] has left to do.

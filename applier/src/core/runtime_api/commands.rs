@@ -60,9 +60,16 @@ impl Command {
     }
 }
 
-/// Where each changed map lives in the running process, by kind: the `#<id>` that `show map`
-/// lists for it, and the version `prepare map` allocated.
-pub type PreparedMaps = BTreeMap<String, (String, u32)>;
+/// How the commands address each changed map, by kind: `@<version> #<id>`, the `#<id>` that
+/// `show map` lists for it and the version `prepare map` allocated ([`prepared_maps`]), or a
+/// `{map:<kind>}` the host fills in itself ([`map_placeholders`], swap_runtime.sh).
+pub type PreparedMaps = BTreeMap<String, String>;
+
+/// Each kind addressed as `{map:<kind>}`, which swap_runtime.sh makes `@<version> #<id>` on
+/// the host, after it found and prepared the map in the same round trip.
+pub fn map_placeholders(kinds: &[&str]) -> PreparedMaps {
+    kinds.iter().map(|k| ((*k).to_owned(), format!("{{map:{k}}}"))).collect()
+}
 
 /// The kinds of map a plan replaces.
 pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
@@ -114,7 +121,7 @@ pub fn prepared_version(answer: &str) -> Option<u32> {
 }
 
 /// The maps prepared by [`prepare_commands`]`(ids)`, from HAProxy's answers to them in order:
-/// each kind's map id and the version `prepare map` created.
+/// each kind's map as `@<version> #<id>`.
 pub fn prepared_maps<S: AsRef<str>>(
     ids: BTreeMap<String, String>,
     answers: &[S],
@@ -128,7 +135,7 @@ pub fn prepared_maps<S: AsRef<str>>(
             let answer = answer.as_ref();
             let version = prepared_version(answer)
                 .ok_or_else(|| format!("prepare map {id}: {}", answer.trim()))?;
-            Ok((kind, (id, version)))
+            Ok((kind, format!("@{version} {id}")))
         })
         .collect()
 }
@@ -229,16 +236,15 @@ pub fn commands(
                 out.push(Command::new(format!("del server {backend}/{server}"), Expect::Anything));
             }
             Step::ReplaceMap { kind, content } => {
-                let (id, version) =
-                    maps.get(kind).ok_or_else(|| format!("map {kind} was not prepared"))?;
+                let map = maps.get(kind).ok_or_else(|| format!("map {kind} was not prepared"))?;
                 for chunk in payload_chunks(content) {
                     out.push(Command {
-                        line: format!("add map @{version} {id}"),
+                        line: format!("add map {map}"),
                         payload: Some(chunk.into()),
                         expect: Expect::Empty,
                     });
                 }
-                out.push(Command::new(format!("commit map @{version} {id}"), Expect::Empty));
+                out.push(Command::new(format!("commit map {map}"), Expect::Empty));
             }
         }
     }

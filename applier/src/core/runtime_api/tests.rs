@@ -397,7 +397,7 @@ fn commands_chunk_map_payloads_and_name_the_prepared_version() {
         },
         Step::ReplaceMap { kind: "prefix".into(), content: content.clone() },
     ];
-    let maps = PreparedMaps::from([("prefix".to_owned(), ("#1".to_owned(), 4))]);
+    let maps = PreparedMaps::from([("prefix".to_owned(), "@4 #1".to_owned())]);
     let cmds = commands(&steps, &maps, &CertInputs::default()).unwrap();
     assert_eq!(cmds[0].line, "add server be_a/n2 10.0.0.2:30080 track hafleet_nodes/n2");
     assert_eq!(cmds[1].line, "enable server be_a/n2");
@@ -466,7 +466,9 @@ fn maps_are_found_by_kind_under_the_name_they_were_loaded_with() {
     assert_eq!(prepared_version("Unknown map identifier."), None);
     let ids: BTreeMap<String, String> = [("exact".into(), "#1".into())].into();
     let prepared = prepared_maps(ids.clone(), &["New version created: 3\n"]).unwrap();
-    assert_eq!(prepared["exact"], ("#1".to_owned(), 3));
+    assert_eq!(prepared["exact"], "@3 #1");
+    let placeholders = map_placeholders(&["exact", "prefix"]);
+    assert_eq!(placeholders["prefix"], "{map:prefix}");
     assert!(prepared_maps(ids.clone(), &["Unknown map identifier."]).is_err());
     assert!(prepared_maps(ids, &[] as &[&str]).is_err(), "an answer missing");
 }

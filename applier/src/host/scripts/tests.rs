@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// A shell the scripts must run in.
 #[derive(Debug, Clone, Copy)]
-struct Shell {
+pub(super) struct Shell {
     name: &'static str,
     argv: &'static [&'static str],
 }
@@ -44,7 +44,7 @@ impl Shell {
 
 /// Runs `case` once in each installed shell, saying which ran and which were skipped (on
 /// the process's stderr itself: a test's own output is shown only when it fails).
-fn in_each_shell(case: fn(Shell)) {
+pub(super) fn in_each_shell(case: fn(Shell)) {
     for shell in SHELLS {
         if !shell.installed() {
             let _ = writeln!(std::io::stderr(), "skipping {}: not installed", shell.name);
@@ -55,7 +55,7 @@ fn in_each_shell(case: fn(Shell)) {
 }
 
 /// Runs `cmd` with `stdin` written to it, and returns what it did.
-fn fed(cmd: &mut Command, stdin: &[u8]) -> Output {
+pub(super) fn fed(cmd: &mut Command, stdin: &[u8]) -> Output {
     let mut child =
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
@@ -580,11 +580,11 @@ fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in(shell: Sh
 }
 
 /// A folder of stand-ins for commands, put first on the scripts' PATH.
-struct FakeBin(tempfile::TempDir);
+pub(super) struct FakeBin(tempfile::TempDir);
 
 impl FakeBin {
     /// `commands`: (name, sh script).
-    fn new(commands: &[(&str, &str)]) -> FakeBin {
+    pub(super) fn new(commands: &[(&str, &str)]) -> FakeBin {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         for (name, body) in commands {
@@ -596,7 +596,7 @@ impl FakeBin {
     }
 
     /// `script` in `shell` with this folder first on its PATH.
-    fn command(&self, shell: Shell, script: &Script) -> Command {
+    pub(super) fn command(&self, shell: Shell, script: &Script) -> Command {
         let path = format!("{}:{}", self.0.path().display(), std::env::var("PATH").unwrap());
         let mut cmd = shell.command(script);
         cmd.env("PATH", path);

@@ -1,0 +1,100 @@
+# swap_runtime LIVE TOKEN SOCKET PID LIVE_SHA LOADED_SHA [KIND...]: puts a change that the
+# runtime API takes live in one round trip (rollout::go_live), where it took five (a read of
+# the host, the swap, `show map`, `prepare map`, the commands). Checks that the live and
+# loaded sha256 lines (live_shas) are still LIVE_SHA and LOADED_SHA, those the host was
+# prepared on, and that PID is still the master's one current worker, whom the commands are
+# for (exit EXIT_STALE if not: nothing was done). Swaps the upload TOKEN in (exit EXIT_SWAP if
+# it cannot). Then, for each map KIND the change replaces, finds its `#<id>` in the worker's
+# `show map` (the map it loaded from a file `<kind>-<sha>.map`, listed exactly once) and asks
+# for a new version of it (`prepare map`). Then sends the master CLI session on stdin
+# (runtime::session) to the worker, each `{map:KIND}` on a command line (not in a payload)
+# made `@<version> #<id>`, and prints what the session printed. A map not found once, or a
+# prepare not answered with its version, prints `hafleet-runtime-skipped` instead and sends
+# nothing more: the swap stays, and the caller reloads. What `show map` and the prepares
+# answered goes to stderr.
+sr_was="$5 $6 "
+sr_now=$(live_shas "$1" | tr '\n' ' ')
+if [ "$sr_now" != "$sr_was" ]; then
+  echo "the host's config changed since it was prepared" >&2
+  exit "$EXIT_STALE"
+fi
+sr_cur=$(master_cli "$3" "show proc" 2>/dev/null |
+  awk '$2 == "worker" && $3 == "0" { n++; p = $1 } END { if (n == 1) print p }')
+if [ "$sr_cur" != "$4" ]; then
+  echo "the master's current worker is ${sr_cur:-not one worker}, not $4" >&2
+  exit "$EXIT_STALE"
+fi
+swap "$1" "$2"
+sr_sock=$3
+sr_pid=$4
+shift 6
+sr_subst=
+if [ "$#" -gt 0 ]; then
+  sr_maps=$(master_cli "$sr_sock" "@!$sr_pid show map" 2>&1)
+  # `<kind> #<id>` for each KIND, in the order given; nothing if one is not there once.
+  sr_ids=$(printf '%s\n' "$sr_maps" | awk -v want="$*" '
+    BEGIN { k = split(want, kinds, " ") }
+    $1 ~ /^[0-9]+$/ && $2 ~ /^\(.*\)$/ {
+      f = substr($2, 2, length($2) - 2)
+      sub(/.*\//, "", f)
+      if (f !~ /^[a-z]+-[0-9a-f]+\.map$/) next
+      sub(/-.*/, "", f)
+      seen[f]++
+      id[f] = "#" $1
+    }
+    END {
+      for (i = 1; i <= k; i++) if (seen[kinds[i]] != 1) exit 1
+      for (i = 1; i <= k; i++) print kinds[i], id[kinds[i]]
+    }
+  ')
+  if [ -z "$sr_ids" ]; then
+    printf 'show map: %s\n' "$sr_maps" >&2
+    echo hafleet-runtime-skipped
+    exit 0
+  fi
+  sr_prep=$(printf '%s\n' "$sr_ids" |
+    awk -v p="$sr_pid" 'BEGIN { print "prompt" } { print "@!" p " prepare map " $2 } END { print "quit" }' |
+    socat -T 30 stdio "unix-connect:$sr_sock" 2>&1)
+  # `{map:<kind>}=@<version> #<id>` for each KIND, a line each; nothing unless every prepare
+  # answered its version.
+  sr_subst=$(printf '%s\n--\n%s\n' "$sr_ids" "$sr_prep" | awk '
+    !past && $0 == "--" { past = 1; next }
+    !past { kind[++k] = $1; id[k] = $2; next }
+    {
+      s = $0
+      while (match(s, /New version created: [0-9]+/)) {
+        v = substr(s, RSTART, RLENGTH)
+        sub(/.*: /, "", v)
+        ver[++n] = v
+        s = substr(s, RSTART + RLENGTH)
+      }
+    }
+    END {
+      if (n != k) exit 1
+      for (i = 1; i <= k; i++) print "{map:" kind[i] "}=@" ver[i] " " id[i]
+    }
+  ')
+  if [ -z "$sr_subst" ]; then
+    printf 'prepare map: %s\n' "$sr_prep" >&2
+    echo hafleet-runtime-skipped
+    exit 0
+  fi
+fi
+# The substitutions go to awk as one `;`-separated value; the session itself is stdin.
+awk -v subst="$(printf '%s' "$sr_subst" | tr '\n' ';')" '
+  BEGIN {
+    n = split(subst, pairs, ";")
+    for (j = 1; j <= n; j++) {
+      i = index(pairs[j], "=")
+      if (i > 0) to[substr(pairs[j], 1, i - 1)] = substr(pairs[j], i + 1)
+    }
+  }
+  payload { print; if ($0 == "") payload = 0; next }
+  {
+    for (m in to) {
+      while ((i = index($0, m)) > 0) $0 = substr($0, 1, i - 1) to[m] substr($0, i + length(m))
+    }
+    print
+    if ($0 ~ / <<$/) payload = 1
+  }
+' | socat -T 30 stdio "unix-connect:$sr_sock"

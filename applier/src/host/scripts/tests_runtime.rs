@@ -1,0 +1,157 @@
+//! swap_runtime.sh in each shell a host's `sh` may be, against a stand-in for the master CLI:
+//! the change through the runtime API in one round trip (checks, swap, `show map`, `prepare
+//! map`, the commands), and what it leaves when the host is not as it was prepared.
+
+use super::tests::{FakeBin, Shell, fed, in_each_shell};
+use super::*;
+use crate::core::runtime_api as runtime;
+use crate::host::answer::{self, Exit};
+
+/// A stand-in for `socat` on a master CLI, its state in $FAKE_MASTER: `show proc` answers
+/// `proc`, `@!100 show map` answers `maps`; an interactive session (`prompt` first) answers
+/// `prepare map` with version 7, `set server … addr` with the change and anything else
+/// with nothing, each answer followed by the
+/// prompt, and appends what it was sent to `sessions`.
+const FAKE_SOCAT: &str = r#"read -r first
+case $first in
+  prompt)
+    printf '> '
+    payload=0
+    while IFS= read -r line; do
+      printf '%s\n' "$line" >> "$FAKE_MASTER/sessions"
+      if [ "$payload" = 1 ]; then
+        [ -n "$line" ] || { payload=0; printf '\n> '; }
+        continue
+      fi
+      case $line in
+        quit) break ;;
+        *" prepare map #"*) printf 'New version created: 7\n\n> ' ;;
+        *" set server "*" addr "*) printf 'IP changed from 10.0.0.1 to 10.0.0.2\n\n> ' ;;
+        *" <<") payload=1 ;;
+        *) printf '\n> ' ;;
+      esac
+    done
+    ;;
+  "show proc") cat "$FAKE_MASTER/proc" ;;
+  "@!100 show map") cat "$FAKE_MASTER/maps" ;;
+  *) exit 1 ;;
+esac"#;
+
+/// A change of two maps and a server's address goes live in one run: the upload swapped in,
+/// each map found by kind and prepared, its placeholder filled in on command lines only (a
+/// payload is sent as it is), and the session's answers read as the rollout reads them. A host
+/// whose files or worker are not those it was prepared on is left as it was; a map the worker
+/// does not hold once leaves the swap standing and sends no command.
+#[test]
+fn runtime_commands_go_with_the_swap_in_one_round_trip() {
+    in_each_shell(runtime_commands_go_with_the_swap_in_one_round_trip_in);
+}
+
+fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
+    let master = dir.path().join("master");
+    std::fs::create_dir(&master).unwrap();
+    let old_sha = hafleet_proto::sha256_hex(b"old\n");
+    let worker = |pid: u32| {
+        format!(
+            "#<PID>          <type>          <reloads>       <uptime>        <version>\n\
+             1               master          2 [failed: 0]   0d00h00m01s     2.6.12\n\
+             # workers\n{pid}             worker          0               0d00h00m01s     2.6.12\n\
+             # programs\n"
+        )
+    };
+    let hex = |c: char| c.to_string().repeat(64);
+    std::fs::write(
+        master.join("maps"),
+        format!(
+            "# id (file) description\n\
+             3 (hafleet-maps/exact-{}.map) pattern loaded from file 'x' used by map. curr_ver=0 next_ver=0 entry_cnt=1\n\
+             5 (hafleet-maps/prefix-{}.map) pattern loaded from file 'y' used by map. curr_ver=0 next_ver=0 entry_cnt=3\n\n",
+            hex('a'),
+            hex('b')
+        ),
+    )
+    .unwrap();
+    let steps = [
+        runtime::Step::SetAddr {
+            backend: "be_a".into(),
+            server: "n1".into(),
+            ip: [10, 0, 0, 2].into(),
+            port: 30080,
+        },
+        runtime::Step::ReplaceMap {
+            kind: "exact".into(),
+            content: "a.example.com/{map:exact} be_a\n".into(),
+        },
+        runtime::Step::ReplaceMap {
+            kind: "prefix".into(),
+            content: "b.example.com/ be_b\n".into(),
+        },
+    ];
+    let kinds = runtime::map_kinds(&steps);
+    let maps = runtime::map_placeholders(&kinds);
+    let commands = runtime::commands(&steps, &maps, &Default::default()).unwrap();
+    let session = runtime::session(100, &commands);
+    let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
+    let run = |was_live: &str, pid: u32, kinds: &[&str]| {
+        std::fs::write(&live, "old\n").unwrap();
+        std::fs::write(&upload, "new\n").unwrap();
+        std::fs::write(master.join("proc"), worker(pid)).unwrap();
+        let _ = std::fs::remove_file(master.join("sessions"));
+        let mut args = vec![live.to_str().unwrap(), "t1", "/fake.sock", "100", was_live, ""];
+        args.extend(kinds);
+        let mut cmd = fake.command(shell, &SWAP_RUNTIME);
+        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session.as_bytes());
+        let sent = std::fs::read_to_string(master.join("sessions")).unwrap_or_default();
+        (out, std::fs::read_to_string(&live).unwrap(), sent)
+    };
+
+    let (out, now, sent) = run(&old_sha, 100, &kinds);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(now, "new\n", "swapped in");
+    let said = answer::SwapRuntime::parse(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    );
+    let answer::SwapRuntime::Sent(said) = said else { panic!("not sent: {said:?}") };
+    let answers = runtime::answers(&said, commands.len());
+    assert_eq!(answers.len(), commands.len(), "{said:?}");
+    assert_eq!(runtime::first_refused(&commands, &answers), None);
+    for line in [
+        "@!100 prepare map #3",
+        "@!100 prepare map #5",
+        "@!100 set server be_a/n1 addr 10.0.0.2 port 30080",
+        "@!100 add map @7 #3 <<",
+        "a.example.com/{map:exact} be_a",
+        "@!100 commit map @7 #3",
+        "@!100 add map @7 #5 <<",
+        "@!100 commit map @7 #5",
+    ] {
+        assert!(sent.lines().any(|l| l == line), "{line:?} not sent in {sent}");
+    }
+    assert!(!sent.contains("@7 #3 be_a"), "a payload is not filled in: {sent}");
+
+    // The files changed since the host was prepared, or another worker is current: nothing
+    // is done, and the exit code says so.
+    for (was_live, pid) in [(hafleet_proto::sha256_hex(b"other\n"), 100), (old_sha.clone(), 200)] {
+        let (out, now, sent) = run(&was_live, pid, &kinds);
+        assert_eq!(Exit::of(out.status.code()), Some(Exit::Stale), "{pid}");
+        assert_eq!((now.as_str(), sent.as_str()), ("old\n", ""));
+        assert!(upload.exists(), "the upload stays");
+    }
+
+    // A kind of map the worker does not hold: swapped, nothing sent, the caller reloads.
+    let (out, now, sent) = run(&old_sha, 100, &["exact", "host"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((now.as_str(), sent.as_str()), ("new\n", ""));
+    let said = answer::SwapRuntime::parse(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        matches!(&said, answer::SwapRuntime::Skipped(why) if why.contains("show map")),
+        "{said:?}"
+    );
+}
