@@ -33,6 +33,16 @@ sync_files() {
   sync -- "$@" 2>/dev/null || sync
 }
 
+# dir_of PATH: prints the folder of PATH, an absolute path (the inventory allows no other), as
+# `dirname` would, without running a program: every process a script starts is about a
+# millisecond on the path of a change.
+dir_of() {
+  case $1 in
+    /*/*) printf '%s\n' "${1%/*}" ;;
+    *) echo / ;;
+  esac
+}
+
 # master_cli SOCKET COMMAND: prints the master CLI's answer to COMMAND.
 master_cli() {
   printf '%s\n' "$2" | socat -t 5 stdio "unix-connect:$1"
@@ -43,23 +53,28 @@ master_cli() {
 # if unknown. The live file is hashed unless it is the very file the marker records (same
 # device, inode, size, modification and change times, as mark_loaded saw them when it
 # marked it; any write or `touch` changes the change time): 25 ms saved per apply at 10,000
-# backends. Drift checks always hash (drift_state.sh).
+# backends. Drift checks always hash (drift_state.sh). The marker is read by one awk, which
+# says both its sha256 and whether it records this very file.
 live_shas() {
-  if [ -f "$1" ]; then
-    ls_stat="stat $(stat -c '%d %i %s %y %z' "$1")"
-    if [ -f "$1.hafleet-loaded" ] && grep -qxF "$ls_stat" "$1.hafleet-loaded"; then
-      head -n 1 "$1.hafleet-loaded" | head -c 64
-      echo
-    else
-      sha256sum "$1" | cut -d' ' -f1
-    fi
+  ls_m=
+  if [ -f "$1" ] && [ -f "$1.hafleet-loaded" ]; then
+    ls_m=$(awk -v s="stat $(stat -c '%d %i %s %y %z' "$1")" '
+      NR == 1 { print substr($0, 1, 64) }
+      NR > 1 && $0 == s { print "same" }
+    ' "$1.hafleet-loaded")
+  elif [ -f "$1.hafleet-loaded" ]; then
+    ls_m=$(head -c 64 "$1.hafleet-loaded")
+  fi
+  ls_loaded=${ls_m%"
+same"}
+  if [ "$ls_loaded" != "$ls_m" ]; then
+    echo "$ls_loaded"
+  elif [ -f "$1" ]; then
+    sha256sum "$1" | cut -d' ' -f1
   else
     echo
   fi
-  if [ -f "$1.hafleet-loaded" ]; then
-    head -c 64 "$1.hafleet-loaded"
-  fi
-  echo
+  echo "$ls_loaded"
 }
 
 # missing_files LIVE: reads names on stdin, a line each, of map files (`<kind>-<sha>.map`,
@@ -68,7 +83,7 @@ live_shas() {
 # each folder by one awk, not a test a name: 10,000 tests took 0.4-0.6 s a host; 10,000
 # names are more than a command line takes.
 missing_files() {
-  HAFLEET_D=$(dirname "$1") awk '
+  HAFLEET_D=$(dir_of "$1") awk '
     BEGIN {
       c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"
       while ((c | getline f) > 0) have[f] = 1
@@ -92,7 +107,7 @@ missing_files() {
 # it cannot read (3), data cut short or a missing config (4), and data past the config (5).
 # Prints nothing; exits EXIT_UPLOAD on any failure, leaving no file of its own behind.
 unpack() {
-  up_d="$(dirname "$1")/hafleet-maps"
+  up_d="$(dir_of "$1")/hafleet-maps"
   mkdir -p "$up_d" || exit "$EXIT_UPLOAD"
   up_u="$1.hafleet-new-$2"
   up_t=$2
@@ -202,7 +217,7 @@ uploaded() {
 # sweep_uploads LIVE: deletes uploads that attempts which died left beside LIVE, once an
 # hour old.
 sweep_uploads() {
-  find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 \
+  find "$(dir_of "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 \
     -delete 2>/dev/null
 }
 
@@ -240,7 +255,7 @@ swap() {
     mv -f "$1.hafleet-last-good-$2" "$1.hafleet-last-good" || exit "$EXIT_SWAP"
   fi
   mv -f "$1.hafleet-new-$2" "$1" || exit "$EXIT_SWAP"
-  sync_files "$(dirname "$1")"
+  sync_files "$(dir_of "$1")"
 }
 
 # read_before SOCKET: reads the master's `show proc` (exits EXIT_NO_PROC if it cannot) and
@@ -389,9 +404,14 @@ mark_loaded() {
   sync_files "$1.hafleet-loaded.tmp" "$1.hafleet-last-good.tmp"
   mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded" || return 1
   mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good" || return 1
-  sync_files "$(dirname "$1")"
-  sweep_certs "$1"
-  sweep_maps "$1"
+  sync_files "$(dir_of "$1")"
+  # Both sweeps only when there is something an hour old (one `find` for both folders).
+  ml_d=$(dir_of "$1")
+  if [ -n "$(find "$ml_d/hafleet-maps" "$ml_d/hafleet-certs" -maxdepth 1 -type f -mmin +60 \
+    2>/dev/null)" ]; then
+    sweep_certs "$1"
+    sweep_maps "$1"
+  fi
   return 0
 }
 
@@ -399,7 +419,7 @@ mark_loaded() {
 # LIVE.hafleet-last-good, nor a crt-list either names, lists (a rotated key, an upload left
 # behind). Best effort.
 sweep_certs() {
-  sc_dir="$(dirname "$1")/hafleet-certs"
+  sc_dir="$(dir_of "$1")/hafleet-certs"
   [ -d "$sc_dir" ] || return 0
   sc_old=$(find "$sc_dir" -maxdepth 1 -type f -mmin +60)
   [ -n "$sc_old" ] || return 0
@@ -409,7 +429,7 @@ sweep_certs() {
     {
       cat "$1" "$1.hafleet-last-good" 2>/dev/null
       for sc_list in $sc_lists; do
-        cat "$(dirname "$1")/$sc_list" 2>/dev/null
+        cat "$(dir_of "$1")/$sc_list" 2>/dev/null
       done
     } | grep -o 'hafleet-certs/[0-9a-f]*\.pem' | sort -u
   )
@@ -425,7 +445,7 @@ sweep_certs() {
 # sweep_maps LIVE: deletes map files an hour old that neither LIVE nor
 # LIVE.hafleet-last-good names. Best effort.
 sweep_maps() {
-  sm_dir="$(dirname "$1")/hafleet-maps"
+  sm_dir="$(dir_of "$1")/hafleet-maps"
   [ -d "$sm_dir" ] || return 0
   sm_old=$(find "$sm_dir" -maxdepth 1 -type f -mmin +60)
   [ -n "$sm_old" ] || return 0

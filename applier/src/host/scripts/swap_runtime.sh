@@ -12,49 +12,68 @@
 # prepare not answered with its version, prints `hafleet-runtime-skipped` instead and sends
 # nothing more: the swap stays, and the caller reloads. What `show map` and the prepares
 # answered goes to stderr.
-sr_was="$5 $6 "
-sr_now=$(live_shas "$1" | tr '\n' ' ')
+sr_live=$1
+sr_token=$2
+sr_sock=$3
+sr_pid=$4
+sr_was=$(printf '%s\n%s\n' "$5" "$6")
+sr_now=$(live_shas "$1")
 if [ "$sr_now" != "$sr_was" ]; then
   echo "the host's config changed since it was prepared" >&2
   exit "$EXIT_STALE"
 fi
-sr_cur=$(master_cli "$3" "show proc" 2>/dev/null |
-  awk '$2 == "worker" && $3 == "0" { n++; p = $1 } END { if (n == 1) print p }')
-if [ "$sr_cur" != "$4" ]; then
-  echo "the master's current worker is ${sr_cur:-not one worker}, not $4" >&2
+# `show proc` and the worker's `show map` in one session. Each answer starts after a prompt
+# (the text up to the first `> `: `master> `), on the line it begins. One awk reads both: the
+# current worker if there is one (a line, empty if not), then `<kind> #<id>` for each KIND in
+# the order given, only if each is there exactly once.
+sr_both=$(printf 'prompt\nshow proc\n@!%s show map\nquit\n' "$4" |
+  socat -T 30 stdio "unix-connect:$3" 2>&1)
+shift 6
+sr_found=$(printf '%s\n' "$sr_both" | awk -v want="$*" '
+  BEGIN { k = split(want, kinds, " ") }
+  NR == 1 { prompt = substr($0, 1, index($0, "> ") + 1) }
+  prompt != "" && index($0, prompt) == 1 { $0 = substr($0, length(prompt) + 1); n++ }
+  n == 1 && $2 == "worker" && $3 == "0" { w++; p = $1 }
+  n == 2 && $1 ~ /^[0-9]+$/ && $2 ~ /^\(.*\)$/ {
+    f = substr($2, 2, length($2) - 2)
+    sub(/.*\//, "", f)
+    if (f !~ /^[a-z]+-[0-9a-f]+\.map$/) next
+    sub(/-.*/, "", f)
+    seen[f]++
+    id[f] = "#" $1
+  }
+  END {
+    print (w == 1 ? p : "")
+    for (i = 1; i <= k; i++) if (seen[kinds[i]] != 1) exit
+    for (i = 1; i <= k; i++) print kinds[i], id[kinds[i]]
+  }
+')
+sr_cur=${sr_found%%"
+"*}
+sr_ids=${sr_found#"$sr_cur"}
+sr_ids=${sr_ids#"
+"}
+if [ "$sr_cur" != "$sr_pid" ]; then
+  echo "the master's current worker is ${sr_cur:-not one worker}, not $sr_pid" >&2
   exit "$EXIT_STALE"
 fi
-swap "$1" "$2"
-sr_sock=$3
-sr_pid=$4
-shift 6
+swap "$sr_live" "$sr_token"
 sr_subst=
 if [ "$#" -gt 0 ]; then
-  sr_maps=$(master_cli "$sr_sock" "@!$sr_pid show map" 2>&1)
-  # `<kind> #<id>` for each KIND, in the order given; nothing if one is not there once.
-  sr_ids=$(printf '%s\n' "$sr_maps" | awk -v want="$*" '
-    BEGIN { k = split(want, kinds, " ") }
-    $1 ~ /^[0-9]+$/ && $2 ~ /^\(.*\)$/ {
-      f = substr($2, 2, length($2) - 2)
-      sub(/.*\//, "", f)
-      if (f !~ /^[a-z]+-[0-9a-f]+\.map$/) next
-      sub(/-.*/, "", f)
-      seen[f]++
-      id[f] = "#" $1
-    }
-    END {
-      for (i = 1; i <= k; i++) if (seen[kinds[i]] != 1) exit 1
-      for (i = 1; i <= k; i++) print kinds[i], id[kinds[i]]
-    }
-  ')
   if [ -z "$sr_ids" ]; then
-    printf 'show map: %s\n' "$sr_maps" >&2
+    printf 'show map: %s\n' "$sr_both" >&2
     echo hafleet-runtime-skipped
     exit 0
   fi
-  sr_prep=$(printf '%s\n' "$sr_ids" |
-    awk -v p="$sr_pid" 'BEGIN { print "prompt" } { print "@!" p " prepare map " $2 } END { print "quit" }' |
-    socat -T 30 stdio "unix-connect:$sr_sock" 2>&1)
+  sr_prep=$(
+    {
+      echo prompt
+      printf '%s\n' "$sr_ids" | while read -r _ sr_id; do
+        printf '@!%s prepare map %s\n' "$sr_pid" "$sr_id"
+      done
+      echo quit
+    } | socat -T 30 stdio "unix-connect:$sr_sock" 2>&1
+  )
   # `{map:<kind>}=@<version> #<id>` for each KIND, a line each; nothing unless every prepare
   # answered its version.
   sr_subst=$(printf '%s\n--\n%s\n' "$sr_ids" "$sr_prep" | awk '
