@@ -203,6 +203,8 @@ fn a_map_only_version_is_checked_by_loading_its_maps_as_its_config_uses_them() {
     assert!(check.contains("path,map_str(hafleet-maps/exact-"), "{check}");
     assert!(check.contains("path,map_beg(hafleet-maps/prefix-"), "{check}");
     assert!(check.contains("default-path config"), "{check}");
+    // No CA store loaded at each check for an HTTP client it never uses.
+    assert!(check.contains("\n    httpclient.ssl.verify none\n"), "{check}");
     haproxy_accepts(&check, &b.maps).unwrap();
     // A map that is not on the host fails the check.
     let err = haproxy_accepts(&check, &b.maps[1..]).unwrap_err();
