@@ -77,6 +77,11 @@ pub const RESYNC_SUBJECT: &str = "hafleet.resync";
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header naming the schema version of the payload.
 pub const SCHEMA_HEADER: &str = "Hafleet-Schema";
+/// Header of a watcher's route event: how many more route events the same pass over the
+/// cluster publishes after it (`0` on its last). A renderer that has the last one, with
+/// nothing more pending in the stream, renders at once instead of waiting out its quiet
+/// window; without the header (another publisher) it waits as before.
+pub const PASS_MORE_HEADER: &str = "Hafleet-Pass-More";
 
 /// Durable consumer name of the renderer on [`ROUTES_STREAM`].
 pub const RENDERER_CONSUMER: &str = "hafleet-renderer";

@@ -131,6 +131,32 @@ async fn first_route_live(world: &World) -> Result<()> {
     Ok(())
 }
 
+/// A watcher's pass is rendered as soon as its last route event is in, not after the window
+/// that lets a burst settle: here the renderer waits 20 s without a route event before it
+/// closes a batch (--quiet), and a lone Ingress is served on every host before that window
+/// could have closed. The watcher tells with each route event how many more of the same pass
+/// follow (none here), so the renderer knows that nothing else is coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_pass_is_rendered_without_waiting_out_the_renderer_s_quiet_window() -> Result<()>
+{
+    use hafleet_tests::stack::Component;
+    let mut world = World::start().await?;
+    first_route_live(&world).await?;
+    let quiet = std::time::Duration::from_secs(20);
+    let renderer = [("HAFLEET_QUIET", "20s"), ("HAFLEET_COALESCE", "60s")];
+    world.stack.restart_with(Component::Renderer, &renderer)?;
+    world.stack.until_ready(Component::Renderer, CONVERGE).await?;
+    let before = world.stack.latest_version().await?.map_or(0, |v| v.version);
+    let asked = std::time::Instant::now();
+    world.route("lone", "lone.example.com", "/", "web").await?;
+    expect_everywhere(&world.stack, "lone.example.com", "/", 200, "web@node-").await?;
+    let took = asked.elapsed();
+    assert!(took < quiet, "served after {took:?}: the window of {quiet:?} was waited out");
+    let now = world.stack.latest_version().await?.expect("a version").version;
+    assert_eq!(now, before + 1, "one version for one change");
+    Ok(())
+}
+
 /// A route to a backend the hosts already run changes only map entries: it goes live through
 /// the runtime API without a reload, and so does its removal. The files on disk match what
 /// runs, so a reload afterwards serves the same.

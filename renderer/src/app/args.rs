@@ -24,8 +24,9 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_COALESCE", default_value = "200ms",
           value_parser = hafleet_runtime::settings::duration)]
     pub coalesce: Duration,
-    /// Time without a route event after which a batch closes before --coalesce: a lone change
-    /// is rendered after this, a burst is folded for up to --coalesce.
+    /// Time without a route event after which a batch closes before --coalesce: a burst is
+    /// folded for up to --coalesce. A batch that ends with the last route event of a
+    /// watcher's pass, with nothing more in the stream, closes at once.
     #[arg(long, env = "HAFLEET_QUIET", default_value = "20ms",
           value_parser = hafleet_runtime::settings::duration)]
     pub quiet: Duration,

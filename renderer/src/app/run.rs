@@ -213,7 +213,13 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + coalesce;
         while batch.len() < args.max_batch {
-            let until = deadline.min(tokio::time::Instant::now() + quiet);
+            // After the last event of a watcher's pass, with nothing more in the stream, only
+            // what the client holds already is taken (a timeout polls its future once).
+            let now = tokio::time::Instant::now();
+            let until = match batch.last().is_some_and(ends_a_pass) {
+                true => now,
+                false => deadline.min(now + quiet),
+            };
             match tokio::time::timeout_at(until, messages.next()).await {
                 Ok(Some(Ok(m))) => batch.push(m),
                 Ok(Some(Err(e))) => {
@@ -251,6 +257,19 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     info!("renderer stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// Whether `m` is the last route event of a watcher's pass over its cluster
+/// ([`hafleet_proto::PASS_MORE_HEADER`] is 0) and the stream held nothing more for the
+/// renderer when it was delivered: then nothing else is coming to fold into the batch, and
+/// waiting out --quiet would only delay the version.
+fn ends_a_pass(m: &async_nats::jetstream::Message) -> bool {
+    let last = m
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(hafleet_proto::PASS_MORE_HEADER))
+        .is_some_and(|more| more.as_str() == "0");
+    last && m.info().is_ok_and(|info| info.pending == 0)
 }
 
 /// A gap in the routes stream behind the store: the events between what the store applied and

@@ -467,16 +467,21 @@ async fn sync(
         warn!(fleet = %fleet, ingresses = keys.len(),
               "many Ingresses gone at once: publishing a snapshot for the renderer's guard to check instead of deletes");
     }
-    for action in std::mem::take(&mut plan.actions) {
-        if let Action::Delete { fleet, key } = &action
-            && plan.bulk.get(fleet).is_some_and(|keys| keys.contains(key))
-        {
-            // The snapshot below leaves it out of `live`.
-            index::record(&mut state.published, &action);
-            state.snapshot_due = true;
-            continue;
-        }
-        publish(bus, state, action).await?;
+    let bulk = |action: &Action| match action {
+        Action::Delete { fleet, key } => plan.bulk.get(fleet).is_some_and(|k| k.contains(key)),
+        Action::Upsert(_) => false,
+    };
+    let (bulk_deletes, actions): (Vec<Action>, Vec<Action>) =
+        std::mem::take(&mut plan.actions).into_iter().partition(bulk);
+    for action in bulk_deletes {
+        // The snapshot below leaves it out of `live`.
+        index::record(&mut state.published, &action);
+        state.snapshot_due = true;
+    }
+    let mut more = actions.len();
+    for action in actions {
+        more -= 1;
+        publish(bus, state, action, more).await?;
     }
     for (fleet, (ns, name)) in &args.default_cert {
         send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
@@ -519,8 +524,9 @@ async fn sync(
     Ok(())
 }
 
-/// Publishes one route event and records it once acked.
-async fn publish(bus: &Bus, state: &mut State, action: Action) -> anyhow::Result<()> {
+/// Publishes one route event and records it once acked; `more` route events of this pass
+/// follow it (the renderer renders at once after the last: [`hafleet_proto::PASS_MORE_HEADER`]).
+async fn publish(bus: &Bus, state: &mut State, action: Action, more: usize) -> anyhow::Result<()> {
     let at = (state.epoch, state.cluster.as_ref());
     let (fleet, key, msg) = match &action {
         Action::Upsert(r) => {
@@ -534,7 +540,10 @@ async fn publish(bus: &Bus, state: &mut State, action: Action) -> anyhow::Result
         }
     };
     let id = state.next_msg_id();
-    let seq = match bus.publish(hafleet_proto::routes_subject(fleet), &id, msg.encode()).await {
+    let more = more.to_string();
+    let more = [(hafleet_proto::PASS_MORE_HEADER, more.as_str())];
+    let subject = hafleet_proto::routes_subject(fleet);
+    let seq = match bus.publish_with_headers(subject, &id, msg.encode(), &more).await {
         Ok(seq) => seq,
         Err(e) => {
             // The publish may or may not have been stored: the next sync sends what is
