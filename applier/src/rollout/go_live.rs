@@ -98,8 +98,15 @@ pub(super) async fn go_live(
             info!("the new config differs from the running one in comments only; no reload");
             true
         }
-        runtime::Plan::Runtime(steps) if swap_with_commands => {
-            match swap_runtime(conn, token, prepared_state, &before, steps).await? {
+        runtime::Plan::Runtime(steps) => {
+            let taken = match swap_with_commands {
+                true => swap_runtime(conn, token, prepared_state, &before, steps).await?,
+                false => {
+                    let certs = (version.bundle(), settings.tls_identity.as_deref());
+                    apply_runtime(conn, &before, steps, certs).await
+                }
+            };
+            match taken {
                 Ok(sent) => {
                     effort.runtime_commands = sent;
                     info!(commands = sent, "applied through the runtime API; no reload");
@@ -111,24 +118,6 @@ pub(super) async fn go_live(
                 }
             }
         }
-        runtime::Plan::Runtime(steps) => match apply_runtime(
-            conn,
-            &before,
-            steps,
-            (version.bundle(), settings.tls_identity.as_deref()),
-        )
-        .await
-        {
-            Ok(sent) => {
-                effort.runtime_commands = sent;
-                info!(commands = sent, "applied through the runtime API; no reload");
-                true
-            }
-            Err(why) => {
-                warn!(%why, "the runtime API did not take the change; reloading instead");
-                false
-            }
-        },
         runtime::Plan::Reload(why) => {
             match &bridge {
                 Some(bridge) => {
