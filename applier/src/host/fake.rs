@@ -215,6 +215,8 @@ struct Fleet {
     hosts: HashMap<String, FakeHost>,
     /// (host, op), in the order they ran.
     log: Vec<(String, Op)>,
+    /// When each op of `log` ended, in (tokio) time.
+    ended: Vec<tokio::time::Instant>,
     /// (host, command) for each master CLI command, in order.
     commands: Vec<(String, String)>,
 }
@@ -241,6 +243,13 @@ impl FakeHosts {
         self.lock().log.clone()
     }
 
+    /// When `host` first ended `op`, in (tokio) time.
+    pub fn ended(&self, host: &str, op: Op) -> Option<tokio::time::Instant> {
+        let fleet = self.lock();
+        let at = fleet.log.iter().position(|(h, o)| h == host && *o == op)?;
+        Some(fleet.ended[at])
+    }
+
     /// Every master CLI command so far: (host, command), in order.
     pub fn commands(&self) -> Vec<(String, String)> {
         self.lock().commands.clone()
@@ -261,6 +270,7 @@ impl FakeHosts {
         tokio::time::sleep(self.latency).await;
         let mut fleet = self.lock();
         fleet.log.push((name.to_owned(), op));
+        fleet.ended.push(tokio::time::Instant::now());
         let host = fleet.hosts.get_mut(name).expect("a host of the fleet");
         match host.injected(op) {
             Some(failure) => Err(failure),

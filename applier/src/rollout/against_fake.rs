@@ -352,6 +352,36 @@ async fn a_runtime_change_swaps_with_its_commands_and_a_stale_host_is_prepared_a
     assert_eq!((count(&log, 2, Op::SwapRuntime), count(&log, 2, Op::Open)), (2, 2), "again");
 }
 
+/// The canary of a change through the runtime API is marked loaded while the first wave goes
+/// live, not before it: its verdict (HAProxy took the commands, the probes passed) is in.
+/// A mark that fails then fails the canary's report and halts the waves after that one.
+#[tokio::test(start_paused = true)]
+async fn the_canary_is_marked_while_the_first_wave_goes_live_and_a_failed_mark_halts_the_rest() {
+    let moved = |c: String| c.replace("10.0.0.1:30081", "10.0.0.2:30081");
+    let (v1, v2) = (version(1, &config(&["be_a"], 0)), version(2, &moved(config(&["be_a"], 0))));
+    let known = [&v1];
+    let (hosts, fake) = fleet(3, Some(&v1), |_, h| h);
+    let result = roll_out(&hosts, &v2, &known, &settings(&fake, 3, 1)).await;
+    assert_eq!(outcomes_of(&result), [const { ApplyOutcome::Applied }; 3]);
+    // h1's change went live while h0 was being marked (each op takes the same time), not
+    // after.
+    let marked = fake.ended("h0", Op::MarkLoaded).unwrap();
+    let h1_live = fake.ended("h1", Op::SwapRuntime).unwrap();
+    assert_eq!(h1_live, marked, "h1 waited for h0's mark: {:?}", fake.log());
+    assert_eq!(fake.host("h0").loaded.as_ref(), Some(&v2.sha256));
+
+    let unmarkable = Failure { exit: None, ..ops::fail(ApplyStage::Verify, "disk full") };
+    let (hosts, fake) = fleet(3, Some(&v1), |i, h| match i {
+        0 => h.failing(Op::MarkLoaded, unmarkable.clone(), 1),
+        _ => h,
+    });
+    let result = roll_out(&hosts, &v2, &known, &settings(&fake, 3, 1)).await;
+    let got: Vec<_> = outcomes(&result).iter().map(|(i, o)| (*i, stage_of(o))).collect();
+    assert_eq!(got, [(0, Some(ApplyStage::Verify)), (1, None)], "h1 went with the mark");
+    assert_eq!(result.not_attempted, [2], "the waves after it halt");
+    assert_eq!(count(&fake.log(), 2, Op::SwapRuntime), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_host_is_left_alone() {
     let v1 = version(1, &config(&["be_a"], 0));

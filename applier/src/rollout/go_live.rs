@@ -4,28 +4,76 @@
 use super::*;
 
 /// Puts a prepared host live (see [`prepare`]) and gives its connection back.
-#[tracing::instrument(skip_all, fields(host = %prepared.host.name, version = version.version))]
 pub(super) async fn finish(
     prepared: Prepared<'_>,
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> (Result<ApplyOutcome, Failure>, Effort) {
+    let (result, effort, unmarked) = finish_live(prepared, version, settings, false).await;
+    debug_assert!(unmarked.is_none(), "marked unless asked to leave it");
+    (result, effort)
+}
+
+/// [`finish`], but with `mark_later`, a host that went live through the runtime API (and
+/// passed its probes) is not marked loaded yet: it comes back as an [`Unmarked`], connection
+/// and all, for the rollout to mark while the next hosts go live. The canary's verdict is in
+/// once HAProxy took the change and the probes passed; the record of it need not hold the
+/// fleet up.
+#[tracing::instrument(skip_all, fields(host = %prepared.host.name, version = version.version))]
+pub(super) async fn finish_live(
+    prepared: Prepared<'_>,
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+    mark_later: bool,
+) -> (Result<ApplyOutcome, Failure>, Effort, Option<Unmarked>) {
     let Prepared { host, conn, step, state, .. } = prepared;
     let mut effort = Effort::default();
     let Some(conn) = conn else {
         let Next::Done(result) = step else { unreachable!("only a failure has no connection") };
-        return (result, effort);
+        return (result, effort, None);
     };
+    let mut mark = None;
     let result = match step {
         Next::Done(result) => result,
         Next::ReloadOnly => reload_only(&*conn, host, version, settings, &mut effort).await,
         Next::Staged { token, uploaded, change, bridge } => {
             let staged = Staged { token: token.as_str(), uploaded, change: &change, bridge };
-            go_live(&*conn, host, version, staged, &state, settings, &mut effort).await
+            let later = mark_later.then_some(&mut mark);
+            go_live(&*conn, host, version, staged, &state, settings, &mut effort, later).await
         }
     };
-    conn.give_back(result.is_ok()).await;
-    (result, effort)
+    match (mark, &result) {
+        (Some(mark), Ok(_)) => (result, effort, Some(Unmarked { conn, mark })),
+        _ => {
+            conn.give_back(result.is_ok()).await;
+            (result, effort, None)
+        }
+    }
+}
+
+/// What marking a live host loaded writes (see [`mark_loaded`]).
+pub(super) struct MarkArgs {
+    sha: String,
+    version: Option<u64>,
+    reloads: u64,
+    stat: Option<String>,
+}
+
+/// A host live on a version and not marked loaded yet ([`finish_live`]), with its connection.
+pub(super) struct Unmarked {
+    conn: Box<dyn HostOps>,
+    mark: MarkArgs,
+}
+
+impl Unmarked {
+    /// Marks the host loaded and gives its connection back.
+    pub(super) async fn mark(self) -> Result<(), Failure> {
+        let Unmarked { conn, mark } = self;
+        let done = (mark.sha.as_str(), mark.version);
+        let marked = mark_loaded(&*conn, done, Some(mark.reloads), mark.stat.as_deref()).await;
+        conn.give_back(marked.is_ok()).await;
+        marked
+    }
 }
 
 /// The live file is the version but HAProxy never loaded it: reload, verify, mark.
@@ -64,6 +112,9 @@ pub(super) async fn reload_only(
 
 /// Swaps a staged upload in and makes HAProxy take it: through the runtime API when `change`
 /// allows, else with a reload; then probes and marks it loaded, or puts last-known-good back.
+/// With `mark_later`, a change taken through the runtime API is not marked: what the mark
+/// needs is left there instead (see [`finish_live`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn go_live(
     conn: &dyn HostOps,
     host: &Host,
@@ -72,6 +123,7 @@ pub(super) async fn go_live(
     prepared_state: &LiveShas,
     settings: &RolloutSettings,
     effort: &mut Effort,
+    mark_later: Option<&mut Option<MarkArgs>>,
 ) -> Result<ApplyOutcome, Failure> {
     let Staged { token, uploaded: Uploaded { before, stat, sent }, change, bridge } = staged;
     effort.sent_bytes += sent;
@@ -134,6 +186,11 @@ pub(super) async fn go_live(
     };
     if live_without_reload {
         probed(conn, host, settings, effort).await?;
+        if let Some(later) = mark_later {
+            let (sha, version) = (version.sha256.clone(), told(version));
+            *later = Some(MarkArgs { sha, version, reloads: before.reloads, stat });
+            return Ok(ApplyOutcome::Applied);
+        }
         let stat = stat.as_deref();
         let done = (version.sha256.as_str(), told(version));
         mark_loaded(conn, done, Some(before.reloads), stat).await?;

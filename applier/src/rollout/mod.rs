@@ -225,14 +225,16 @@ impl RolloutResult {
 /// Puts host `i` live, from what was prepared for it if anything was. Its time (the report's
 /// duration) counts from the moment the rollout turns to it: preparing it ahead, while the
 /// canary went live, changed nothing it serves, and is not counted.
+/// With `mark_later`, a host that went live through the runtime API comes back unmarked (see
+/// [`finish_live`]): its report is done once [`marked`] says so.
 async fn attempt_host<'a>(
     hosts: &'a [Host],
     i: usize,
     prepared: Option<Prepared<'a>>,
     version: &ConfigVersion,
-    known: &[&ConfigVersion],
-    settings: &RolloutSettings,
-) -> HostResult {
+    (known, settings): (&[&ConfigVersion], &RolloutSettings),
+    mark_later: bool,
+) -> (HostResult, Option<Unmarked>) {
     let (prepared, started) = match prepared {
         // A reload, or runtime commands, check in their own round trip that the host is as
         // it was prepared.
@@ -247,15 +249,29 @@ async fn attempt_host<'a>(
             (p, started)
         }
     };
-    let (mut result, mut effort) = finish(prepared, version, settings).await;
+    let (mut result, mut effort, mut unmarked) =
+        finish_live(prepared, version, settings, mark_later).await;
     if matches!(&result, Err(f) if f.exit == Some(Exit::Stale)) {
         warn!(host = %hosts[i].name, "the host changed since it was prepared; preparing it again");
         let p = prepare(&hosts[i], version, known, settings).await;
-        (result, effort) = finish(p, version, settings).await;
+        (result, effort, unmarked) = finish_live(p, version, settings, mark_later).await;
     }
     let outcome = result.unwrap_or_else(failed);
     let finished_unix_ms = hafleet_runtime::now_unix_ms();
-    HostResult { host: i, outcome, took: started.elapsed(), finished_unix_ms, effort }
+    let took = started.elapsed();
+    (HostResult { host: i, outcome, took, finished_unix_ms, effort }, unmarked)
+}
+
+/// Marks a host that [`attempt_host`] left unmarked, at once, and completes its result: done
+/// when the mark is, or failed (at `Verify`) if the mark failed.
+async fn marked(result: &mut HostResult, unmarked: Unmarked) {
+    let started = std::time::Instant::now();
+    if let Err(failure) = unmarked.mark().await {
+        warn!(message = %failure.message, "the canary went live but cannot be marked loaded");
+        result.outcome = failure.outcome();
+    }
+    result.took += started.elapsed();
+    result.finished_unix_ms = hafleet_runtime::now_unix_ms();
 }
 
 /// Rolls `version` out over `hosts`. The canary is the first host in inventory order that may
@@ -264,7 +280,10 @@ async fn attempt_host<'a>(
 /// reached, the version goes nowhere (the others are not attempted). A canary that fails halts the rollout. After it, the other
 /// hosts go in waves of `parallelism`; any failure other than an unreachable host halts. While
 /// the canary goes live, the first wave is prepared (uploaded and validated, nothing live
-/// changed); if the rollout halts, what was prepared is removed.
+/// changed); if the rollout halts, what was prepared is removed. A canary that took the
+/// change through the runtime API is marked loaded (its loaded marker and last-known-good
+/// written) while the first wave goes live: its verdict is in before that, and a mark that
+/// fails fails its report and halts the waves after the first.
 /// `hosts` for a version that already went live on the fleet's canary (a retry of hosts it
 /// did not reach, hosts put in the inventory since): any of them may go first, so a subset of
 /// hosts kept from the canary's role (`canary = false`) is not left waiting for a canary it
@@ -292,6 +311,8 @@ pub async fn roll_out(
     // Hosts of the first wave, prepared (uploaded and validated, nothing live changed) while
     // the canary goes live, so the wave only has to swap and apply.
     let mut ready: std::collections::HashMap<usize, Prepared<'_>> = Default::default();
+    // The canary, live and not yet marked loaded (marked while the first wave goes live).
+    let mut canary_unmarked: Option<Unmarked> = None;
     let mut next = 0;
     while next < order.len() {
         if next == candidates {
@@ -311,14 +332,17 @@ pub async fn roll_out(
             .take(settings.parallelism.max(1).saturating_sub(ready.len()))
             .collect();
         let prepare_ahead = ahead.iter().map(|&i| prepare(&hosts[i], version, known, settings));
-        let (tried, prepared) = tokio::join!(
-            attempt_host(hosts, canary, canary_prepared, version, known, settings),
+        // With hosts to follow, the canary's mark goes with the first wave (see finish_live).
+        let mark_later = next + 1 < order.len();
+        let ((tried, unmarked), prepared) = tokio::join!(
+            attempt_host(hosts, canary, canary_prepared, version, (known, settings), mark_later),
             futures::future::join_all(prepare_ahead)
         );
         ready.extend(ahead.into_iter().zip(prepared));
         next += 1;
         let verdict = plan::canary_verdict(&tried.outcome);
         result.outcomes.push(tried);
+        canary_unmarked = unmarked;
         match verdict {
             plan::CanaryVerdict::Unreachable => continue,
             plan::CanaryVerdict::Passed => break,
@@ -332,15 +356,29 @@ pub async fn roll_out(
         }
     }
     let rest = &order[next..];
+    // The canary is the last host tried so far: it passed (or there is no rest).
+    let canary_at = result.outcomes.len().saturating_sub(1);
     for (n, wave) in rest.chunks(settings.parallelism.max(1)).enumerate() {
         let attempts = wave
             .iter()
-            .map(|&i| attempt_host(hosts, i, ready.remove(&i), version, known, settings));
-        let outcomes = futures::future::join_all(attempts).await;
-        let halt = outcomes.iter().any(|r| {
-            matches!(r.outcome, ApplyOutcome::Failed { stage, .. }
+            .map(|&i| attempt_host(hosts, i, ready.remove(&i), version, (known, settings), false));
+        let canary = result.outcomes.get_mut(canary_at);
+        let mark = async {
+            if let (Some(canary), Some(unmarked)) = (canary, canary_unmarked.take()) {
+                marked(canary, unmarked).await;
+            }
+        };
+        let (outcomes, ()) = tokio::join!(futures::future::join_all(attempts), mark);
+        let canary_failed = result
+            .outcomes
+            .get(canary_at)
+            .is_some_and(|c| matches!(c.outcome, ApplyOutcome::Failed { .. }));
+        let outcomes: Vec<HostResult> = outcomes.into_iter().map(|(r, _)| r).collect();
+        let halt = canary_failed
+            || outcomes.iter().any(|r| {
+                matches!(r.outcome, ApplyOutcome::Failed { stage, .. }
                 if !matches!(stage, ApplyStage::Connect | ApplyStage::HostKey))
-        });
+            });
         result.outcomes.extend(outcomes);
         if halt {
             halted(&mut result, plan::not_yet_attempted(rest, settings.parallelism, n));
@@ -350,6 +388,11 @@ pub async fn roll_out(
     // Prepared for a wave that never came (a halt): nothing of theirs may stay behind.
     for (_, p) in ready.drain() {
         abandon(p).await;
+    }
+    if let (Some(canary), Some(unmarked)) =
+        (result.outcomes.get_mut(canary_at), canary_unmarked.take())
+    {
+        marked(canary, unmarked).await;
     }
     result
 }
