@@ -121,7 +121,7 @@ impl Refresh {
     }
 }
 
-/// What upload_files.sh, upload_validate.sh and validate_maps.sh print: the upload's sha256
+/// What upload_files.sh and upload_validate.sh print: the upload's sha256
 /// and stat (the first two), then `show proc` (the last two).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uploaded {
@@ -353,8 +353,8 @@ mod tests {
         let validated = Uploaded::parse(&format!("{SHA_A}\nhafleet-stat {stat}\n{PROC_0}"));
         assert_eq!(validated.stat.as_deref(), Some(stat));
         assert_eq!(validated.show_proc().unwrap().workers, [(20562, 0)]);
-        // validate_maps.sh prints `show proc` alone; a master that cannot answer leaves what
-        // socat said, for the message.
+        // `show proc` alone; a master that cannot answer leaves what socat said, for the
+        // message.
         let maps = Uploaded::parse(PROC_0);
         assert_eq!((&maps.sha, &maps.stat), (&None, &None));
         assert_eq!(maps.show_proc().unwrap().reloads, 0);

@@ -30,7 +30,6 @@ pub enum Op {
     UploadMaps,
     UploadCerts,
     Upload,
-    ValidateMaps,
     Swap,
     Reload,
     Restore,
@@ -364,7 +363,7 @@ impl HostOps for Session {
         self.call(Op::Upload, move |h| {
             let whole = h.unpack(stream);
             let sha = match check {
-                UploadCheck::Validated { sha256 } => {
+                UploadCheck::Validated { sha256 } | UploadCheck::Maps { sha256, .. } => {
                     if whole.as_ref().is_some_and(|s| s != sha256) {
                         return Err(exit(Exit::Upload, "uploaded file has another sha256"));
                     }
@@ -373,23 +372,12 @@ impl HostOps for Session {
                     }
                     sha256.to_owned()
                 }
-                UploadCheck::Landed => whole.unwrap_or_default(),
             };
             h.uploads.insert(token.to_owned(), sha.clone());
             let proc = h.show_proc();
             Ok(answer::Uploaded { sha: Some(sha), stat: Some(format!("stat {token}")), proc })
         })
         .boxed()
-    }
-
-    fn validate_maps<'a>(
-        &'a self,
-        _token: &'a str,
-        _config: &'a str,
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
-        let validated =
-            |h: &mut FakeHost| Ok(answer::Uploaded { sha: None, stat: None, proc: h.show_proc() });
-        self.call(Op::ValidateMaps, validated).boxed()
     }
 
     fn swap<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), Failure>> {

@@ -56,9 +56,10 @@ pub fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
 /// How an upload of the config (with the maps the host lacks) is checked on arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UploadCheck<'a> {
-    /// Its sha256 and stat only (upload_files.sh): the config is checked another way
-    /// ([`HostOps::validate_maps`]).
-    Landed,
+    /// Its sha256 must be this one, then `haproxy -c` on `check`, a config that loads the
+    /// version's maps and new certificate files alone, and `show proc` (upload_files.sh):
+    /// for a version whose config HAProxy runs but for its maps and crt-list.
+    Maps { sha256: &'a str, check: &'a str },
     /// Its sha256 must be this one, then `haproxy -c` on it and `show proc`
     /// (upload_validate.sh).
     Validated { sha256: &'a str },
@@ -146,13 +147,6 @@ pub trait HostOps: Send + Sync {
         check: UploadCheck<'a>,
         maps: usize,
         stream: &'a [u8],
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>>;
-    /// `haproxy -c` on `config`, a config that loads the version's maps alone, then `show
-    /// proc` (validate_maps.sh).
-    fn validate_maps<'a>(
-        &'a self,
-        token: &'a str,
-        config: &'a str,
     ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>>;
     /// Keeps the live file as last-known-good and renames the upload `token` over it.
     fn swap<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), Failure>>;

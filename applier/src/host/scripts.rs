@@ -61,8 +61,6 @@ pub static UPLOAD_FILES: Script = Script::new("upload_files", with_lib!("upload_
 /// See `scripts/upload_validate.sh`.
 pub static UPLOAD_VALIDATE: Script =
     Script::new("upload_validate", with_lib!("upload_validate.sh"));
-/// See `scripts/validate_maps.sh`.
-pub static VALIDATE_MAPS: Script = Script::new("validate_maps", with_lib!("validate_maps.sh"));
 /// See `scripts/swap.sh`.
 pub static SWAP: Script = Script::new("swap", with_lib!("swap.sh"));
 /// See `scripts/reload_wait.sh`.
@@ -87,7 +85,7 @@ pub static NOOP: Script = Script::new("noop", "true\n");
 
 /// Every script, for tests.
 #[cfg(test)]
-pub(crate) static ALL: [&Script; 18] = [
+pub(crate) static ALL: [&Script; 17] = [
     &LIVE_STATE,
     &REFRESH,
     &MARK_LOADED,
@@ -95,7 +93,6 @@ pub(crate) static ALL: [&Script; 18] = [
     &DISCARD,
     &UPLOAD_FILES,
     &UPLOAD_VALIDATE,
-    &VALIDATE_MAPS,
     &SWAP,
     &RELOAD_WAIT,
     &SWAP_RELOAD,

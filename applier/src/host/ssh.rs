@@ -126,9 +126,19 @@ impl HostOps for SshHost {
             let count = maps.to_string();
             let host = &self.host;
             let ran = match check {
-                UploadCheck::Landed => {
-                    let args = [self.live(), token, &count];
-                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(stream)).await
+                UploadCheck::Maps { sha256, check } => {
+                    let args = [
+                        host.haproxy_bin.as_str(),
+                        self.live(),
+                        token,
+                        self.socket(),
+                        sha256,
+                        &count,
+                    ];
+                    // The check follows the config in the stream.
+                    let mut stream = stream.to_vec();
+                    crate::rollout::stream_record(&mut stream, "hafleet-check", check);
+                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(&stream)).await
                 }
                 UploadCheck::Validated { sha256 } => {
                     let args = [
@@ -149,21 +159,6 @@ impl HostOps for SshHost {
                     outcome_of(ApplyStage::Validate, ran).map(|out| answer::Uploaded::parse(&out))
                 }
             }
-        }
-        .boxed()
-    }
-
-    fn validate_maps<'a>(
-        &'a self,
-        token: &'a str,
-        config: &'a str,
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
-        async move {
-            let args = [self.host.haproxy_bin.as_str(), self.live(), token, self.socket()];
-            let stdin = Some(config.as_bytes());
-            let checked =
-                self.remote(ApplyStage::Validate, &scripts::VALIDATE_MAPS, &args, stdin).await?;
-            Ok(answer::Uploaded::parse(&checked))
         }
         .boxed()
     }

@@ -69,6 +69,7 @@ mod repair;
 
 use go_live::*;
 pub use plans::{PendingBridge, Plans};
+pub(crate) use prepare::stream_record;
 use prepare::*;
 #[cfg(test)]
 pub(crate) use prepare::{Outgoing, cert_stream};

@@ -248,30 +248,19 @@ pub(super) async fn upload_and_validate(
     tracing::debug!(diff_ms = diffed.elapsed().as_secs_f64() * 1e3, "files to send worked out");
     let count = maps.len();
     // The upload's stat, the bytes sent, and `show proc`.
-    let (stat, bytes, proc) = match check.map_check {
-        Some(map_check) => {
-            let landing = ops::UploadCheck::Landed;
-            let (landed, bytes) = send(conn, token, landing, count, &outgoing).await?;
-            let sha = landed.sha.as_deref().unwrap_or_default();
-            if sha != version.sha256 {
-                return Err(fail(
-                    ApplyStage::Upload,
-                    format!("uploaded file has sha256 {sha} instead of {}", version.sha256),
-                ));
-            }
+    let sha256 = version.sha256.as_str();
+    let check = match check.map_check {
+        Some(check) => {
             info!(
                 "the config is the running one but for its maps and certificates: checking \
                  those alone"
             );
-            let checked = conn.validate_maps(token, map_check).await?;
-            (landed.stat, bytes, checked.proc)
+            ops::UploadCheck::Maps { sha256, check }
         }
-        None => {
-            let check = ops::UploadCheck::Validated { sha256: &version.sha256 };
-            let (out, bytes) = send(conn, token, check, count, &outgoing).await?;
-            (out.stat, bytes, out.proc)
-        }
+        None => ops::UploadCheck::Validated { sha256 },
     };
+    let (out, bytes) = send(conn, token, check, count, &outgoing).await?;
+    let (stat, proc) = (out.stat, out.proc);
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
     Ok(Uploaded { before, stat, sent: certs + bytes })
 }
@@ -399,16 +388,7 @@ impl<'a> Outgoing<'a> {
     /// its name promises (the bundle was checked against it), and the config's is checked on
     /// arrival by the caller.
     pub(crate) fn stream(&self) -> Vec<u8> {
-        fn record(out: &mut Vec<u8>, head: &str, content: &str) {
-            let lines = content.matches('\n').count()
-                + usize::from(!content.ends_with('\n') && !content.is_empty());
-            let newline = u8::from(content.ends_with('\n'));
-            out.extend_from_slice(format!("{head} {lines} {newline}\n").as_bytes());
-            out.extend_from_slice(content.as_bytes());
-            if !content.is_empty() && newline == 0 {
-                out.push(b'\n');
-            }
-        }
+        let record = stream_record;
         let size = |text: &str, edit: Option<&String>| edit.map_or(text.len(), String::len) + 160;
         let size: usize = self
             .maps
@@ -518,4 +498,18 @@ pub(super) fn attempt_token(version: u64) -> String {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     format!("v{version}-{}-{nanos}", std::process::id())
+}
+
+/// Appends a record of the upload stream (see [`Outgoing::stream`]) to `out`: `<head> <lines>
+/// <1 if `content` ends in a newline, else 0>`, then `content`. Lines are counted as awk reads
+/// them, so any text goes through whole.
+pub(crate) fn stream_record(out: &mut Vec<u8>, head: &str, content: &str) {
+    let lines = content.matches('\n').count()
+        + usize::from(!content.ends_with('\n') && !content.is_empty());
+    let newline = u8::from(content.ends_with('\n'));
+    out.extend_from_slice(format!("{head} {lines} {newline}\n").as_bytes());
+    out.extend_from_slice(content.as_bytes());
+    if !content.is_empty() && newline == 0 {
+        out.push(b'\n');
+    }
 }

@@ -79,25 +79,31 @@ same"}
 
 # missing_files LIVE: reads names on stdin, a line each, of map files (`<kind>-<sha>.map`,
 # in hafleet-maps/ beside LIVE) and certificate files (`../hafleet-certs/<id>.pem`), and
-# prints those the host does not have, a line each. They are looked up in one listing of
-# each folder by one awk, not a test a name: 10,000 tests took 0.4-0.6 s a host; 10,000
-# names are more than a command line takes.
+# prints those the host does not have, a line each. The folders are listed by the shell's
+# own globs, written before the names into one awk that looks each name up: no test a name
+# (10,000 tests took 0.4-0.6 s a host), no command line of 10,000 names, and no `ls`.
 missing_files() {
-  HAFLEET_D=$(dir_of "$1") awk '
-    BEGIN {
-      c = "ls -1 -- \"$HAFLEET_D/hafleet-maps\" 2>/dev/null"
-      while ((c | getline f) > 0) have[f] = 1
-      close(c)
-      c = "ls -1 -- \"$HAFLEET_D/hafleet-certs\" 2>/dev/null"
-      while ((c | getline f) > 0) have["../hafleet-certs/" f] = 1
-      close(c)
-    }
+  mf_d=$(dir_of "$1")
+  {
+    for mf_f in "$mf_d"/hafleet-maps/* "$mf_d"/hafleet-certs/*; do
+      [ -e "$mf_f" ] || continue
+      case $mf_f in
+        "$mf_d"/hafleet-certs/*) printf '../hafleet-certs/%s\n' "${mf_f##*/}" ;;
+        *) printf '%s\n' "${mf_f##*/}" ;;
+      esac
+    done
+    echo "/"
+    cat
+  } | awk '
+    !asked { if ($0 == "/") asked = 1; else have[$0] = 1; next }
     $0 != "" && !($0 in have)
   '
 }
 
-# unpack LIVE TOKEN WANT COUNT: unpacks the stream on stdin (Outgoing::stream in
-# applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a config. Each map goes to a
+# unpack LIVE TOKEN WANT COUNT [CHECK]: unpacks the stream on stdin (Outgoing::stream in
+# applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a config, then, with
+# CHECK, the config that checks the maps (a `hafleet-check` record after the config), into
+# the file CHECK. Each map goes to a
 # name of this attempt's in hafleet-maps/, the config to this attempt's upload
 # LIVE.hafleet-new-TOKEN (same file system as LIVE: the later rename is atomic); a file sent
 # as an edit is made by `sed` from the host's own (a map from the map it names, the config
@@ -108,13 +114,18 @@ missing_files() {
 # Prints nothing; exits EXIT_UPLOAD on any failure, leaving no file of its own behind.
 unpack() {
   up_d="$(dir_of "$1")/hafleet-maps"
-  mkdir -p "$up_d" || exit "$EXIT_UPLOAD"
+  [ -d "$up_d" ] || mkdir -p "$up_d" || exit "$EXIT_UPLOAD"
   up_u="$1.hafleet-new-$2"
   up_t=$2
-  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" '
+  up_c=$5
+  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" -v chk="$up_c" '
     n == 0 {
-      if (done) { bad = 5; exit }
-      if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) {
+      if (checked) { bad = 5; exit }
+      if (done) {
+        if ($1 != "hafleet-check" || NF != 3 || chk == "") { bad = 5; exit }
+        f = chk
+        checked = 1
+      } else if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) {
         f = cfg
         if ($1 == "hafleet-config-edit") f = cfg ".sed"
         done = 1
@@ -146,7 +157,7 @@ unpack() {
     }
     END {
       if (bad) exit bad
-      if (n != 0 || (want && !done)) exit 4
+      if (n != 0 || (want && !done) || (chk != "" && !checked)) exit 4
     }
   ' || unpack_drop "the map files and config did not arrive whole"
   if [ -f "$up_d/.edits.$up_t" ]; then
@@ -193,7 +204,7 @@ unpack_sums_match() {
 
 # unpack_drop MESSAGE: removes what unpack wrote, says MESSAGE on stderr, exits EXIT_UPLOAD.
 unpack_drop() {
-  rm -f "$up_d"/.*."$up_t" "$up_d"/.*."$up_t".sed "$up_u" "$up_u.sed"
+  rm -f "$up_d"/.*."$up_t" "$up_d"/.*."$up_t".sed "$up_u" "$up_u.sed" ${up_c:+"$up_c"}
   echo "$*" >&2
   exit "$EXIT_UPLOAD"
 }
@@ -240,6 +251,25 @@ validate() {
   fi
   printf '%s\n' "$vd_out" >&2
   [ "$vd_rc" -eq 0 ] || exit 1
+  master_cli "$4" "show proc" || true
+}
+
+# check_maps HAPROXY LIVE TOKEN SOCKET: checks the upload LIVE.hafleet-new-TOKEN of a
+# version whose config HAProxy runs but for its map files and crt-list: `haproxy -c` on the
+# config in LIVE.hafleet-mapcheck-TOKEN, which loads only the maps and new certificate files
+# (written next to the live file, so relative paths resolve alike; removed after). Its
+# output goes to stderr; a refused check removes the upload and exits with haproxy's status.
+# Then prints `show proc`.
+check_maps() {
+  cm_check="$2.hafleet-mapcheck-$3"
+  cm_out=$("$1" -c -f "$cm_check" 2>&1)
+  cm_rc=$?
+  rm -f "$cm_check"
+  if [ "$cm_rc" -ne 0 ]; then
+    rm -f "$2.hafleet-new-$3"
+  fi
+  printf '%s\n' "$cm_out" >&2
+  [ "$cm_rc" -eq 0 ] || exit "$cm_rc"
   master_cli "$4" "show proc" || true
 }
 

@@ -237,8 +237,21 @@ fn maps_and_config_sent_as_edits_of_the_hosts_own_land_byte_for_byte_or_not_at_a
     let sha = hafleet_proto::sha256_hex(new.as_bytes());
     let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
     let left = || left_behind(dir.path(), &maps_dir);
-    // The map-only path's upload: maps and config, edits, one round trip.
-    let out = sh(shell, &UPLOAD_FILES, &[live_s, "t1", "1"], &stream);
+    // The map-only path's upload: maps, config and the config that checks the maps, edits,
+    // one round trip. (`haproxy` here: `false` refuses, `true` passes.)
+    let mut checked = stream.clone();
+    crate::rollout::stream_record(&mut checked, "hafleet-check", "global\n");
+    let map_only = |haproxy: &str, stream: &[u8]| {
+        let args = [haproxy, live_s, "t1", "/nonexistent.sock", &sha, "1"];
+        sh(shell, &UPLOAD_FILES, &args, stream)
+    };
+    let out = map_only("false", &checked);
+    assert_eq!(out.status.code(), Some(1), "the check refused: haproxy's status");
+    assert_eq!(left(), Vec::<String>::new(), "neither the upload nor the check stays");
+    let out = map_only("true", &stream);
+    assert_eq!(out.status.code(), Some(Exit::Upload.code()), "no check: not whole");
+    assert_eq!(left(), Vec::<String>::new());
+    let out = map_only("true", &checked);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8(out.stdout).unwrap();
     assert_eq!(printed.lines().next(), Some(sha.as_str()));
@@ -639,7 +652,10 @@ fn new_files_and_their_folder_are_synced_around_each_rename_once_per_batch_in(sh
     let tmp = |m: &MapFile| format!("{d}/hafleet-maps/.{}.t1", m.name);
 
     // Two maps and the config: one sync for the three files, one for the maps' folder.
-    run(&UPLOAD_FILES, &[&live, "t1", "2"], &Outgoing::whole(&maps, Some("new\n")).stream());
+    let mut stream = Outgoing::whole(&maps, Some("new\n")).stream();
+    crate::rollout::stream_record(&mut stream, "hafleet-check", "global\n");
+    let sha = hafleet_proto::sha256_hex(b"new\n");
+    run(&UPLOAD_FILES, &["true", &live, "t1", "/nonexistent.sock", &sha, "2"], &stream);
     let want_files = format!("-- {live}.hafleet-new-t1 {} {}", tmp(maps[0]), tmp(maps[1]));
     assert_eq!(calls(), [want_files, format!("-- {d}/hafleet-maps")]);
     // The swap on a host without last-good: the kept file, then the folder.

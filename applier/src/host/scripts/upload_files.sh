@@ -1,12 +1,17 @@
-# upload_files LIVE TOKEN COUNT: on stdin a stream (Outgoing::stream) of the COUNT map files
-# the host lacks and the config, each whole or as an edit of the host's own. Writes the maps
-# as upload_maps.sh does and the config next to the live file (same file system, so the later
-# rename is atomic) under a name no other attempt uses; prints the config's sha256 and
-# `hafleet-stat <stat>` (uploaded). For a version that changes a few lines of a config of
-# megabytes (its map names) and a few entries of its maps, a few hundred bytes are sent
-# instead of megabytes. The caller checks the sha256. It leaves the sweep of uploads that
-# attempts which died left behind to upload_validate.sh: it is on the path of every map
-# change. Exits EXIT_UPLOAD on any failure.
+# upload_files HAPROXY LIVE TOKEN SOCKET SHA256 COUNT: on stdin a stream (Outgoing::stream)
+# of the COUNT map files the host lacks, the config, each whole or as an edit of the host's
+# own, and then the config that checks the maps (`hafleet-check`). For a version whose config
+# HAProxy runs but for its map files and crt-list, in one round trip: writes the maps as
+# upload_maps.sh does and the config next to the live file (same file system, so the later
+# rename is atomic) under a name no other attempt uses; checks the config against SHA256
+# (exit EXIT_UPLOAD otherwise) and prints its sha256 and `hafleet-stat <stat>` (uploaded);
+# then checks the maps and new certificate files alone and prints `show proc` (check_maps: a
+# refused check removes the upload and exits with haproxy's status). For a version that
+# changes a few lines of a config of megabytes (its map names) and a few entries of its
+# maps, a few hundred bytes are sent instead of megabytes. It leaves the sweep of uploads
+# that attempts which died left behind to upload_validate.sh: it is on the path of every map
+# change. Exits EXIT_UPLOAD on any failure to land the files.
 umask 027
-unpack "$1" "$2" 1 "$3"
-uploaded "$1" "$2"
+unpack "$2" "$3" 1 "$6" "$2.hafleet-mapcheck-$3"
+uploaded "$2" "$3" "$5"
+check_maps "$1" "$2" "$3" "$4"
