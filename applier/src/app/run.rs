@@ -211,6 +211,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         cert_shas: Default::default(),
         drift_files: Default::default(),
         plans: Default::default(),
+        applied: Default::default(),
     };
 
     let bus = args.nats.connect_as_applier(&args.fleet).await?;

@@ -258,6 +258,18 @@ impl ConnPool {
         Ok((conn, generation, out))
     }
 
+    /// The connection kept to `host`, if one of the current known_hosts generation is, as it
+    /// is: nothing is run to check it (its first command fails if it died meanwhile).
+    pub async fn take(&self, host: &Host) -> Option<(HostConn, u64)> {
+        let generation = self.known_hosts_generation().await;
+        let (conn_generation, conn) = self.conns.lock().await.remove(&pool_key(host))?;
+        if conn_generation != generation {
+            conn.close().await;
+            return None;
+        }
+        Some((conn, generation))
+    }
+
     /// Returns a connection after a successful apply made under `generation`; closes it after
     /// a failed one, or if known_hosts changed meanwhile.
     pub async fn give_back(&self, host: &Host, conn: HostConn, generation: u64, healthy: bool) {

@@ -25,6 +25,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
     Open,
+    /// A kept session taken without a check (`Hosts::take_kept`).
+    Take,
     Refresh,
     Discard,
     UploadMaps,
@@ -540,6 +542,19 @@ impl Hosts for FakeHosts {
             }
         }
         .boxed()
+    }
+
+    fn take_kept<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Option<Box<dyn HostOps>>> {
+        // A host that cannot be reached (an open fails) keeps no session either.
+        let mut fleet = self.lock();
+        let fleet = &mut *fleet;
+        let down = fleet.hosts[host.name.as_str()].failures.get(&Op::Open).is_some_and(|f| f.1 > 0);
+        if !down {
+            fleet.log.push((host.name.to_string(), Op::Take));
+            fleet.ended.push(tokio::time::Instant::now());
+        }
+        let kept = (!down).then(|| self.session(host));
+        Box::pin(async move { kept })
     }
 
     fn open_checked<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Opened<()>> {

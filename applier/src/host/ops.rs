@@ -184,6 +184,13 @@ pub trait Hosts: Send + Sync + std::fmt::Debug {
     /// A session with `host` and its state: the live and loaded sha256 lines and which of
     /// `names` (one a line) it lacks. `Err`: no session (`Connect` or `HostKey`).
     fn open<'a>(&'a self, host: &'a Host, names: &'a [u8]) -> BoxFuture<'a, Opened<LiveState>>;
+    /// The session kept with `host` since its last apply, if there is one, not checked: for
+    /// an apply that assumes the host is as that one left it (see `rollout::prepare`), whose
+    /// first command fails if the session died. `None`: open one with [`Hosts::open`].
+    fn take_kept<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Option<Box<dyn HostOps>>> {
+        let _ = host;
+        Box::pin(async { None })
+    }
     /// A session with `host` that answered a no-op; `Err` (at `Upload`) if none.
     fn open_checked<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Opened<()>>;
     /// What a drift check reads of `host`: its files (those of `names`, one a line), `show

@@ -319,6 +319,14 @@ impl Hosts for SshHosts {
         .boxed()
     }
 
+    fn take_kept<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Option<Box<dyn HostOps>>> {
+        async move {
+            let (conn, generation) = self.pool.take(host).await?;
+            Some(self.session(host, conn, generation))
+        }
+        .boxed()
+    }
+
     fn open_checked<'a>(&'a self, host: &'a Host) -> BoxFuture<'a, Opened<()>> {
         async move {
             let (conn, generation, out) =

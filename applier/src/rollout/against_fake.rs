@@ -65,6 +65,7 @@ fn settings(fake: &FakeHosts, hosts: usize, parallelism: usize) -> RolloutSettin
         cert_shas: Default::default(),
         drift_files: Default::default(),
         plans: Default::default(),
+        applied: Default::default(),
     }
 }
 
@@ -380,6 +381,38 @@ async fn the_canary_is_marked_while_the_first_wave_goes_live_and_a_failed_mark_h
     assert_eq!(got, [(0, Some(ApplyStage::Verify)), (1, None)], "h1 went with the mark");
     assert_eq!(result.not_attempted, [2], "the waves after it halt");
     assert_eq!(count(&fake.log(), 2, Op::SwapRuntime), 0);
+}
+
+/// A host as the applier's last apply left it is not read before the next version: the
+/// upload goes first, on the kept session, as edits of what was left there. One changed by
+/// hand since is found out when it would go live (its live file is not the one assumed),
+/// read and prepared again, and takes the version all the same.
+#[tokio::test(start_paused = true)]
+async fn a_host_as_the_last_apply_left_it_is_not_read_first_and_one_changed_since_is() {
+    let at = |port: &str| config(&["be_a"], 0).replace("10.0.0.1:30081", port);
+    let (v1, v2, v3) = (
+        version(1, &at("10.0.0.1:1")),
+        version(2, &at("10.0.0.1:2")),
+        version(3, &at("10.0.0.1:3")),
+    );
+    let (hosts, fake) = fleet(2, Some(&v1), |_, h| h);
+    let settings = settings(&fake, 2, 1);
+    let result = roll_out(&hosts, &v2, &[&v1], &settings).await;
+    assert_eq!(outcomes_of(&result), [ApplyOutcome::Applied, ApplyOutcome::Applied]);
+    let log = fake.log();
+    assert_eq!((count(&log, 0, Op::Open), count(&log, 0, Op::Take)), (1, 0), "nothing to go by");
+
+    fake.change("h1", |h| h.live = Some("edited by hand".into()));
+    let result = roll_out(&hosts, &v3, &[&v1, &v2], &settings).await;
+    assert_eq!(outcomes_of(&result), [ApplyOutcome::Applied, ApplyOutcome::Applied]);
+    let log = fake.log();
+    assert_eq!((count(&log, 0, Op::Open), count(&log, 0, Op::Take)), (1, 1), "{log:?}");
+    assert_eq!(result.outcomes[0].effort.reloads, 0, "through the runtime API");
+    // h1: taken as left, found changed when going live, read and prepared again.
+    assert_eq!((count(&log, 1, Op::Take), count(&log, 1, Op::Open)), (1, 2), "{log:?}");
+    for h in ["h0", "h1"] {
+        assert_eq!(fake.host(h).loaded.as_ref(), Some(&v3.sha256), "{h}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

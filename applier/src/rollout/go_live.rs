@@ -45,6 +45,9 @@ pub(super) async fn finish_live(
     match (mark, &result) {
         (Some(mark), Ok(_)) => (result, effort, Some(Unmarked { conn, mark })),
         _ => {
+            if matches!(result, Ok(ApplyOutcome::Applied | ApplyOutcome::Unchanged)) {
+                settings.record_applied(host, &version.sha256);
+            }
             conn.give_back(result.is_ok()).await;
             (result, effort, None)
         }
@@ -66,11 +69,14 @@ pub(super) struct Unmarked {
 }
 
 impl Unmarked {
-    /// Marks the host loaded and gives its connection back.
-    pub(super) async fn mark(self) -> Result<(), Failure> {
+    /// Marks `host` loaded and gives its connection back.
+    pub(super) async fn mark(self, host: &Host, settings: &RolloutSettings) -> Result<(), Failure> {
         let Unmarked { conn, mark } = self;
         let done = (mark.sha.as_str(), mark.version);
         let marked = mark_loaded(&*conn, done, Some(mark.reloads), mark.stat.as_deref()).await;
+        if marked.is_ok() {
+            settings.record_applied(host, &mark.sha);
+        }
         conn.give_back(marked.is_ok()).await;
         marked
     }

@@ -107,6 +107,19 @@ pub struct RolloutSettings {
     pub drift_files: std::sync::Mutex<Option<(String, ExpectedFiles)>>,
     /// The plans worked out for the versions' hosts (see [`Plans`]).
     pub plans: Plans,
+    /// By host, the sha256 of the version its last apply left live and loaded, with every
+    /// file of it there: the next version is prepared on that assumption, without reading
+    /// the host first (see [`prepare`]). Taken when a host is prepared, put back when its
+    /// apply is done.
+    pub applied: std::sync::Mutex<std::collections::HashMap<hafleet_proto::HostName, String>>,
+}
+
+impl RolloutSettings {
+    /// Records that `host` runs `sha`, live and loaded, every file of it there.
+    pub(crate) fn record_applied(&self, host: &Host, sha: &str) {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        applied.insert(host.name.clone(), sha.to_owned());
+    }
 }
 
 /// How long a reload on `host` waits before its first look at `show proc`: two thirds of
@@ -265,9 +278,13 @@ async fn attempt_host<'a>(
 
 /// Marks a host that [`attempt_host`] left unmarked, at once, and completes its result: done
 /// when the mark is, or failed (at `Verify`) if the mark failed.
-async fn marked(result: &mut HostResult, unmarked: Unmarked) {
+async fn marked(
+    result: &mut HostResult,
+    unmarked: Unmarked,
+    (host, settings): (&Host, &RolloutSettings),
+) {
     let started = std::time::Instant::now();
-    if let Err(failure) = unmarked.mark().await {
+    if let Err(failure) = unmarked.mark(host, settings).await {
         warn!(message = %failure.message, "the canary went live but cannot be marked loaded");
         result.outcome = failure.outcome();
     }
@@ -366,7 +383,8 @@ pub async fn roll_out(
         let canary = result.outcomes.get_mut(canary_at);
         let mark = async {
             if let (Some(canary), Some(unmarked)) = (canary, canary_unmarked.take()) {
-                marked(canary, unmarked).await;
+                let host = &hosts[canary.host];
+                marked(canary, unmarked, (host, settings)).await;
             }
         };
         let (outcomes, ()) = tokio::join!(futures::future::join_all(attempts), mark);
@@ -393,7 +411,8 @@ pub async fn roll_out(
     if let (Some(canary), Some(unmarked)) =
         (result.outcomes.get_mut(canary_at), canary_unmarked.take())
     {
-        marked(canary, unmarked).await;
+        let host = &hosts[canary.host];
+        marked(canary, unmarked, (host, settings)).await;
     }
     result
 }

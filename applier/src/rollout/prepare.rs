@@ -62,14 +62,13 @@ pub async fn prepare<'a>(
     settings: &RolloutSettings,
 ) -> Prepared<'a> {
     let started = std::time::Instant::now();
-    let mut names = String::new();
-    for m in version.bundle().iter().flat_map(|b| &b.maps) {
-        names.push_str(m.name.as_str());
-        names.push('\n');
+    if let Some(prepared) = prepare_as_left(host, version, known, settings, started).await {
+        return prepared;
     }
-    // Certificate files are asked for as paths from the maps' folder.
-    for c in version.bundle().iter().flat_map(|b| &b.certs) {
-        names.push_str(&format!("../{}\n", c.relative_path()));
+    let mut names = String::new();
+    for name in version.bundle().into_iter().flat_map(file_names) {
+        names.push_str(&name);
+        names.push('\n');
     }
     let (conn, state) = match settings.hosts.open(host, names.as_bytes()).await {
         Ok(c) => c,
@@ -86,6 +85,48 @@ pub async fn prepare<'a>(
         Err(f) => (Next::Done(Err(f)), LiveShas::default()),
     };
     Prepared { host, conn: Some(conn), step, started, state }
+}
+
+/// [`prepare`] without reading the host first, on the kept session, when the applier's last
+/// apply there left a version it holds live and loaded with all of its files
+/// ([`RolloutSettings::applied`]): the host is taken to be as that apply left it, so the files
+/// it lacks are the new version's that the old one did not have, sent as edits of the old
+/// one's. Going live checks that assumption as it checks any host prepared earlier (the
+/// live and loaded sha256 in the swap's round trip: a host changed since is prepared again);
+/// a host that does not take the upload (a file of the old version gone by hand, a session
+/// that died) is prepared again at once, the usual way. `None`: no such apply, or a version
+/// that is the one left there.
+async fn prepare_as_left<'a>(
+    host: &'a Host,
+    version: &ConfigVersion,
+    known: &[&ConfigVersion],
+    settings: &RolloutSettings,
+    started: std::time::Instant,
+) -> Option<Prepared<'a>> {
+    let left = settings.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&host.name)?;
+    let was = known.iter().find(|v| v.sha256 == left && v.sha256 != version.sha256)?.bundle()?;
+    let bundle = version.bundle()?;
+    let conn = settings.hosts.take_kept(host).await?;
+    let had: std::collections::HashSet<String> = file_names(was).collect();
+    let missing = file_names(bundle).filter(|n| !had.contains(n)).collect();
+    let shas = LiveShas { live: left.clone(), loaded: left };
+    let state = LiveState { shas, missing };
+    match stage(&*conn, host, version, &state, known, settings).await {
+        Ok(step) => Some(Prepared { host, conn: Some(conn), step, started, state: state.shas }),
+        Err(failure) => {
+            info!(stage = ?failure.stage, message = %failure.message,
+                  "the host is not as the last apply left it; reading it first");
+            conn.give_back(false).await;
+            None
+        }
+    }
+}
+
+/// The names live_state.sh is asked about for `bundle`: its map files, and its certificate
+/// files as paths from the maps' folder.
+fn file_names(bundle: &Bundle) -> impl Iterator<Item = String> + '_ {
+    let maps = bundle.maps.iter().map(|m| m.name.as_str().to_owned());
+    maps.chain(bundle.certs.iter().map(|c| format!("../{}", c.relative_path())))
 }
 
 /// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
