@@ -124,33 +124,22 @@ impl HostOps for SshHost {
     ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
         async move {
             let count = maps.to_string();
-            let host = &self.host;
-            let ran = match check {
+            let haproxy = self.host.haproxy_bin.as_str();
+            let (script, sha256, check) = match check {
                 UploadCheck::Maps { sha256, check } => {
-                    let args = [
-                        host.haproxy_bin.as_str(),
-                        self.live(),
-                        token,
-                        self.socket(),
-                        sha256,
-                        &count,
-                    ];
-                    // The check follows the config in the stream.
+                    (&scripts::UPLOAD_FILES, sha256, Some(check))
+                }
+                UploadCheck::Validated { sha256 } => (&scripts::UPLOAD_VALIDATE, sha256, None),
+            };
+            let args = [haproxy, self.live(), token, self.socket(), sha256, &count];
+            let ran = match check {
+                // The check follows the config in the stream.
+                Some(check) => {
                     let mut stream = stream.to_vec();
                     crate::rollout::stream_record(&mut stream, "hafleet-check", check);
-                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(&stream)).await
+                    self.conn.run(script, &args, Some(&stream)).await
                 }
-                UploadCheck::Validated { sha256 } => {
-                    let args = [
-                        host.haproxy_bin.as_str(),
-                        self.live(),
-                        token,
-                        self.socket(),
-                        sha256,
-                        &count,
-                    ];
-                    self.conn.run(&scripts::UPLOAD_VALIDATE, &args, Some(stream)).await
-                }
+                None => self.conn.run(script, &args, Some(stream)).await,
             };
             match ran {
                 // A dropped connection is an upload that may pass, not a refused config.
