@@ -102,6 +102,65 @@ pub struct Bundle {
     pub certs: Vec<crate::SealedCert>,
 }
 
+/// A bundle as the bundles stream keeps it ([`crate::Body::Stream`]): its config and maps, and
+/// its certificates by id ([`crate::SealedCert::id`]), each stored once apart on
+/// [`crate::cert_subject`]. A fleet of 10,000 certificates carries 15 MB of them; a version
+/// that rotates one stores and moves one. Bundles stored by earlier renderers carry `certs`
+/// whole, and are read as they are.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StashedBundle {
+    pub config: String,
+    #[serde(default)]
+    pub maps: Vec<MapFile>,
+    /// Certificates carried whole (earlier renderers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certs: Vec<crate::SealedCert>,
+    /// Certificates stored apart, by id, in the bundle's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cert_ids: Vec<String>,
+}
+
+/// [`StashedBundle`] as it is written, borrowing the bundle's config and maps.
+#[derive(Serialize)]
+struct StashedRef<'a> {
+    config: &'a str,
+    maps: &'a [MapFile],
+    cert_ids: &'a [String],
+}
+
+impl StashedBundle {
+    /// The JSON the bundles stream keeps for `bundle` whose certificates have the ids `ids`
+    /// (theirs, in order: [`Bundle::cert_ids`]).
+    pub fn encode(bundle: &Bundle, ids: &[String]) -> Vec<u8> {
+        debug_assert_eq!(ids.len(), bundle.certs.len());
+        let stashed = StashedRef { config: &bundle.config, maps: &bundle.maps, cert_ids: ids };
+        serde_json::to_vec(&stashed).expect("bundles serialize")
+    }
+
+    /// The ids it names that `have` does not know: the certificates to read.
+    pub fn missing(&self, have: impl Fn(&str) -> bool) -> Vec<&str> {
+        self.cert_ids.iter().map(String::as_str).filter(|id| !have(id)).collect()
+    }
+
+    /// The bundle whole, each certificate it names by id taken from `by_id` (which must hold
+    /// every one, each under its own id: [`Bundle::verify`] checks the rest); `Err(id)`: the
+    /// first it lacks.
+    pub fn into_bundle(
+        self,
+        by_id: impl Fn(&str) -> Option<crate::SealedCert>,
+    ) -> Result<Bundle, String> {
+        let mut certs = self.certs;
+        certs.reserve(self.cert_ids.len());
+        for id in self.cert_ids {
+            match by_id(&id) {
+                Some(c) => certs.push(c),
+                None => return Err(id),
+            }
+        }
+        Ok(Bundle { config: self.config, maps: self.maps, certs })
+    }
+}
+
 /// Why a bundle is not the one its version names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BundleError {
@@ -128,6 +187,11 @@ impl Bundle {
         self.config.len()
             + self.maps.iter().map(|m| m.content.len()).sum::<usize>()
             + self.certs.iter().map(|c| c.chain_pem.len() + c.sealed_key.len()).sum::<usize>()
+    }
+
+    /// Each certificate's id ([`crate::SealedCert::id`]), in order.
+    pub fn cert_ids(&self) -> Vec<String> {
+        self.certs.iter().map(crate::SealedCert::id).collect()
     }
 
     /// Checks that the config is the one `sha256` names and every map is the one its name
@@ -220,5 +284,45 @@ mod tests {
         let mut twice = ok.clone();
         twice.certs.push(cert);
         assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateCert { .. })));
+    }
+
+    #[test]
+    fn a_stashed_bundle_names_its_certificates_and_is_whole_again_with_them() {
+        let cert = |der: &[u8]| crate::SealedCert {
+            fingerprint: sha256_hex(der),
+            names: vec![],
+            not_after_unix: 0,
+            chain_pem: crate::tls::certificates_pem([der]),
+            sealed_key:
+                "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
+                    .into(),
+            recipient: String::new(),
+        };
+        let (a, b) = (cert(b"a"), cert(b"b"));
+        let map = MapFile {
+            name: MapName::for_content("exact", "k v\n").unwrap(),
+            content: "k v\n".into(),
+        };
+        let bundle = Bundle {
+            config: "global\n".into(),
+            maps: vec![map],
+            certs: vec![a.clone(), b.clone()],
+        };
+        let ids = bundle.cert_ids();
+        let json = StashedBundle::encode(&bundle, &ids);
+        let text = String::from_utf8(json.clone()).unwrap();
+        assert!(!text.contains("BEGIN"), "no certificate or key in the stashed bundle: {text}");
+        let stashed: StashedBundle = serde_json::from_slice(&json).unwrap();
+        assert_eq!(stashed.cert_ids, vec![a.id(), b.id()]);
+        assert_eq!(stashed.missing(|id| id == a.id()), vec![b.id().as_str()]);
+        let shelf = [a.clone(), b.clone()];
+        let by_id = |id: &str| shelf.iter().find(|c| c.id() == id).cloned();
+        assert_eq!(stashed.clone().into_bundle(by_id).unwrap(), bundle);
+        let only_a = |id: &str| (id == a.id()).then(|| a.clone());
+        assert_eq!(stashed.into_bundle(only_a), Err(b.id()));
+        // What earlier renderers stored (the bundle whole) reads as it is.
+        let old: StashedBundle =
+            serde_json::from_slice(&serde_json::to_vec(&bundle).unwrap()).unwrap();
+        assert_eq!(old.into_bundle(|_| None).unwrap(), bundle);
     }
 }

@@ -111,6 +111,20 @@ pub fn bundle_chunk_subject(fleet: &FleetName, sha256: &str, index: u32) -> Stri
     format!("hafleet.bundles.{fleet}.{sha256}.{index}")
 }
 
+/// Subject of one certificate of `fleet` in [`BUNDLES_STREAM`]: `hafleet.bundles.<fleet>.cert.<id>`
+/// ([`crate::SealedCert::id`]). A bundle in the stream names its certificates by id
+/// ([`crate::StashedBundle`]), each stored once, so a version that rotates one certificate
+/// stores and moves that one. Under the fleet's bundles subjects, so an applier reads its own
+/// fleet's certificates only; `cert` is never a bundle's sha256, so no chunk is named alike.
+pub fn cert_subject(fleet: &FleetName, id: &str) -> String {
+    format!("hafleet.bundles.{fleet}.cert.{id}")
+}
+
+/// The subjects of every certificate of `fleet` ([`cert_subject`]).
+pub fn cert_subjects(fleet: &FleetName) -> String {
+    format!("hafleet.bundles.{fleet}.cert.*")
+}
+
 /// The inbox prefix of `fleet`'s applier: replies to it (JetStream API answers, pulled
 /// configs) go where no other fleet's applier may subscribe.
 pub fn applier_inbox_prefix(fleet: &FleetName) -> String {

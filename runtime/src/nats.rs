@@ -1,13 +1,12 @@
 //! NATS JetStream plumbing shared by the binaries.
 
 use async_nats::jetstream::{self, stream};
-use futures::StreamExt as _;
 use hafleet_proto::{
-    Body, Bundle, CHUNKS_HEADER, ConfigVersion, MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION,
-    StreamSpec,
+    CHUNKS_HEADER, ConfigVersion, MSG_ID_HEADER, SCHEMA_HEADER, SCHEMA_VERSION, StreamSpec,
 };
 use std::time::Duration;
 
+mod bundles;
 mod options;
 pub use options::NatsArgs;
 
@@ -43,6 +42,8 @@ pub enum BusError {
     TooLarge { subject: String, size: usize, max: usize },
     #[error("reading chunk {index} of version {version}'s bundle ({subject}) failed")]
     BundleRead { subject: String, index: u32, version: u64, source: BoxError },
+    #[error("reading certificate {subject} of version {version}'s bundle failed")]
+    CertRead { subject: String, version: u64, source: BoxError },
     #[error("the bundle of version {version} of fleet {fleet} is unusable")]
     BadBundle { fleet: String, version: u64, source: BoxError },
 }
@@ -228,12 +229,15 @@ pub struct Bus {
     pub js: jetstream::Context,
     /// Replicas of the streams this connection creates.
     pub replicas: usize,
+    /// Certificates this connection has stored or read in the bundles stream, by id
+    /// ([`bundles::CertShelf`]); shared by its clones.
+    certs: std::sync::Arc<std::sync::Mutex<bundles::CertShelf>>,
 }
 
 impl Bus {
     /// A bus over a connection made elsewhere (tests, benches), creating single-copy streams.
     pub fn from_client(client: async_nats::Client) -> Bus {
-        Bus { js: jetstream::new(client.clone()), client, replicas: 1 }
+        Bus { js: jetstream::new(client.clone()), client, replicas: 1, certs: Default::default() }
     }
 
     /// This bus, creating streams with `replicas` copies.
@@ -421,101 +425,23 @@ impl Bus {
     }
 
     /// Publishes a config version on its fleet's subject. Its id (`<fleet>-v<version>`) makes
-    /// publishing it again after a crash a no-op within the duplicate window. A version whose
-    /// message would be larger than NATS accepts goes with its bundle in the bundles stream
-    /// (by fleet and sha256, so storing it again changes nothing) and the message says so.
+    /// publishing it again after a crash a no-op within the duplicate window. A version with
+    /// certificates, or whose message would be larger than NATS accepts, goes with its bundle
+    /// in the bundles stream (by fleet and sha256, so storing it again changes nothing; each
+    /// certificate by id, stored once) and the message says so: a version message never
+    /// carries a sealed key, and a rotation moves one certificate, not the fleet's every one.
     pub async fn publish_version(&self, v: &ConfigVersion) -> Result<u64, BusError> {
         let id = format!("{}-v{}", v.fleet, v.version);
         let subject = hafleet_proto::configs_subject(&v.fleet);
-        let encoded = v.encode();
-        if encoded.len() <= self.payload_limit() {
-            return self.publish(subject, &id, encoded).await;
+        let certs = v.bundle().is_some_and(|b| !b.certs.is_empty());
+        if !certs {
+            let encoded = v.encode();
+            if encoded.len() <= self.payload_limit() {
+                return self.publish(subject, &id, encoded).await;
+            }
         }
         let by_ref = self.stash_bundle(v).await?.fitted(self.payload_limit());
         self.publish(subject, &id, by_ref.encode()).await
-    }
-
-    /// Puts `v`'s bundle into the bundles stream, cut into chunks no larger than a message,
-    /// and returns `v` naming them instead of carrying it. Chunk 0 goes last and says how
-    /// many there are, so a bundle whose chunk 0 is there with that count is stored whole.
-    pub async fn stash_bundle(&self, v: &ConfigVersion) -> Result<ConfigVersion, BusError> {
-        let Body::Inline { bundle } = &v.body else { return Ok(v.clone()) };
-        let json = serde_json::to_vec(bundle).expect("bundles serialize");
-        let pieces: Vec<&[u8]> = json.chunks(self.payload_limit().max(1)).collect();
-        let chunks = u32::try_from(pieces.len()).expect("fewer than 2^32 chunks");
-        let stream = self.ensure_stream(hafleet_proto::BUNDLES).await?;
-        let first = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, 0);
-        let stored = match stream.direct_get_last_for_subject(first).await {
-            Ok(m) => chunk_count(&m) == Some(chunks),
-            Err(_) => false,
-        };
-        if !stored {
-            let count = chunks.to_string();
-            for (i, piece) in pieces.iter().enumerate().rev() {
-                let index = i as u32;
-                let subject = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, index);
-                let id = format!("bundle-{}-{}-{index}", v.fleet, v.sha256);
-                let extra: &[(&str, &str)] =
-                    if index == 0 { &[(CHUNKS_HEADER, count.as_str())] } else { &[] };
-                self.publish_with_headers(subject, &id, piece.to_vec(), extra).await?;
-            }
-        }
-        let mut by_ref = v.clone();
-        by_ref.body = Body::Stream { chunks };
-        Ok(by_ref)
-    }
-
-    /// `v` with its bundle inline: as it came, or read from the bundles stream (by subject, so
-    /// an applier needs no right to any other fleet's) and checked against the sha256 the
-    /// version names.
-    pub async fn fetch_bundle(&self, v: ConfigVersion) -> Result<ConfigVersion, BusError> {
-        let Body::Stream { chunks } = v.body else { return Ok(v) };
-        let version = v.version;
-        // The body is not signed: a chunk count the size cannot explain is refused before any
-        // read (each chunk holds up to a message's payload; the JSON adds less than the size).
-        let most = (v.size as usize * 2 + 4096) / self.payload_limit().max(1) + 2;
-        if chunks as usize > most {
-            let e = format!("{chunks} chunks for a {}-byte bundle", v.size);
-            return Err(BusError::BadBundle {
-                fleet: v.fleet.to_string(),
-                version,
-                source: e.into(),
-            });
-        }
-        let stream =
-            self.js.get_stream_no_info(hafleet_proto::BUNDLES_STREAM).await.map_err(|e| {
-                BusError::Stream { name: hafleet_proto::BUNDLES_STREAM, source: e.into() }
-            })?;
-        let reads = (0..chunks).map(|index| {
-            let subject = hafleet_proto::bundle_chunk_subject(&v.fleet, &v.sha256, index);
-            let stream = &stream;
-            async move {
-                let failed = |e: BoxError| BusError::BundleRead {
-                    subject: subject.clone(),
-                    index,
-                    version,
-                    source: e,
-                };
-                let m = stream
-                    .direct_get_last_for_subject(subject.clone())
-                    .await
-                    .map_err(|e| failed(Box::new(e)))?;
-                if index == 0 && chunk_count(&m) != Some(chunks) {
-                    return Err(failed(format!("chunk 0 does not say {chunks} chunks").into()));
-                }
-                Ok(m.payload)
-            }
-        });
-        // Stops at the first chunk that cannot be read.
-        let pieces: Vec<bytes::Bytes> =
-            futures::TryStreamExt::try_collect(futures::stream::iter(reads).buffered(4)).await?;
-        let json = pieces.concat();
-        let fleet = v.fleet.to_string();
-        let bad = |e: BoxError| BusError::BadBundle { fleet, version, source: e };
-        match serde_json::from_slice::<Bundle>(&json) {
-            Ok(bundle) => v.with_bundle(bundle).map_err(|e| bad(Box::new(e))),
-            Err(e) => Err(bad(Box::new(e))),
-        }
     }
 
     /// Flushes what is pending and closes: the last step of every shutdown.

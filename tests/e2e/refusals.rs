@@ -708,7 +708,7 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
 /// Each fleet's applier has NATS credentials of its own (`hafleet nats-permissions`):
 /// with fleet edge's, nothing of fleet core's can be read, neither through the JetStream API
 /// (newest config, whole-stream reads, a consumer of its own or of core's, core's large
-/// bundles) nor by subscribing to core's subject; the same reads of edge's own succeed.
+/// bundles and certificates) nor by subscribing to core's subject; the same reads of edge's own succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_fleets_applier_credentials_cannot_read_another_fleets_configs() -> Result<()> {
     use async_nats::jetstream::consumer::pull;
@@ -769,6 +769,14 @@ async fn one_fleets_applier_credentials_cannot_read_another_fleets_configs() -> 
     let chunk = |i: usize| hafleet_proto::bundle_chunk_subject(&shas[i].0, &shas[i].1, 0);
     assert!(bundles.direct_get_last_for_subject(chunk(0)).await.is_ok(), "control: edge's own");
     assert!(bundles.direct_get_last_for_subject(chunk(1)).await.is_err(), "core's bundle");
+    // Certificates are stored apart, by id, under their fleet's bundles subjects: edge reads
+    // its own, not core's.
+    let cert = |i: usize| hafleet_proto::cert_subject(&shas[i].0, &"c".repeat(64));
+    for i in [0, 1] {
+        admin_bus.publish(cert(i), &format!("cert-test-{i}"), b"{}".to_vec()).await?;
+    }
+    assert!(bundles.direct_get_last_for_subject(cert(0)).await.is_ok(), "control: edge's own");
+    assert!(bundles.direct_get_last_for_subject(cert(1)).await.is_err(), "core's certificate");
 
     // Core messages: edge's subscription gets none; the admin's, made the same way, does.
     let mut theirs = edge.subscribe("hafleet.configs.core").await?;

@@ -367,6 +367,30 @@ async fn rollback_serves_the_certificate_of_before_a_rotation_and_no_other_fleet
     let (new_fp, new_key) = rotate("shop-tls").await?;
     expect_cert_everywhere(&world.stack, "shop.example.com", Some(&new_fp)).await?;
     let rotated = world.stack.latest_version().await?.context("a version")?;
+    // The version's message names its bundle and carries no certificate; the bundles stream
+    // holds each certificate once, apart, by id, under the fleet's subjects.
+    let js = async_nats::jetstream::new(world.stack.nats.client().await?);
+    let fleet = hafleet_proto::FleetName::new("edge")?;
+    let raw = js
+        .get_stream(hafleet_proto::CONFIGS_STREAM)
+        .await?
+        .get_last_raw_message_by_subject(&hafleet_proto::configs_subject(&fleet))
+        .await?;
+    let message = String::from_utf8_lossy(&raw.payload);
+    assert!(!message.contains("BEGIN"), "a certificate or key in the version: {message}");
+    let published = hafleet_proto::ConfigVersion::decode(&raw.payload)?;
+    assert_eq!(published.version, rotated.version);
+    assert!(matches!(published.body, hafleet_proto::Body::Stream { .. }), "{message}");
+    let bundles = js.get_stream_no_info(hafleet_proto::BUNDLES_STREAM).await?;
+    let certs = &rotated.bundle().context("fetched whole")?.certs;
+    assert!(certs.iter().any(|c| c.fingerprint == new_fp), "the new certificate is in it");
+    for c in certs {
+        let m = bundles
+            .direct_get_last_for_subject(hafleet_proto::cert_subject(&fleet, &c.id()))
+            .await?;
+        let stored: hafleet_proto::SealedCert = serde_json::from_slice(&m.payload)?;
+        assert_eq!(stored, *c, "{} stored by its id", c.fingerprint);
+    }
     let (rotated, rotated_sha) = (rotated.version, rotated.sha256);
     world.report("lb-2", rotated).await?;
 
