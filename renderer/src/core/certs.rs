@@ -95,6 +95,17 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
         .filter(|h| !h.as_str().starts_with("*."))
         .collect();
+    // The same hosts by the domain one label up (`a.example.com` under `example.com`): what a
+    // wildcard `*.example.com` covers (`hafleet_proto::tls::name_covers`).
+    let mut under: BTreeMap<&str, Vec<&HttpHost>> = BTreeMap::new();
+    for exact in &routed {
+        if let Some((label, parent)) = exact.as_str().split_once('.')
+            && !label.is_empty()
+            && label != "*"
+        {
+            under.entry(parent).or_default().push(exact);
+        }
+    }
     let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&HttpHost>)> = BTreeMap::new();
     let mut redirect: BTreeMap<&str, bool> = BTreeMap::new();
     for (host, (cert, wants_redirect)) in &hosts {
@@ -110,17 +121,22 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         let path = format!("{}/{id}.pem", hafleet_proto::tls::CERTS_DIR);
         let wildcards: Vec<&HttpHost> =
             listed.iter().copied().filter(|h| h.as_str().starts_with("*.")).collect();
-        // Only a wildcard line has exclusions (the walk over every routed host is for it).
-        let excluded: Vec<&HttpHost> = routed
+        // Only a wildcard line has exclusions: the routed hosts one label under each of its
+        // wildcards, in the routed order. (A walk over every routed host for each certificate
+        // made a render at 10,000 certificates 10^8 steps, about 150 ms.)
+        let mut excluded: Vec<&HttpHost> = wildcards
             .iter()
+            .filter_map(|w| under.get(w.as_str().strip_prefix("*.")?))
+            .flatten()
             .copied()
-            .filter(|_| !wildcards.is_empty())
             .filter(|exact| {
-                wildcards.iter().any(|w| hafleet_proto::tls::name_covers(w, exact))
-                    && !listed.contains(exact)
-                    && hosts.get(exact).is_none_or(|(c, _)| !same_file(c, cert))
+                !listed.contains(exact) && hosts.get(exact).is_none_or(|(c, _)| !same_file(c, cert))
             })
             .collect();
+        if wildcards.len() > 1 {
+            excluded.sort();
+            excluded.dedup();
+        }
         let (words, bytes) = line_size(&path, &listed, &excluded);
         if words <= MAX_LINE_WORDS && bytes <= MAX_LINE_BYTES {
             push_line(&mut crt_list, &path, &listed, &excluded);
@@ -325,5 +341,49 @@ mod tests {
         let redirect = f.redirect.unwrap().content;
         assert!(redirect.contains("c.example.com 0\n"), "{redirect}");
         assert!(redirect.contains("*.example.com 1\n") && redirect.contains("b.example.com 1\n"));
+    }
+
+    #[test]
+    fn a_wildcard_line_excludes_exactly_the_routed_hosts_its_wildcards_cover_in_order() {
+        let wild = cert("w", &["*.example.com", "*.example.org"]);
+        let mut ing = Ingresses::new();
+        let mut w = entry(1, vec![(vec!["*.example.com", "*.example.org"], Some(wild))], None);
+        w.routes[0].host = Some(HttpHost::new("a.example.org").unwrap());
+        ing.insert(IngressKey::new("a", "wild").unwrap(), w);
+        let routed = [
+            "z.example.com",
+            "b.a.example.com",
+            "example.com",
+            "b.example.org",
+            "m.example.com",
+            "x.example.net",
+            "a.example.com",
+        ];
+        for (i, host) in routed.iter().enumerate() {
+            let mut plain = entry(2 + i as i64, vec![], None);
+            plain.routes[0].host = Some(HttpHost::new(*host).unwrap());
+            ing.insert(IngressKey::new("b", &format!("p{i}")).unwrap(), plain);
+        }
+        let list = files(&ing, None).crt_list.unwrap().content;
+        let excluded: Vec<&str> =
+            list.split_whitespace().filter_map(|w| w.strip_prefix('!')).collect();
+        // What `name_covers` says, over every routed exact host in their sorted order.
+        let mut want: Vec<HttpHost> = routed
+            .iter()
+            .chain(&["a.example.org"])
+            .map(|h| HttpHost::new(*h).unwrap())
+            .filter(|h| {
+                ["*.example.com", "*.example.org"]
+                    .iter()
+                    .any(|w| hafleet_proto::tls::name_covers(&HttpHost::new(*w).unwrap(), h))
+            })
+            .collect();
+        want.sort();
+        let want: Vec<&str> = want.iter().map(|h| h.as_str()).collect();
+        assert_eq!(excluded, want, "{list}");
+        assert_eq!(
+            want,
+            ["a.example.com", "a.example.org", "b.example.org", "m.example.com", "z.example.com"]
+        );
     }
 }
