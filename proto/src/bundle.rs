@@ -100,6 +100,37 @@ pub struct Bundle {
     /// The certificates a crt-list map names, sorted by id, no id twice; their keys sealed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certs: Vec<crate::SealedCert>,
+    /// [`Bundle::cert_ids`], worked out once (never sent, never compared).
+    #[serde(skip)]
+    pub ids: CertIds,
+}
+
+/// A bundle's certificate ids, worked out once for the certificate list they were worked out
+/// from: an id is a sha256 of 1.5 KB, and a rollout asks for them per host and per step
+/// (10,000 certificates: 15 MB hashed per ask). Kept with the list's address and length, so a
+/// list replaced or grown is hashed again; a certificate edited in place is not seen, and no
+/// code edits one in a bundle it has asked the ids of. A clone starts empty.
+#[derive(Default)]
+pub struct CertIds(std::sync::RwLock<Option<(usize, std::sync::Arc<[String]>)>>);
+
+impl Clone for CertIds {
+    fn clone(&self) -> Self {
+        CertIds::default()
+    }
+}
+
+impl PartialEq for CertIds {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for CertIds {}
+
+impl fmt::Debug for CertIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CertIds")
+    }
 }
 
 /// A bundle as the bundles stream keeps it ([`crate::Body::Stream`]): its config and maps, and
@@ -157,7 +188,7 @@ impl StashedBundle {
                 None => return Err(id),
             }
         }
-        Ok(Bundle { config: self.config, maps: self.maps, certs })
+        Ok(Bundle::new(self.config, self.maps, certs))
     }
 }
 
@@ -189,9 +220,35 @@ impl Bundle {
             + self.certs.iter().map(|c| c.chain_pem.len() + c.sealed_key.len()).sum::<usize>()
     }
 
-    /// Each certificate's id ([`crate::SealedCert::id`]), in order.
-    pub fn cert_ids(&self) -> Vec<String> {
-        self.certs.iter().map(crate::SealedCert::id).collect()
+    /// A bundle of these files.
+    pub fn new(config: String, maps: Vec<MapFile>, certs: Vec<crate::SealedCert>) -> Bundle {
+        Bundle { config, maps, certs, ids: CertIds::default() }
+    }
+
+    /// Each certificate's id ([`crate::SealedCert::id`]), in order; worked out once
+    /// ([`CertIds`]).
+    pub fn cert_ids(&self) -> std::sync::Arc<[String]> {
+        let at = (self.certs.as_ptr() as usize, self.certs.len());
+        let kept = self.ids.0.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((addr, ids)) = kept.as_ref()
+            && (*addr, ids.len()) == at
+        {
+            return std::sync::Arc::clone(ids);
+        }
+        drop(kept);
+        let ids: std::sync::Arc<[String]> = self.certs.iter().map(crate::SealedCert::id).collect();
+        *self.ids.0.write().unwrap_or_else(|e| e.into_inner()) =
+            Some((at.0, std::sync::Arc::clone(&ids)));
+        ids
+    }
+
+    /// The path of each certificate's file relative to the config's folder
+    /// ([`crate::SealedCert::relative_path`]), in order, from [`Bundle::cert_ids`].
+    pub fn cert_paths(&self) -> impl Iterator<Item = (String, &crate::SealedCert)> + '_ {
+        let ids = self.cert_ids();
+        let paths: Vec<String> =
+            ids.iter().map(|id| format!("{}/{id}.pem", crate::tls::CERTS_DIR)).collect();
+        paths.into_iter().zip(&self.certs)
     }
 
     /// Checks that the config is the one `sha256` names and every map is the one its name
@@ -210,15 +267,20 @@ impl Bundle {
                 return Err(BundleError::MapMismatch { name: m.name.to_string() });
             }
         }
-        let mut ids = std::collections::BTreeSet::new();
+        // The ids are worked out anew here whatever was kept, and kept for what follows.
+        let mut seen = std::collections::HashSet::with_capacity(self.certs.len());
+        let mut ids = Vec::with_capacity(self.certs.len());
         for c in &self.certs {
             c.check()
                 .map_err(|why| BundleError::Cert { fingerprint: c.fingerprint.clone(), why })?;
             let id = c.id();
-            if !ids.insert(id.clone()) {
+            if !seen.insert(id.clone()) {
                 return Err(BundleError::DuplicateCert { id });
             }
+            ids.push(id);
         }
+        *self.ids.0.write().unwrap_or_else(|e| e.into_inner()) =
+            Some((self.certs.as_ptr() as usize, ids.into()));
         Ok(())
     }
 }
@@ -249,7 +311,7 @@ mod tests {
             name: MapName::for_content("exact", "k v\n").unwrap(),
             content: "k v\n".into(),
         };
-        let bundle = Bundle { config: "global\n".into(), maps: vec![map.clone()], certs: vec![] };
+        let bundle = Bundle::new("global\n".into(), vec![map.clone()], vec![]);
         bundle.verify(&bundle.sha256()).unwrap();
         assert!(matches!(bundle.verify("00"), Err(BundleError::ConfigMismatch { .. })));
         let mut tampered = bundle.clone();
@@ -258,8 +320,7 @@ mod tests {
             tampered.verify(&tampered.sha256()),
             Err(BundleError::MapMismatch { .. })
         ));
-        let twice =
-            Bundle { config: "global\n".into(), maps: vec![map.clone(), map], certs: vec![] };
+        let twice = Bundle::new("global\n".into(), vec![map.clone(), map], vec![]);
         assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateMap { .. })));
     }
 
@@ -276,7 +337,7 @@ mod tests {
                     .into(),
             recipient: String::new(),
         };
-        let ok = Bundle { config: "global\n".into(), maps: vec![], certs: vec![cert.clone()] };
+        let ok = Bundle::new("global\n".into(), vec![], vec![cert.clone()]);
         ok.verify(&ok.sha256()).unwrap();
         let mut forged = ok.clone();
         forged.certs[0].fingerprint = sha256_hex(b"another");
@@ -286,9 +347,8 @@ mod tests {
         assert!(matches!(twice.verify(&twice.sha256()), Err(BundleError::DuplicateCert { .. })));
     }
 
-    #[test]
-    fn a_stashed_bundle_names_its_certificates_and_is_whole_again_with_them() {
-        let cert = |der: &[u8]| crate::SealedCert {
+    fn cert(der: &[u8]) -> crate::SealedCert {
+        crate::SealedCert {
             fingerprint: sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
@@ -297,17 +357,40 @@ mod tests {
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
                     .into(),
             recipient: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_bundle_works_its_certificate_ids_out_once_for_the_list_it_has() {
+        let (a, b) = (cert(b"a"), cert(b"b"));
+        let mut bundle = Bundle::new("global\n".into(), vec![], vec![a.clone()]);
+        assert_eq!(&*bundle.cert_ids(), [a.id()]);
+        let kept = bundle.cert_ids();
+        assert!(std::sync::Arc::ptr_eq(&kept, &bundle.cert_ids()), "worked out once");
+        // A list replaced, or grown, is worked out anew.
+        bundle.certs = vec![b.clone()];
+        assert_eq!(&*bundle.cert_ids(), [b.id()]);
+        bundle.certs.push(a.clone());
+        assert_eq!(&*bundle.cert_ids(), [b.id(), a.id()]);
+        let paths: Vec<String> = bundle.cert_paths().map(|(p, _)| p).collect();
+        assert_eq!(paths, [b.relative_path(), a.relative_path()]);
+        // A clone works its own out; neither changes what the bundles compare.
+        let copy = bundle.clone();
+        assert_eq!(copy, bundle);
+        assert_eq!(copy.cert_ids(), bundle.cert_ids());
+        // verify works them out anew and keeps them.
+        bundle.verify(&bundle.sha256()).unwrap();
+        assert_eq!(&*bundle.cert_ids(), [b.id(), a.id()]);
+    }
+
+    #[test]
+    fn a_stashed_bundle_names_its_certificates_and_is_whole_again_with_them() {
         let (a, b) = (cert(b"a"), cert(b"b"));
         let map = MapFile {
             name: MapName::for_content("exact", "k v\n").unwrap(),
             content: "k v\n".into(),
         };
-        let bundle = Bundle {
-            config: "global\n".into(),
-            maps: vec![map],
-            certs: vec![a.clone(), b.clone()],
-        };
+        let bundle = Bundle::new("global\n".into(), vec![map], vec![a.clone(), b.clone()]);
         let ids = bundle.cert_ids();
         let json = StashedBundle::encode(&bundle, &ids);
         let text = String::from_utf8(json.clone()).unwrap();

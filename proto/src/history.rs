@@ -330,7 +330,7 @@ mod tests {
     /// gives no reply.
     #[test]
     fn a_version_reply_fits_its_limit_exactly() {
-        let bundle = crate::Bundle { config: "global\n".into(), maps: vec![], certs: vec![] };
+        let bundle = crate::Bundle::new("global\n".into(), vec![], vec![]);
         let mut v =
             ConfigVersion::inline(crate::FleetName::new("edge").unwrap(), 7, bundle.clone());
         let added: Vec<String> = (0..50).map(|r| format!("h{r}.example.com/ (Prefix)")).collect();

@@ -198,7 +198,7 @@ MC4CAQAwBQYDK2VwBCIEIDZykN229AP2ayUzInlTcnF0+egaoapH2kjX5ixjrOTt
     }
 
     fn version(fleet: &str, n: u64, config: &str) -> ConfigVersion {
-        let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
+        let bundle = Bundle::new(config.into(), vec![], vec![]);
         ConfigVersion::inline(FleetName::new(fleet).unwrap(), n, bundle)
     }
 

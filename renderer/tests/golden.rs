@@ -305,7 +305,7 @@ fn empty_fleet() {
 #[test]
 fn haproxy_check_catches_a_broken_config() {
     // The check above must be able to fail, with every HAProxy, or it proves nothing.
-    let broken = Bundle { config: "frontend x\n  bindd :1\n".into(), maps: vec![], certs: vec![] };
+    let broken = Bundle::new("frontend x\n  bindd :1\n".into(), vec![], vec![]);
     // Nor may a config pass whose map file is missing.
     let mut missing = render_fixture("shop.json");
     missing.maps.pop();

@@ -621,10 +621,10 @@ async fn versions_not_signed_by_the_renderer_are_refused_before_any_host_is_touc
     let before = files()?;
 
     let forge = |n: u64| -> ConfigVersion {
-        let Some(Bundle { config, maps, certs }) = live.bundle().cloned() else {
+        let Some(Bundle { config, maps, certs, .. }) = live.bundle().cloned() else {
             panic!("a small version travels inline")
         };
-        let bundle = Bundle { config: format!("{config}# forged\n"), maps, certs };
+        let bundle = Bundle::new(format!("{config}# forged\n"), maps, certs);
         ConfigVersion {
             version: live.version + n,
             parent: Some(live.version),

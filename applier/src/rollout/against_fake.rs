@@ -6,7 +6,7 @@ use crate::host::fake::{FakeHost, FakeHosts, Op};
 use hafleet_proto::{Bundle, FleetName, HostName};
 
 fn version(n: u64, config: &str) -> ConfigVersion {
-    let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
+    let bundle = Bundle::new(config.into(), vec![], vec![]);
     ConfigVersion::inline(FleetName::new("edge").unwrap(), n, bundle)
 }
 

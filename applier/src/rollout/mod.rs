@@ -462,7 +462,7 @@ mod tests {
     }
 
     fn version(n: u64, config: &str) -> ConfigVersion {
-        let bundle = hafleet_proto::Bundle { config: config.into(), maps: vec![], certs: vec![] };
+        let bundle = hafleet_proto::Bundle::new(config.into(), vec![], vec![]);
         ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), n, bundle)
     }
 

@@ -126,7 +126,7 @@ async fn prepare_as_left<'a>(
 /// files as paths from the maps' folder.
 fn file_names(bundle: &Bundle) -> impl Iterator<Item = String> + '_ {
     let maps = bundle.maps.iter().map(|m| m.name.as_str().to_owned());
-    maps.chain(bundle.certs.iter().map(|c| format!("../{}", c.relative_path())))
+    maps.chain(bundle.cert_paths().map(|(path, _)| format!("../{path}")))
 }
 
 /// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
@@ -308,11 +308,12 @@ pub(super) async fn upload_and_validate(
 
 /// The certificates of `bundle` by their file's path. Built once per use: a path is a sha256
 /// of the certificate's chain and sealed key, and looking each up by a walk over 10,000
-/// certificates hashed 15 MB per lookup (a host joining such a fleet spent 52 s on it).
+/// certificates hashed 15 MB per lookup (a host joining such a fleet spent 52 s on it); the
+/// ids themselves are worked out once per bundle ([`Bundle::cert_ids`]).
 pub(super) fn certs_by_path(
     bundle: Option<&Bundle>,
 ) -> std::collections::HashMap<String, &hafleet_proto::SealedCert> {
-    bundle.iter().flat_map(|b| &b.certs).map(|c| (c.relative_path(), c)).collect()
+    bundle.iter().flat_map(|b| b.cert_paths()).collect()
 }
 
 /// The map files of `bundle` that the host does not have yet (`missing` names them, among

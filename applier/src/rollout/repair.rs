@@ -51,11 +51,10 @@ pub(super) fn work_out_files(
         .collect();
     let Some(identity) = settings.tls_identity.as_deref() else { return files };
     let mut known = settings.cert_shas.lock().unwrap_or_else(|e| e.into_inner());
-    let wanted: std::collections::HashSet<String> =
-        bundle.certs.iter().map(|c| c.relative_path()).collect();
-    known.retain(|path, _| wanted.contains(path));
-    for cert in &bundle.certs {
-        let path = cert.relative_path();
+    let paths: Vec<(String, &hafleet_proto::SealedCert)> = bundle.cert_paths().collect();
+    let wanted: std::collections::HashSet<&str> = paths.iter().map(|(p, _)| p.as_str()).collect();
+    known.retain(|path, _| wanted.contains(path.as_str()));
+    for (path, cert) in paths {
         let sha = match known.get(&path) {
             Some(sha) => sha.clone(),
             None => match identity.cert_file(cert) {

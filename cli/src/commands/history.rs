@@ -534,6 +534,7 @@ mod tests {
             config: config.into(),
             maps: vec![MapFile { name, content: exact.into() }],
             certs: vec![],
+            ..Default::default()
         }
     }
 
@@ -589,6 +590,7 @@ mod tests {
                 ),
                 maps: vec![MapFile { name, content: lines }],
                 certs,
+                ..Default::default()
             }
         };
         let a = with(

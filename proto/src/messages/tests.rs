@@ -6,7 +6,7 @@ use super::*;
 /// message; a small one is left as it is.
 #[test]
 fn a_version_whose_causes_are_more_than_a_message_is_cut_to_fit() {
-    let bundle = Bundle { config: "global\n".into(), maps: vec![], certs: vec![] };
+    let bundle = Bundle::new("global\n".into(), vec![], vec![]);
     let cause = |i: u64| Cause {
         stream_seq: i,
         ingress: Some(IngressKey::new("shop", &format!("web-{i}")).unwrap()),
@@ -176,7 +176,7 @@ fn an_unsafe_host_inside_a_message_fails_to_decode() {
 }
 
 fn version(config: &str) -> ConfigVersion {
-    let bundle = Bundle { config: config.into(), maps: vec![], certs: vec![] };
+    let bundle = Bundle::new(config.into(), vec![], vec![]);
     ConfigVersion {
         schema: SCHEMA_VERSION,
         fleet: FleetName::new("edge").unwrap(),
@@ -223,7 +223,7 @@ fn a_bundle_from_the_bundles_stream_is_checked_before_it_is_taken() {
     let by_ref = ConfigVersion::decode(&by_ref.encode()).unwrap();
     assert!(by_ref.bundle().is_none());
     assert_eq!(by_ref.clone().with_bundle(bundle).unwrap(), v);
-    let other = Bundle { config: "other\n".into(), maps: vec![], certs: vec![] };
+    let other = Bundle::new("other\n".into(), vec![], vec![]);
     assert!(by_ref.with_bundle(other).is_err());
 }
 

@@ -723,7 +723,7 @@ mod tests {
     use hafleet_proto::SCHEMA_VERSION;
 
     fn version(fleet: &FleetName, n: u64) -> ConfigVersion {
-        let bundle = hafleet_proto::Bundle { config: "x".into(), maps: vec![], certs: vec![] };
+        let bundle = hafleet_proto::Bundle::new("x".into(), vec![], vec![]);
         ConfigVersion {
             schema: SCHEMA_VERSION,
             fleet: fleet.clone(),
@@ -826,7 +826,7 @@ mod tests {
             .map(|i| format!("    server node-{i} 10.0.{}.{}:30080\n", i / 250, i % 250))
             .collect();
         config.push_str(&format!("# change {n}\n"));
-        let bundle = hafleet_proto::Bundle { config, maps: vec![], certs: vec![] };
+        let bundle = hafleet_proto::Bundle::new(config, vec![], vec![]);
         ConfigVersion {
             sha256: bundle.sha256(),
             body: hafleet_proto::Body::Inline { bundle },

@@ -303,7 +303,7 @@ impl Renderer {
         if !config.ends_with('\n') {
             config.push('\n');
         }
-        Ok(Bundle { config, maps: maps.files, certs: model.tls.certs.clone() })
+        Ok(Bundle::new(config, maps.files, model.tls.certs.clone()))
     }
 
     /// Every backend's section through the template's macro, in the model's (name) order: the

@@ -687,7 +687,7 @@ mod applier {
     }
 
     fn version(fleet: &FleetName, n: u64, config: String, signer: &Signer) -> ConfigVersion {
-        let bundle = Bundle { config, maps: vec![], certs: vec![] };
+        let bundle = Bundle::new(config, vec![], vec![]);
         signer.sign(ConfigVersion {
             parent: n.checked_sub(1).filter(|p| *p > 0),
             created_unix_ms: hafleet_runtime::now_unix_ms(),

@@ -548,7 +548,7 @@ pub fn bridge(loaded: &Bundle, next: &Bundle) -> Option<Bridge> {
             },
         })
         .collect();
-    let through_spares = Bundle { config: renamed, maps, certs: next.certs.clone() };
+    let through_spares = Bundle::new(renamed, maps, next.certs.clone());
     let steps = try_plan(loaded, &through_spares).ok()?;
     if steps.is_empty() || command_count(&steps) > MAX_COMMANDS {
         return None;

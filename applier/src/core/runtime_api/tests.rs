@@ -33,7 +33,7 @@ fn bundle(nodes: &[(&str, &str)], backends: &[(&str, &[(&str, &str)])], exact: &
             c.push_str(&format!("    server {s} {addr} no-check track hafleet_nodes/{s}\n"));
         }
     }
-    Bundle { config: c, maps, certs: vec![] }
+    Bundle::new(c, maps, vec![])
 }
 
 const NODES: &[(&str, &str)] = &[("n1", "10.0.0.1"), ("n2", "10.0.0.2")];
@@ -482,7 +482,7 @@ fn tls_bundle(crt_list: &str) -> Bundle {
         "global\n    default-path config\n\nfrontend f\n    bind :443 ssl crt-list {} strict-sni\n",
         name.relative_path()
     );
-    Bundle { config, maps: vec![MapFile { name, content: crt_list.into() }], certs: vec![] }
+    Bundle::new(config, vec![MapFile { name, content: crt_list.into() }], vec![])
 }
 
 #[test]
@@ -549,8 +549,7 @@ fn certificates_that_change_hosts_or_https_turned_on_need_a_reload() {
     let a = tls_bundle("hafleet-certs/aa.pem a.example.com\n");
     let more_hosts = tls_bundle("hafleet-certs/aa.pem a.example.com b.example.com\n");
     assert!(matches!(plan(&a, &more_hosts), Plan::Reload(why) if why.contains("other hosts")));
-    let plain =
-        Bundle { config: "global\n    default-path config\n".into(), maps: vec![], certs: vec![] };
+    let plain = Bundle::new("global\n    default-path config\n".into(), vec![], vec![]);
     assert!(matches!(plan(&plain, &a), Plan::Reload(_)));
     assert_eq!(plan(&a, &a), Plan::Nothing);
 }

@@ -225,7 +225,7 @@ fn maps_and_config_sent_as_edits_of_the_hosts_own_land_byte_for_byte_or_not_at_a
             "backend be_49a\n    server s 10.0.0.2:1\n\nbackend be_50\n"
         )
     );
-    let old_bundle = Bundle { config: old.clone(), maps: vec![old_map.clone()], certs: vec![] };
+    let old_bundle = Bundle::new(old.clone(), vec![old_map.clone()], vec![]);
     std::fs::write(&live, &old).unwrap();
     let maps_dir = dir.path().join("hafleet-maps");
     std::fs::create_dir_all(&maps_dir).unwrap();
