@@ -58,6 +58,11 @@ pub struct Store {
     meta: sled::Tree,
     /// Per fleet: its last keyframe's number and JSON, which its next versions are deltas to.
     keyframes: std::sync::Arc<std::sync::Mutex<HashMap<FleetName, Keyframe>>>,
+    /// Per fleet: the newest version committed, as it was given. Publishing reads it right
+    /// after the commit; at 10,000 certificates reading it back from the store (decompressing
+    /// and parsing 15 MB of JSON) took about a third of the time between render and publish.
+    /// Versions are only ever written by [`Store::commit`], so it is what the store holds.
+    newest: std::sync::Arc<std::sync::Mutex<HashMap<FleetName, ConfigVersion>>>,
 }
 
 /// A fleet's last keyframe: its number and JSON.
@@ -221,6 +226,7 @@ impl Store {
             summaries: db.open_tree("summaries")?,
             meta: db.open_tree("meta")?,
             keyframes: Default::default(),
+            newest: Default::default(),
             db,
         })
     }
@@ -414,6 +420,11 @@ impl Store {
         fleet: &FleetName,
         version: u64,
     ) -> Result<Option<ConfigVersion>, StoreError> {
+        let newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = newest.get(fleet).filter(|v| v.version == version) {
+            return Ok(Some(v.clone()));
+        }
+        drop(newest);
         let key = version_key(fleet, version);
         self.versions.get(&key)?.map(|v| self.decode_version(&key, &v, &mut None)).transpose()
     }
@@ -516,6 +527,10 @@ impl Store {
         )?;
         self.db.flush()?;
         self.keyframes.lock().unwrap_or_else(|p| p.into_inner()).extend(keyframes);
+        let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        for v in new_versions {
+            newest.insert(v.fleet.clone(), v.clone());
+        }
         Ok(())
     }
 
@@ -747,6 +762,24 @@ mod tests {
             name: hafleet_proto::ObjectName::new("n2").unwrap(),
             addr: "10.0.0.2".parse().unwrap(),
         }
+    }
+
+    #[test]
+    fn the_newest_version_read_after_its_commit_is_the_one_the_store_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for n in 1..=3 {
+            store.commit(&[], &[big(&fleet, n)], n).unwrap();
+        }
+        // The newest from memory, the older ones from the store, all as committed.
+        for n in 1..=3 {
+            assert_eq!(store.version(&fleet, n).unwrap().unwrap(), big(&fleet, n), "{n}");
+        }
+        assert_eq!(store.unpublished().unwrap().len(), 3);
+        drop(store);
+        let store = reopen(dir.path());
+        assert_eq!(store.version(&fleet, 3).unwrap().unwrap(), big(&fleet, 3));
     }
 
     #[test]
