@@ -132,6 +132,11 @@ impl Creator {
     fn what(&self) -> &'static str {
         if self.routes.is_some() { "HTTPRoute" } else { "Ingress" }
     }
+
+    /// [`Api::what`] in the plural.
+    fn whats(&self) -> &'static str {
+        if self.routes.is_some() { "HTTPRoutes" } else { "Ingresses" }
+    }
 }
 
 /// Installs the Gateway API's CRDs, hafleet's GatewayClass and the Gateway `edge` of the fleet
@@ -382,10 +387,10 @@ async fn pipeline(args: Args) -> Result<()> {
         until_served(&stack, "existing-0.example.com").await?;
         let size = stack.latest_version().await?.map(|v| v.size).unwrap_or(0);
         println!(
-            "{} existing {}s on {} Services, {} nodes: created in {sent:.1} s, served \
+            "{} existing {} on {} Services, {} nodes: created in {sent:.1} s, served \
              everywhere after {:.1} s; config + maps {:.1} MB\n",
             args.existing,
-            api.what(),
+            api.whats(),
             if args.own_services { args.existing } else { 1 },
             args.nodes,
             started.elapsed().as_secs_f64(),
@@ -455,10 +460,10 @@ async fn pipeline(args: Args) -> Result<()> {
         println!("{}", percentiles(&format!("{} {what}", api.what()), m.sent.clone()));
     }
     println!(
-        "\nburst: {} {}s created back to back → all served by all {} hosts in {:.0} ms, \
+        "\nburst: {} {} created back to back → all served by all {} hosts in {:.0} ms, \
          in {} config versions",
         args.burst,
-        api.what(),
+        api.whats(),
         args.hosts,
         burst_ms,
         versions_after - versions_before
