@@ -504,80 +504,79 @@ async fn check_drift(
     (policy, in_sync, reported): (DriftPolicy, &mut BTreeSet<usize>, &mut BTreeMap<usize, String>),
     i: usize,
 ) {
-    let checked = in_sync.contains(&i).then_some(i).into_iter().filter(|&i| i < hosts.len());
-    for (i, host) in checked.map(|i| (i, &hosts[i])) {
-        let drift = match rollout::drift_of(host, version, settings).await {
-            Ok((drift, nodes)) => {
-                node_checks_seen(host.name.as_str(), nodes.as_ref());
-                match drift {
-                    Some(drift) => drift,
-                    None => {
-                        reported.remove(&i);
-                        continue;
-                    }
+    if !in_sync.contains(&i) || i >= hosts.len() {
+        return;
+    }
+    let host = &hosts[i];
+    let drift = match rollout::drift_of(host, version, settings).await {
+        Ok((drift, nodes)) => {
+            node_checks_seen(host.name.as_str(), nodes.as_ref());
+            match drift {
+                Some(drift) => drift,
+                None => {
+                    reported.remove(&i);
+                    return;
                 }
             }
-            Err(e) => {
-                debug!(host = %host.name, error = %e, "drift check skipped: host not readable");
-                continue;
-            }
-        };
-        let found = &drift.found;
-        match policy {
-            DriftPolicy::Repair => {
-                warn!(host = %host.name, version = version.version, %found, "drift; repairing");
-                // Map and certificate files first, renamed over in place: an apply finds
-                // missing files, not changed ones.
-                let started = std::time::Instant::now();
-                let outcome = if drift.files.is_empty() {
-                    ApplyOutcome::Applied
-                } else {
-                    rollout::put_back_files(host, version, &drift.files, settings).await
-                };
-                let put_back = !matches!(outcome, ApplyOutcome::Failed { .. });
-                // An apply uploads missing files only: after a failed put-back it could load a
-                // changed one.
-                if drift.beyond_files && put_back {
-                    let one = std::slice::from_ref(host);
-                    let rolled =
-                        apply_and_report(bus, one, version, known, settings, Some(found)).await;
-                    if rolled.live.is_empty() {
-                        in_sync.remove(&i);
-                    }
-                    continue;
-                }
-                match &outcome {
-                    ApplyOutcome::Failed { message, .. } => {
-                        warn!(host = %host.name, version = version.version, %message, "files not put back; the host waits for the next version")
-                    }
-                    _ => {
-                        info!(host = %host.name, version = version.version, files = drift.files.len(), "files put back; no reload")
-                    }
-                }
-                let now = (hafleet_runtime::now_unix_ms(), started.elapsed(), Default::default());
-                let report =
-                    report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
-                send_report(bus, &report).await;
-                if !put_back {
+        }
+        Err(e) => {
+            debug!(host = %host.name, error = %e, "drift check skipped: host not readable");
+            return;
+        }
+    };
+    let found = &drift.found;
+    match policy {
+        DriftPolicy::Repair => {
+            warn!(host = %host.name, version = version.version, %found, "drift; repairing");
+            // Map and certificate files first, renamed over in place: an apply finds
+            // missing files, not changed ones.
+            let started = std::time::Instant::now();
+            let outcome = if drift.files.is_empty() {
+                ApplyOutcome::Applied
+            } else {
+                rollout::put_back_files(host, version, &drift.files, settings).await
+            };
+            let put_back = !matches!(outcome, ApplyOutcome::Failed { .. });
+            // An apply uploads missing files only: after a failed put-back it could load a
+            // changed one.
+            if drift.beyond_files && put_back {
+                let one = std::slice::from_ref(host);
+                let rolled =
+                    apply_and_report(bus, one, version, known, settings, Some(found)).await;
+                if rolled.live.is_empty() {
                     in_sync.remove(&i);
                 }
+                return;
             }
-            DriftPolicy::Report if reported.get(&i) != Some(found) => {
-                warn!(host = %host.name, version = version.version, %found, "drift; reporting only");
-                let outcome = ApplyOutcome::Failed {
-                    stage: ApplyStage::Drift,
-                    message: found.clone(),
-                    restored: false,
-                };
-                let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
-                let report =
-                    report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
-                if send_report(bus, &report).await {
-                    reported.insert(i, found.clone());
+            match &outcome {
+                ApplyOutcome::Failed { message, .. } => {
+                    warn!(host = %host.name, version = version.version, %message, "files not put back; the host waits for the next version")
+                }
+                _ => {
+                    info!(host = %host.name, version = version.version, files = drift.files.len(), "files put back; no reload")
                 }
             }
-            DriftPolicy::Report => {}
+            let now = (hafleet_runtime::now_unix_ms(), started.elapsed(), Default::default());
+            let report = report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
+            send_report(bus, &report).await;
+            if !put_back {
+                in_sync.remove(&i);
+            }
         }
+        DriftPolicy::Report if reported.get(&i) != Some(found) => {
+            warn!(host = %host.name, version = version.version, %found, "drift; reporting only");
+            let outcome = ApplyOutcome::Failed {
+                stage: ApplyStage::Drift,
+                message: found.clone(),
+                restored: false,
+            };
+            let now = (hafleet_runtime::now_unix_ms(), Duration::ZERO, Default::default());
+            let report = report_of(host, version, outcome, now, Some(found), settings.fleet_hosts);
+            if send_report(bus, &report).await {
+                reported.insert(i, found.clone());
+            }
+        }
+        DriftPolicy::Report => {}
     }
 }
 
