@@ -43,7 +43,7 @@ pub(crate) async fn send_default_cert(
     now_unix: i64,
 ) -> anyhow::Result<()> {
     let cert = match state.tls.sealed(fleet, ns, name, now_unix) {
-        Ok(cert) => cert,
+        Ok(cert) => hafleet_proto::SealedCert::clone(&cert),
         Err(why) => {
             if let Some(why) = why
                 && state.tls.default_warned.insert((fleet.clone(), why.clone()))

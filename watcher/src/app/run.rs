@@ -85,6 +85,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             ..TlsState::default_for(args.seal_to.iter().cloned())
         },
         memo: resolve::Memo::default(),
+        seal_memo: Default::default(),
         slices: Default::default(),
         policy: Default::default(),
         churn: Default::default(),
@@ -433,7 +434,7 @@ async fn sync(
         let wanted = wanted.into_iter().chain(defaults.map(|(_, secret)| secret.clone()));
         state.tls.refresh(meta, &wanted.collect(), now_unix).await;
     }
-    let (tls_state, churn) = (&mut state.tls, &mut state.churn);
+    let (tls_state, churn, seal_memo) = (&mut state.tls, &mut state.churn, &mut state.seal_memo);
     let sealing: BTreeSet<FleetName> = tls_state.seal_to.keys().cloned().collect();
     let sealed_for = |fleet: &FleetName| sealing.contains(fleet);
     let mut lookup =
@@ -442,6 +443,7 @@ async fn sync(
         sealed_for: &sealed_for,
         lookup: &mut lookup,
         now_unix,
+        memo: seal_memo,
     });
     let now = tokio::time::Instant::now();
     let mut plan = pass::finish(resolution, tls, &rules, &state.published, churn, now);
@@ -466,6 +468,7 @@ async fn sync(
         ingresses = plan.desired(),
         changed = plan.actions.len(),
         resolved_anew = state.memo.fresh(),
+        sealed_anew = state.seal_memo.fresh(),
         resolve_ms = resolved.as_secs_f64() * 1000.0,
         pass_ms = started.elapsed().as_secs_f64() * 1000.0,
         held = plan.held.len(),
@@ -538,7 +541,7 @@ async fn publish(bus: &Bus, state: &mut State, action: Action, more: usize) -> a
     let at = (state.epoch, state.cluster.as_ref());
     let (fleet, key, msg) = match &action {
         Action::Upsert(r) => {
-            let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
+            let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.to_vec() };
             let msg =
                 route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
             (&r.fleet, &r.key, msg)

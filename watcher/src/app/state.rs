@@ -36,6 +36,9 @@ pub(crate) struct State {
     pub(crate) tls: TlsState,
     /// Each Ingress's resolution, redone only when it or what it names changed.
     pub(crate) memo: resolve::Memo,
+    /// Each routed object's certificates as sealed in, worked out again only when its routes,
+    /// its `spec.tls` or a Secret it names changed.
+    pub(crate) seal_memo: crate::core::pass::SealMemo,
     /// Each EndpointSlice as pods mode reads it, read again only when it changed.
     pub(crate) slices: crate::core::pods::SliceCache,
     /// With `--tenancy-policy`: the policy in force.
@@ -142,7 +145,7 @@ pub(crate) struct TlsState {
     pub(crate) client: Option<kube::Client>,
     pub(crate) seal_to: BTreeMap<FleetName, crate::core::tls_secrets::SealTo>,
     pub(crate) certs: BTreeMap<(String, String), ReadCert>,
-    pub(crate) seals: BTreeMap<(FleetName, String), hafleet_proto::SealedCert>,
+    pub(crate) seals: BTreeMap<(FleetName, String), std::sync::Arc<hafleet_proto::SealedCert>>,
     /// The default certificate last published (and acked) per fleet.
     pub(crate) defaults: BTreeMap<FleetName, hafleet_proto::SealedCert>,
     /// (fleet, why) already logged for a default certificate that cannot be used.
@@ -175,9 +178,7 @@ impl TlsState {
         let chains: BTreeSet<String> = self
             .certs
             .values()
-            .filter_map(|(_, c)| {
-                c.as_ref().ok().map(|c| hafleet_proto::sha256_hex(c.chain_pem.as_bytes()))
-            })
+            .filter_map(|(_, c)| c.as_ref().ok().map(|c| c.chain_sha256.clone()))
             .collect();
         self.seals.retain(|(_, chain), _| chains.contains(chain));
         let Some(client) = &self.client else { return };
@@ -261,7 +262,7 @@ impl TlsState {
         ns: &str,
         name: &str,
         now_unix: i64,
-    ) -> Result<hafleet_proto::SealedCert, Option<String>> {
+    ) -> crate::core::pass::Looked {
         let to = self.seal_to.get(fleet).ok_or(None)?;
         let (rv, checked) = self.certs.get(&(ns.to_owned(), name.to_owned())).ok_or(None)?;
         let at = |why: String| {
@@ -269,8 +270,9 @@ impl TlsState {
         };
         let cert = checked.as_ref().map_err(|why| at(why.clone()))?;
         cert.usable_at(now_unix).map_err(|e| at(e.to_string()))?;
-        let chain = hafleet_proto::sha256_hex(cert.chain_pem.as_bytes());
-        Ok(self.seals.entry((fleet.clone(), chain)).or_insert_with(|| cert.seal(to)).clone())
+        let seal = || std::sync::Arc::new(cert.seal(to));
+        let key = (fleet.clone(), cert.chain_sha256.clone());
+        Ok(self.seals.entry(key).or_insert_with(seal).clone())
     }
 }
 

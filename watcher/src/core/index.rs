@@ -28,7 +28,7 @@ impl Desired {
 
 /// What was last published (and acked) of an object on one fleet. `None`: a publish to that
 /// fleet failed and may or may not have been stored, so whatever is desired must be sent again.
-pub type PublishedRoutes = Option<(std::sync::Arc<Vec<Route>>, Vec<TlsEntry>)>;
+pub type PublishedRoutes = Option<(std::sync::Arc<Vec<Route>>, std::sync::Arc<Vec<TlsEntry>>)>;
 
 /// What was last published per object, on each fleet it was published to (one for an
 /// Ingress; an HTTPRoute's Gateways may be on several), in fleet order. Hashed: every pass
@@ -69,7 +69,15 @@ pub fn routed_mut(desired: &mut Wanted) -> Vec<&mut Resolved> {
         .collect()
 }
 
-/// Whether exactly these routes are what was last published of the object on its fleet.
+/// Whether these routes (certificates aside) are what was last published of the object on its
+/// fleet.
+pub fn routes_current(published: &Published, r: &Resolved) -> bool {
+    matches!(published_on(published, &r.key, &r.fleet), Some(Some((routes, _)))
+        if routes == &r.routes)
+}
+
+/// Whether exactly these routes and certificates are what was last published of the object on
+/// its fleet.
 pub fn is_current(published: &Published, r: &Resolved) -> bool {
     matches!(published_on(published, &r.key, &r.fleet), Some(Some((routes, tls)))
         if routes == &r.routes && tls == &r.tls)

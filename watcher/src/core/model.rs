@@ -23,7 +23,9 @@ pub struct Resolved {
     pub sharing: Sharing,
     /// The certificates of its `spec.tls` for the hosts it routes (set after tenancy, when
     /// TLS is on).
-    pub tls: Vec<hafleet_proto::TlsEntry>,
+    /// Shared, as `routes` are: a pass that finds them unchanged neither copies nor compares
+    /// them.
+    pub tls: std::sync::Arc<Vec<hafleet_proto::TlsEntry>>,
     /// An HTTPRoute's certificates to be: its HTTPS listeners' Secrets for the hosts it routes
     /// through them (an Ingress's are read from its `spec.tls`).
     pub tls_spec: Vec<crate::core::tls_secrets::SpecEntry>,
@@ -47,7 +49,7 @@ impl Resolved {
             routes: std::sync::Arc::new(routes),
             warnings,
             sharing,
-            tls: Vec::new(),
+            tls: Default::default(),
             tls_spec: Vec::new(),
         }
     }

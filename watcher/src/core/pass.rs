@@ -17,8 +17,7 @@ use crate::core::model::{Resolved, Warning};
 use crate::core::policy::Policy;
 use crate::core::resolve::{Endpoints, Memo, Refused, Services};
 use crate::core::route_events::{IngressLimits, over_budget};
-use crate::core::tls_secrets::SpecEntry;
-use hafleet_proto::{FleetName, IngressKey, SealedCert};
+use hafleet_proto::{FleetName, IngressKey};
 use k8s_openapi::api::networking::v1::Ingress;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -300,9 +299,10 @@ impl Resolution {
                 });
                 let Some(first) = rs.first() else { return };
                 let key = first.key.clone();
-                // Only routes that differ from what was published can have grown too large.
+                // Only routes that differ from what was published can have grown too large
+                // (certificates, not sealed in yet, are counted in `finish`).
                 let over = rs.iter().find_map(|r| {
-                    (!index::is_current(published, r))
+                    (!index::routes_current(published, r))
                         .then(|| over_budget(r, &rules.limits, rules.payload_limit))
                         .flatten()
                 });
@@ -373,8 +373,7 @@ impl Resolution {
 
 /// The certificate of Secret (namespace, name) sealed to a fleet, or why not (`None`: nothing
 /// to tell, it was not read).
-pub type SealedLookup<'a> =
-    dyn FnMut(&FleetName, &str, &str) -> Result<SealedCert, Option<String>> + 'a;
+pub type SealedLookup<'a> = dyn FnMut(&FleetName, &str, &str) -> Looked + 'a;
 
 /// TLS, when the watcher serves it: which fleets have a sealing key, and each Secret's
 /// certificate sealed to a fleet (or why not; `None` when there is nothing to tell).
@@ -382,6 +381,8 @@ pub struct Tls<'a> {
     pub sealed_for: &'a dyn Fn(&FleetName) -> bool,
     pub lookup: &'a mut SealedLookup<'a>,
     pub now_unix: i64,
+    /// Each object's entries as the passes before worked them out.
+    pub memo: &'a mut SealMemo,
 }
 
 /// Phase 2: seals the certificates in (with `tls`), refuses what has grown over budget with
@@ -397,6 +398,9 @@ pub fn finish(
 ) -> Plan {
     let mut too_big: Vec<(IngressKey, String)> = Vec::new();
     let mut tls = tls;
+    if let Some(tls) = tls.as_mut() {
+        tls.memo.begin();
+    }
     for r in index::routed_mut(&mut res.desired) {
         let mut sealing = Vec::new();
         let subject = res.seen.get(&r.key);
@@ -422,6 +426,9 @@ pub fn finish(
         if !said.is_empty() {
             res.told.insert(r.key.clone(), said);
         }
+    }
+    if let Some(tls) = tls.as_mut() {
+        tls.memo.end();
     }
     let mut plan_tells = std::mem::take(&mut res.tells);
     let mut tell = |subject: &Subject, key: &IngressKey, reason, note, what| {
@@ -492,50 +499,9 @@ pub fn finish(
     }
 }
 
-/// What `r` asks certificates of: an Ingress's `spec.tls`, an HTTPRoute's HTTPS listeners.
-fn tls_spec(r: &Resolved, subject: &Subject) -> Vec<SpecEntry> {
-    match subject {
-        Subject::Ingress(ing) => SpecEntry::of(ing),
-        Subject::HttpRoute(_) => r.tls_spec.clone(),
-    }
-}
-
-/// Seals the certificates `r` asks for (its `spec.tls`, its HTTPS listeners') into `r` for
-/// the hosts it routes, or says why they are not served.
-fn seal(
-    r: &mut Resolved,
-    subject: &Subject,
-    tls: &mut Tls<'_>,
-    rules: &Rules<'_>,
-    told: &mut Vec<Warning>,
-) {
-    let spec = tls_spec(r, subject);
-    if spec.is_empty() {
-        return;
-    }
-    if !(tls.sealed_for)(&r.fleet) {
-        let what = match subject {
-            Subject::Ingress(_) => "spec.tls is",
-            Subject::HttpRoute(_) => "its HTTPS listeners' certificates are",
-        };
-        let note = format!(
-            "{what} not served: TLS is off on fleet {} (the watcher has no --seal-to for it)",
-            r.fleet
-        );
-        told.push(Warning { reason: "TLSNotEnabled", note });
-        return;
-    }
-    let hosts: BTreeSet<hafleet_proto::HttpHost> =
-        r.routes.iter().filter_map(|route| route.host.clone()).collect();
-    let ns = r.key.namespace.as_str();
-    let fleet = &r.fleet;
-    let mut lookup = |ns: &str, name: &str| (tls.lookup)(fleet, ns, name);
-    let warn_after = tls.now_unix + i64::from(rules.cert_expiry_warning_days) * 86_400;
-    let (entries, said) =
-        crate::core::tls_secrets::entries(ns, &spec, &hosts, &mut lookup, warn_after);
-    r.tls = entries;
-    told.extend(said.into_iter().map(|(reason, note)| Warning { reason, note }));
-}
+mod seal;
+pub use seal::{Looked, SealMemo};
+use seal::{seal, tls_spec};
 
 #[cfg(test)]
 mod tests;

@@ -667,7 +667,7 @@ pub(crate) mod tests_support {
             routes: std::sync::Arc::new(vec![route(); n_routes]),
             warnings: vec![],
             sharing: Default::default(),
-            tls: vec![],
+            tls: Default::default(),
             tls_spec: vec![],
         }
     }

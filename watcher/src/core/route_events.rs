@@ -29,7 +29,7 @@ pub fn over_budget(
             limits.max_paths
         ));
     }
-    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.clone() };
+    let change = RouteChange::Upsert { routes: r.routes.to_vec(), tls: r.tls.to_vec() };
     let at = (0, limits.cluster);
     let msg = route_event(&r.fleet, &r.key, r.created_unix, &r.resource_version, change, at);
     let size = msg.encode().len();

@@ -183,7 +183,7 @@ mod tests {
             ),
             warnings: vec![],
             sharing: Sharing::Nobody,
-            tls: vec![],
+            tls: Default::default(),
             tls_spec: vec![],
         }
     }

@@ -61,6 +61,8 @@ pub struct CheckedCert {
     pub not_after_unix: i64,
     pub not_before_unix: i64,
     pub chain_pem: String,
+    /// sha256 of `chain_pem`, lowercase hex: what a seal of it is kept by.
+    pub chain_sha256: String,
     key_pem: Zeroizing<String>,
 }
 
@@ -140,12 +142,14 @@ pub fn check(
     if names.is_empty() {
         return Err(CertProblem::NoNames);
     }
+    let chain_pem = certificates_pem(chain.iter().map(|c| c.as_ref()));
     let checked = CheckedCert {
         fingerprint: hafleet_proto::sha256_hex(first),
         names,
         not_after_unix,
         not_before_unix,
-        chain_pem: certificates_pem(chain.iter().map(|c| c.as_ref())),
+        chain_sha256: hafleet_proto::sha256_hex(chain_pem.as_bytes()),
+        chain_pem,
         key_pem,
     };
     checked.usable_at(now_unix)?;
@@ -255,7 +259,8 @@ impl SpecEntry {
 /// What Secret (namespace, name) gives for a fleet: its certificate sealed to the fleet; or
 /// why not, `None` when there is nothing to tell the Ingress's owner (the Secret could not be
 /// read yet).
-pub type Lookup<'a> = dyn FnMut(&str, &str) -> Result<SealedCert, Option<String>> + 'a;
+pub type Lookup<'a> =
+    dyn FnMut(&str, &str) -> Result<std::sync::Arc<SealedCert>, Option<String>> + 'a;
 
 /// The TLS entries of an Ingress in `namespace` that routes `routed` hosts (after tenancy: a
 /// namespace never installs a certificate for a host it does not route), and the warnings
@@ -338,7 +343,7 @@ pub fn entries(
                         ),
                     ));
                 }
-                Some(cert)
+                Some(SealedCert::clone(&cert))
             }
             Err(None) => None,
             Err(Some(why)) => {
@@ -520,7 +525,7 @@ pub(crate) mod tests {
     fn entries_cover_only_routed_hosts_their_certificate_names() {
         let (crt, key) = openssl_cert(&["a.example.com", "*.w.example.com"], "ec", 30);
         let to: SealTo = age::x25519::Identity::generate().to_public().to_string().parse().unwrap();
-        let sealed = check(Some(&crt), Some(&key), now()).unwrap().seal(&to);
+        let sealed = std::sync::Arc::new(check(Some(&crt), Some(&key), now()).unwrap().seal(&to));
         let h = |s: &str| HttpHost::new(s).unwrap();
         let routed: std::collections::BTreeSet<HttpHost> =
             [h("a.example.com"), h("x.w.example.com"), h("b.example.com")].into();

@@ -228,7 +228,8 @@ fn tls_is_two_phases_the_secrets_named_then_the_certificates_sealed_in() {
         asked.push(format!("{f} {ns}/{name}"));
         Err(Some("expired".to_owned()))
     };
-    let tls = Tls { sealed_for: &edge, lookup: &mut lookup, now_unix: 0 };
+    let memo = &mut SealMemo::default();
+    let tls = Tls { sealed_for: &edge, lookup: &mut lookup, now_unix: 0, memo };
     let now = tokio::time::Instant::now();
     let p = finish(res, Some(tls), &rules(), &published, &mut Budget::default(), now);
     assert_eq!(asked, ["edge shop/cert"]);
@@ -240,13 +241,90 @@ fn tls_is_two_phases_the_secrets_named_then_the_certificates_sealed_in() {
 
     // A fleet without TLS: not served, and told.
     let res = resolve(&objects, &rules(), &mut Memo::default(), &published, false);
-    let mut lookup = |_: &FleetName, _: &str, _: &str| -> Result<SealedCert, Option<String>> {
+    let mut lookup = |_: &FleetName, _: &str, _: &str| -> Looked {
         panic!("nothing is sealed for a fleet without TLS")
     };
     let off = |_: &FleetName| false;
-    let tls = Tls { sealed_for: &off, lookup: &mut lookup, now_unix: 0 };
+    let memo = &mut SealMemo::default();
+    let tls = Tls { sealed_for: &off, lookup: &mut lookup, now_unix: 0, memo };
     let p = finish(res, Some(tls), &rules(), &published, &mut Budget::default(), now);
     assert_eq!(told(&p), [("shop/web".to_owned(), "TLSNotEnabled")]);
+}
+
+/// A certificate as the watcher seals it, for the memo's tests (none of it is opened).
+fn sealed_cert(fingerprint: &str, not_after_unix: i64) -> Arc<hafleet_proto::SealedCert> {
+    Arc::new(hafleet_proto::SealedCert {
+        fingerprint: fingerprint.to_owned(),
+        names: vec![hafleet_proto::HttpHost::new("a.com").unwrap()],
+        not_after_unix,
+        chain_pem: format!("chain {fingerprint}"),
+        sealed_key: format!("key {fingerprint}"),
+        recipient: "age1".to_owned(),
+    })
+}
+
+#[test]
+fn certificates_are_sealed_in_again_only_when_what_they_came_from_changed() {
+    let all = [ingress("shop", "web", "a.com", "/", 1)];
+    let services = services(&["shop"]);
+    let objects = Objects {
+        ingresses: &all,
+        gateway: None,
+        services: &services,
+        endpoints: None,
+        policy: None,
+    };
+    let edge = |f: &FleetName| f.as_str() == "edge";
+    let (mut memo, mut seals, mut published) =
+        (Memo::default(), SealMemo::default(), Published::default());
+    let now = tokio::time::Instant::now();
+    let day = 86_400;
+    // One pass with the Secret's certificate as `cert` at `now_unix`: the plan, and how many
+    // lookups it made.
+    let mut pass = |cert: &Arc<hafleet_proto::SealedCert>, now_unix: i64, published: &Published| {
+        let res = resolve(&objects, &rules(), &mut memo, published, false);
+        let mut asked = 0;
+        let mut lookup = |_: &FleetName, _: &str, _: &str| -> Looked {
+            asked += 1;
+            Ok(cert.clone())
+        };
+        let tls = Tls { sealed_for: &edge, lookup: &mut lookup, now_unix, memo: &mut seals };
+        let p = finish(res, Some(tls), &rules(), published, &mut Budget::default(), now);
+        (p, asked, seals.fresh(), seals.len())
+    };
+    let served = |p: &Plan| match p.actions.as_slice() {
+        [Action::Upsert(r)] => r.tls[0].cert.as_ref().map(|c| c.fingerprint.clone()),
+        other => panic!("one upsert, not {other:?}"),
+    };
+    let first = sealed_cert("aa", 100 * day);
+    let (p, asked, fresh, kept) = pass(&first, 0, &published);
+    assert_eq!((served(&p).as_deref(), asked, fresh, kept), (Some("aa"), 1, 1, 1));
+    record_all(&p, &mut published);
+
+    // Nothing changed: the entries are the memo's (the Secret is still looked up, to know).
+    let (p, asked, fresh, kept) = pass(&first, 0, &published);
+    assert_eq!((p.actions.len(), asked, fresh, kept), (0, 1, 0, 1), "{:?}", p.actions);
+
+    // The Secret's certificate is another (a rotation): sealed in anew and published.
+    let second = sealed_cert("bb", 100 * day);
+    let (p, _, fresh, _) = pass(&second, 0, &published);
+    assert_eq!((served(&p).as_deref(), fresh), (Some("bb"), 1));
+    record_all(&p, &mut published);
+
+    // The same certificate, now within the expiry warning: worked out again, and told.
+    let warn_days = i64::from(rules().cert_expiry_warning_days);
+    let (p, _, fresh, _) = pass(&second, (100 - warn_days + 1) * day, &published);
+    assert_eq!(fresh, 1);
+    assert!(p.actions.is_empty(), "the entries are the same: {:?}", p.actions);
+    assert_eq!(told(&p), [("shop/web".to_owned(), "CertificateExpiring")]);
+
+    // A pass that seals nothing for it (TLS off on its fleet) drops its entry.
+    let res = resolve(&objects, &rules(), &mut memo, &published, false);
+    let off = |_: &FleetName| false;
+    let mut lookup = |_: &FleetName, _: &str, _: &str| -> Looked { Err(None) };
+    let tls = Tls { sealed_for: &off, lookup: &mut lookup, now_unix: 0, memo: &mut seals };
+    finish(res, Some(tls), &rules(), &published, &mut Budget::default(), now);
+    assert_eq!(seals.len(), 0);
 }
 
 #[test]
