@@ -72,6 +72,15 @@ type Keyframe = (u64, std::sync::Arc<Vec<u8>>);
 /// against the last whole one in between.
 pub const KEYFRAME_EVERY: u64 = 64;
 
+/// A delta larger than this (and than [`DELTA_SHARE`] of its version) is stored whole instead,
+/// as a new keyframe: the fleet has grown away from its keyframe (a first version with a few
+/// Ingresses, then 10,000 created), and every delta until the next keyframe would carry the
+/// difference again (7.7 MB of 15 MB each at 10,000 certificates, written at every change).
+const DELTA_MAX: usize = 256 * 1024;
+
+/// See [`DELTA_MAX`]: a delta over 1/32 of its version's JSON.
+const DELTA_SHARE: usize = 32;
+
 /// What a stored delta starts with, then its keyframe's number (u64 BE), then a zstd frame.
 const DELTA_MAGIC: [u8; 4] = *b"hfd1";
 
@@ -466,11 +475,17 @@ impl Store {
                 Some(kept) => Some(kept.clone()),
                 None => self.keyframe(&v.fleet)?,
             };
-            let stored = match base {
+            let delta = match base {
                 Some((n, base)) if v.version > n && v.version - n < KEYFRAME_EVERY => {
-                    compress_delta(&json, n, &base).expect("compressing into memory cannot fail")
+                    let delta = compress_delta(&json, n, &base)
+                        .expect("compressing into memory cannot fail");
+                    (delta.len() <= DELTA_MAX.max(json.len() / DELTA_SHARE)).then_some(delta)
                 }
-                _ => {
+                _ => None,
+            };
+            let stored = match delta {
+                Some(delta) => delta,
+                None => {
                     let stored = compress(&json);
                     keyframes.insert(v.fleet.clone(), (v.version, std::sync::Arc::new(json)));
                     stored
@@ -904,6 +919,57 @@ mod tests {
         assert_eq!(store.version(&fleet, 77).unwrap(), Some(big(&fleet, 77)));
         assert_eq!(store.latest(&fleet).unwrap(), Some(big(&fleet, 101)));
         assert_eq!(store.version(&other, 50).unwrap(), Some(version(&other, 50)));
+    }
+
+    #[test]
+    fn a_version_that_grew_away_from_its_keyframe_is_the_next_keyframe() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let fleet = FleetName::new("edge").unwrap();
+        let raw = |n: u64| store.versions.get(version_key(&fleet, n)).unwrap().unwrap();
+        // A small first version, then one with 2 MB of text that does not compress (as sealed
+        // keys): a delta to the first would carry it all.
+        store.commit(&[], &[version(&fleet, 1)], 1).unwrap();
+        let noise = |n: u64| -> String {
+            let mut x = n;
+            (0..2_000_000)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    char::from(b'a' + (x >> 59) as u8)
+                })
+                .collect()
+        };
+        let grown = |n: u64, tail: &str| {
+            let bundle = hafleet_proto::Bundle::new(format!("{}{tail}", noise(7)), vec![], vec![]);
+            ConfigVersion {
+                sha256: bundle.sha256(),
+                body: hafleet_proto::Body::Inline { bundle },
+                ..version(&fleet, n)
+            }
+        };
+        store.commit(&[], &[grown(2, "")], 2).unwrap();
+        assert!(raw(2).starts_with(&ZSTD_MAGIC), "stored whole, a keyframe");
+        // The next one changes a line: a small delta to version 2.
+        store.commit(&[], &[grown(3, "\nchanged\n")], 3).unwrap();
+        let stored = raw(3);
+        assert!(stored.starts_with(&DELTA_MAGIC));
+        assert_eq!(be_u64(&stored[4..12]), 2);
+        assert!(stored.len() < 64 * 1024, "{} bytes", stored.len());
+        for n in 1..=3 {
+            let expected = if n == 1 {
+                version(&fleet, 1)
+            } else {
+                grown(n, ["", "\nchanged\n"][n as usize - 2])
+            };
+            assert_eq!(reopen_read(&store, &fleet, n), expected, "version {n}");
+        }
+    }
+
+    /// Version `n` as read from the store, not from what it keeps of its last commit.
+    fn reopen_read(store: &Store, fleet: &FleetName, n: u64) -> ConfigVersion {
+        let key = version_key(fleet, n);
+        let raw = store.versions.get(&key).unwrap().unwrap();
+        store.decode_version(&key, &raw, &mut None).unwrap()
     }
 
     #[test]
