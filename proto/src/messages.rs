@@ -712,6 +712,20 @@ impl ConfigVersion {
         self.body = Body::Inline { bundle };
         Ok(self)
     }
+
+    /// [`ConfigVersion::with_bundle`] for a bundle whose certificates were each checked and
+    /// read by their id, `ids` ([`Bundle::verify_read`]).
+    pub fn with_read_bundle(
+        mut self,
+        bundle: Bundle,
+        ids: std::sync::Arc<[String]>,
+    ) -> Result<Self, DecodeError> {
+        bundle
+            .verify_read(&self.sha256, ids)
+            .map_err(|source| DecodeError::Bundle { version: self.version, source })?;
+        self.body = Body::Inline { bundle };
+        Ok(self)
+    }
 }
 
 /// The step of a rollout that failed.

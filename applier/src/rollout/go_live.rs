@@ -333,10 +333,10 @@ pub(super) async fn apply_runtime(
         certs.crt_list = runtime::running_crt_list(&out)
             .ok_or("`show ssl crt-list` does not list exactly one crt-list of hafleet's")?;
         let identity = identity.ok_or("no --tls-identity to open the certificates' keys")?;
-        let by_path = certs_by_path(bundle);
         for path in runtime::added_certs(steps) {
-            let cert =
-                by_path.get(path).ok_or_else(|| format!("the version does not hold {path}"))?;
+            let cert = bundle
+                .and_then(|b| b.cert_by_path(path))
+                .ok_or_else(|| format!("the version does not hold {path}"))?;
             certs
                 .files
                 .insert(path.to_owned(), identity.cert_file(cert).map_err(|e| e.to_string())?);

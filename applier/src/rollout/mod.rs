@@ -461,6 +461,39 @@ mod tests {
         assert_eq!(mixed.to_retry(), [1]);
     }
 
+    #[test]
+    fn the_files_new_to_a_version_are_those_its_names_list_and_the_other_s_do_not() {
+        let cert = |der: &[u8]| hafleet_proto::SealedCert {
+            fingerprint: hafleet_proto::sha256_hex(der),
+            names: vec![],
+            not_after_unix: 0,
+            chain_pem: hafleet_proto::tls::certificates_pem([der]),
+            sealed_key: String::from_utf8_lossy(der).into_owned(),
+            recipient: String::new(),
+        };
+        let map = |kind: &str, content: &str| hafleet_proto::MapFile {
+            name: hafleet_proto::MapName::for_content(kind, content).unwrap(),
+            content: content.into(),
+        };
+        let (a, b, c) = (cert(b"a"), cert(b"b"), cert(b"c"));
+        let was = hafleet_proto::Bundle::new(
+            "global\n".into(),
+            vec![map("exact", "a.com be_a\n"), map("prefix", "a.com/ be_a\n")],
+            vec![a.clone(), b.clone()],
+        );
+        let now = hafleet_proto::Bundle::new(
+            "global\n".into(),
+            vec![map("exact", "a.com be_b\n"), map("prefix", "a.com/ be_a\n")],
+            vec![b, c.clone()],
+        );
+        let had: std::collections::HashSet<String> = file_names(&was).collect();
+        let by_names: Vec<String> = file_names(&now).filter(|n| !had.contains(n)).collect();
+        let new = new_files(&was, &now);
+        assert_eq!(new, by_names);
+        assert_eq!(new, [now.maps[0].name.to_string(), format!("../{}", c.relative_path())]);
+        assert!(new_files(&now, &now).is_empty());
+    }
+
     fn version(n: u64, config: &str) -> ConfigVersion {
         let bundle = hafleet_proto::Bundle::new(config.into(), vec![], vec![]);
         ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), n, bundle)

@@ -107,8 +107,7 @@ async fn prepare_as_left<'a>(
     let was = known.iter().find(|v| v.sha256 == left && v.sha256 != version.sha256)?.bundle()?;
     let bundle = version.bundle()?;
     let conn = settings.hosts.take_kept(host).await?;
-    let had: std::collections::HashSet<String> = file_names(was).collect();
-    let missing = file_names(bundle).filter(|n| !had.contains(n)).collect();
+    let missing = new_files(was, bundle);
     let shas = LiveShas { live: left.clone(), loaded: left };
     let state = LiveState { shas, missing };
     match stage(&*conn, host, version, &state, known, settings).await {
@@ -124,9 +123,23 @@ async fn prepare_as_left<'a>(
 
 /// The names live_state.sh is asked about for `bundle`: its map files, and its certificate
 /// files as paths from the maps' folder.
-fn file_names(bundle: &Bundle) -> impl Iterator<Item = String> + '_ {
+pub(super) fn file_names(bundle: &Bundle) -> impl Iterator<Item = String> + '_ {
     let maps = bundle.maps.iter().map(|m| m.name.as_str().to_owned());
     maps.chain(bundle.cert_paths().map(|(path, _)| format!("../{path}")))
+}
+
+/// The names of [`file_names`] that `bundle` has and `was` has not. Worked out from the maps'
+/// names and the certificates' ids, with a name made only for what is new: a host of 10,000
+/// certificates has one new a rotation.
+pub(super) fn new_files(was: &Bundle, bundle: &Bundle) -> Vec<String> {
+    use std::collections::HashSet;
+    let maps: HashSet<&str> = was.maps.iter().map(|m| m.name.as_str()).collect();
+    let maps = bundle.maps.iter().map(|m| m.name.as_str()).filter(|n| !maps.contains(n));
+    let (had, ids) = (was.cert_ids(), bundle.cert_ids());
+    let had: HashSet<&str> = had.iter().map(String::as_str).collect();
+    let certs = ids.iter().filter(|id| !had.contains(id.as_str()));
+    let certs = certs.map(|id| format!("../{}/{id}.pem", hafleet_proto::tls::CERTS_DIR));
+    maps.map(str::to_owned).chain(certs).collect()
 }
 
 /// A host prepared ahead for the runtime API, made current when the rollout turns to it: its
@@ -306,16 +319,6 @@ pub(super) async fn upload_and_validate(
     Ok(Uploaded { before, stat, sent: certs + bytes })
 }
 
-/// The certificates of `bundle` by their file's path. Built once per use: a path is a sha256
-/// of the certificate's chain and sealed key, and looking each up by a walk over 10,000
-/// certificates hashed 15 MB per lookup (a host joining such a fleet spent 52 s on it); the
-/// ids themselves are worked out once per bundle ([`Bundle::cert_ids`]).
-pub(super) fn certs_by_path(
-    bundle: Option<&Bundle>,
-) -> std::collections::HashMap<String, &hafleet_proto::SealedCert> {
-    bundle.iter().flat_map(|b| b.cert_paths()).collect()
-}
-
 /// The map files of `bundle` that the host does not have yet (`missing` names them, among
 /// certificate files).
 pub(super) fn missing_maps<'a>(
@@ -472,11 +475,10 @@ pub(super) async fn upload_certs(
     if !missing.iter().any(|name| name.starts_with("../")) {
         return Ok(0);
     }
-    let by_path = certs_by_path(Some(bundle));
     let certs: Vec<&hafleet_proto::SealedCert> = missing
         .iter()
         .filter_map(|name| name.strip_prefix("../"))
-        .filter_map(|path| by_path.get(path).copied())
+        .filter_map(|path| bundle.cert_by_path(path))
         .collect();
     if certs.is_empty() {
         return Ok(0);

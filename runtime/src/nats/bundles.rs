@@ -23,7 +23,8 @@ pub(super) struct CertShelf {
     /// Per fleet, the ids known to be stored (written, or listed once from the stream), so
     /// a version stores only the certificates new to it.
     stored: HashMap<FleetName, HashSet<String>>,
-    /// Certificates read, by id: those of the bundles in `recent`.
+    /// Certificates read, by id, each checked to be that id and well formed
+    /// ([`SealedCert::check`]): those of the bundles in `recent`.
     read: HashMap<String, SealedCert>,
     /// The ids of the newest bundles read, newest last.
     recent: VecDeque<Vec<String>>,
@@ -169,12 +170,19 @@ impl Bus {
             serde_json::from_slice(&pieces.concat()).map_err(|e| bad(Box::new(e)))?;
         self.read_certs(&stream, &v, &stashed).await?;
         let ids = stashed.cert_ids.clone();
+        // Each certificate on the shelf was checked when read: only a bundle with some
+        // carried inline (an earlier renderer's) has them all checked again.
+        let all_read = stashed.certs.is_empty();
         let bundle = {
             let shelf = self.certs.lock().expect("shelf lock");
             stashed.into_bundle(|id| shelf.read.get(id).cloned())
         };
         let bundle = bundle.map_err(|id| bad(format!("certificate {id} was not read").into()))?;
-        let v = v.with_bundle(bundle).map_err(|e| bad(Box::new(e)))?;
+        let v = match all_read {
+            true => v.with_read_bundle(bundle, ids.as_slice().into()),
+            false => v.with_bundle(bundle),
+        };
+        let v = v.map_err(|e| bad(Box::new(e)))?;
         self.certs.lock().expect("shelf lock").keep_read(ids);
         Ok(v)
     }
@@ -211,6 +219,8 @@ impl Bus {
             if cert.id() != id {
                 return Err(failed("its content is not the certificate its id names".into()));
             }
+            // Checked once, here: a bundle made of what the shelf holds is not checked again.
+            cert.check().map_err(|e| failed(Box::new(e)))?;
             Ok((id, cert))
         });
         let read: Vec<(String, SealedCert)> =
