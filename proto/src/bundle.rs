@@ -91,7 +91,7 @@ pub struct MapFile {
 }
 
 /// Everything a host needs for one version.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Bundle {
     pub config: String,
     /// Sorted by name, no name twice.
@@ -109,9 +109,20 @@ pub struct Bundle {
 /// from: an id is a sha256 of 1.5 KB, and a rollout asks for them per host and per step
 /// (10,000 certificates: 15 MB hashed per ask). Kept with the list's address and length, so a
 /// list replaced or grown is hashed again; a certificate edited in place is not seen, and no
-/// code edits one in a bundle it has asked the ids of. A clone starts empty.
+/// code edits one in a bundle it has asked the ids of. A bundle's clone keeps them for its own
+/// list (the same certificates); [`Bundle::verify`] always works them out anew.
 #[derive(Default)]
 pub struct CertIds(std::sync::RwLock<Option<(usize, std::sync::Arc<[String]>)>>);
+
+impl Clone for Bundle {
+    fn clone(&self) -> Self {
+        let copy = Bundle::new(self.config.clone(), self.maps.clone(), self.certs.clone());
+        if let Some(ids) = self.kept_ids() {
+            copy.keep(ids);
+        }
+        copy
+    }
+}
 
 impl Clone for CertIds {
     fn clone(&self) -> Self {
@@ -225,21 +236,43 @@ impl Bundle {
         Bundle { config, maps, certs, ids: CertIds::default() }
     }
 
+    /// A bundle of these files whose certificates' ids are `ids`, in order, as the caller
+    /// worked them out (the renderer, which names each certificate's file by its id): kept as
+    /// [`Bundle::cert_ids`] without hashing them again. [`Bundle::verify`] works them out anew.
+    pub fn with_cert_ids(
+        config: String,
+        maps: Vec<MapFile>,
+        certs: Vec<crate::SealedCert>,
+        ids: std::sync::Arc<[String]>,
+    ) -> Bundle {
+        assert_eq!(ids.len(), certs.len(), "one id per certificate");
+        let bundle = Bundle::new(config, maps, certs);
+        bundle.keep(ids);
+        bundle
+    }
+
     /// Each certificate's id ([`crate::SealedCert::id`]), in order; worked out once
     /// ([`CertIds`]).
     pub fn cert_ids(&self) -> std::sync::Arc<[String]> {
+        if let Some(ids) = self.kept_ids() {
+            return ids;
+        }
+        let ids: std::sync::Arc<[String]> = self.certs.iter().map(crate::SealedCert::id).collect();
+        self.keep(std::sync::Arc::clone(&ids));
+        ids
+    }
+
+    /// The ids kept for this bundle's certificate list, if they are for it.
+    fn kept_ids(&self) -> Option<std::sync::Arc<[String]>> {
         let at = (self.certs.as_ptr() as usize, self.certs.len());
         let kept = self.ids.0.read().unwrap_or_else(|e| e.into_inner());
-        if let Some((addr, ids)) = kept.as_ref()
-            && (*addr, ids.len()) == at
-        {
-            return std::sync::Arc::clone(ids);
-        }
-        drop(kept);
-        let ids: std::sync::Arc<[String]> = self.certs.iter().map(crate::SealedCert::id).collect();
+        kept.as_ref().filter(|(addr, ids)| (*addr, ids.len()) == at).map(|(_, ids)| ids.clone())
+    }
+
+    /// Keeps `ids` as the ids of this bundle's certificate list.
+    fn keep(&self, ids: std::sync::Arc<[String]>) {
         *self.ids.0.write().unwrap_or_else(|e| e.into_inner()) =
-            Some((at.0, std::sync::Arc::clone(&ids)));
-        ids
+            Some((self.certs.as_ptr() as usize, ids));
     }
 
     /// The certificate whose file is `path` (relative to the config's folder, as
@@ -318,8 +351,7 @@ impl Bundle {
         if let Some(id) = ids.iter().find(|id| !seen.insert(id.as_str())) {
             return Err(BundleError::DuplicateCert { id: id.clone() });
         }
-        *self.ids.0.write().unwrap_or_else(|e| e.into_inner()) =
-            Some((self.certs.as_ptr() as usize, ids));
+        self.keep(ids);
         Ok(())
     }
 }
@@ -434,10 +466,14 @@ mod tests {
         for not in ["hafleet-certs/00.pem", "hafleet-maps/x.map", &a.id()] {
             assert_eq!(bundle.cert_by_path(not), None, "{not}");
         }
-        // A clone works its own out; neither changes what the bundles compare.
+        // A clone keeps them for its own list; neither changes what the bundles compare.
         let copy = bundle.clone();
         assert_eq!(copy, bundle);
-        assert_eq!(copy.cert_ids(), bundle.cert_ids());
+        assert!(std::sync::Arc::ptr_eq(&copy.cert_ids(), &bundle.cert_ids()));
+        // Given by whoever worked them out, they are kept as given.
+        let ids = bundle.cert_ids();
+        let given = Bundle::with_cert_ids("global\n".into(), vec![], bundle.certs.clone(), ids);
+        assert!(std::sync::Arc::ptr_eq(&given.cert_ids(), &bundle.cert_ids()));
         // verify works them out anew and keeps them.
         bundle.verify(&bundle.sha256()).unwrap();
         assert_eq!(&*bundle.cert_ids(), [b.id(), a.id()]);

@@ -22,6 +22,8 @@ pub struct TlsFiles {
     /// Sorted by id, each once; empty when no host has a certificate and the fleet has no
     /// default one (then no HTTPS bind).
     pub certs: Vec<SealedCert>,
+    /// Each certificate's id, in the same order (worked out here once: the bundle keeps them).
+    pub ids: std::sync::Arc<[String]>,
     /// The fleet's default certificate's file: what a name no certificate is listed for gets.
     pub default_cert: Option<String>,
     pub crt_list: Option<MapFile>,
@@ -194,7 +196,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
         certs.push((d.id(), d.clone()));
     }
     certs.sort_by(|a, b| a.0.cmp(&b.0));
-    let certs: Vec<SealedCert> = certs.into_iter().map(|(_, c)| c).collect();
+    let (ids, certs): (Vec<String>, Vec<SealedCert>) = certs.into_iter().unzip();
     let redirect: String =
         redirect.into_iter().map(|(h, on)| format!("{h} {}\n", u8::from(on))).collect();
     let file = |kind: &str, content: String| MapFile {
@@ -203,6 +205,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
     };
     TlsFiles {
         certs,
+        ids: ids.into(),
         default_cert: default_cert.map(SealedCert::relative_path),
         crt_list: Some(file("crtlist", crt_list)),
         redirect: Some(file("redirect", redirect)),

@@ -303,7 +303,8 @@ impl Renderer {
         if !config.ends_with('\n') {
             config.push('\n');
         }
-        Ok(Bundle::new(config, maps.files, model.tls.certs.clone()))
+        let (certs, ids) = (model.tls.certs.clone(), model.tls.ids.clone());
+        Ok(Bundle::with_cert_ids(config, maps.files, certs, ids))
     }
 
     /// Every backend's section through the template's macro, in the model's (name) order: the

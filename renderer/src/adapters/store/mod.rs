@@ -5,6 +5,8 @@
 //! versions:  <fleet> 0x00 <version: u64 BE>         -> ConfigVersion (JSON)
 //! summaries: <fleet> 0x00 <version: u64 BE>         -> VersionSummary (JSON): what `history
 //!                                                      list` reads, without decoding configs
+//! certs:     <certificate id>                       -> SealedCert (JSON): each once, named by
+//!                                                      the versions that carry it ([`certs`])
 //! meta:      "applied_seq"                          -> u64 BE: last routes-stream sequence applied
 //!            "published" 0x00 <fleet>               -> u64 BE: last version published to NATS
 //!            "routes_stream_created"                -> when the routes stream followed was created
@@ -38,6 +40,8 @@ pub enum StoreError {
     Io(#[from] sled::Error),
     #[error("state store holds a record that does not decode: {key}")]
     Corrupt { key: String, source: serde_json::Error },
+    #[error("state store's version {key} names certificate {id}, which it does not hold")]
+    MissingCert { key: String, id: String },
 }
 
 impl From<TransactionError<StoreError>> for StoreError {
@@ -56,6 +60,10 @@ pub struct Store {
     versions: sled::Tree,
     summaries: sled::Tree,
     meta: sled::Tree,
+    certs: sled::Tree,
+    /// The ids the `certs` tree holds, listed at the first commit that needs them: a version
+    /// stores only the certificates new to the store.
+    stored_certs: std::sync::Arc<std::sync::Mutex<Option<std::collections::HashSet<String>>>>,
     /// Per fleet: its last keyframe's number and JSON, which its next versions are deltas to.
     keyframes: std::sync::Arc<std::sync::Mutex<HashMap<FleetName, Keyframe>>>,
     /// Per fleet: the newest version committed, as it was given. Publishing reads it right
@@ -234,6 +242,8 @@ impl Store {
             versions: db.open_tree("versions")?,
             summaries: db.open_tree("summaries")?,
             meta: db.open_tree("meta")?,
+            certs: db.open_tree("certs")?,
+            stored_certs: Default::default(),
             keyframes: Default::default(),
             newest: Default::default(),
             db,
@@ -297,10 +307,12 @@ impl Store {
         base: &mut Option<Keyframe>,
     ) -> Result<ConfigVersion, StoreError> {
         let json = self.version_json(key, value, base)?;
-        serde_json::from_slice(&json).map_err(|source| StoreError::Corrupt {
-            key: String::from_utf8_lossy(key).replace('\0', "/"),
-            source,
-        })
+        let name = || String::from_utf8_lossy(key).replace('\0', "/");
+        let by_id = |id: &str| match self.certs.get(id.as_bytes())? {
+            Some(raw) => decode(id.as_bytes(), &raw),
+            None => Err(StoreError::MissingCert { key: name(), id: id.to_owned() }),
+        };
+        certs::join(&json, by_id).map_err(|source| StoreError::Corrupt { key: name(), source })?
     }
 
     /// The keyframe `fleet`'s next version is a delta to: the last one its newest stored
@@ -467,10 +479,21 @@ impl Store {
         // once the transaction has committed.
         let mut keyframes: HashMap<FleetName, Keyframe> = HashMap::new();
         let mut encoded: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = Vec::with_capacity(new_versions.len());
+        // Certificates the store does not hold yet, each once: (id, JSON).
+        let mut new_certs: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut adding = std::collections::HashSet::new();
+        let mut stored_certs = self.stored_certs()?;
+        let stored = stored_certs.get_or_insert_default();
         for (v, held) in new_versions.iter().zip(held) {
             let summary =
                 serde_json::to_vec(&VersionSummary::of(v, held)).expect("summaries serialize");
-            let json = v.encode();
+            let (json, certs) = certs::split(v);
+            for (id, cert) in certs.iter().flat_map(|(ids, certs)| ids.iter().zip(certs.iter())) {
+                if !stored.contains(id) && adding.insert(id.clone()) {
+                    let cert = serde_json::to_vec(cert).expect("certificates serialize");
+                    new_certs.push((id.clone(), cert));
+                }
+            }
             let base = match keyframes.get(&v.fleet) {
                 Some(kept) => Some(kept.clone()),
                 None => self.keyframe(&v.fleet)?,
@@ -493,8 +516,8 @@ impl Store {
             };
             encoded.push((version_key(&v.fleet, v.version), stored, summary));
         }
-        (&self.ingresses, &self.versions, &self.summaries, &self.meta).transaction(
-            |(ingresses, versions, summaries, meta)| {
+        (&self.ingresses, &self.versions, &self.summaries, &self.meta, &self.certs).transaction(
+            |(ingresses, versions, summaries, meta, certs)| {
                 for write in writes {
                     match write {
                         StateWrite::Put(fleet, key, entry) => {
@@ -532,6 +555,9 @@ impl Store {
                         }
                     }
                 }
+                for (id, cert) in &new_certs {
+                    certs.insert(id.as_bytes(), cert.as_slice())?;
+                }
                 for (k, v, summary) in &encoded {
                     versions.insert(k.as_slice(), v.as_slice())?;
                     summaries.insert(k.as_slice(), summary.as_slice())?;
@@ -541,12 +567,28 @@ impl Store {
             },
         )?;
         self.db.flush()?;
+        stored.extend(new_certs.into_iter().map(|(id, _)| id));
+        drop(stored_certs);
         self.keyframes.lock().unwrap_or_else(|p| p.into_inner()).extend(keyframes);
         let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
         for v in new_versions {
             newest.insert(v.fleet.clone(), v.clone());
         }
         Ok(())
+    }
+
+    /// The ids of the certificates the store holds (listed from the `certs` tree the first
+    /// time). Locked for a commit's length.
+    fn stored_certs(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, Option<std::collections::HashSet<String>>>, StoreError>
+    {
+        let mut known = self.stored_certs.lock().unwrap_or_else(|p| p.into_inner());
+        if known.is_none() {
+            let ids = self.certs.iter().keys().map(|k| Ok(String::from_utf8_lossy(&k?).into()));
+            *known = Some(ids.collect::<Result<_, sled::Error>>()?);
+        }
+        Ok(known)
     }
 
     /// The last version of `fleet` known to be published to NATS.
@@ -730,262 +772,6 @@ impl Store {
     }
 }
 
+mod certs;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Opens a store that this process has just closed: sled releases its directory lock from
-    /// a background thread after the last handle drops, so this waits (up to 5 s) for that.
-    fn reopen(path: &Path) -> Store {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            match Store::open(path) {
-                Err(StoreError::Open { source: sled::Error::Io(e), .. })
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                other => return other.unwrap(),
-            }
-        }
-    }
-    use hafleet_proto::SCHEMA_VERSION;
-
-    fn version(fleet: &FleetName, n: u64) -> ConfigVersion {
-        let bundle = hafleet_proto::Bundle::new("x".into(), vec![], vec![]);
-        ConfigVersion {
-            schema: SCHEMA_VERSION,
-            fleet: fleet.clone(),
-            version: n,
-            parent: n.checked_sub(1).filter(|p| *p > 0),
-            sha256: bundle.sha256(),
-            created_unix_ms: 0,
-            causes: vec![],
-            notes: vec![],
-            restores: None,
-            size: 1,
-            body: hafleet_proto::Body::Inline { bundle },
-            signature: None,
-            quarantined: vec![],
-            routes: None,
-        }
-    }
-
-    fn node_2() -> hafleet_proto::NodeAddr {
-        hafleet_proto::NodeAddr {
-            name: hafleet_proto::ObjectName::new("n2").unwrap(),
-            addr: "10.0.0.2".parse().unwrap(),
-        }
-    }
-
-    #[test]
-    fn the_newest_version_read_after_its_commit_is_the_one_the_store_holds() {
-        let dir = tempfile::tempdir().unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        for n in 1..=3 {
-            store.commit(&[], &[big(&fleet, n)], n).unwrap();
-        }
-        // The newest from memory, the older ones from the store, all as committed.
-        for n in 1..=3 {
-            assert_eq!(store.version(&fleet, n).unwrap().unwrap(), big(&fleet, n), "{n}");
-        }
-        assert_eq!(store.unpublished().unwrap().len(), 3);
-        drop(store);
-        let store = reopen(dir.path());
-        assert_eq!(store.version(&fleet, 3).unwrap().unwrap(), big(&fleet, 3));
-    }
-
-    #[test]
-    fn a_commit_survives_reopening_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let key = IngressKey::new("default", "web").unwrap();
-        {
-            let store = Store::open(dir.path()).unwrap();
-            let entry = IngressEntry {
-                created_unix: 1,
-                resource_version: "5".into(),
-                routes: vec![],
-                seq: 1,
-                tls: Vec::new(),
-                quarantined: None,
-            };
-            let node = hafleet_proto::NodeAddr {
-                name: hafleet_proto::ObjectName::new("n1").unwrap(),
-                addr: "10.0.0.1".parse().unwrap(),
-            };
-            // The same namespace/name in a named cluster is another Ingress, with nodes and an
-            // epoch of its own.
-            let east = Some(hafleet_proto::ClusterId::new("east").unwrap());
-            let theirs = key.clone().in_cluster(east.as_ref());
-            store
-                .commit(
-                    &[
-                        StateWrite::Put(fleet.clone(), key.clone(), entry.clone()),
-                        StateWrite::Put(fleet.clone(), theirs, IngressEntry { seq: 2, ..entry }),
-                        StateWrite::Nodes(None, vec![node.clone()]),
-                        StateWrite::Nodes(east.clone(), vec![node, node_2()]),
-                        StateWrite::Epoch(None, 40),
-                        StateWrite::Epoch(east, 9),
-                    ],
-                    &[version(&fleet, 1), version(&fleet, 2)],
-                    17,
-                )
-                .unwrap();
-            store.set_published(&fleet, 1).unwrap();
-        }
-        let store = reopen(dir.path());
-        assert_eq!(store.applied_seq().unwrap(), 17);
-        let desired = store.desired().unwrap();
-        assert!(desired.ingresses(&fleet).contains_key(&key));
-        assert_eq!(desired.nodes[&None][0].name.as_str(), "n1");
-        let east = hafleet_proto::ClusterId::new("east").unwrap();
-        let theirs = &desired.ingresses(&fleet)[&key.clone().in_cluster(Some(&east))];
-        assert_eq!((desired.ingresses(&fleet).len(), theirs.seq), (2, 2));
-        assert_eq!(desired.nodes[&Some(east.clone())].len(), 2);
-        assert_eq!((desired.epoch(None), desired.epoch(Some(&east))), (40, 9));
-        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 2);
-        let unpublished: Vec<u64> =
-            store.unpublished().unwrap().iter().map(|v| v.version).collect();
-        assert_eq!(unpublished, [2]);
-    }
-
-    #[test]
-    fn versions_written_as_plain_json_by_earlier_builds_are_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let old = version(&fleet, 3);
-        store.versions.insert(version_key(&fleet, 3), old.encode()).unwrap();
-        assert_eq!(store.version(&fleet, 3).unwrap(), Some(old.clone()));
-        // What this build writes is a delta to the old record, and reads back the same.
-        store.commit(&[], &[version(&fleet, 4)], 1).unwrap();
-        let raw = store.versions.get(version_key(&fleet, 4)).unwrap().unwrap();
-        assert!(raw.starts_with(&DELTA_MAGIC));
-        assert_eq!(be_u64(&raw[4..12]), 3, "the plain record is its keyframe");
-        assert_eq!(store.version(&fleet, 4).unwrap(), Some(version(&fleet, 4)));
-    }
-
-    /// A version of a big config, one line changed per number.
-    fn big(fleet: &FleetName, n: u64) -> ConfigVersion {
-        let mut config: String = (0..20_000)
-            .map(|i| format!("    server node-{i} 10.0.{}.{}:30080\n", i / 250, i % 250))
-            .collect();
-        config.push_str(&format!("# change {n}\n"));
-        let bundle = hafleet_proto::Bundle::new(config, vec![], vec![]);
-        ConfigVersion {
-            sha256: bundle.sha256(),
-            body: hafleet_proto::Body::Inline { bundle },
-            signature: None,
-            ..version(fleet, n)
-        }
-    }
-
-    #[test]
-    fn versions_are_deltas_to_a_keyframe_every_64_and_read_back_the_same_after_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let other = FleetName::new("core").unwrap();
-        let raw =
-            |store: &Store, n: u64| store.versions.get(version_key(&fleet, n)).unwrap().unwrap();
-        {
-            let store = Store::open(dir.path()).unwrap();
-            // Two in one commit, then one per commit, with another fleet in between.
-            store.commit(&[], &[big(&fleet, 1), big(&fleet, 2)], 1).unwrap();
-            for n in 3..=100 {
-                store.commit(&[], &[big(&fleet, n), version(&other, n)], n).unwrap();
-            }
-            assert!(raw(&store, 1).starts_with(&ZSTD_MAGIC), "the first is whole");
-            assert!(raw(&store, 65).starts_with(&ZSTD_MAGIC), "and one in 64");
-            for n in [2, 64, 66, 100] {
-                let stored = raw(&store, n);
-                assert!(stored.starts_with(&DELTA_MAGIC), "version {n}");
-                let keyframe = if n < 65 { 1 } else { 65 };
-                assert_eq!(be_u64(&stored[4..12]), keyframe, "version {n}");
-                assert!(stored.len() * 20 < raw(&store, keyframe).len(), "version {n} is small");
-            }
-        }
-        // A new process finds the keyframe its next version refers to from the store.
-        let store = reopen(dir.path());
-        store.commit(&[], &[big(&fleet, 101)], 101).unwrap();
-        assert_eq!(be_u64(&raw(&store, 101)[4..12]), 65);
-        let all = store.versions(&fleet).unwrap();
-        assert_eq!(all.len(), 101);
-        for (i, v) in all.iter().enumerate() {
-            assert_eq!(*v, big(&fleet, i as u64 + 1));
-        }
-        assert_eq!(store.version(&fleet, 77).unwrap(), Some(big(&fleet, 77)));
-        assert_eq!(store.latest(&fleet).unwrap(), Some(big(&fleet, 101)));
-        assert_eq!(store.version(&other, 50).unwrap(), Some(version(&other, 50)));
-    }
-
-    #[test]
-    fn a_version_that_grew_away_from_its_keyframe_is_the_next_keyframe() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let raw = |n: u64| store.versions.get(version_key(&fleet, n)).unwrap().unwrap();
-        // A small first version, then one with 2 MB of text that does not compress (as sealed
-        // keys): a delta to the first would carry it all.
-        store.commit(&[], &[version(&fleet, 1)], 1).unwrap();
-        let noise = |n: u64| -> String {
-            let mut x = n;
-            (0..2_000_000)
-                .map(|_| {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    char::from(b'a' + (x >> 59) as u8)
-                })
-                .collect()
-        };
-        let grown = |n: u64, tail: &str| {
-            let bundle = hafleet_proto::Bundle::new(format!("{}{tail}", noise(7)), vec![], vec![]);
-            ConfigVersion {
-                sha256: bundle.sha256(),
-                body: hafleet_proto::Body::Inline { bundle },
-                ..version(&fleet, n)
-            }
-        };
-        store.commit(&[], &[grown(2, "")], 2).unwrap();
-        assert!(raw(2).starts_with(&ZSTD_MAGIC), "stored whole, a keyframe");
-        // The next one changes a line: a small delta to version 2.
-        store.commit(&[], &[grown(3, "\nchanged\n")], 3).unwrap();
-        let stored = raw(3);
-        assert!(stored.starts_with(&DELTA_MAGIC));
-        assert_eq!(be_u64(&stored[4..12]), 2);
-        assert!(stored.len() < 64 * 1024, "{} bytes", stored.len());
-        for n in 1..=3 {
-            let expected = if n == 1 {
-                version(&fleet, 1)
-            } else {
-                grown(n, ["", "\nchanged\n"][n as usize - 2])
-            };
-            assert_eq!(reopen_read(&store, &fleet, n), expected, "version {n}");
-        }
-    }
-
-    /// Version `n` as read from the store, not from what it keeps of its last commit.
-    fn reopen_read(store: &Store, fleet: &FleetName, n: u64) -> ConfigVersion {
-        let key = version_key(fleet, n);
-        let raw = store.versions.get(&key).unwrap().unwrap();
-        store.decode_version(&key, &raw, &mut None).unwrap()
-    }
-
-    #[test]
-    fn versions_sort_numerically_not_as_text() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        let fleet = FleetName::new("edge").unwrap();
-        let all: Vec<ConfigVersion> = (1..=12).map(|n| version(&fleet, n)).collect();
-        store.commit(&[], &all, 1).unwrap();
-        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 12);
-        // A fleet whose name is a prefix of another's must not see the other's versions.
-        let other = FleetName::new("edge-2").unwrap();
-        store.commit(&[], &[version(&other, 99)], 2).unwrap();
-        assert_eq!(store.latest(&fleet).unwrap().unwrap().version, 12);
-        assert_eq!(store.versions(&fleet).unwrap().len(), 12);
-        assert_eq!(store.fleets_with_versions().unwrap(), [fleet.clone(), other.clone()]);
-        assert_eq!(store.unpublished().unwrap().len(), 13, "every fleet's versions");
-    }
-}
+mod tests;
