@@ -5,7 +5,7 @@ use crate::core::index::Published;
 use crate::core::resolve;
 use crate::k8s::watch as kube_adapter;
 use hafleet_proto::{FleetName, IngressKey, NodeAddr};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tracing::warn;
 
 /// The routes-stream sequence of each object's last published change, by object and fleet.
@@ -137,6 +137,43 @@ pub(crate) struct Served {
 pub(crate) type ReadCert =
     (String, Result<std::sync::Arc<crate::core::tls_secrets::CheckedCert>, String>);
 
+/// What is kept per Secret, by namespace then name: looked up with the names as borrowed
+/// (`&str`), as every pass does for every TLS Ingress, without making a key.
+#[derive(Debug)]
+pub(crate) struct BySecret<V>(HashMap<String, HashMap<String, V, Hasher>, Hasher>);
+
+type Hasher = foldhash::fast::RandomState;
+
+impl<V> Default for BySecret<V> {
+    fn default() -> Self {
+        BySecret(HashMap::default())
+    }
+}
+
+impl<V> BySecret<V> {
+    pub(crate) fn get(&self, ns: &str, name: &str) -> Option<&V> {
+        self.0.get(ns)?.get(name)
+    }
+
+    pub(crate) fn insert(&mut self, ns: &str, name: &str, v: V) {
+        self.0.entry(ns.to_owned()).or_default().insert(name.to_owned(), v);
+    }
+
+    /// Keeps the entries of (namespace, name) in `wanted`.
+    pub(crate) fn retain_in(&mut self, wanted: &BTreeSet<(String, String)>) {
+        let wanted: std::collections::HashSet<(&str, &str), Hasher> =
+            wanted.iter().map(|(ns, name)| (ns.as_str(), name.as_str())).collect();
+        for (ns, names) in self.0.iter_mut() {
+            names.retain(|name, _| wanted.contains(&(ns.as_str(), name.as_str())));
+        }
+        self.0.retain(|_, names| !names.is_empty());
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.values().flat_map(HashMap::values)
+    }
+}
+
 /// What the watcher keeps for TLS: the checked certificates of the Secrets that Ingresses of
 /// fleets with a sealing key name (only those), by (namespace, name), with the resourceVersion
 /// they were read at; and each chain sealed once per fleet (sealing anew would change its
@@ -144,8 +181,10 @@ pub(crate) type ReadCert =
 pub(crate) struct TlsState {
     pub(crate) client: Option<kube::Client>,
     pub(crate) seal_to: BTreeMap<FleetName, crate::core::tls_secrets::SealTo>,
-    pub(crate) certs: BTreeMap<(String, String), ReadCert>,
-    pub(crate) seals: BTreeMap<(FleetName, String), std::sync::Arc<hafleet_proto::SealedCert>>,
+    pub(crate) certs: BySecret<ReadCert>,
+    /// Per fleet, each chain (by its sha256) sealed to it.
+    pub(crate) seals:
+        HashMap<FleetName, HashMap<String, std::sync::Arc<hafleet_proto::SealedCert>, Hasher>>,
     /// The default certificate last published (and acked) per fleet.
     pub(crate) defaults: BTreeMap<FleetName, hafleet_proto::SealedCert>,
     /// (fleet, why) already logged for a default certificate that cannot be used.
@@ -159,8 +198,8 @@ impl TlsState {
         TlsState {
             client: None,
             seal_to: seal_to.into_iter().collect(),
-            certs: BTreeMap::new(),
-            seals: BTreeMap::new(),
+            certs: BySecret::default(),
+            seals: HashMap::new(),
             defaults: BTreeMap::new(),
             default_warned: BTreeSet::new(),
         }
@@ -174,13 +213,15 @@ impl TlsState {
         wanted: &BTreeSet<(String, String)>,
         now_unix: i64,
     ) {
-        self.certs.retain(|k, _| wanted.contains(k));
-        let chains: BTreeSet<String> = self
+        self.certs.retain_in(wanted);
+        let chains: BTreeSet<&str> = self
             .certs
             .values()
-            .filter_map(|(_, c)| c.as_ref().ok().map(|c| c.chain_sha256.clone()))
+            .filter_map(|(_, c)| c.as_ref().ok().map(|c| c.chain_sha256.as_str()))
             .collect();
-        self.seals.retain(|(_, chain), _| chains.contains(chain));
+        for sealed in self.seals.values_mut() {
+            sealed.retain(|chain, _| chains.contains(chain.as_str()));
+        }
         let Some(client) = &self.client else { return };
         for (ns, name) in wanted {
             if !meta.reads(ns) {
@@ -188,7 +229,7 @@ impl TlsState {
                     "the watcher reads no Secret of namespace {ns} (it is not in its \
                      --tls-namespaces)"
                 );
-                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
+                self.certs.insert(ns, name, (String::new(), Err(why)));
                 continue;
             }
             let Some(rv) =
@@ -198,10 +239,10 @@ impl TlsState {
                     "no Secret of type {} by that name in namespace {ns}",
                     crate::core::tls_secrets::SECRET_TYPE
                 );
-                self.certs.insert((ns.clone(), name.clone()), (String::new(), Err(why)));
+                self.certs.insert(ns, name, (String::new(), Err(why)));
                 continue;
             };
-            if self.certs.get(&(ns.clone(), name.clone())).is_some_and(|(seen, _)| *seen == rv) {
+            if self.certs.get(ns, name).is_some_and(|(seen, _)| *seen == rv) {
                 continue;
             }
             let checked = match kube_adapter::secret_data(client, ns, name).await {
@@ -229,7 +270,7 @@ impl TlsState {
                     continue;
                 }
             };
-            self.certs.insert((ns.clone(), name.clone()), checked);
+            self.certs.insert(ns, name, checked);
         }
     }
 
@@ -247,7 +288,7 @@ impl TlsState {
                 "TLS is off on fleet {fleet} (the watcher has no --seal-to for it)"
             ));
         }
-        match &self.certs.get(&(ns.to_owned(), name.to_owned()))?.1 {
+        match &self.certs.get(ns, name)?.1 {
             Err(why) => Some(why.clone()),
             Ok(cert) => cert.usable_at(now_unix).err().map(|e| e.to_string()),
         }
@@ -264,15 +305,19 @@ impl TlsState {
         now_unix: i64,
     ) -> crate::core::pass::Looked {
         let to = self.seal_to.get(fleet).ok_or(None)?;
-        let (rv, checked) = self.certs.get(&(ns.to_owned(), name.to_owned())).ok_or(None)?;
+        let (rv, checked) = self.certs.get(ns, name).ok_or(None)?;
         let at = |why: String| {
             Some(if rv.is_empty() { why } else { format!("{why} (resourceVersion {rv})") })
         };
         let cert = checked.as_ref().map_err(|why| at(why.clone()))?;
         cert.usable_at(now_unix).map_err(|e| at(e.to_string()))?;
-        let seal = || std::sync::Arc::new(cert.seal(to));
-        let key = (fleet.clone(), cert.chain_sha256.clone());
-        Ok(self.seals.entry(key).or_insert_with(seal).clone())
+        if let Some(sealed) = self.seals.get(fleet).and_then(|s| s.get(&cert.chain_sha256)) {
+            return Ok(sealed.clone());
+        }
+        let sealed = std::sync::Arc::new(cert.seal(to));
+        let of_fleet = self.seals.entry(fleet.clone()).or_default();
+        of_fleet.insert(cert.chain_sha256.clone(), sealed.clone());
+        Ok(sealed)
     }
 }
 

@@ -22,7 +22,8 @@ pub type Looked = Result<Arc<SealedCert>, Option<String>>;
 /// The sealed entries of each routed object on each fleet, with what they came from.
 #[derive(Default)]
 pub struct SealMemo {
-    entries: HashMap<(IngressKey, FleetName), Entry, foldhash::fast::RandomState>,
+    /// By object, then fleet (looked up without making a key).
+    entries: HashMap<IngressKey, Vec<(FleetName, Entry)>, foldhash::fast::RandomState>,
     /// The pass each entry was last used by: what a pass did not use is dropped after it.
     pass: u64,
     /// Objects sealed anew in the last pass (for the pass's debug log).
@@ -31,7 +32,7 @@ pub struct SealMemo {
 
 struct Entry {
     routes: Arc<Vec<hafleet_proto::Route>>,
-    spec: Vec<SpecEntry>,
+    source: Source,
     /// Each lookup in the order made, and whether its certificate was within the expiry
     /// warning.
     looked: Vec<((String, String), Looked, bool)>,
@@ -49,7 +50,7 @@ impl SealMemo {
     /// How many objects' entries it keeps.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.values().map(Vec::len).sum()
     }
 
     /// Starts a pass.
@@ -61,7 +62,35 @@ impl SealMemo {
     /// Ends a pass: entries of objects it did not seal are dropped.
     pub(super) fn end(&mut self) {
         let pass = self.pass;
-        self.entries.retain(|_, e| e.pass == pass);
+        for fleets in self.entries.values_mut() {
+            fleets.retain(|(_, e)| e.pass == pass);
+        }
+        self.entries.retain(|_, fleets| !fleets.is_empty());
+    }
+}
+
+/// What an object's certificates are asked for by.
+enum Source {
+    /// An Ingress's `spec.tls`: the same object (the watch cache's `Arc`) asks the same.
+    Ingress(Arc<k8s_openapi::api::networking::v1::Ingress>),
+    /// An HTTPRoute's listeners' Secrets, as resolved.
+    Spec(Vec<SpecEntry>),
+}
+
+impl Source {
+    fn is_of(&self, r: &Resolved, subject: &Subject) -> bool {
+        match (self, subject) {
+            (Source::Ingress(a), Subject::Ingress(b)) => Arc::ptr_eq(a, b),
+            (Source::Spec(spec), Subject::HttpRoute(_)) => *spec == r.tls_spec,
+            _ => false,
+        }
+    }
+
+    fn of(subject: &Subject, spec: Vec<SpecEntry>) -> Source {
+        match subject {
+            Subject::Ingress(ing) => Source::Ingress(ing.clone()),
+            Subject::HttpRoute(_) => Source::Spec(spec),
+        }
     }
 }
 
@@ -95,30 +124,20 @@ pub(super) fn seal(
     rules: &Rules<'_>,
     told: &mut Vec<Warning>,
 ) {
-    let spec = tls_spec(r, subject);
-    if spec.is_empty() {
-        return;
-    }
-    if !(tls.sealed_for)(&r.fleet) {
-        let what = match subject {
-            Subject::Ingress(_) => "spec.tls is",
-            Subject::HttpRoute(_) => "its HTTPS listeners' certificates are",
-        };
-        let note = format!(
-            "{what} not served: TLS is off on fleet {} (the watcher has no --seal-to for it)",
-            r.fleet
-        );
-        told.push(Warning { reason: "TLSNotEnabled", note });
-        return;
-    }
     let warn_after = tls.now_unix + i64::from(rules.cert_expiry_warning_days) * 86_400;
     let fleet = &r.fleet;
     let pass = tls.memo.pass;
-    let key = (r.key.clone(), fleet.clone());
-    // The same inputs: the same lookups are made, in the same order.
-    if let Some(e) = tls.memo.entries.get_mut(&key)
+    // The same object on a fleet with TLS, the same routes, and each Secret looked up giving
+    // what it gave: the same entries (the same lookups are made, in the same order).
+    let kept = tls
+        .memo
+        .entries
+        .get_mut(&r.key)
+        .and_then(|fleets| fleets.iter_mut().find(|(f, _)| f == fleet).map(|(_, e)| e));
+    if let Some(e) = kept
+        && (tls.sealed_for)(fleet)
         && Arc::ptr_eq(&e.routes, &r.routes)
-        && e.spec == spec
+        && e.source.is_of(r, subject)
         && e.looked.iter().all(|((ns, name), was, warned)| {
             let now = (tls.lookup)(fleet, ns, name);
             same(was, &now) && *warned == expiring(&now, warn_after)
@@ -127,6 +146,21 @@ pub(super) fn seal(
         e.pass = pass;
         r.tls = e.tls.clone();
         told.extend(e.said.iter().cloned());
+        return;
+    }
+    let spec = tls_spec(r, subject);
+    if spec.is_empty() {
+        return;
+    }
+    if !(tls.sealed_for)(fleet) {
+        let what = match subject {
+            Subject::Ingress(_) => "spec.tls is",
+            Subject::HttpRoute(_) => "its HTTPS listeners' certificates are",
+        };
+        let note = format!(
+            "{what} not served: TLS is off on fleet {fleet} (the watcher has no --seal-to for it)"
+        );
+        told.push(Warning { reason: "TLSNotEnabled", note });
         return;
     }
     let hosts: BTreeSet<hafleet_proto::HttpHost> =
@@ -146,6 +180,11 @@ pub(super) fn seal(
     r.tls = Arc::new(entries);
     told.extend(said.iter().cloned());
     tls.memo.fresh += 1;
-    let entry = Entry { routes: r.routes.clone(), spec, looked, tls: r.tls.clone(), said, pass };
-    tls.memo.entries.insert(key, entry);
+    let source = Source::of(subject, spec);
+    let entry = Entry { routes: r.routes.clone(), source, looked, tls: r.tls.clone(), said, pass };
+    let fleets = tls.memo.entries.entry(r.key.clone()).or_default();
+    match fleets.iter_mut().find(|(f, _)| f == fleet) {
+        Some((_, e)) => *e = entry,
+        None => fleets.push((fleet.clone(), entry)),
+    }
 }
