@@ -58,8 +58,10 @@ pub fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
 pub enum UploadCheck<'a> {
     /// Its sha256 must be this one, then `haproxy -c` on `check`, a config that loads the
     /// version's maps and new certificate files alone, and `show proc` (upload_files.sh):
-    /// for a version whose config HAProxy runs but for its maps and crt-list.
-    Maps { sha256: &'a str, check: &'a str },
+    /// for a version whose config HAProxy runs but for its maps and crt-list. The stream
+    /// starts with `certs` certificate files ([`crate::rollout::cert_stream`]'s records), put
+    /// in place before the check.
+    Maps { sha256: &'a str, check: &'a str, certs: usize },
     /// Its sha256 must be this one, then `haproxy -c` on it and `show proc`
     /// (upload_validate.sh).
     Validated { sha256: &'a str },

@@ -125,21 +125,24 @@ impl HostOps for SshHost {
         async move {
             let count = maps.to_string();
             let haproxy = self.host.haproxy_bin.as_str();
-            let (script, sha256, check) = match check {
-                UploadCheck::Maps { sha256, check } => {
-                    (&scripts::UPLOAD_FILES, sha256, Some(check))
-                }
-                UploadCheck::Validated { sha256 } => (&scripts::UPLOAD_VALIDATE, sha256, None),
-            };
-            let args = [haproxy, self.live(), token, self.socket(), sha256, &count];
+            let live = self.live();
             let ran = match check {
-                // The check follows the config in the stream.
-                Some(check) => {
-                    let mut stream = stream.to_vec();
-                    crate::rollout::stream_record(&mut stream, "hafleet-check", check);
-                    self.conn.run(script, &args, Some(&stream)).await
+                UploadCheck::Maps { sha256, check, certs } => {
+                    // The check follows the config in the stream. Sized once and zeroed
+                    // after: the certificates' keys are in it.
+                    let mut with_check = zeroize::Zeroizing::new(Vec::with_capacity(
+                        stream.len() + check.len() + 64,
+                    ));
+                    with_check.extend_from_slice(stream);
+                    crate::rollout::stream_record(&mut with_check, "hafleet-check", check);
+                    let certs = certs.to_string();
+                    let args = [haproxy, live, token, self.socket(), sha256, &count, &certs];
+                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(&with_check)).await
                 }
-                None => self.conn.run(script, &args, Some(stream)).await,
+                UploadCheck::Validated { sha256 } => {
+                    let args = [haproxy, live, token, self.socket(), sha256, &count];
+                    self.conn.run(&scripts::UPLOAD_VALIDATE, &args, Some(stream)).await
+                }
             };
             match ran {
                 // A dropped connection is an upload that may pass, not a refused config.

@@ -294,7 +294,19 @@ pub(super) async fn upload_and_validate(
         return Err(fail(ApplyStage::Upload, "the version's bundle was not fetched"));
     };
     let maps = missing_maps(bundle, missing);
-    let certs = upload_certs(conn, bundle, missing, token, check.tls_identity).await?;
+    // The certificate files the host lacks go in the same round trip as the maps when their
+    // check is the maps' (a rotation: one file); many (a host joining) or with a whole
+    // config to check, in round trips of their own first.
+    let certs = missing_certs(bundle, missing);
+    let fold = check.map_check.is_some() && certs.len() <= CERTS_PER_UPLOAD;
+    let (prefix, certs_sent) = match fold && !certs.is_empty() {
+        true => (open_certs(&certs, check.tls_identity)?, 0),
+        false => {
+            let sent = upload_certs(conn, bundle, missing, token, check.tls_identity).await?;
+            (zeroize::Zeroizing::new(Vec::new()), sent)
+        }
+    };
+    let folded = if fold { certs.len() } else { 0 };
     // The maps and the config in one round trip, as edits of the host's own where the applier
     // holds the bundle its live file is.
     let diffed = std::time::Instant::now();
@@ -309,14 +321,14 @@ pub(super) async fn upload_and_validate(
                 "the config is the running one but for its maps and certificates: checking \
                  those alone"
             );
-            ops::UploadCheck::Maps { sha256, check }
+            ops::UploadCheck::Maps { sha256, check, certs: folded }
         }
         None => ops::UploadCheck::Validated { sha256 },
     };
-    let (out, bytes) = send(conn, token, check, count, &outgoing).await?;
+    let (out, bytes) = send(conn, token, check, count, (&prefix, &outgoing)).await?;
     let (stat, proc) = (out.stat, out.proc);
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
-    Ok(Uploaded { before, stat, sent: certs + bytes })
+    Ok(Uploaded { before, stat, sent: certs_sent + bytes })
 }
 
 /// The map files of `bundle` that the host does not have yet (`missing` names them, among
@@ -342,26 +354,36 @@ pub(super) async fn upload_maps(
     conn.upload_maps(token, maps.len(), &stream).await
 }
 
-/// Uploads `outgoing` (its config and `maps` map files) under `token`, checked as `check`
-/// says. Files sent as edits that do not come out as the version's on the host (its own file
-/// was not the one the edit was made from) are sent again whole, at once: the same round trip
-/// again. Returns the host's answer and the bytes sent.
+/// Uploads `outgoing` (its config and `maps` map files) under `token`, after `certs` (the
+/// certificate files [`ops::UploadCheck::Maps`] counts, [`cert_stream`]'s records), checked as
+/// `check` says. Files sent as edits that do not come out as the version's on the host (its
+/// own file was not the one the edit was made from) are sent again whole, at once: the same
+/// round trip again. Returns the host's answer and the bytes sent.
 pub(super) async fn send(
     conn: &dyn HostOps,
     token: &str,
     check: ops::UploadCheck<'_>,
     maps: usize,
-    outgoing: &Outgoing<'_>,
+    (certs, outgoing): (&[u8], &Outgoing<'_>),
 ) -> Result<(answer::Uploaded, u64), Failure> {
-    let run = |stream: Vec<u8>| async move { conn.upload(token, check, maps, &stream).await };
+    let run = |stream: Vec<u8>| async move {
+        if certs.is_empty() {
+            return conn.upload(token, check, maps, &stream).await;
+        }
+        // Sized once and zeroed after: the certificates' keys are in it.
+        let mut all = zeroize::Zeroizing::new(Vec::with_capacity(certs.len() + stream.len()));
+        all.extend_from_slice(certs);
+        all.extend_from_slice(&stream);
+        conn.upload(token, check, maps, &all).await
+    };
     let stream = outgoing.stream();
-    let bytes = stream.len() as u64;
+    let bytes = (certs.len() + stream.len()) as u64;
     tracing::debug!(bytes, edits = outgoing.has_edits(), "files sent");
     match run(stream).await {
         Err(f) if f.exit == Some(Exit::Upload) && outgoing.has_edits() => {
             warn!(error = %f.message, "files sent as edits did not come out as the version's; sending them whole");
             let whole = outgoing.whole_again().stream();
-            let more = whole.len() as u64;
+            let more = (certs.len() + whole.len()) as u64;
             Ok((run(whole).await?, bytes + more))
         }
         done => Ok((done?, bytes)),
@@ -461,28 +483,29 @@ impl<'a> Outgoing<'a> {
     }
 }
 
-/// Writes the certificate files of `bundle` that the host does not have yet (`missing` names
-/// them `../hafleet-certs/<id>.pem`): each is the chain and the key opened with the fleet's
-/// identity, sent over SSH, written 0600 in a 0700 folder and checked on arrival. The opened
-/// key exists only in this process's memory (zeroed after) and in that file.
-pub(super) async fn upload_certs(
-    conn: &dyn HostOps,
-    bundle: &Bundle,
+/// The certificates of `bundle` whose files `missing` names (`../hafleet-certs/<id>.pem`,
+/// among map files): those the host does not have yet.
+pub(super) fn missing_certs<'a>(
+    bundle: &'a Bundle,
     missing: &[&str],
-    token: &str,
-    identity: Option<&crate::core::identity::FleetIdentity>,
-) -> Result<u64, Failure> {
+) -> Vec<&'a hafleet_proto::SealedCert> {
     if !missing.iter().any(|name| name.starts_with("../")) {
-        return Ok(0);
+        return Vec::new();
     }
-    let certs: Vec<&hafleet_proto::SealedCert> = missing
+    missing
         .iter()
         .filter_map(|name| name.strip_prefix("../"))
         .filter_map(|path| bundle.cert_by_path(path))
-        .collect();
-    if certs.is_empty() {
-        return Ok(0);
-    }
+        .collect()
+}
+
+/// The files of `certs` (chain and key, the key opened with `identity`) as UPLOAD_CERTS's
+/// records ([`cert_stream`]). The opened keys exist only in this process's memory (zeroed
+/// after) and in the files on the host.
+pub(super) fn open_certs(
+    certs: &[&hafleet_proto::SealedCert],
+    identity: Option<&crate::core::identity::FleetIdentity>,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, Failure> {
     let Some(identity) = identity else {
         return Err(fail(
             ApplyStage::Upload,
@@ -490,17 +513,29 @@ pub(super) async fn upload_certs(
              their keys",
         ));
     };
-    // At most CERTS_PER_UPLOAD keys opened in memory at once.
+    let mut files = Vec::with_capacity(certs.len());
+    for cert in certs {
+        let file = identity.cert_file(cert).map_err(|e| fail(ApplyStage::Upload, e.to_string()))?;
+        files.push((format!("{}.pem", cert.id()), file));
+    }
+    cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))
+}
+
+/// Writes the certificate files of `bundle` that the host does not have yet (`missing` names
+/// them `../hafleet-certs/<id>.pem`) in round trips of their own (UPLOAD_CERTS), at most
+/// [`CERTS_PER_UPLOAD`] keys opened in memory at once: each sent over SSH, written 0600 in a
+/// 0700 folder and checked on arrival. Returns the bytes sent.
+pub(super) async fn upload_certs(
+    conn: &dyn HostOps,
+    bundle: &Bundle,
+    missing: &[&str],
+    token: &str,
+    identity: Option<&crate::core::identity::FleetIdentity>,
+) -> Result<u64, Failure> {
     let mut sent = 0;
-    for batch in certs.chunks(CERTS_PER_UPLOAD) {
-        let mut files = Vec::with_capacity(batch.len());
-        for cert in batch {
-            let file =
-                identity.cert_file(cert).map_err(|e| fail(ApplyStage::Upload, e.to_string()))?;
-            files.push((format!("{}.pem", cert.id()), file));
-        }
-        let stream = cert_stream(&files).map_err(|e| fail(ApplyStage::Upload, e))?;
-        conn.upload_certs(token, files.len(), &stream).await?;
+    for batch in missing_certs(bundle, missing).chunks(CERTS_PER_UPLOAD) {
+        let stream = open_certs(batch, identity)?;
+        conn.upload_certs(token, batch.len(), &stream).await?;
         sent += stream.len() as u64;
     }
     Ok(sent)

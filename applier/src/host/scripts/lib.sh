@@ -100,10 +100,13 @@ missing_files() {
   '
 }
 
-# unpack LIVE TOKEN WANT COUNT [CHECK]: unpacks the stream on stdin (Outgoing::stream in
-# applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a config, then, with
-# CHECK, the config that checks the maps (a `hafleet-check` record after the config), into
-# the file CHECK. Each map goes to a
+# unpack LIVE TOKEN WANT COUNT [CHECK [CERTS N]]: unpacks the stream on stdin
+# (Outgoing::stream in applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a
+# config, then, with CHECK, the config that checks the maps (a `hafleet-check` record after
+# the config), into the file CHECK. With CERTS (certs_begin's folder), N certificate files
+# come first (`hafleet-cert <name> <sha256> <lines>` records, cert_stream's): each is written
+# into CERTS, checked with the maps, synced with them, made 0600 and renamed into
+# hafleet-certs/ with them. Each map goes to a
 # name of this attempt's in hafleet-maps/, the config to this attempt's upload
 # LIVE.hafleet-new-TOKEN (same file system as LIVE: the later rename is atomic); a file sent
 # as an edit is made by `sed` from the host's own (a map from the map it names, the config
@@ -118,9 +121,21 @@ unpack() {
   up_u="$1.hafleet-new-$2"
   up_t=$2
   up_c=$5
-  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" -v chk="$up_c" '
+  up_cu=${6:-}
+  up_cn=${7:-0}
+  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" -v chk="$up_c" -v cu="$up_cu" '
     n == 0 {
       if (checked) { bad = 5; exit }
+      if ($1 == "hafleet-cert") {
+        if (cu == "" || maps || done || NF != 4 || $2 !~ /^[0-9a-f]+\.pem$/ ||
+            $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) { bad = 3; exit }
+        f = cu "/" $2
+        print $3 "  " $2 > (cu "/.sums")
+        n = $4
+        nl = 1
+        printf "" > f
+        next
+      }
       if (done) {
         if ($1 != "hafleet-check" || NF != 3 || chk == "") { bad = 5; exit }
         f = chk
@@ -133,6 +148,7 @@ unpack() {
                   $1 == "hafleet-map-edit" && NF == 6 && $4 ~ /^[a-z]+-[0-9a-f]+\.map$/) &&
                  $2 ~ /^[a-z]+-[0-9a-f]+\.map$/ && length($3) == 64 && $3 !~ /[^0-9a-f]/) {
         f = d "/." $2 "." t
+        maps = 1
         print $3 "  ." $2 "." t > (d "/.sums." t)
         if (NF == 6) {
           f = f ".sed"
@@ -176,13 +192,28 @@ unpack() {
   if [ "$up_k" -ne "$4" ] || { [ "$up_k" -gt 0 ] && ! unpack_sums_match; }; then
     unpack_drop "$up_k of $4 map files arrived, or one has another sha256"
   fi
-  # The maps' and the upload's content on disk, in one sync, before any name makes them live.
+  if [ -n "$up_cu" ]; then
+    up_c2=0
+    [ ! -f "$up_cu/.sums" ] || up_c2=$(wc -l < "$up_cu/.sums")
+    if [ "$up_c2" -ne "$up_cn" ] ||
+      { [ "$up_c2" -gt 0 ] && ! (cd "$up_cu" && sha256sum -c --quiet .sums >/dev/null 2>&1); }; then
+      unpack_drop "$up_c2 of $up_cn certificate files arrived, or one has another sha256"
+    fi
+    rm -f "$up_cu/.sums"
+  fi
+  # The maps', the certificates' and the upload's content on disk, in one sync, before any
+  # name makes them live.
   set --
   [ ! -f "$up_u" ] || set -- "$up_u"
   if [ "$up_k" -gt 0 ]; then
     while read -r _ up_f; do
       set -- "$@" "$up_d/$up_f"
     done < "$up_d/.sums.$up_t"
+  fi
+  if [ -n "$up_cu" ]; then
+    for up_f in "$up_cu"/*.pem; do
+      [ ! -f "$up_f" ] || set -- "$@" "$up_f"
+    done
   fi
   [ "$#" -eq 0 ] || sync_files "$@"
   if [ "$up_k" -gt 0 ]; then
@@ -195,6 +226,33 @@ unpack() {
     sync_files "$up_d"
   fi
   rm -f "$up_d/.sums.$up_t"
+  if [ -n "$up_cu" ]; then
+    set -- "$up_cu"/*.pem
+    if [ -f "$1" ]; then
+      chmod 600 -- "$@"
+      mv -f -- "$@" "${up_cu%/*}"/ || unpack_drop "cannot put the certificate files in place"
+      sync_files "${up_cu%/*}"
+    fi
+    rm -rf "$up_cu"
+  fi
+}
+
+# certs_begin LIVE TOKEN: the folder this attempt's certificate files arrive in, $uc_up, inside
+# hafleet-certs/ beside LIVE, which only the SSH user may enter (0700); unpack writes them
+# there (its sixth argument) ahead of the maps. Folders that attempts which died left behind
+# are swept once an hour old: the shell's glob looks for one first (no `find` over a folder of
+# 10,000 certificates on every upload).
+certs_begin() {
+  uc_dir="$(dir_of "$1")/hafleet-certs"
+  { mkdir -p "$uc_dir" && chmod 700 "$uc_dir"; } || exit "$EXIT_UPLOAD"
+  for uc_old in "$uc_dir"/.up-*; do
+    [ -d "$uc_old" ] || break
+    find "$uc_dir" -maxdepth 1 -name '.up-*' -type d -mmin +60 -exec rm -rf {} + 2>/dev/null || true
+    break
+  done
+  uc_up="$uc_dir/.up-$2"
+  rm -rf "$uc_up"
+  (umask 077 && mkdir "$uc_up") || exit "$EXIT_UPLOAD"
 }
 
 # unpack_sums_match: whether every map unpack wrote has the sha256 its name promises.
@@ -205,6 +263,7 @@ unpack_sums_match() {
 # unpack_drop MESSAGE: removes what unpack wrote, says MESSAGE on stderr, exits EXIT_UPLOAD.
 unpack_drop() {
   rm -f "$up_d"/.*."$up_t" "$up_d"/.*."$up_t".sed "$up_u" "$up_u.sed" ${up_c:+"$up_c"}
+  [ -z "$up_cu" ] || rm -rf "$up_cu"
   echo "$*" >&2
   exit "$EXIT_UPLOAD"
 }

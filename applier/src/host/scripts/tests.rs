@@ -70,12 +70,13 @@ fn sh(shell: Shell, script: &Script, args: &[&str], stdin: &[u8]) -> Output {
 /// The text sent is the source without comments, blank lines or indentation, and every
 /// script passes `sh -n` (the sources pass shellcheck in CI). It goes with every command, as
 /// one argument of the remote shell: it stays well under what one argument may hold (128 KiB
-/// on Linux), and its size shows here when it grows (about 8 KB with the library).
+/// on Linux), and its size shows here when it grows (about 13 KB with the library since the
+/// certificates' upload went into upload_files.sh's round trip).
 #[test]
 fn every_script_is_sent_without_comments_and_parses() {
     for script in ALL {
         let text = script.text();
-        assert!(text.len() < 12_000, "{} sends {} bytes", script.name, text.len());
+        assert!(text.len() < 16_000, "{} sends {} bytes", script.name, text.len());
         assert!(text.lines().all(|l| !l.starts_with('#') && !l.starts_with(' ') && !l.is_empty()));
         assert!(text.len() < script.source().len() || script.name == "noop", "{}", script.name);
         let parsed = Command::new("sh").args(["-n", "-c", text]).status().unwrap();
@@ -299,6 +300,84 @@ fn maps_and_config_sent_as_edits_of_the_hosts_own_land_byte_for_byte_or_not_at_a
         std::fs::read_to_string(maps_dir.join(new_map.name.as_str())).unwrap(),
         new_map.content
     );
+}
+
+/// upload_files.sh with certificate files ahead of the maps (a rotation's one round trip): they
+/// land 0600 in the 0700 folder before the check, or, cut short, changed on the way, sent
+/// after a map or not counted, nothing lands (neither they nor the maps and config) and no
+/// folder of the attempt stays.
+#[test]
+fn certificate_files_go_with_the_maps_in_one_round_trip_or_not_at_all() {
+    in_each_shell(certificate_files_go_with_the_maps_in_one_round_trip_or_not_at_all_in);
+}
+
+fn certificate_files_go_with_the_maps_in_one_round_trip_or_not_at_all_in(shell: Shell) {
+    use hafleet_proto::{MapFile, MapName};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    std::fs::write(&live, "global\n").unwrap();
+    let maps_dir = dir.path().join("hafleet-maps");
+    let certs = dir.path().join("hafleet-certs");
+    let content = "a.example.com hafleet-certs/ab.pem\n";
+    let map = MapFile {
+        name: MapName::for_content("crtlist", content).unwrap(),
+        content: content.to_owned(),
+    };
+    let config = format!("global\n# crt-list hafleet-maps/{}\n", map.name);
+    let sha = hafleet_proto::sha256_hex(config.as_bytes());
+    let pem = "-----BEGIN CERTIFICATE-----\nQQ==\n-----END CERTIFICATE-----\n\
+               -----BEGIN PRIVATE KEY-----\nQg==\n-----END PRIVATE KEY-----\n";
+    let cert = cert_stream(&[("ab.pem".to_owned(), zeroize::Zeroizing::new(pem.to_owned()))])
+        .unwrap()
+        .to_vec();
+    let mut files = Outgoing::whole(&[&map], Some(&config)).stream();
+    crate::rollout::stream_record(&mut files, "hafleet-check", "global\n");
+    let upload = |stream: &[u8], certs: &str| {
+        let args = ["true", live.to_str().unwrap(), "t1", "/nonexistent.sock", &sha, "1", certs];
+        sh(shell, &UPLOAD_FILES, &args, stream)
+    };
+    let nothing = |case: &str| {
+        let certs_left = std::fs::read_dir(&certs).map_or(0, |d| d.count());
+        assert_eq!(certs_left, 0, "{case}: no certificate file or folder of the attempt");
+        assert_eq!(left_behind(dir.path(), &maps_dir), Vec::<String>::new(), "{case}");
+        assert_eq!(std::fs::read_dir(&maps_dir).unwrap().count(), 0, "{case}: no map");
+    };
+    let whole = [cert.as_slice(), &files].concat();
+    // Cut short inside the certificate; its sha256 changed on the way; not counted; after a
+    // map: nothing lands.
+    let out = upload(&whole[..cert.len() - 10], "1");
+    assert_eq!(out.status.code(), Some(Exit::Upload.code()));
+    nothing("cut short");
+    let mut bad = whole.clone();
+    let at = bad.iter().position(|b| *b == b'Q').unwrap();
+    bad[at] = b'R';
+    let out = upload(&bad, "1");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another sha256"), "{out:?}");
+    nothing("changed");
+    let out = upload(&whole, "0");
+    assert_eq!(out.status.code(), Some(Exit::Upload.code()), "certificates not asked for");
+    nothing("not asked for");
+    let out = upload(&whole, "2");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 2 certificate"), "{out:?}");
+    nothing("not counted");
+    let mut late = Outgoing::whole(&[&map], None).stream();
+    late.extend_from_slice(&cert);
+    late.extend_from_slice(&Outgoing::whole(&[], Some(&config)).stream());
+    crate::rollout::stream_record(&mut late, "hafleet-check", "global\n");
+    assert_eq!(upload(&late, "1").status.code(), Some(Exit::Upload.code()), "after a map");
+    nothing("after a map");
+    // Whole: the certificate in place, 0600 in a 0700 folder; the maps and the config land.
+    let out = upload(&whole, "1");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(certs.join("ab.pem")).unwrap(), pem);
+    assert_eq!(std::fs::metadata(&certs).unwrap().permissions().mode() & 0o777, 0o700);
+    let mode = std::fs::metadata(certs.join("ab.pem")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(std::fs::read_dir(&certs).unwrap().count(), 1, "no folder of the attempt stays");
+    assert_eq!(std::fs::read_to_string(maps_dir.join(map.name.as_str())).unwrap(), content);
+    let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
+    assert_eq!(std::fs::read_to_string(upload).unwrap(), config);
 }
 
 /// upload_certs.sh: every file of the stream lands under its own name, 0600 in

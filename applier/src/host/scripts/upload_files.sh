@@ -1,6 +1,8 @@
-# upload_files HAPROXY LIVE TOKEN SOCKET SHA256 COUNT: on stdin a stream (Outgoing::stream)
-# of the COUNT map files the host lacks, the config, each whole or as an edit of the host's
-# own, and then the config that checks the maps (`hafleet-check`). For a version whose config
+# upload_files HAPROXY LIVE TOKEN SOCKET SHA256 COUNT CERTS: on stdin a stream of the CERTS
+# certificate files the host lacks (cert_stream: chain and private key, written 0600 in a
+# 0700 folder as upload_certs.sh does, checked and synced, then renamed into place), the
+# COUNT map files it lacks (Outgoing::stream), the config, each whole or as an edit of the
+# host's own, and then the config that checks the maps (`hafleet-check`). For a version whose config
 # HAProxy runs but for its map files and crt-list, in one round trip: writes the maps as
 # upload_maps.sh does and the config next to the live file (same file system, so the later
 # rename is atomic) under a name no other attempt uses; checks the config against SHA256
@@ -12,6 +14,12 @@
 # that attempts which died left behind to upload_validate.sh: it is on the path of every map
 # change. Exits EXIT_UPLOAD on any failure to land the files.
 umask 027
-unpack "$2" "$3" 1 "$6" "$2.hafleet-mapcheck-$3"
+uc_up=
+if [ "${7:-0}" -gt 0 ]; then
+  certs_begin "$2" "$3"
+  trap 'rm -rf "$uc_up"' EXIT
+  trap 'exit 1' HUP INT TERM PIPE
+fi
+unpack "$2" "$3" 1 "$6" "$2.hafleet-mapcheck-$3" "$uc_up" "${7:-0}"
 uploaded "$2" "$3" "$5"
 check_maps "$1" "$2" "$3" "$4"
