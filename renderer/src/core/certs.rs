@@ -74,6 +74,82 @@ fn same_file(a: &SealedCert, b: &SealedCert) -> bool {
 /// `0` for each such excluded host, and the template looks the wildcard form up only when the
 /// exact host is not in it.
 pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFiles {
+    let mut ids = IdMemo::default();
+    files_with(ingresses, default_cert, &mut ids)
+}
+
+/// Certificate ids ([`SealedCert::id`]: a sha256 of the chain and sealed key, 1.5 KB) worked
+/// out by earlier renders of a fleet, by fingerprint; one is used only for a certificate whose
+/// chain and sealed key are the same bytes as those it was worked out from. At 10,000
+/// certificates, hashing every one at every render was a sixth of a rotation's time in the
+/// renderer. What a render does not use is dropped after it.
+#[derive(Debug, Default)]
+pub struct IdMemo {
+    by_fingerprint: std::collections::HashMap<String, Vec<Known>>,
+    render: u64,
+}
+
+#[derive(Debug)]
+struct Known {
+    chain_pem: String,
+    sealed_key: String,
+    id: String,
+    render: u64,
+}
+
+impl IdMemo {
+    /// `cert`'s id: kept, or worked out (and kept).
+    pub fn id(&mut self, cert: &SealedCert) -> String {
+        let render = self.render;
+        let same =
+            |k: &&mut Known| k.chain_pem == cert.chain_pem && k.sealed_key == cert.sealed_key;
+        if let Some(known) = self.by_fingerprint.get_mut(&cert.fingerprint)
+            && let Some(k) = known.iter_mut().find(same)
+        {
+            k.render = render;
+            return k.id.clone();
+        }
+        let id = cert.id();
+        let known = Known {
+            chain_pem: cert.chain_pem.clone(),
+            sealed_key: cert.sealed_key.clone(),
+            id: id.clone(),
+            render,
+        };
+        self.by_fingerprint.entry(cert.fingerprint.clone()).or_default().push(known);
+        id
+    }
+
+    fn begin(&mut self) {
+        self.render += 1;
+    }
+
+    fn end(&mut self) {
+        let render = self.render;
+        for known in self.by_fingerprint.values_mut() {
+            known.retain(|k| k.render == render);
+        }
+        self.by_fingerprint.retain(|_, known| !known.is_empty());
+    }
+}
+
+/// [`files`], with the ids earlier renders of the fleet worked out.
+pub fn files_with(
+    ingresses: &Ingresses,
+    default_cert: Option<&SealedCert>,
+    ids: &mut IdMemo,
+) -> TlsFiles {
+    ids.begin();
+    let files = files_in(ingresses, default_cert, ids);
+    ids.end();
+    files
+}
+
+fn files_in(
+    ingresses: &Ingresses,
+    default_cert: Option<&SealedCert>,
+    ids: &mut IdMemo,
+) -> TlsFiles {
     let mut order: Vec<_> = ingresses.iter().filter(|(_, e)| !e.tls.is_empty()).collect();
     order.sort_by(|(ka, a), (kb, b)| (a.created_unix, ka).cmp(&(b.created_unix, kb)));
     // host -> (certificate, redirect plain HTTP)
@@ -111,7 +187,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
     let mut by_cert: BTreeMap<String, (&SealedCert, Vec<&HttpHost>)> = BTreeMap::new();
     let mut redirect: BTreeMap<&str, bool> = BTreeMap::new();
     for (host, (cert, wants_redirect)) in &hosts {
-        by_cert.entry(cert.id()).or_insert_with(|| (cert, Vec::new())).1.push(host);
+        by_cert.entry(ids.id(cert)).or_insert_with(|| (cert, Vec::new())).1.push(host);
         redirect.insert(host.as_str(), *wants_redirect);
     }
     let mut crt_list = String::new();
@@ -193,7 +269,7 @@ pub fn files(ingresses: &Ingresses, default_cert: Option<&SealedCert>) -> TlsFil
     if let Some(d) = default_cert
         && !certs.iter().any(|(_, c)| same_file(c, d))
     {
-        certs.push((d.id(), d.clone()));
+        certs.push((ids.id(d), d.clone()));
     }
     certs.sort_by(|a, b| a.0.cmp(&b.0));
     let (ids, certs): (Vec<String>, Vec<SealedCert>) = certs.into_iter().unzip();
@@ -232,6 +308,42 @@ mod tests {
             ),
             recipient: String::new(),
         }
+    }
+
+    #[test]
+    fn an_id_is_reused_only_for_the_same_chain_and_sealed_key_and_what_a_render_skips_goes() {
+        let mut ids = IdMemo::default();
+        let a = cert("a", &["a.example.com"]);
+        ids.begin();
+        assert_eq!(ids.id(&a), a.id());
+        ids.end();
+        // Sealed again (the same fingerprint, another key): its own id, not the kept one.
+        let mut resealed = a.clone();
+        resealed.sealed_key.push('x');
+        let mut other_chain = a.clone();
+        other_chain.chain_pem.push('\n');
+        ids.begin();
+        assert_eq!(ids.id(&a), a.id());
+        assert_eq!(ids.id(&resealed), resealed.id());
+        assert_eq!(ids.id(&other_chain), other_chain.id());
+        assert_ne!(resealed.id(), a.id());
+        ids.end();
+        assert_eq!(ids.by_fingerprint[&a.fingerprint].len(), 3);
+        // A render that uses one drops the others.
+        ids.begin();
+        assert_eq!(ids.id(&resealed), resealed.id());
+        ids.end();
+        assert_eq!(ids.by_fingerprint[&a.fingerprint].len(), 1);
+        // The same crt-list whether the ids are kept or worked out.
+        let ing: Ingresses = [(
+            IngressKey::new("t", "a").unwrap(),
+            entry(1, vec![(vec!["a.example.com"], Some(a.clone()))], None),
+        )]
+        .into();
+        let mut kept = IdMemo::default();
+        let first = files_with(&ing, None, &mut kept);
+        assert_eq!(files_with(&ing, None, &mut kept), first);
+        assert_eq!(files(&ing, None), first);
     }
 
     fn entry(

@@ -53,6 +53,7 @@ impl Eq for SectionKey {}
 struct Kept {
     memo: crate::core::model::Memo,
     sections: Sections,
+    cert_ids: crate::core::certs::IdMemo,
 }
 
 /// A loaded, checked template.
@@ -246,7 +247,8 @@ impl Renderer {
         let kept = all.entry(fleet.to_string()).or_default();
         let mut model =
             crate::core::model::build_memo(fleet, ingresses, nodes, &self.options, &mut kept.memo);
-        model.tls = crate::core::certs::files(ingresses, fleetwide.default_cert);
+        let default_cert = fleetwide.default_cert;
+        model.tls = crate::core::certs::files_with(ingresses, default_cert, &mut kept.cert_ids);
         if let Some(settings) = fleetwide.settings {
             model.settings = crate::core::settings::SettingsModel::of(settings);
         }
