@@ -573,6 +573,13 @@ mod watcher {
     //! published, which comes after every Ingress's routes and the nodes are published and
     //! acked by JetStream; then reads its peak resident memory (VmHWM). The renderer and the
     //! applier are stopped, so the two cores are the watcher's, the API server's and NATS's.
+    //!
+    //! With `--fleets N` the Ingresses are spread over N fleets (`edge`, `edge-1`, …), one
+    //! watcher for all. With `--renderer` the renderer runs too: after the first run, once it
+    //! has published a version of every fleet, its peak memory is read; then one Ingress is
+    //! added on `edge`, timed from its create to `edge`'s next version published, and the
+    //! other fleets' versions are checked to stay as they were (no version published for them
+    //! within 3 s).
 
     use anyhow::{Context, Result};
     use hafleet_tests::cluster::{create_ingresses, create_services, ready_nodes};
@@ -588,6 +595,43 @@ mod watcher {
         /// Starts timed.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Fleets the Ingresses are spread over, one watcher for all.
+        #[arg(long, default_value_t = 1)]
+        fleets: usize,
+        /// Keeps the renderer running: its memory, and a change on one fleet (see above).
+        #[arg(long)]
+        renderer: bool,
+    }
+
+    /// The name of fleet `n` of the bench.
+    fn fleet(n: usize) -> String {
+        if n == 0 { "edge".to_owned() } else { format!("edge-{n}") }
+    }
+
+    /// Versions the renderer published, per fleet, as its log says.
+    fn published(stack: &Stack) -> std::collections::BTreeMap<String, usize> {
+        let log = std::fs::read_to_string(stack.log_path(Component::Renderer)).unwrap_or_default();
+        let mut out = std::collections::BTreeMap::new();
+        for line in log.lines().filter(|l| l.contains("version published")) {
+            if let Some(f) = line.split("fleet=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                *out.entry(f.to_owned()).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// Waits until `until` holds of what the renderer published (at most `secs`).
+    async fn wait_published(
+        stack: &Stack,
+        secs: u64,
+        until: impl Fn(&std::collections::BTreeMap<String, usize>) -> bool,
+    ) -> Result<()> {
+        let started = Instant::now();
+        while !until(&published(stack)) {
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(secs), "not in {secs} s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     fn snapshots(stack: &Stack) -> usize {
@@ -598,18 +642,24 @@ mod watcher {
     }
 
     pub async fn run(a: WatcherArgs) -> Result<()> {
+        let fleets = a.fleets.max(1);
         let mut stack = Stack::start("edge", 1).await?;
         for c in [Component::Watcher, Component::Renderer, Component::Applier] {
-            stack.kill(c);
+            if !(a.renderer && c == Component::Renderer) {
+                stack.kill(c);
+            }
         }
         let started = Instant::now();
         let (_nodes, _processes) = ready_nodes(&stack, a.nodes).await?;
         create_services(&stack, (0..a.ingresses).map(|i| format!("svc-{i}"))).await?;
-        let ingresses = (0..a.ingresses)
-            .map(|i| (format!("ing-{i}"), format!("ing-{i}.example.com"), format!("svc-{i}")));
-        create_ingresses(&stack, "edge", ingresses).await?;
+        for f in 0..fleets {
+            let ingresses = (0..a.ingresses)
+                .filter(|i| i % fleets == f)
+                .map(|i| (format!("ing-{i}"), format!("ing-{i}.example.com"), format!("svc-{i}")));
+            create_ingresses(&stack, &fleet(f), ingresses).await?;
+        }
         println!(
-            "{} nodes, {} Services and {} Ingresses created in {:.1} s\n",
+            "{} nodes, {} Services and {} Ingresses on {fleets} fleet(s) created in {:.1} s\n",
             a.nodes,
             a.ingresses,
             a.ingresses,
@@ -633,8 +683,61 @@ mod watcher {
             let took = started.elapsed().as_secs_f64();
             let rss = crate::memory_mb(pid, "VmHWM")?;
             println!("| {run} | {took:.2} | {rss:.0} |");
+            if a.renderer && run == 1 {
+                renderer_and_one_change(&mut stack, fleets).await?;
+            }
             stack.kill(Component::Watcher);
         }
+        Ok(())
+    }
+
+    /// The renderer's memory once every fleet has a version, and one change on `edge`: the
+    /// watcher runs.
+    async fn renderer_and_one_change(stack: &mut Stack, fleets: usize) -> Result<()> {
+        let started = Instant::now();
+        let every = |p: &std::collections::BTreeMap<String, usize>| {
+            (0..fleets).all(|f| p.get(&fleet(f)).is_some_and(|n| *n > 0))
+        };
+        wait_published(stack, 600, every).await?;
+        // Settled: nothing published for 3 s.
+        let mut last = published(stack);
+        loop {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let now = published(stack);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let pid = stack.pid(Component::Renderer).context("the renderer runs")?;
+        let rss = crate::memory_mb(pid, "VmHWM")?;
+        println!(
+            "\nrenderer: a version of each of {fleets} fleet(s) published {:.1} s after the \
+             watcher's snapshot was; peak RSS {rss:.0} MB",
+            started.elapsed().as_secs_f64()
+        );
+        let before = published(stack);
+        let edge = before.get("edge").copied().unwrap_or(0);
+        let added = Instant::now();
+        let one = std::iter::once((
+            "ing-added".to_owned(),
+            "ing-added.example.com".to_owned(),
+            "svc-0".to_owned(),
+        ));
+        create_ingresses(stack, "edge", one).await?;
+        wait_published(stack, 60, |p| p.get("edge").copied().unwrap_or(0) > edge).await?;
+        let took = added.elapsed().as_secs_f64() * 1000.0;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = published(stack);
+        let others_moved: Vec<&String> = after
+            .iter()
+            .filter(|(f, n)| f.as_str() != "edge" && before.get(*f) != Some(*n))
+            .map(|(f, _)| f)
+            .collect();
+        println!(
+            "one Ingress added on edge: created → edge's version published in {took:.0} ms; \
+             other fleets with a new version: {others_moved:?}\n"
+        );
         Ok(())
     }
 }
