@@ -36,6 +36,11 @@ fn services(namespaces: &[&str]) -> Services {
         .collect()
 }
 
+/// The objects of a pass of `ingresses` on `services`, nothing else.
+fn objects<'a>(ingresses: &'a [Arc<Ingress>], services: &'a Services) -> Objects<'a> {
+    Objects { ingresses, gateway: None, services, endpoints: None, policy: None }
+}
+
 fn rules() -> Rules<'static> {
     Rules {
         resolve: Default::default(),
@@ -209,13 +214,7 @@ fn the_churn_budget_holds_a_namespace_s_changes_beyond_its_burst_and_says_so() {
 fn tls_is_two_phases_the_secrets_named_then_the_certificates_sealed_in() {
     let all = [ingress("shop", "web", "a.com", "/", 1)];
     let services = services(&["shop"]);
-    let objects = Objects {
-        ingresses: &all,
-        gateway: None,
-        services: &services,
-        endpoints: None,
-        policy: None,
-    };
+    let objects = objects(&all, &services);
     let published = Published::default();
     let res = resolve(&objects, &rules(), &mut Memo::default(), &published, false);
     let edge = |f: &FleetName| f.as_str() == "edge";
@@ -267,13 +266,7 @@ fn sealed_cert(fingerprint: &str, not_after_unix: i64) -> Arc<hafleet_proto::Sea
 fn certificates_are_sealed_in_again_only_when_what_they_came_from_changed() {
     let all = [ingress("shop", "web", "a.com", "/", 1)];
     let services = services(&["shop"]);
-    let objects = Objects {
-        ingresses: &all,
-        gateway: None,
-        services: &services,
-        endpoints: None,
-        policy: None,
-    };
+    let objects = objects(&all, &services);
     let edge = |f: &FleetName| f.as_str() == "edge";
     let (mut memo, mut seals, mut published) =
         (Memo::default(), SealMemo::default(), Published::default());
@@ -331,13 +324,7 @@ fn certificates_are_sealed_in_again_only_when_what_they_came_from_changed() {
 fn warnings_about_ingresses_that_changed_or_went_can_be_forgotten() {
     let all = [ingress("shop", "web", "a.com", "/", 1)];
     let services = services(&["shop"]);
-    let objects = Objects {
-        ingresses: &all,
-        gateway: None,
-        services: &services,
-        endpoints: None,
-        policy: None,
-    };
+    let objects = objects(&all, &services);
     let published = Published::default();
     let res = resolve(&objects, &rules(), &mut Memo::default(), &published, true);
     let p = finish(
