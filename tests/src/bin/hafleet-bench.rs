@@ -598,6 +598,10 @@ mod watcher {
         /// Fleets the Ingresses are spread over, one watcher for all.
         #[arg(long, default_value_t = 1)]
         fleets: usize,
+        /// NodePort Services the Ingresses go to, Ingress i to Service i modulo this (the test
+        /// API server has 12,768 node ports); default: one per Ingress.
+        #[arg(long)]
+        services: Option<usize>,
         /// Keeps the renderer running: its memory, and a change on one fleet (see above).
         #[arg(long)]
         renderer: bool,
@@ -651,17 +655,19 @@ mod watcher {
         }
         let started = Instant::now();
         let (_nodes, _processes) = ready_nodes(&stack, a.nodes).await?;
-        create_services(&stack, (0..a.ingresses).map(|i| format!("svc-{i}"))).await?;
+        let services = a.services.unwrap_or(a.ingresses).max(1);
+        create_services(&stack, (0..services).map(|i| format!("svc-{i}"))).await?;
         for f in 0..fleets {
-            let ingresses = (0..a.ingresses)
-                .filter(|i| i % fleets == f)
-                .map(|i| (format!("ing-{i}"), format!("ing-{i}.example.com"), format!("svc-{i}")));
+            let ingresses = (0..a.ingresses).filter(|i| i % fleets == f).map(|i| {
+                let service = format!("svc-{}", i % services);
+                (format!("ing-{i}"), format!("ing-{i}.example.com"), service)
+            });
             create_ingresses(&stack, &fleet(f), ingresses).await?;
         }
         println!(
-            "{} nodes, {} Services and {} Ingresses on {fleets} fleet(s) created in {:.1} s\n",
+            "{} nodes, {services} Services and {} Ingresses on {fleets} fleet(s) created in \
+             {:.1} s\n",
             a.nodes,
-            a.ingresses,
             a.ingresses,
             started.elapsed().as_secs_f64()
         );
