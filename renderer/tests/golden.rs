@@ -73,7 +73,7 @@ fn read_fixture(path: &Path) -> (Vec<NodeAddr>, BTreeMap<IngressKey, IngressEntr
                 IngressEntry {
                     created_unix: f.created_unix,
                     resource_version: "1".into(),
-                    routes: f.routes,
+                    routes: f.routes.into(),
                     seq: 0,
                     tls: Vec::new(),
                     quarantined: None,
@@ -383,7 +383,7 @@ fn a_fleet_with_certificates_passes_haproxy_check() {
             let entry = IngressEntry {
                 created_unix: f.created_unix,
                 resource_version: "1".into(),
-                routes: f.routes,
+                routes: f.routes.into(),
                 seq: 0,
                 tls: Vec::new(),
                 quarantined: None,
@@ -596,7 +596,7 @@ fn a_certificate_for_more_hosts_than_a_line_holds_is_split_and_haproxy_accepts_i
     let entry = |created: i64, hosts: &[String], tls: Vec<TlsEntry>| IngressEntry {
         created_unix: created,
         resource_version: "1".into(),
-        routes: hosts.iter().map(|h| route(h)).collect(),
+        routes: hosts.iter().map(|h| route(h)).collect::<Vec<_>>().into(),
         seq: 0,
         tls,
         quarantined: None,

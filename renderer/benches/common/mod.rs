@@ -65,7 +65,7 @@ pub fn fleet(n: usize) -> BTreeMap<IngressKey, IngressEntry> {
             let entry = IngressEntry {
                 created_unix: i as i64,
                 resource_version: "1".into(),
-                routes: routes(i),
+                routes: routes(i).into(),
                 seq: 0,
                 tls: Vec::new(),
                 quarantined: None,

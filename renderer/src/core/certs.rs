@@ -361,7 +361,7 @@ mod tests {
         IngressEntry {
             created_unix: created,
             resource_version: "1".into(),
-            routes: vec![route],
+            routes: vec![route].into(),
             seq: 0,
             tls: tls
                 .into_iter()
@@ -437,10 +437,12 @@ mod tests {
             entry(1, vec![(vec!["*.example.com"], Some(wild.clone()))], None),
         );
         let mut plain = entry(2, vec![], None);
-        plain.routes[0].host = Some(HttpHost::new("c.example.com").unwrap());
+        std::sync::Arc::make_mut(&mut plain.routes)[0].host =
+            Some(HttpHost::new("c.example.com").unwrap());
         ing.insert(IngressKey::new("b", "plain").unwrap(), plain);
         let mut b = entry(3, vec![(vec!["b.example.com"], Some(own.clone()))], None);
-        b.routes[0].host = Some(HttpHost::new("b.example.com").unwrap());
+        std::sync::Arc::make_mut(&mut b.routes)[0].host =
+            Some(HttpHost::new("b.example.com").unwrap());
         ing.insert(IngressKey::new("b", "own").unwrap(), b);
         let f = files(&ing, None);
         let list = f.crt_list.unwrap().content;
@@ -463,7 +465,8 @@ mod tests {
         let wild = cert("w", &["*.example.com", "*.example.org"]);
         let mut ing = Ingresses::new();
         let mut w = entry(1, vec![(vec!["*.example.com", "*.example.org"], Some(wild))], None);
-        w.routes[0].host = Some(HttpHost::new("a.example.org").unwrap());
+        std::sync::Arc::make_mut(&mut w.routes)[0].host =
+            Some(HttpHost::new("a.example.org").unwrap());
         ing.insert(IngressKey::new("a", "wild").unwrap(), w);
         let routed = [
             "z.example.com",
@@ -476,7 +479,8 @@ mod tests {
         ];
         for (i, host) in routed.iter().enumerate() {
             let mut plain = entry(2 + i as i64, vec![], None);
-            plain.routes[0].host = Some(HttpHost::new(*host).unwrap());
+            std::sync::Arc::make_mut(&mut plain.routes)[0].host =
+                Some(HttpHost::new(*host).unwrap());
             ing.insert(IngressKey::new("b", &format!("p{i}")).unwrap(), plain);
         }
         let list = files(&ing, None).crt_list.unwrap().content;

@@ -233,7 +233,7 @@ mod tests {
         let entry = IngressEntry {
             created_unix: 1,
             resource_version: "9".into(),
-            routes: vec![],
+            routes: Default::default(),
             seq: 4,
             tls: Vec::new(),
             quarantined: None,

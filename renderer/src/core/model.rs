@@ -502,11 +502,17 @@ fn node_servers(servers: &[Candidate], track: bool) -> Vec<ServerModel> {
 /// written; for as long as the nodes and options are the same). Each depends on nothing else,
 /// so a hit is exactly what building it again would give, and one change to a fleet of 10,000
 /// Ingresses builds one Ingress's rules and one backend, not 10,000.
+///
+/// Entries are looked up in place and stamped with the build that used them; a build drops
+/// the ones it did not use. An Ingress whose routes are the same `Arc` as last time is known
+/// without comparing them.
 #[derive(Debug, Default)]
 pub struct Memo {
     nodes: Nodes,
     options: Option<Options>,
-    backends: HashMap<Backend, Arc<BackendModel>, foldhash::fast::RandomState>,
+    /// Which build this is: what an entry's stamp is compared with.
+    build: u64,
+    backends: HashMap<Backend, (u64, Arc<BackendModel>), foldhash::fast::RandomState>,
     rules: HashMap<IngressKey, RulesOf, foldhash::fast::RandomState>,
 }
 
@@ -548,28 +554,34 @@ fn backend_models(
     // (a fresh renderer, or new nodes).
     let backends: Vec<(&str, &Backend)> =
         backends.iter().map(|(name, (_, backend))| (name.as_ref(), *backend)).collect();
+    let build = memo.build;
     let Ok(all) = crate::core::par::reuse_or_build(
         &backends,
-        |(_, backend)| memo.backends.remove_entry(*backend),
+        |(_, backend)| {
+            let (used, model) = memo.backends.get_mut(*backend)?;
+            *used = build;
+            Some((None, Arc::clone(model)))
+        },
         |part| {
             let built = part.iter().map(|(name, backend)| {
                 let servers = subset(backend, pool, options.servers_per_backend);
                 let track = tracks_nodes(backend, options);
                 let model = backend_model((*name).to_owned(), backend, &servers, track);
-                ((*backend).clone(), Arc::new(model))
+                (Some(*backend), Arc::new(model))
             });
             Ok::<_, std::convert::Infallible>(built.collect())
         },
     );
-    let mut kept = HashMap::with_capacity_and_hasher(all.len(), Default::default());
     let models = all
         .into_iter()
-        .map(|(key, model)| {
-            kept.insert(key, Arc::clone(&model));
+        .map(|(built, model)| {
+            if let Some(backend) = built {
+                memo.backends.insert(backend.clone(), (build, Arc::clone(&model)));
+            }
             model
         })
         .collect();
-    memo.backends = kept;
+    memo.backends.retain(|_, (used, _)| *used == build);
     let nodes = match &options.node_health {
         Some(health) => {
             let mut all: BTreeMap<&str, IpAddr> =
@@ -592,8 +604,10 @@ fn backend_models(
 /// The rules of one Ingress's routes, one per route, as they were last built.
 #[derive(Debug)]
 struct RulesOf {
-    routes: Vec<hafleet_proto::Route>,
+    routes: Arc<Vec<hafleet_proto::Route>>,
     rules: Arc<[Arc<RuleModel>]>,
+    /// The build that last used it ([`Memo::build`]).
+    used: u64,
 }
 
 /// The rule of each route of `key`: a route's claim is its host, its path (a prefix without
@@ -671,28 +685,42 @@ pub fn build_memo(
 
     // Each Ingress's rules as built last time, unless its routes changed; the others built,
     // on every core if there are many (a fresh renderer).
-    let mut old = std::mem::take(&mut memo.rules);
+    memo.build += 1;
+    let build = memo.build;
     let Ok(all) = crate::core::par::reuse_or_build(
         &owners,
-        |(key, entry)| old.remove_entry(*key).filter(|(_, kept)| kept.routes == entry.routes),
+        |(key, entry)| {
+            let kept = memo.rules.get_mut(*key)?;
+            if !Arc::ptr_eq(&kept.routes, &entry.routes) {
+                if kept.routes != entry.routes {
+                    return None;
+                }
+                kept.routes = Arc::clone(&entry.routes);
+            }
+            kept.used = build;
+            Some((None, Arc::clone(&kept.rules)))
+        },
         |part| {
-            let built = part.iter().map(|(key, entry)| {
-                let rules = rules_of(key, &entry.routes);
-                ((*key).clone(), RulesOf { routes: entry.routes.clone(), rules })
-            });
+            let built = part.iter().map(|(key, entry)| (Some(*key), rules_of(key, &entry.routes)));
             Ok::<_, std::convert::Infallible>(built.collect())
         },
     );
-    drop(old);
-    memo.rules.reserve(all.len());
     let built: Vec<Arc<[Arc<RuleModel>]>> = all
         .into_iter()
-        .map(|(key, kept)| {
-            let rules = Arc::clone(&kept.rules);
-            memo.rules.insert(key, kept);
+        .zip(&owners)
+        .map(|((fresh, rules), (_, entry))| {
+            if let Some(key) = fresh {
+                let kept = RulesOf {
+                    routes: Arc::clone(&entry.routes),
+                    rules: Arc::clone(&rules),
+                    used: build,
+                };
+                memo.rules.insert(key.clone(), kept);
+            }
             rules
         })
         .collect();
+    memo.rules.retain(|_, kept| kept.used == build);
 
     // A claim is a rule's map (kind) and key; the first (oldest) Ingress to make it wins.
     // Routes that ask more of a request (HTTPRoute matches) claim nothing: they are

@@ -201,7 +201,7 @@ mod tests {
         IngressEntry {
             created_unix: 1,
             resource_version: rv.into(),
-            routes: vec![route],
+            routes: vec![route].into(),
             seq: 1,
             tls: vec![],
             quarantined: None,

@@ -557,7 +557,7 @@ mod tests {
                 let entry = IngressEntry {
                     created_unix: i as i64,
                     resource_version: "1".into(),
-                    routes: vec![route],
+                    routes: vec![route].into(),
                     seq: 1,
                     tls: Vec::new(),
                     quarantined: None,
@@ -633,7 +633,8 @@ mod tests {
             check(&ingresses, &nodes_now);
             // A backend changes its NodePort, one goes, one comes, a node leaves.
             let key = IngressKey::new("team", "ing-3").unwrap();
-            ingresses.get_mut(&key).unwrap().routes[0].backend.node_port = Some(32000);
+            Arc::make_mut(&mut ingresses.get_mut(&key).unwrap().routes)[0].backend.node_port =
+                Some(32000);
             check(&ingresses, &nodes_now);
             ingresses.remove(&IngressKey::new("team", "ing-7").unwrap());
             ingresses.extend(fleet(60).into_iter().skip(50));
@@ -641,7 +642,8 @@ mod tests {
             // A younger Ingress claims ing-4's host and path: it loses, until ing-4 goes.
             let mut rival = ingresses[&IngressKey::new("team", "ing-4").unwrap()].clone();
             rival.created_unix = 1_000;
-            rival.routes[0].backend.service.name = ObjectName::new("rival").unwrap();
+            Arc::make_mut(&mut rival.routes)[0].backend.service.name =
+                ObjectName::new("rival").unwrap();
             ingresses.insert(IngressKey::new("team", "rival").unwrap(), rival);
             check(&ingresses, &nodes_now);
             ingresses.remove(&IngressKey::new("team", "ing-4").unwrap());
@@ -678,7 +680,8 @@ mod tests {
         let source =
             format!("{{% macro backend(b) %}}{body}{{% endmacro %}}{{{{ backend_sections }}}}");
         let mut ingresses = fleet(3);
-        ingresses.values_mut().next().unwrap().routes[0].backend.node_port = None;
+        Arc::make_mut(&mut ingresses.values_mut().next().unwrap().routes)[0].backend.node_port =
+            None;
         let model = crate::core::model::build_with(
             &FleetName::new("edge").unwrap(),
             &ingresses,

@@ -10,13 +10,16 @@ use hafleet_proto::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// What the renderer keeps of one Ingress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngressEntry {
     pub created_unix: i64,
     pub resource_version: String,
-    pub routes: Vec<Route>,
+    /// Shared, so that the model's memo knows an unchanged Ingress by pointer
+    /// ([`crate::core::model::Memo`]); an event with the same routes keeps the Arc.
+    pub routes: Arc<Vec<Route>>,
     /// Stream sequence of the event that set these routes: when Ingresses share a Service,
     /// the newest event's server list is the current one.
     #[serde(default)]
@@ -373,7 +376,10 @@ pub fn apply(
                     let mut entry = IngressEntry {
                         created_unix: event.created_unix,
                         resource_version: event.resource_version.clone(),
-                        routes: routes.clone(),
+                        routes: match fleet.get(&event.ingress) {
+                            Some(old) if *old.routes == *routes => Arc::clone(&old.routes),
+                            _ => Arc::new(routes.clone()),
+                        },
                         seq,
                         tls,
                         quarantined: None,

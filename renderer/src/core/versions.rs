@@ -103,7 +103,7 @@ mod tests {
             IngressEntry {
                 created_unix: 1,
                 resource_version: "1".into(),
-                routes: vec![],
+                routes: Default::default(),
                 seq: 1,
                 tls: Vec::new(),
                 quarantined: None,

@@ -73,7 +73,7 @@ fn a_commit_survives_reopening_the_store() {
         let entry = IngressEntry {
             created_unix: 1,
             resource_version: "5".into(),
-            routes: vec![],
+            routes: Default::default(),
             seq: 1,
             tls: Vec::new(),
             quarantined: None,

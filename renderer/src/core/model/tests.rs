@@ -39,7 +39,7 @@ fn fleet_of(entries: Vec<(&str, i64, Vec<Route>)>) -> BTreeMap<IngressKey, Ingre
                 IngressEntry {
                     created_unix: created,
                     resource_version: "1".into(),
-                    routes,
+                    routes: routes.into(),
                     seq: 0,
                     tls: Vec::new(),
                     quarantined: None,
@@ -75,7 +75,7 @@ fn shared_services_take_the_server_list_of_the_newest_event() {
     let new = IngressKey::new("default", "new").unwrap();
     state.get_mut(&old).unwrap().seq = 5;
     state.get_mut(&new).unwrap().seq = 9;
-    state.get_mut(&new).unwrap().routes[0].backend.node_port = Some(31111);
+    Arc::make_mut(&mut state.get_mut(&new).unwrap().routes)[0].backend.node_port = Some(31111);
     let m = build(&f, &state, &one_node());
     assert_eq!(m.backends.len(), 1);
     assert_eq!(m.backends[0].servers[0].addr, "127.0.0.2:31111");
@@ -209,7 +209,7 @@ fn a_clusters_services_go_to_its_own_nodes_under_names_of_their_own() {
     let mut theirs = route(Some("b.com"), "/", PathKind::Prefix, "a");
     theirs.backend.service.cluster = Some(east.clone());
     let (key, mut entry) = state.iter().next().map(|(k, e)| (k.clone(), e.clone())).unwrap();
-    entry.routes = vec![theirs];
+    entry.routes = vec![theirs].into();
     state.insert(key.in_cluster(Some(&east)), entry);
     let east_nodes: Vec<NodeAddr> = nodes(0..3)
         .into_iter()
@@ -297,4 +297,38 @@ fn a_node_leaving_or_joining_moves_only_the_backends_that_hash_to_it() {
     assert!((20..=90).contains(&moved_join), "{moved_join} backends moved on a join");
     let (min, max) = (uses[..200].iter().min().unwrap(), uses[..200].iter().max().unwrap());
     assert!(*min >= 20 && *max <= 100, "uses per node between {min} and {max}");
+}
+
+#[test]
+fn the_memo_reuses_what_did_not_change_and_forgets_what_went() {
+    let f = FleetName::new("edge").unwrap();
+    let nodes = Nodes::from([(None, one_node())]);
+    let options = Options::default();
+    let mut state = fleet_of(vec![
+        ("a", 1, vec![route(Some("a.com"), "/", PathKind::Prefix, "a")]),
+        ("b", 2, vec![route(Some("b.com"), "/", PathKind::Prefix, "b")]),
+    ]);
+    let mut memo = Memo::default();
+    let first = build_memo(&f, &state, &nodes, &options, &mut memo);
+    let key = |name| IngressKey::new("default", name).unwrap();
+
+    // The same routes in a new Arc: the rules and backends built before, not new ones.
+    state.get_mut(&key("a")).unwrap().routes =
+        Arc::new(vec![route(Some("a.com"), "/", PathKind::Prefix, "a")]);
+    let again = build_memo(&f, &state, &nodes, &options, &mut memo);
+    assert_eq!(again, first);
+    assert!(Arc::ptr_eq(&again.rules[0], &first.rules[0]));
+    assert!(Arc::ptr_eq(&again.backends[0], &first.backends[0]));
+    assert!(Arc::ptr_eq(&memo.rules[&key("a")].routes, &state[&key("a")].routes));
+
+    // A changed route is built anew; a gone Ingress and its backend leave the memo.
+    Arc::make_mut(&mut state.get_mut(&key("a")).unwrap().routes)[0].path =
+        HttpPath::new("/v2").unwrap();
+    state.remove(&key("b"));
+    let changed = build_memo(&f, &state, &nodes, &options, &mut memo);
+    assert_eq!(changed, build(&f, &state, &one_node()));
+    assert_eq!(changed.rules[0].path, "/v2");
+    assert!(Arc::ptr_eq(&changed.backends[0], &first.backends[0]));
+    assert_eq!(memo.rules.len(), 1);
+    assert_eq!(memo.backends.len(), 1);
 }

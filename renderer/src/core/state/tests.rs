@@ -470,7 +470,7 @@ fn certificates_keep_their_sealed_bytes_and_a_bad_secret_keeps_only_what_it_serv
     let mut old = IngressEntry {
         created_unix: 1,
         resource_version: "1".into(),
-        routes: vec![],
+        routes: Default::default(),
         seq: 1,
         tls: vec![tls_entry(&["a.example.com"], Some(held.clone()))],
         quarantined: None,
