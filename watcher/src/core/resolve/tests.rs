@@ -382,3 +382,33 @@ fn the_memo_resolves_again_when_a_pods_mode_service_s_slices_change() {
     let two = pod_slices(json!([{"addresses": ["10.2.0.1"]}, {"addresses": ["10.2.0.2"]}]));
     assert_eq!(pass(&two), (1, vec!["10.2.0.1:8080".to_owned(), "10.2.0.2:8080".to_owned()]));
 }
+
+#[test]
+fn a_service_asks_for_the_proxy_protocol_and_a_bad_value_refuses_the_ingress() {
+    let with = |value: &str| -> Services {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop",
+                         "annotations": {SEND_PROXY_ANNOTATION: value}},
+            "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}
+        }))
+        .unwrap();
+        [(("shop".to_owned(), "web".to_owned()), std::sync::Arc::new(svc))].into_iter().collect()
+    };
+    let ing = web_ingress("a.com", "/");
+    for (value, want) in
+        [("v1", hafleet_proto::ProxyProtocol::V1), (" v2 ", hafleet_proto::ProxyProtocol::V2)]
+    {
+        let r = resolve(&ing, Config::default(), &with(value), None).unwrap();
+        assert_eq!(r.routes[0].backend.options.send_proxy, Some(want), "{value}");
+        assert_eq!(r.routes[0].backend.node_port, Some(30080));
+    }
+    let plain = resolve(&ing, Config::default(), &services("NodePort"), None).unwrap();
+    assert_eq!(plain.routes[0].backend.options.send_proxy, None);
+    for bad in ["v3", "V1", "true", "", "v1 send-proxy-v2"] {
+        let Err(Refused::Invalid(why)) = resolve(&ing, Config::default(), &with(bad), None) else {
+            panic!("send-proxy {bad:?} must refuse the Ingress")
+        };
+        assert!(why[0].contains("service shop/web"), "{bad}: {why:?}");
+        assert!(why[0].contains("must be v1 or v2"), "{bad}: {why:?}");
+    }
+}
