@@ -498,8 +498,11 @@ async fn sync(
         send_default_cert(bus, state, fleet, (ns, name), now_unix).await?;
     }
     if let Some(store) = &caches.settings {
-        let fleets = state.published.values().flatten().map(|(fleet, _)| fleet.clone());
-        send_settings(bus, warnings, state, &store.state(), fleets.collect()).await?;
+        // Each fleet once: a clone per published object would be 50,000 at 50,000 Ingresses.
+        let fleets: std::collections::BTreeSet<&FleetName> =
+            state.published.values().flatten().map(|(fleet, _)| fleet).collect();
+        let fleets = fleets.into_iter().cloned().collect();
+        send_settings(bus, warnings, state, &store.state(), fleets).await?;
     }
     // Last: a snapshot closes what came before it (a renderer that lost events waits for one
     // after everything is restated).
