@@ -48,7 +48,8 @@ fn render(a: &ReloadArgs, more: usize, nodes: &[NodeAddr], extra: bool) -> Resul
         // One more route, on the first Ingress's Service: map entries only.
         let more = crate::fleet(1, |_| ("svc-0".to_owned(), 30000))?;
         let (_, mut entry) = more.into_iter().next().context("one")?;
-        entry.routes[0].host = Some(hafleet_proto::HttpHost::new("extra.example.com")?);
+        std::sync::Arc::make_mut(&mut entry.routes)[0].host =
+            Some(hafleet_proto::HttpHost::new("extra.example.com")?);
         ingresses.insert(hafleet_proto::IngressKey::new("bench", "extra")?, entry);
     }
     let options =

@@ -55,7 +55,7 @@ fn ingresses(
         fleet = fleet
             .into_iter()
             .map(|(key, mut entry)| {
-                for route in entry.routes.iter_mut() {
+                for route in std::sync::Arc::make_mut(&mut entry.routes).iter_mut() {
                     route.more = Some(Box::new(more.clone()));
                 }
                 (IngressKey { kind: SourceKind::HttpRoute, ..key }, entry)
@@ -67,7 +67,9 @@ fn ingresses(
         let header =
             |n: &str, v: &str| Ok::<_, anyhow::Error>((HeaderName::new(n)?, HeaderValue::new(v)?));
         let (request, response) = (header("X-Bench", "1")?, header("X-Served-By", "hafleet")?);
-        for route in fleet.values_mut().flat_map(|e| e.routes.iter_mut()) {
+        for route in
+            fleet.values_mut().flat_map(|e| std::sync::Arc::make_mut(&mut e.routes).iter_mut())
+        {
             let o = &mut route.backend.options;
             o.request_headers.set = vec![request.clone()];
             o.response_headers.set = vec![response.clone()];

@@ -508,7 +508,7 @@ fn fleet(
             let entry = IngressEntry {
                 created_unix: i as i64,
                 resource_version: "1".into(),
-                routes: vec![route],
+                routes: vec![route].into(),
                 seq: 1,
                 tls: Vec::new(),
                 quarantined: None,
