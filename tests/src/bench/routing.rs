@@ -37,6 +37,10 @@ pub struct RoutingArgs {
     /// lines (renderer/src/core/groups.rs).
     #[arg(long)]
     header_matches: bool,
+    /// Log every request (the fleet setting `access-log`) as syslog over UDP to a socket the
+    /// bench reads: what the route maps looked up for the log line and the line itself cost.
+    #[arg(long)]
+    access_log: bool,
 }
 
 fn ingresses(
@@ -149,6 +153,39 @@ async fn load(addr: SocketAddr, host: &str, expect: u16, a: &RoutingArgs) -> Res
     crate::per_second(tasks).await
 }
 
+/// What came to the access-log socket: how many lines, and the routes they named.
+#[derive(Debug, Clone, Default)]
+struct Logged {
+    count: u64,
+    routes: std::collections::BTreeSet<String>,
+}
+
+/// A UDP socket on `ip` that counts the syslog lines sent to it and keeps the route each
+/// names (the word after `route=` or, failing that, nothing), until the bench ends.
+async fn log_sink(
+    ip: std::net::Ipv4Addr,
+) -> Result<(SocketAddr, std::sync::Arc<std::sync::Mutex<Logged>>)> {
+    let socket = tokio::net::UdpSocket::bind(SocketAddr::new(ip.into(), 0)).await?;
+    let target = socket.local_addr()?;
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(Logged::default()));
+    let into = std::sync::Arc::clone(&logged);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = socket.recv(&mut buf).await {
+            let line = String::from_utf8_lossy(&buf[..n]);
+            let Ok(mut l) = into.lock() else { return };
+            l.count += 1;
+            if l.routes.len() < 64 {
+                if let Some(route) = line.split_whitespace().find_map(|w| w.strip_prefix("route="))
+                {
+                    l.routes.insert(route.to_owned());
+                }
+            }
+        }
+    });
+    Ok((target, logged))
+}
+
 pub async fn run(a: RoutingArgs) -> Result<()> {
     let haproxy = crate::haproxy_bin();
     let ip = random_loopback_ip();
@@ -170,7 +207,19 @@ pub async fn run(a: RoutingArgs) -> Result<()> {
         let options = model::Options { node_health: None, ..Default::default() };
         let fleet = FleetName::new("bench")?;
         let ingresses = ingresses(n, backend.addr(), (a.filters, a.header_matches))?;
-        let model = model::build_with(&fleet, &ingresses, &nodes, &options);
+        let mut model = model::build_with(&fleet, &ingresses, &nodes, &options);
+        let logged = match a.access_log {
+            true => {
+                let (target, logged) = log_sink(ip).await?;
+                let settings = hafleet_proto::FleetSettings {
+                    access_log: Some(hafleet_proto::LogTarget::Udp(target)),
+                    ..Default::default()
+                };
+                model.settings = hafleet_renderer::core::settings::SettingsModel::of(&settings);
+                Some(logged)
+            }
+            false => None,
+        };
         let bundle = Renderer::load(a.template.as_deref())?.render(&model)?;
         let config = crate::write_bundle(dir.path(), &bundle)?;
         let check_ms = crate::check_config(&config)?;
@@ -188,6 +237,14 @@ pub async fn run(a: RoutingArgs) -> Result<()> {
         let first = load(http, "app-0.example.com", 200, &a).await?;
         let last = load(http, &format!("app-{}.example.com", n - 1), 200, &a).await?;
         let unknown = load(http, "nobody.example.com", 404, &a).await?;
+        if let Some(logged) = logged {
+            // Every case's requests were logged, each line naming its route.
+            let lines = logged.lock().map(|l| l.clone()).unwrap_or_default();
+            let last_route = format!("bench/app-{}", n - 1);
+            if lines.count < 1000 || !lines.routes.contains(&last_route) {
+                bail!("{} access-log lines came, none naming {last_route}", lines.count);
+            }
+        }
         println!(
             "| {n} | {:.0} KB | {check_ms:.0} ms | {first:.0} | {last:.0} | {unknown:.0} | {:.0}% | {:.0}% |",
             bundle.size() as f64 / 1e3,
@@ -208,6 +265,7 @@ impl RoutingArgs {
             template: self.template.clone(),
             filters: self.filters,
             header_matches: self.header_matches,
+            access_log: self.access_log,
         }
     }
 }
