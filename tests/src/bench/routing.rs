@@ -175,11 +175,9 @@ async fn log_sink(
             let line = String::from_utf8_lossy(&buf[..n]);
             let Ok(mut l) = into.lock() else { return };
             l.count += 1;
-            if l.routes.len() < 64 {
-                if let Some(route) = line.split_whitespace().find_map(|w| w.strip_prefix("route="))
-                {
-                    l.routes.insert(route.to_owned());
-                }
+            let route = line.split_whitespace().find_map(|w| w.strip_prefix("route="));
+            if let Some(route) = route.filter(|_| l.routes.len() < 64) {
+                l.routes.insert(route.to_owned());
             }
         }
     });
