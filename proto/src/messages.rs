@@ -238,6 +238,11 @@ pub struct BackendOptions {
     /// How long an upgraded connection (a WebSocket) may idle on both sides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_tunnel_ms: Option<u32>,
+    /// How long the client may stay silent on a request this route took (sending its body,
+    /// or reading the answer): set per request in the frontend once the route is known, by
+    /// HAProxy 3.0 and later; older HAProxy keeps the fleet's `timeout-client`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_client_ms: Option<u32>,
     /// Header changes on the request, before it reaches the backend. (Boxed, as the two
     /// below: most routes have none, and every route of 10,000s is held in memory.)
     #[serde(default, skip_serializing_if = "no_header_rules")]

@@ -236,6 +236,14 @@ fn a_service_routed_with_and_without_settings() {
     ] {
         assert!(tuned.contains(line), "{line:?} missing\n{text}");
     }
+    // The route's client timeout: set in the frontend by the backend chosen (HAProxy 3.0 and
+    // later), from a map that names only the tuned backend.
+    let name = format!("be_shop_web_80_{}", tuned.lines().next().unwrap_or_default());
+    let map = bundle.maps.iter().find(|m| m.name.as_str().starts_with("clienttimeouts"));
+    assert_eq!(map.map(|m| m.content.as_str()), Some(format!("{name} 90000\n").as_str()));
+    let frontend = text.split("\nfrontend hafleet_http\n").nth(1).unwrap_or_default();
+    assert!(frontend.contains(".if version_atleast(3.0)\n    http-request set-timeout client var(txn.backend),map_str_int(hafleet-maps/clienttimeouts"), "{text}");
+    assert!(!text.contains("timeout client 1m30s"), "not in a section: {text}");
     insta::assert_snapshot!(text);
     assert_haproxy_accepts(&bundle);
 }

@@ -52,6 +52,9 @@ pub struct MapPaths {
     /// The label counts of those suffixes, the longest first: for each, the frontend looks
     /// the request's host's last labels up in `deep`.
     pub deep_depths: Vec<usize>,
+    /// Backends whose routes set their own client timeout, with it in milliseconds
+    /// (`map_str_int`); `None`: none ([`Maps::add_client_timeouts`]).
+    pub client_timeouts: Option<String>,
 }
 
 impl Maps {
@@ -113,6 +116,7 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
         prefix_route: None,
         deep: None,
         deep_depths: Vec::new(),
+        client_timeouts: None,
     };
     let mut files = vec![exact, prefix, hosts];
     files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -160,6 +164,30 @@ impl Maps {
         self.paths.deep = Some(deep.name.relative_path());
         self.paths.deep_depths = depths;
         self.files.push(deep);
+        self.files.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+
+    /// With the map of the client timeouts that backends' routes set (`hafleet.io/timeout-client`),
+    /// by backend name, in milliseconds: the frontend looks the chosen backend up in it, so a
+    /// request costs one lookup however many routes set one. None set: no map.
+    pub fn add_client_timeouts<B: std::borrow::Borrow<crate::core::model::BackendModel>>(
+        &mut self,
+        backends: &[B],
+    ) {
+        let values: Vec<(&str, String)> = backends
+            .iter()
+            .filter_map(|b| {
+                let b = b.borrow();
+                Some((b.name.as_str(), b.timeout_client_ms?.to_string()))
+            })
+            .collect();
+        if values.is_empty() {
+            return;
+        }
+        let map =
+            file("clienttimeouts", text(values.iter().map(|(k, v)| (*k, v.as_str())).collect()));
+        self.paths.client_timeouts = Some(map.name.relative_path());
+        self.files.push(map);
         self.files.sort_by(|a, b| a.name.cmp(&b.name));
     }
 

@@ -95,6 +95,10 @@ pub struct BackendModel {
     pub balance: Option<&'static str>,
     pub timeout_connect: Option<String>,
     pub timeout_server: Option<String>,
+    /// The client timeout of requests routed here, in milliseconds: not in the backend's
+    /// section (HAProxy sets it in the frontend), but in the client-timeouts map
+    /// ([`crate::core::maps::Maps::add_client_timeouts`]).
+    pub timeout_client_ms: Option<u32>,
     /// `option httpchk GET <path>`.
     pub check_path: Option<String>,
     pub check_interval: Option<String>,
@@ -445,6 +449,7 @@ fn backend_model(
         balance: o.balance.map(|b| b.as_str()),
         timeout_connect: o.timeout_connect_ms.map(duration),
         timeout_server: o.timeout_server_ms.map(duration),
+        timeout_client_ms: o.timeout_client_ms,
         check_path: o.health_check_path.as_ref().map(|p| p.to_string()),
         check_interval: o.health_check_interval_ms.map(duration),
         cookie: o.sticky_cookie.as_ref().map(|c| c.to_string()),
@@ -825,6 +830,7 @@ fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
                 balance: None,
                 timeout_connect: None,
                 timeout_server: None,
+                timeout_client_ms: None,
                 check_path: None,
                 check_interval: None,
                 cookie: None,

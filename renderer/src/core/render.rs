@@ -181,6 +181,7 @@ impl Renderer {
                 balance: Some("leastconn"),
                 timeout_connect: Some("5s".into()),
                 timeout_server: Some("1m".into()),
+                timeout_client_ms: Some(90_000),
                 check_path: Some("/healthz".into()),
                 check_interval: Some("2s".into()),
                 cookie: Some("SRV".into()),
@@ -274,6 +275,7 @@ impl Renderer {
         }
         maps.add_tls(&model.tls);
         maps.add_deep_wildcards(&model.deep_wildcards);
+        maps.add_client_timeouts(&model.backends);
         if let Some(d) = &model.dispatch {
             maps.add_files(&d.files);
         }
@@ -390,6 +392,7 @@ impl Object for BackendModel {
             "balance" => Some(Value::from(self.balance)),
             "timeout_connect" => Some(Value::from(self.timeout_connect.as_deref())),
             "timeout_server" => Some(Value::from(self.timeout_server.as_deref())),
+            "timeout_client_ms" => Some(Value::from(self.timeout_client_ms)),
             "check_path" => Some(Value::from(self.check_path.as_deref())),
             "check_interval" => Some(Value::from(self.check_interval.as_deref())),
             "cookie" => Some(Value::from(self.cookie.as_deref())),
@@ -414,6 +417,7 @@ impl Object for BackendModel {
             "balance",
             "timeout_connect",
             "timeout_server",
+            "timeout_client_ms",
             "check_path",
             "check_interval",
             "cookie",

@@ -24,7 +24,8 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("hafleet.io/timeout-server", "a duration from 1ms to 1h"),
     (
         "hafleet.io/timeout-client",
-        "not supported: HAProxy 2.6 sets it per connection, before routing",
+        "a duration from 1s to 24h: the client's idle time on a request of this route \
+         (HAProxy 3.0 and later; older HAProxy keeps the fleet's timeout-client)",
     ),
     ("hafleet.io/health-check-path", "an HTTP path servers are checked at (GET), e.g. /healthz"),
     ("hafleet.io/health-check-interval", "a duration from 100ms to 1h"),
@@ -77,10 +78,7 @@ pub fn read(annotations: Option<&BTreeMap<String, String>>) -> Result<Settings, 
             "balance" => balance(v).map(|b| o.balance = Some(b)),
             "timeout-connect" => millis(v, 1, HOUR).map(|d| o.timeout_connect_ms = Some(d)),
             "timeout-server" => millis(v, 1, HOUR).map(|d| o.timeout_server_ms = Some(d)),
-            "timeout-client" => Err("is not supported: the client timeout applies to the whole \
-                 connection, before any route is chosen, and HAProxy 2.6 cannot change it per \
-                 route; set timeout-client in the fleet's settings ConfigMap"
-                .into()),
+            "timeout-client" => millis(v, 1_000, 24 * HOUR).map(|d| o.timeout_client_ms = Some(d)),
             "health-check-path" => {
                 HttpPath::new(v).map(|p| o.health_check_path = Some(p)).map_err(|e| e.to_string())
             }
@@ -353,7 +351,9 @@ mod tests {
             ("timeout-connect", "2h", "from 1ms to 1h"),
             ("timeout-server", "0s", "from 1ms"),
             ("timeout-server", "-5s", "with a unit"),
-            ("timeout-client", "30s", "not supported"),
+            ("timeout-client", "500ms", "from 1s to 24h"),
+            ("timeout-client", "25h", "from 1s to 24h"),
+            ("timeout-client", "90", "with a unit"),
             ("health-check-interval", "10ms", "from 100ms"),
             ("health-check-path", "/a b", "path"),
             ("sticky-cookie", "a;b", "cookie name"),
@@ -383,6 +383,7 @@ mod tests {
             ("hafleet.io/deny-source", "10.1.0.0/16"),
             ("hafleet.io/rate-limit", "50"),
             ("hafleet.io/timeout-tunnel", "2h"),
+            ("hafleet.io/timeout-client", "90s"),
             ("hafleet.io/rewrite-path-prefix", "/v2"),
         ]
         .into_iter()
@@ -398,6 +399,7 @@ mod tests {
         assert_eq!(o.request_headers.remove.len(), 2);
         assert_eq!(pairs(&o.response_headers.set), ["Cache-Control=max-age=60, public"]);
         assert_eq!((o.rate_limit_rps, o.timeout_tunnel_ms), (Some(50), Some(7_200_000)));
+        assert_eq!(o.timeout_client_ms, Some(90_000));
         assert_eq!(o.deny_source.len(), 1);
         assert_eq!(s.rewrite_to.as_ref().map(|p| p.as_str()), Some("/v2"));
 
