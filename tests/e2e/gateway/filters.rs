@@ -537,3 +537,36 @@ async fn http_route_timeout_request_and_backend_request() -> Result<()> {
     }
     Ok(())
 }
+
+/// HTTPRouteRequestHeaderModifierBackendWeights (Extended): each of two weighted backendRefs
+/// sets header `Backend` to its own name; in 100 requests, every one reaches the backend that
+/// its header names, and both shares are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_request_header_modifier_backend_weights() -> Result<()> {
+    let bed = Bed::start().await?;
+    let weighted = |name: &str| {
+        json!({"name": name, "port": 8080, "weight": 10, "filters": [
+            {"type": "RequestHeaderModifier",
+             "requestHeaderModifier": {"set": [{"name": "Backend", "value": name}]}}]})
+    };
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [{"backendRefs": [
+        weighted("infra-backend-v1"), weighted("infra-backend-v2")]}]});
+    let name = "request-header-modifier-backend-weights";
+    create(&bed.client, http_route(INFRA_NS, name, spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, name), "same-namespace").await?;
+    let stack = &bed.world.stack;
+    expect_everywhere(stack, ANY, "/", 200, "infra-backend-v").await?;
+    let mut reached = std::collections::BTreeSet::new();
+    for i in 0..100 {
+        let host = &stack.hosts[i % stack.hosts.len()];
+        let r = hafleet_tests::http_request(host.http_addr(), "GET", ANY, "/", &[]).await?;
+        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        let pod = r.body.split_whitespace().next().unwrap_or_default().to_owned();
+        let said = echoed(&r.body);
+        let header = said.get("backend").map(String::as_str);
+        anyhow::ensure!(header == Some(pod.as_str()), "backend {pod} got Backend: {header:?}");
+        reached.insert(pod);
+    }
+    anyhow::ensure!(reached.len() == 2, "one share was never taken: {reached:?}");
+    Ok(())
+}

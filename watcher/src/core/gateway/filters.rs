@@ -7,6 +7,7 @@ use hafleet_proto::{
     BackendOptions, HeaderName, HeaderRules, HeaderValue, HttpHost, HttpPath, PathKind,
     PathRewrite, REDIRECT_CODES, Redirect, Scheme,
 };
+use serde::Deserialize;
 
 /// A path change of a redirect or rewrite, before it is tied to a route's own path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +211,56 @@ fn path_change(m: &PathModifier) -> Result<PathChange, String> {
         "ReplacePrefixMatch" => Ok(PathChange::Prefix(path(&m.replace_prefix_match)?)),
         other => Err(format!("type {other:?} is not ReplaceFullPath or ReplacePrefixMatch")),
     }
+}
+
+/// What a backendRef's own `filters` do to the requests and responses it serves: its header
+/// modifiers, as (request, response) rules. Other filters on a backendRef are not served yet.
+pub fn backend_ref_headers(
+    filters: &[serde_json::Value],
+) -> Result<(HeaderRules, HeaderRules), String> {
+    let mut rules = (HeaderRules::default(), HeaderRules::default());
+    for (j, value) in filters.iter().enumerate() {
+        let f = super::spec::RouteFilter::deserialize(value)
+            .map_err(|e| format!("filters[{j}] does not read: {e}"))?;
+        let (modifier, into) = match f.type_.as_str() {
+            "RequestHeaderModifier" => (&f.request_header_modifier, &mut rules.0),
+            "ResponseHeaderModifier" => (&f.response_header_modifier, &mut rules.1),
+            other => {
+                return Err(format!(
+                    "filters[{j}]: filter {other} on a backendRef is not served by hafleet yet"
+                ));
+            }
+        };
+        let modifier = modifier
+            .as_ref()
+            .ok_or_else(|| format!("filters[{j}]: the filter of type {} is missing", f.type_))?;
+        *into = layered(into, &header_rules(modifier).map_err(|e| format!("filters[{j}]: {e}"))?);
+    }
+    Ok(rules)
+}
+
+/// Header rules `then` applied after `first` (a backendRef's after its rule's), as one set
+/// in HAProxy's order (remove, set, add): a header `then` sets or removes ends as `then` says,
+/// so `first`'s changes to it go; one `then` adds to keeps `first`'s and gets one more value.
+pub fn layered(first: &HeaderRules, then: &HeaderRules) -> HeaderRules {
+    if then.is_empty() {
+        return first.clone();
+    }
+    let decided = |n: &HeaderName| {
+        then.remove
+            .iter()
+            .chain(then.set.iter().map(|(s, _)| s))
+            .any(|d| d.as_str().eq_ignore_ascii_case(n.as_str()))
+    };
+    let mut out = HeaderRules {
+        remove: first.remove.iter().filter(|n| !decided(n)).cloned().collect(),
+        set: first.set.iter().filter(|(n, _)| !decided(n)).cloned().collect(),
+        add: first.add.iter().filter(|(n, _)| !decided(n)).cloned().collect(),
+    };
+    out.remove.extend(then.remove.iter().cloned());
+    out.set.extend(then.set.iter().cloned());
+    out.add.extend(then.add.iter().cloned());
+    out
 }
 
 fn header_rules(m: &HeaderModifier) -> Result<HeaderRules, String> {

@@ -6,9 +6,10 @@
 //! [`RouteMore`]), hostnames (intersected with each listener's), Services (in another
 //! namespace with a ReferenceGrant there) sharing a rule's requests by weight, and the
 //! request and response header modifiers, redirects, URL rewrites and timeouts
-//! ([`super::filters`]). A backendRef that cannot be resolved answers its
+//! ([`super::filters`]), and a backendRef's own header modifiers (after its rule's, for the
+//! requests it takes). A backendRef that cannot be resolved answers its
 //! share of the requests with 500, as the specification says. What is not served yet
-//! (regular expressions, mirrors, backendRef filters, …) refuses the
+//! (regular expressions, mirrors, other backendRef filters, …) refuses the
 //! route with `Accepted: False`, reason `UnsupportedValue`, and a message that names it:
 //! never served as something else.
 
@@ -291,11 +292,19 @@ fn rules_routes(
                     .iter()
                     .map(|(weight, backend)| {
                         let mut backend = backend.clone();
-                        let (fail_status, send_proxy) =
-                            (backend.options.fail_status, backend.options.send_proxy);
-                        backend.options = options.clone();
-                        backend.options.fail_status = fail_status;
-                        backend.options.send_proxy = send_proxy;
+                        let own = std::mem::replace(&mut backend.options, options.clone());
+                        backend.options.fail_status = own.fail_status;
+                        backend.options.send_proxy = own.send_proxy;
+                        // A backendRef's own header filters run after the rule's.
+                        let o = &mut backend.options;
+                        for (rule, own) in [
+                            (&mut o.request_headers, &own.request_headers),
+                            (&mut o.response_headers, &own.response_headers),
+                        ] {
+                            if !own.is_empty() {
+                                **rule = super::filters::layered(rule, own);
+                            }
+                        }
                         // Its listeners say which scheme serves it: plain HTTP is never
                         // redirected for a host because it has a certificate.
                         backend.options.ssl_redirect = Some(false);
@@ -595,9 +604,8 @@ fn backend_of(
         b.options.fail_status = Some(FailStatus::InternalError);
         Ok(b)
     };
-    if !r.filters.is_empty() {
-        return Err("filters on a backendRef are not served by hafleet yet".into());
-    }
+    let (request_headers, response_headers) = super::filters::backend_ref_headers(&r.filters)
+        .map_err(|e| format!("backendRef {}: {e}", r.name))?;
     let ns = r.namespace.as_deref().unwrap_or(namespace);
     let port = r.port.unwrap_or(0);
     if !r.is_service() {
@@ -632,7 +640,10 @@ fn backend_of(
         }),
     };
     let mut said = Vec::new();
-    let backend = crate::core::resolve::backend(ns, &ingress_backend, sources, &mut said)?;
+    let mut backend = crate::core::resolve::backend(ns, &ingress_backend, sources, &mut said)?;
+    // Its own filters: its requests and answers only (layered over its rule's, below).
+    backend.options.request_headers = Box::new(request_headers);
+    backend.options.response_headers = Box::new(response_headers);
     Ok(Ok((backend, said)))
 }
 

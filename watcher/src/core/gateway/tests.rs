@@ -646,3 +646,58 @@ fn a_route_attached_to_gateways_of_two_fleets_is_routed_on_each() {
         assert!(p.conditions.iter().all(|c| c.ok), "{:?}", p.conditions);
     }
 }
+
+#[test]
+fn a_backend_ref_s_header_filters_change_only_its_own_share_after_the_rule_s() {
+    let gw = gateway(json!([http_listener("http", None, "All")]));
+    let svc = services(&[("shop", "v1"), ("shop", "v2")]);
+    let set = |name: &str, value: &str| {
+        json!({"type": "RequestHeaderModifier",
+               "requestHeaderModifier": {"set": [{"name": name, "value": value}]}})
+    };
+    let r = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+        "rules": [{
+          "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+              "set": [{"name": "Backend", "value": "rule"}, {"name": "X-Rule", "value": "1"}],
+              "add": [{"name": "X-Trace", "value": "rule"}]}}],
+          "backendRefs": [
+            {"name": "v1", "port": 80, "weight": 1, "filters": [set("Backend", "v1"),
+              {"type": "RequestHeaderModifier",
+               "requestHeaderModifier": {"add": [{"name": "X-Trace", "value": "v1"}]}},
+              {"type": "ResponseHeaderModifier",
+               "responseHeaderModifier": {"remove": ["Server"]}}]},
+            {"name": "v2", "port": 80, "weight": 1, "filters": [set("Backend", "v2")]}]}]}),
+    );
+    let o = resolve_with(&gw, &[], &r, &svc);
+    assert_eq!(conditions(&o)[0], ("Accepted", "Accepted", true));
+    let routes = &o.result.as_ref().unwrap()[0].routes;
+    let first = &routes[0].backend;
+    let (_, second) = &routes[0].more.as_deref().expect("a split").split[0];
+    let sets = |b: &hafleet_proto::Backend| -> Vec<String> {
+        b.options.request_headers.set.iter().map(|(n, v)| format!("{n}={v}")).collect()
+    };
+    // The backendRef's set wins over the rule's for its own header; the rule's others stay.
+    assert_eq!(sets(first), ["X-Rule=1", "Backend=v1"]);
+    assert_eq!(sets(second), ["X-Rule=1", "Backend=v2"]);
+    let adds: Vec<String> =
+        first.options.request_headers.add.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    assert_eq!(adds, ["X-Trace=rule", "X-Trace=v1"], "an add keeps the rule's add");
+    assert_eq!(first.options.response_headers.remove.len(), 1);
+    assert!(second.options.response_headers.is_empty());
+    assert_ne!(first.options, second.options, "each share its own HAProxy backend");
+
+    // Another filter on a backendRef is not served: the route is refused and says which.
+    let mirror = route(
+        "shop",
+        json!({"parentRefs": [{"name": "edge", "namespace": "infra"}],
+        "rules": [{"backendRefs": [{"name": "v1", "port": 80, "filters": [
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "v2", "port": 80}}}]}]}]}),
+    );
+    let o = resolve_with(&gw, &[], &mirror, &svc);
+    assert_eq!(o.parents[0].conditions[0].reason, "UnsupportedValue");
+    let message = &o.parents[0].conditions[0].message;
+    assert!(message.contains("filter RequestMirror on a backendRef is not served"), "{message}");
+    assert!(matches!(o.result, Err(Refused::Invalid(_))));
+}
