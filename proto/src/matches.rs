@@ -81,6 +81,12 @@ pub struct RouteMore {
     /// Other backends sharing the route's requests, each with its weight (more than 0).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<(u32, Backend)>,
+    /// The route takes TLS connections whose SNI is its host, unopened, to its backend (a
+    /// TLSRoute's passthrough): its path is `/` and means nothing, it asks nothing of a
+    /// request (there is none to read), and its backend speaks TCP
+    /// ([`crate::BackendOptions::tcp`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
 }
 
 impl RouteMore {
@@ -89,7 +95,8 @@ impl RouteMore {
         *self == RouteMore::default() || (self.has_no_conditions() && self.split.is_empty())
     }
 
-    /// Whether it asks nothing of a request (it may still share it).
+    /// Whether it asks nothing of a request (it may still share it). A passthrough route asks
+    /// nothing: it is chosen by its host (the SNI) alone.
     pub fn has_no_conditions(&self) -> bool {
         self.headers.is_empty() && self.query.is_empty() && self.method.is_none() && !self.tls
     }

@@ -243,6 +243,10 @@ pub struct BackendOptions {
     /// HAProxy 3.0 and later; older HAProxy keeps the fleet's `timeout-client`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_client_ms: Option<u32>,
+    /// HAProxy carries the connection to the servers as TCP, not HTTP: a passthrough route's
+    /// backend ([`crate::RouteMore::passthrough`]). Nothing HTTP applies to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tcp: bool,
     /// Header changes on the request, before it reaches the backend. (Boxed, as the two
     /// below: most routes have none, and every route of 10,000s is held in memory.)
     #[serde(default, skip_serializing_if = "no_header_rules")]
@@ -382,6 +386,12 @@ impl Route {
     pub fn backends_mut(&mut self) -> impl Iterator<Item = &mut Backend> {
         let split = self.more.iter_mut().flat_map(|m| m.split.iter_mut().map(|(_, b)| b));
         std::iter::once(&mut self.backend).chain(split)
+    }
+
+    /// Whether it takes TLS connections by their SNI, unopened
+    /// ([`crate::RouteMore::passthrough`]).
+    pub fn is_passthrough(&self) -> bool {
+        self.more.as_deref().is_some_and(|m| m.passthrough)
     }
 }
 

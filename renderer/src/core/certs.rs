@@ -170,7 +170,8 @@ fn files_in(
     // Exact hosts the fleet routes: what a wildcard line must not catch unless it lists them.
     let routed: BTreeSet<&HttpHost> = ingresses
         .values()
-        .flat_map(|e| e.routes.iter().filter_map(|r| r.host.as_ref()))
+        .flat_map(|e| e.routes.iter().filter(|r| !r.is_passthrough()))
+        .filter_map(|r| r.host.as_ref())
         .filter(|h| !h.as_str().starts_with("*."))
         .collect();
     // The same hosts by the domain one label up (`a.example.com` under `example.com`): what a

@@ -55,6 +55,9 @@ pub struct MapPaths {
     /// Backends whose routes set their own client timeout, with it in milliseconds
     /// (`map_str_int`); `None`: none ([`Maps::add_client_timeouts`]).
     pub client_timeouts: Option<String>,
+    /// Passthrough routes by their SNI (`map_str`: `host backend`, a wildcard as
+    /// `*.example.com`); `None`: none, and HTTPS is terminated on its bind directly.
+    pub sni: Option<String>,
 }
 
 impl Maps {
@@ -91,9 +94,18 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
     let mut exact = Vec::new();
     let mut prefix = Vec::new();
     let mut hosts = Vec::new();
+    let mut sni = Vec::new();
     for rule in rules {
         let rule = rule.borrow();
-        let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
+        let map = match rule.kind {
+            // Chosen by a TLS connection's SNI, before any request: not an HTTP host's rule.
+            "sni" => {
+                sni.push((rule.key.as_str(), rule.backend.as_str()));
+                continue;
+            }
+            "exact" => &mut exact,
+            _ => &mut prefix,
+        };
         map.push((rule.key.as_str(), rule.backend.as_str()));
         if let Some(host) = rule.host.as_deref() {
             hosts.push((host, "1"));
@@ -105,7 +117,7 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
     let exact = file("exact", text(exact));
     let prefix = file("prefix", text(prefix));
     let hosts = file("hosts", text(hosts));
-    let paths = MapPaths {
+    let mut paths = MapPaths {
         exact: exact.name.relative_path(),
         prefix: prefix.name.relative_path(),
         hosts: hosts.name.relative_path(),
@@ -117,8 +129,14 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
         deep: None,
         deep_depths: Vec::new(),
         client_timeouts: None,
+        sni: None,
     };
     let mut files = vec![exact, prefix, hosts];
+    if !sni.is_empty() {
+        let sni = file("sni", text(sni));
+        paths.sni = Some(sni.name.relative_path());
+        files.push(sni);
+    }
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Maps { files, paths }
 }
@@ -197,8 +215,7 @@ impl Maps {
     pub fn add_routes<R: std::borrow::Borrow<RuleModel>>(&mut self, rules: &[R]) {
         let mut exact = Vec::new();
         let mut prefix = Vec::new();
-        for rule in rules {
-            let rule = rule.borrow();
+        for rule in rules.iter().map(|r| r.borrow()).filter(|r| r.kind != "sni") {
             let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
             map.push((rule.key.as_str(), rule.ingress.as_str()));
         }
@@ -348,5 +365,30 @@ mod tests {
         assert_eq!(keys(content("prefix")), keys(content("prefixroute")));
         assert_eq!(keys(content("exact")), keys(content("exactroute")));
         assert!(maps.paths.prefix_route.as_deref().is_some_and(|p| p.contains("prefixroute-")));
+    }
+
+    #[test]
+    fn passthrough_rules_go_to_the_sni_map_only() {
+        let rules = [
+            rule(Some("pass.example.com"), "", "sni", "be_pass"),
+            rule(Some("*.wild.example.com"), "", "sni", "be_pass"),
+            rule(Some("web.example.com"), "/", "prefix", "be_web"),
+        ];
+        let mut maps = build(&rules);
+        maps.add_routes(&rules);
+        let content = |kind: &str| {
+            maps.files.iter().find(|f| f.name.kind() == kind).map(|f| f.content.clone())
+        };
+        assert_eq!(
+            content("sni").as_deref(),
+            Some("*.wild.example.com be_pass\npass.example.com be_pass\n")
+        );
+        assert!(maps.paths.sni.as_deref().is_some_and(|p| p.contains("sni-")));
+        for kind in ["exact", "prefix", "hosts", "exactroute", "prefixroute"] {
+            let text = content(kind).unwrap_or_default();
+            assert!(!text.contains("pass"), "{kind}: {text}");
+        }
+        assert_eq!(lookup(&maps, "web.example.com", "/"), Some("be_web".into()));
+        assert_eq!(build(&rules[2..]).paths.sni, None, "no passthrough route, no SNI map");
     }
 }

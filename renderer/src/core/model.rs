@@ -63,9 +63,11 @@ pub struct RuleModel {
     pub key: String,
     /// `None`: any host.
     pub host: Option<String>,
-    /// Trailing slash removed for `prefix` (Kubernetes ignores it); as written for `exact`.
+    /// Trailing slash removed for `prefix` (Kubernetes ignores it); as written for `exact`;
+    /// empty for `sni`.
     pub path: String,
-    /// `exact` or `prefix`.
+    /// `exact` or `prefix`; `sni` for a passthrough route, looked up by the SNI of a TLS
+    /// connection (its host) in the SNI map, not by a request.
     pub kind: &'static str,
     pub backend: String,
     /// `namespace/name` of the Ingress the rule comes from.
@@ -77,6 +79,7 @@ impl RuleModel {
     pub fn map_key(&self) -> String {
         let host = self.host.as_deref().unwrap_or("");
         match self.kind {
+            "sni" => host.to_owned(),
             "exact" => format!("{host}{}", self.path),
             _ if self.path == "/" => format!("{host}/"),
             _ => format!("{host}{}/", self.path),
@@ -99,6 +102,8 @@ pub struct BackendModel {
     /// section (HAProxy sets it in the frontend), but in the client-timeouts map
     /// ([`crate::core::maps::Maps::add_client_timeouts`]).
     pub timeout_client_ms: Option<u32>,
+    /// `mode tcp`: a passthrough route's backend, carrying TLS connections unopened.
+    pub tcp: bool,
     /// `option httpchk GET <path>`.
     pub check_path: Option<String>,
     pub check_interval: Option<String>,
@@ -443,20 +448,27 @@ fn backend_model(
 ) -> BackendModel {
     let s = &backend.service;
     let o = &backend.options;
+    // A TCP backend (a passthrough route's) sees no request: nothing HTTP applies to it,
+    // whatever its options say.
+    let http = !o.tcp;
     BackendModel {
         name,
         service: format!("{}/{}:{}", s.namespace, s.name, s.port),
         balance: o.balance.map(|b| b.as_str()),
         timeout_connect: o.timeout_connect_ms.map(duration),
         timeout_server: o.timeout_server_ms.map(duration),
-        timeout_client_ms: o.timeout_client_ms,
-        check_path: o.health_check_path.as_ref().map(|p| p.to_string()),
+        timeout_client_ms: o.timeout_client_ms.filter(|_| http),
+        tcp: o.tcp,
+        check_path: o.health_check_path.as_ref().filter(|_| http).map(|p| p.to_string()),
         check_interval: o.health_check_interval_ms.map(duration),
-        cookie: o.sticky_cookie.as_ref().map(|c| c.to_string()),
-        allow_source: o.allow_source.iter().map(|c| c.to_string()).collect(),
-        ssl_redirect: o.ssl_redirect == Some(true),
+        cookie: o.sticky_cookie.as_ref().filter(|_| http).map(|c| c.to_string()),
+        allow_source: match http {
+            true => o.allow_source.iter().map(|c| c.to_string()).collect(),
+            false => Vec::new(),
+        },
+        ssl_redirect: http && o.ssl_redirect == Some(true),
         max_conn: o.max_conn,
-        filters: crate::core::filters::FiltersModel::of(o).map(Box::new),
+        filters: crate::core::filters::FiltersModel::of(o).filter(|_| http).map(Box::new),
         send_proxy: o.send_proxy.map(|p| p.server_keyword()),
         fail_status: o.fail_status.map(|f| f.code()),
         servers: match &backend.pods {
@@ -622,7 +634,9 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
     routes
         .iter()
         .map(|route| {
+            let passthrough = route.is_passthrough();
             let path = match route.kind {
+                _ if passthrough => String::new(),
                 PathKind::Prefix => route.path.trimmed().as_str().to_owned(),
                 PathKind::Exact => route.path.as_str().to_owned(),
             };
@@ -630,6 +644,7 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
                 host: route.host.as_ref().map(|h| h.as_str().to_owned()),
                 path,
                 kind: match route.kind {
+                    _ if passthrough => "sni",
                     PathKind::Exact => "exact",
                     PathKind::Prefix => "prefix",
                 },
@@ -831,6 +846,7 @@ fn spares(options: &Options) -> Vec<Arc<BackendModel>> {
                 timeout_connect: None,
                 timeout_server: None,
                 timeout_client_ms: None,
+                tcp: false,
                 check_path: None,
                 check_interval: None,
                 cookie: None,

@@ -335,6 +335,11 @@ fn new_backends_are_served_through_free_spares_ahead_of_their_reload() {
     balanced.config =
         balanced.config.replace("backend be_b\n", "backend be_b\n    balance leastconn\n");
     assert!(matches!(plan(&a, &balanced), Plan::Reload(_)));
+    // A passthrough route's backend (TCP) is never served through a spare (HTTP): the TLS
+    // bytes would be read as requests.
+    let mut tcp = b.clone();
+    tcp.config = tcp.config.replace("backend be_b\n", "backend be_b\n    mode tcp\n");
+    assert!(matches!(plan(&a, &tcp), Plan::Reload(_)));
     // Servers that check their own health (a new Service in pods mode) are added to the spare
     // with their check.
     let mut checked = b.clone();
