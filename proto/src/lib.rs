@@ -85,6 +85,12 @@ pub const PODS_SCHEMA_VERSION: u32 = 7;
 /// for the Ingress of the same name; every other route message is sent as before.
 pub const GATEWAY_SCHEMA_VERSION: u32 = 8;
 
+/// Schema of the route messages that name a TLSRoute ([`SourceKind::TlsRoute`]) or carry a
+/// passthrough route ([`RouteMore::passthrough`], [`BackendOptions::tcp`]), and the newest
+/// route schema this build reads. A renderer that reads only schema 8 parks them instead of
+/// serving a passthrough route as an HTTP one; every other route message is sent as before.
+pub const PASSTHROUGH_SCHEMA_VERSION: u32 = 9;
+
 /// The schema of a route message of `cluster`.
 pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {
     match cluster {
@@ -93,16 +99,21 @@ pub fn route_schema(cluster: Option<&values::ClusterId>) -> u32 {
     }
 }
 
-/// The schema of a route message of `cluster` that names `keys`: [`GATEWAY_SCHEMA_VERSION`]
-/// when one of them is not an Ingress, else [`route_schema`].
+/// The schema of a route message of `cluster` that names `keys`:
+/// [`PASSTHROUGH_SCHEMA_VERSION`] when one is a TLSRoute, [`GATEWAY_SCHEMA_VERSION`] when one
+/// is not an Ingress, else [`route_schema`].
 pub fn keys_schema<'a>(
     cluster: Option<&values::ClusterId>,
-    mut keys: impl Iterator<Item = &'a IngressKey>,
+    keys: impl Iterator<Item = &'a IngressKey>,
 ) -> u32 {
-    match keys.any(|k| !k.kind.is_ingress()) {
-        true => GATEWAY_SCHEMA_VERSION,
-        false => route_schema(cluster),
-    }
+    keys.map(|k| match k.kind {
+        SourceKind::Ingress => 0,
+        SourceKind::HttpRoute => GATEWAY_SCHEMA_VERSION,
+        SourceKind::TlsRoute => PASSTHROUGH_SCHEMA_VERSION,
+    })
+    .max()
+    .unwrap_or(0)
+    .max(route_schema(cluster))
 }
 
 /// Hex sha256 of bytes, the one hash every component uses for configs and payloads.

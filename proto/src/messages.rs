@@ -72,6 +72,10 @@ pub enum SourceKind {
     Ingress,
     #[serde(rename = "HTTPRoute")]
     HttpRoute,
+    /// A Gateway API TLSRoute: its routes are passthrough routes
+    /// ([`crate::RouteMore::passthrough`]).
+    #[serde(rename = "TLSRoute")]
+    TlsRoute,
 }
 
 impl SourceKind {
@@ -81,11 +85,14 @@ impl SourceKind {
 }
 
 impl std::fmt::Display for IngressKey {
-    /// `namespace/name` for an Ingress, `httproute:namespace/name` for an HTTPRoute, and
+    /// `namespace/name` for an Ingress, `httproute:namespace/name` for an HTTPRoute,
+    /// `tlsroute:namespace/name` for a TLSRoute, and
     /// `@cluster` when it has one.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.kind == SourceKind::HttpRoute {
-            f.write_str("httproute:")?;
+        match self.kind {
+            SourceKind::Ingress => {}
+            SourceKind::HttpRoute => f.write_str("httproute:")?,
+            SourceKind::TlsRoute => f.write_str("tlsroute:")?,
         }
         write!(f, "{}/{}", self.namespace, self.name)?;
         match &self.cluster {
@@ -553,7 +560,7 @@ impl RouteMessage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        check_schema_first(bytes, 1, crate::GATEWAY_SCHEMA_VERSION)?;
+        check_schema_first(bytes, 1, crate::PASSTHROUGH_SCHEMA_VERSION)?;
         Ok(serde_json::from_slice(bytes)?)
     }
 }
@@ -868,6 +875,11 @@ impl IngressKey {
     /// The key of HTTPRoute `namespace/name`.
     pub fn http_route(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
         Ok(IngressKey { kind: SourceKind::HttpRoute, ..IngressKey::new(namespace, name)? })
+    }
+
+    /// The key of TLSRoute `namespace/name`.
+    pub fn tls_route(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
+        Ok(IngressKey { kind: SourceKind::TlsRoute, ..IngressKey::new(namespace, name)? })
     }
 
     /// The same Ingress, said to be in `cluster`.

@@ -296,3 +296,47 @@ pub async fn tls_on(stack: &mut Stack, watcher_env: &[(&str, &str)]) -> Result<F
     stack.restart_with(Component::Applier, &[("HAFLEET_TLS_IDENTITY", path_str(&file)?)])?;
     Ok(identity)
 }
+
+/// A TLS server on `addr` with certificate `cert` and key `key` (PEM) that answers each
+/// connection's first bytes with an HTTP 200 whose body is `label`, then closes: the backend
+/// of a passthrough route (a TLSRoute's), which only it can decrypt. Stops on drop of the
+/// handle's task (abort).
+pub async fn tls_answering(
+    addr: std::net::SocketAddr,
+    (cert, key): (&[u8], &[u8]),
+    label: &str,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let chain = rustls_pki_types::CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .context("the certificate's PEM")?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key).context("the key's PEM")?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let label = label.to_owned();
+    Ok(tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (acceptor, label) = (acceptor.clone(), label.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(conn).await else { return };
+                let mut buf = [0u8; 4096];
+                if !matches!(tls.read(&mut buf).await, Ok(n) if n > 0) {
+                    return;
+                }
+                let body = format!("{label}\n");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    }))
+}

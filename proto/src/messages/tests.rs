@@ -151,17 +151,17 @@ fn unknown_schema_is_refused() {
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
     json["schema"] = 99.into();
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 8 }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 99, reads: 9 }), "{err}");
 }
 
 #[test]
 fn a_newer_schema_that_no_longer_parses_is_still_reported_as_a_schema_error() {
     let mut json: serde_json::Value =
         serde_json::from_slice(&event(RouteChange::Delete).encode()).unwrap();
-    json["schema"] = (crate::GATEWAY_SCHEMA_VERSION + 1).into();
+    json["schema"] = (crate::PASSTHROUGH_SCHEMA_VERSION + 1).into();
     json["change"] = serde_json::json!({"op": "rename", "to": "elsewhere"});
     let err = RouteMessage::decode(&serde_json::to_vec(&json).unwrap()).unwrap_err();
-    assert!(matches!(err, DecodeError::Schema { found: 9, .. }), "{err}");
+    assert!(matches!(err, DecodeError::Schema { found: 10, .. }), "{err}");
     assert!(matches!(RouteMessage::decode(b"junk"), Err(DecodeError::Json(_))));
 }
 
@@ -359,6 +359,15 @@ fn an_http_route_key_is_another_object_than_the_ingress_of_its_name() {
     assert_eq!(
         (ing.to_string(), route.to_string()),
         ("shop/web".into(), "httproute:shop/web".into())
+    );
+    // A TLSRoute's likewise, of the passthrough schema (a renderer of before parks it).
+    let tls = IngressKey::tls_route("shop", "web").unwrap();
+    assert_eq!(tls.to_string(), "tlsroute:shop/web");
+    let json = serde_json::to_string(&tls).unwrap();
+    assert_eq!(json, r#"{"namespace":"shop","name":"web","kind":"TLSRoute"}"#);
+    assert_eq!(
+        crate::keys_schema(None, [&ing, &route, &tls].into_iter()),
+        crate::PASSTHROUGH_SCHEMA_VERSION
     );
     assert_eq!(crate::keys_schema(None, [&ing].into_iter()), SCHEMA_VERSION);
     assert_eq!(crate::keys_schema(None, [&ing, &route].into_iter()), crate::GATEWAY_SCHEMA_VERSION);

@@ -259,7 +259,9 @@ impl Renderer {
         let mut deep: Vec<String> = ingresses
             .iter()
             .filter(|(k, _)| !k.kind.is_ingress())
-            .flat_map(|(_, e)| e.routes.iter().filter_map(|r| r.host.as_ref()))
+            // A passthrough route's wildcard is looked up in the SNI map, one label deep.
+            .flat_map(|(_, e)| e.routes.iter().filter(|r| !r.is_passthrough()))
+            .filter_map(|r| r.host.as_ref())
             .filter(|h| h.as_str().starts_with("*."))
             .map(|h| h.as_str().to_owned())
             .collect();

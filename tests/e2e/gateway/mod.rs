@@ -7,6 +7,7 @@ mod filters;
 mod fleets;
 mod hostnames;
 mod matching;
+mod passthrough;
 mod services;
 mod tls;
 
@@ -126,14 +127,25 @@ impl Bed {
     /// gateway-conformance-infra) has every one of `want` (type, status, reason).
     pub(crate) async fn route_says(
         &self,
+        route: (&str, &str),
+        gateway: &str,
+        want: &[(&str, &str, &str)],
+    ) -> Result<()> {
+        self.kind_says("HTTPRoute", route, gateway, want).await
+    }
+
+    /// [`Bed::route_says`] of a route of `kind` (TLSRoute, say).
+    pub(crate) async fn kind_says(
+        &self,
+        kind: &str,
         (ns, name): (&str, &str),
         gateway: &str,
         want: &[(&str, &str, &str)],
     ) -> Result<()> {
         let client = &self.client;
-        let what = format!("HTTPRoute {ns}/{name} on {gateway}: {want:?}");
+        let what = format!("{kind} {ns}/{name} on {gateway}: {want:?}");
         eventually(CONVERGE, &what, || async move {
-            let route = get(client, "HTTPRoute", Some(ns), name).await?;
+            let route = get(client, kind, Some(ns), name).await?;
             let parents = route.data["status"]["parents"].as_array().cloned().unwrap_or_default();
             let ours = parents
                 .iter()

@@ -180,11 +180,15 @@ pub(crate) fn gateway_status(
     let mut needed: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut decided = queue.decided.lock().unwrap_or_else(|p| p.into_inner());
     let mut next = super::state::Decided::with_capacity(pass.routes.len());
-    for (route, parents) in &pass.routes {
-        let key = IngressKey::http_route(
+    for (kind, route, parents) in &pass.routes {
+        let (ns, name) = (
             route.metadata.namespace.as_deref().unwrap_or("default"),
             route.metadata.name.as_deref().unwrap_or_default(),
         );
+        let key = match kind {
+            crate::core::gateway::RouteKind::Http => IngressKey::http_route(ns, name),
+            crate::core::gateway::RouteKind::Tls => IngressKey::tls_route(ns, name),
+        };
         for p in parents {
             // What was last published of the route on this parent's Gateway's fleet.
             let fleet = pass.index.gateways.get(&p.gateway).and_then(|gw| gw.fleet.as_ref().ok());
@@ -202,12 +206,12 @@ pub(crate) fn gateway_status(
         let (Some(ns), Some(name)) = (&route.metadata.namespace, &route.metadata.name) else {
             continue;
         };
-        let key = (ns.clone(), name.clone());
+        let key = (kind.kind(), ns.clone(), name.clone());
         let unchanged = decided
             .get(&key)
             .is_some_and(|(r, p)| std::sync::Arc::ptr_eq(r, route) && p == parents);
         if !unchanged && let Some(new) = status::route_status(route, parents, &now) {
-            queue.push("HTTPRoute", Some(ns), name, new);
+            queue.push(kind.kind(), Some(ns), name, new);
         }
         next.insert(key, (route.clone(), parents.clone()));
     }

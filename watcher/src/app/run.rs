@@ -56,7 +56,11 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     // The Gateway API is read where the cluster serves it (its CRDs installed before the
     // watcher starts: discovery is not repeated).
     let gateway_api = kube_adapter::serves_gateway_api(&client).await;
-    info!(gateway_api, "Gateway API (gateway.networking.k8s.io/v1) served by the cluster");
+    info!(
+        gateway_api = gateway_api.is_some(),
+        tls_routes = gateway_api.is_some_and(|g| g.tls_routes),
+        "Gateway API (gateway.networking.k8s.io/v1) served by the cluster"
+    );
     let (caches, mut changes) = kube_adapter::watch(
         client.clone(),
         slices,
@@ -406,12 +410,22 @@ async fn sync(
             .iter()
             .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone()?)))
             .collect();
-        (g.classes.state(), g.gateways.state(), g.routes.state(), g.grants.state(), labels)
+        let tls_routes = g.tls_routes.as_ref().map(|s| s.state()).unwrap_or_default();
+        let routes = (g.routes.state(), tls_routes);
+        (g.classes.state(), g.gateways.state(), routes, g.grants.state(), labels)
     });
-    let gateway = gateway.as_ref().map(|(classes, gateways, routes, grants, labels)| {
-        let namespaces = Some(labels);
-        crate::core::gateway::Objects { classes, gateways, routes, grants, namespaces }
-    });
+    let gateway =
+        gateway.as_ref().map(|(classes, gateways, (routes, tls_routes), grants, labels)| {
+            let namespaces = Some(labels);
+            crate::core::gateway::Objects {
+                classes,
+                gateways,
+                routes,
+                tls_routes,
+                grants,
+                namespaces,
+            }
+        });
     let objects = pass::Objects {
         ingresses: &ingresses,
         gateway: gateway.as_ref(),

@@ -69,7 +69,7 @@ type StatusOf = (&'static str, Option<String>, String);
 pub(crate) struct StatusQueue {
     pending: std::sync::Arc<std::sync::Mutex<BTreeMap<StatusOf, serde_json::Value>>>,
     wake: std::sync::Arc<tokio::sync::Notify>,
-    /// Each HTTPRoute's status as last decided, by (namespace, name): the route object and
+    /// Each route's status as last decided, by (kind, namespace, name): the route object and
     /// what its parents were told. A pass decides again only a route whose object or parents
     /// changed (10,000 routes are 10,000 statuses to build); a write that fails forgets it.
     pub(crate) decided: std::sync::Arc<std::sync::Mutex<Decided>>,
@@ -77,7 +77,7 @@ pub(crate) struct StatusQueue {
 
 /// [`StatusQueue::decided`].
 pub(crate) type Decided = std::collections::HashMap<
-    (String, String),
+    (&'static str, String, String),
     (std::sync::Arc<kube::api::DynamicObject>, Vec<crate::core::gateway::route::ParentStatus>),
 >;
 
@@ -111,9 +111,9 @@ impl StatusQueue {
                         async move {
                             let at = (ns.as_deref(), name.as_str());
                             if !warnings.set_gateway_status(kind, at, status).await
-                                && kind == "HTTPRoute"
+                                && kind.ends_with("Route")
                             {
-                                let key = (ns.unwrap_or_default(), name);
+                                let key = (kind, ns.unwrap_or_default(), name);
                                 decided.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
                             }
                         }

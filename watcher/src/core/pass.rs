@@ -72,21 +72,22 @@ type Seen = HashMap<IngressKey, Subject, foldhash::fast::RandomState>;
 #[derive(Debug, Clone)]
 pub enum Subject {
     Ingress(Arc<Ingress>),
-    HttpRoute(Arc<kube::api::DynamicObject>),
+    /// A Gateway API route: an HTTPRoute or a TLSRoute.
+    Route(crate::core::gateway::RouteKind, Arc<kube::api::DynamicObject>),
 }
 
 impl Subject {
     pub fn as_ingress(&self) -> Option<&Arc<Ingress>> {
         match self {
             Subject::Ingress(i) => Some(i),
-            Subject::HttpRoute(_) => None,
+            Subject::Route(..) => None,
         }
     }
 
     fn meta(&self) -> &kube::api::ObjectMeta {
         match self {
             Subject::Ingress(i) => &i.metadata,
-            Subject::HttpRoute(r) => &r.metadata,
+            Subject::Route(_, r) => &r.metadata,
         }
     }
 
@@ -105,7 +106,9 @@ impl Subject {
         use kube::Resource;
         match self {
             Subject::Ingress(i) => i.object_ref(&()),
-            Subject::HttpRoute(r) => r.object_ref(&crate::core::gateway::api_resource("HTTPRoute")),
+            Subject::Route(kind, r) => {
+                r.object_ref(&crate::core::gateway::api_resource(kind.kind()))
+            }
         }
     }
 }
@@ -130,14 +133,20 @@ pub struct Resolution {
     pub gateway: GatewayPass,
 }
 
-/// What a pass read of the Gateway API: hafleet's classes and Gateways, and each HTTPRoute
-/// with what its status says to its parents that are hafleet's.
+/// What a pass read of the Gateway API: hafleet's classes and Gateways, and each route
+/// (HTTPRoute, TLSRoute) with what its status says to its parents that are hafleet's.
 #[derive(Debug, Default)]
 pub struct GatewayPass {
     pub index: crate::core::gateway::Index,
-    pub routes:
-        Vec<(Arc<kube::api::DynamicObject>, Vec<crate::core::gateway::route::ParentStatus>)>,
+    pub routes: Vec<GatewayRoute>,
 }
+
+/// A route of the Gateway API as a pass read it: its kind, the object, its parents' status.
+pub type GatewayRoute = (
+    crate::core::gateway::RouteKind,
+    Arc<kube::api::DynamicObject>,
+    Vec<crate::core::gateway::route::ParentStatus>,
+);
 
 /// What a pass does, in order: tell, publish `actions`, and remember the rest.
 #[derive(Debug)]
@@ -230,22 +239,28 @@ pub fn resolve(
     if let Some(gw) = objects.gateway {
         let index = crate::core::gateway::Index::new(gw);
         memo.routes.begin_pass(crate::core::gateway::memo::Around::of(gw));
-        for route in gw.routes {
+        use crate::core::gateway::RouteKind;
+        let http = gw.routes.iter().map(|r| (RouteKind::Http, r));
+        for (kind, route) in http.chain(gw.tls_routes.iter().map(|r| (RouteKind::Tls, r))) {
             let (ns, name) = (route.metadata.namespace.as_deref(), route.metadata.name.as_deref());
             let sources = (objects.services, objects.endpoints);
             let outcome = memo.routes.resolve(route, sources, || {
-                crate::core::gateway::route::resolve(
+                crate::core::gateway::route::resolve_kind(
+                    kind,
                     route,
                     &index,
                     rules.resolve,
-                    objects.services,
-                    objects.endpoints,
+                    sources,
                 )
             });
-            let key = IngressKey::http_route(ns.unwrap_or("default"), name.unwrap_or_default());
-            let subject = Subject::HttpRoute(route.clone());
+            let (ns, name) = (ns.unwrap_or("default"), name.unwrap_or_default());
+            let key = match kind {
+                RouteKind::Http => IngressKey::http_route(ns, name),
+                RouteKind::Tls => IngressKey::tls_route(ns, name),
+            };
+            let subject = Subject::Route(kind, route.clone());
             out.take(subject, key, outcome.result, (policy, rules, published));
-            out.gateway.routes.push((route.clone(), outcome.parents));
+            out.gateway.routes.push((kind, route.clone(), outcome.parents));
         }
         out.gateway.index = index;
         memo.routes.end_pass();
@@ -330,7 +345,8 @@ impl Resolution {
                 };
                 let reason = match &subject {
                     Subject::Ingress(_) => "InvalidIngress",
-                    Subject::HttpRoute(_) => "InvalidHTTPRoute",
+                    Subject::Route(crate::core::gateway::RouteKind::Http, _) => "InvalidHTTPRoute",
+                    Subject::Route(crate::core::gateway::RouteKind::Tls, _) => "InvalidTLSRoute",
                 };
                 tell(&key, reason, format!("not routed by hafleet: {}", why.join("; ")));
                 // Its last good routes stay only where the policy still allows them.

@@ -56,9 +56,12 @@ pub fn route_event(
     let mut schema = hafleet_proto::keys_schema(cluster, std::iter::once(key));
     if let RouteChange::Upsert { routes, .. } = &mut change {
         for route in routes.iter_mut() {
-            // Matches and weighted backends are the Gateway API's.
+            // Matches and weighted backends are the Gateway API's; passthrough newer still.
             if route.more.is_some() {
                 schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
+            }
+            if route.is_passthrough() {
+                schema = schema.max(hafleet_proto::PASSTHROUGH_SCHEMA_VERSION);
             }
             for backend in route.backends_mut() {
                 backend.service.cluster = cluster.cloned();
@@ -69,6 +72,9 @@ pub fn route_event(
                 }
                 if backend.options.fail_status.is_some() {
                     schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
+                }
+                if backend.options.tcp {
+                    schema = schema.max(hafleet_proto::PASSTHROUGH_SCHEMA_VERSION);
                 }
             }
         }

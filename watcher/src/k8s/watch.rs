@@ -64,18 +64,30 @@ pub struct GatewayCaches {
     pub classes: Store<DynamicObject>,
     pub gateways: Store<DynamicObject>,
     pub routes: Store<DynamicObject>,
+    /// TLSRoutes, where the cluster serves them (their CRD is installed apart).
+    pub tls_routes: Option<Store<DynamicObject>>,
     pub grants: Store<DynamicObject>,
     /// Namespaces, metadata only: their labels, which a listener may select routes by.
     pub namespaces: Store<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
 }
 
+/// What the API server serves of the Gateway API as the watcher starts.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayApi {
+    /// TLSRoutes at `v1` (their CRD is one of the standard channel's, installed apart).
+    pub tls_routes: bool,
+}
+
 /// Whether the API server serves the Gateway API (`gateway.networking.k8s.io/v1`, its CRDs
-/// installed), as the watcher starts.
-pub async fn serves_gateway_api(client: &Client) -> bool {
-    match kube::discovery::group(client, crate::core::gateway::spec::GROUP).await {
-        Ok(group) => group.versions().any(|v| v == "v1"),
-        Err(_) => false,
+/// installed), as the watcher starts, and which of the route kinds hafleet reads beside
+/// HTTPRoute.
+pub async fn serves_gateway_api(client: &Client) -> Option<GatewayApi> {
+    let group = kube::discovery::group(client, crate::core::gateway::spec::GROUP).await.ok()?;
+    if !group.versions().any(|v| v == "v1") {
+        return None;
     }
+    let served = |kind: &str| group.versioned_resources("v1").iter().any(|(ar, _)| ar.kind == kind);
+    Some(GatewayApi { tls_routes: served("TLSRoute") })
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -88,7 +100,7 @@ pub fn watch(
     endpoint_slices: Option<ApiResource>,
     tls: Option<&[String]>,
     (policy, settings): (Option<(&str, &str)>, Option<&str>),
-    gateway_api: bool,
+    gateway_api: Option<GatewayApi>,
 ) -> (Caches, Changes) {
     let (ingresses, ing_writer) = reflector::store::<Ingress>();
     let (services, svc_writer) = reflector::store::<Service>();
@@ -183,7 +195,7 @@ pub fn watch(
         all.push(cms.boxed());
         store
     });
-    let gateway = gateway_api.then(|| {
+    let gateway = gateway_api.map(|api| {
         let mut watch_kind = |kind: &'static str| {
             let ar = crate::core::gateway::api_resource(kind);
             let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
@@ -202,6 +214,7 @@ pub fn watch(
         };
         let (classes, gateways) = (watch_kind("GatewayClass"), watch_kind("Gateway"));
         let (routes, grants) = (watch_kind("HTTPRoute"), watch_kind("ReferenceGrant"));
+        let tls_routes = api.tls_routes.then(|| watch_kind("TLSRoute"));
         let (namespaces, writer) =
             reflector::store::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>();
         let api =
@@ -215,7 +228,7 @@ pub fn watch(
             .reflect(writer)
             .map(|r| r.map(|_| ()).map_err(|e| ("namespaces", e)));
         all.push(watched.boxed());
-        GatewayCaches { classes, gateways, routes, grants, namespaces }
+        GatewayCaches { classes, gateways, routes, tls_routes, grants, namespaces }
     });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
@@ -353,6 +366,9 @@ impl Caches {
         }
         if let Some(g) = &self.gateway {
             for store in [&g.classes, &g.gateways, &g.routes, &g.grants] {
+                store.wait_until_ready().await?;
+            }
+            if let Some(store) = &g.tls_routes {
                 store.wait_until_ready().await?;
             }
             g.namespaces.wait_until_ready().await?;

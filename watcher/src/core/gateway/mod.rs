@@ -38,6 +38,7 @@ pub fn api_resource(kind: &str) -> ApiResource {
         "GatewayClass" => "gatewayclasses",
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
+        "TLSRoute" => "tlsroutes",
         "ReferenceGrant" => "referencegrants",
         other => panic!("not a Gateway API kind hafleet reads: {other}"),
     };
@@ -56,6 +57,8 @@ pub struct Objects<'a> {
     pub classes: &'a [Arc<DynamicObject>],
     pub gateways: &'a [Arc<DynamicObject>],
     pub routes: &'a [Arc<DynamicObject>],
+    /// TLSRoutes, where the API server serves them.
+    pub tls_routes: &'a [Arc<DynamicObject>],
     pub grants: &'a [Arc<DynamicObject>],
     /// Each namespace's labels (for listeners that select namespaces); `None`: not read.
     pub namespaces: Option<&'a NamespaceLabels>,
@@ -87,21 +90,51 @@ pub struct ListenerView {
     pub unresolved: Option<(&'static str, String)>,
 }
 
+/// The kinds of route hafleet reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteKind {
+    Http,
+    /// A TLSRoute: TLS connections passed through by their SNI.
+    Tls,
+}
+
+impl RouteKind {
+    /// Its Kubernetes kind.
+    pub fn kind(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Tls => "TLSRoute",
+        }
+    }
+
+    /// The kind of route a listener of `protocol` takes, if any.
+    pub fn of_protocol(protocol: &str) -> Option<RouteKind> {
+        match protocol {
+            "HTTP" | "HTTPS" => Some(RouteKind::Http),
+            "TLS" => Some(RouteKind::Tls),
+            _ => None,
+        }
+    }
+}
+
 impl ListenerView {
-    /// Whether it lets an HTTPRoute of namespace `route_ns` attach, on a Gateway of
-    /// namespace `gateway_ns` (`labels`: every namespace's, for a selector).
+    /// Whether it lets a route of `kind` from namespace `route_ns` attach, on a Gateway of
+    /// namespace `gateway_ns` (`labels`: every namespace's, for a selector): its protocol
+    /// takes that kind, and its `allowedRoutes` allow it.
     pub fn allows(
         &self,
+        kind: RouteKind,
         gateway_ns: &str,
         route_ns: &str,
         labels: Option<&NamespaceLabels>,
     ) -> bool {
         let allowed = self.spec.allowed_routes.as_ref();
         let kinds = allowed.map(|a| a.kinds.as_slice()).unwrap_or_default();
-        let kind_ok = kinds.is_empty()
-            || kinds
-                .iter()
-                .any(|k| k.kind == "HTTPRoute" && k.group.as_deref().unwrap_or(GROUP) == GROUP);
+        let kind_ok = RouteKind::of_protocol(&self.spec.protocol) == Some(kind)
+            && (kinds.is_empty()
+                || kinds.iter().any(|k| {
+                    k.kind == kind.kind() && k.group.as_deref().unwrap_or(GROUP) == GROUP
+                }));
         let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
         let ns_ok = match namespaces.and_then(|n| n.from.as_deref()).unwrap_or("Same") {
             "All" => true,
@@ -171,9 +204,10 @@ impl Index {
         Index { classes, gateways, grants, namespaces: objects.namespaces.cloned() }
     }
 
-    /// Whether a ReferenceGrant in `to_ns` lets HTTPRoutes of `from_ns` name Service `name`.
-    pub fn grants_service(&self, from_ns: &str, to_ns: &str, name: &str) -> bool {
-        grants(&self.grants, ("HTTPRoute", from_ns), ("Service", to_ns, name))
+    /// Whether a ReferenceGrant in `to_ns` lets routes of `kind` in `from_ns` name Service
+    /// `name`.
+    pub fn grants_service(&self, kind: RouteKind, from_ns: &str, to_ns: &str, name: &str) -> bool {
+        grants(&self.grants, (kind.kind(), from_ns), ("Service", to_ns, name))
     }
 
     /// The Secrets (namespace, name) that HTTPS listeners of Gateways on fleets `sealed_for`
@@ -227,6 +261,15 @@ fn listener_view(
             "UnsupportedValue",
             format!("tls.mode {:?} is not served by hafleet (Terminate is)", tls.mode),
         )),
+        // TLS passed through by its SNI (a TLSRoute's); hafleet does not terminate TLS for
+        // TLSRoutes.
+        ("TLS", Some(tls)) if tls.mode.as_deref() == Some("Passthrough") => None,
+        ("TLS", _) => Some((
+            "UnsupportedValue",
+            "a TLS listener is served with tls.mode Passthrough only (TLSRoutes are passed \
+             through by their SNI, not terminated)"
+                .to_owned(),
+        )),
         ("HTTPS", tls) => {
             match tls.as_ref().and_then(|t| t.certificate_refs.first()) {
                 None => {
@@ -242,7 +285,7 @@ fn listener_view(
         }
         (other, _) => Some((
             "UnsupportedProtocol",
-            format!("protocol {other:?} is not served by hafleet (HTTP and HTTPS are)"),
+            format!("protocol {other:?} is not served by hafleet (HTTP, HTTPS and TLS are)"),
         )),
     };
     let namespaces = spec.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());

@@ -13,8 +13,10 @@
 //! route with `Accepted: False`, reason `UnsupportedValue`, and a message that names it:
 //! never served as something else.
 
-use super::spec::{BackendRef, HttpRouteSpec, ParentRef, RouteRule, ValueMatch, spec_of};
-use super::{Index, intersect};
+use super::spec::{
+    BackendRef, HttpRouteSpec, ParentRef, RouteRule, TlsRouteSpec, ValueMatch, spec_of,
+};
+use super::{Index, RouteKind, intersect};
 use crate::core::model::{Resolved, Sharing, Warning};
 use crate::core::resolve::{Config, Endpoints, Refused, Services, Sources};
 use hafleet_proto::{
@@ -104,8 +106,59 @@ fn add_host(hosts: &mut Vec<(Option<HttpHost>, Via)>, host: &Option<HttpHost>, v
     }
 }
 
-/// Resolves `route` against hafleet's Gateways in `index`: its routes on each fleet whose
-/// Gateways it attaches to (each fleet with the hostnames its own listeners allow).
+/// A route's spec, of either kind hafleet reads.
+enum Spec {
+    Http(HttpRouteSpec),
+    Tls(TlsRouteSpec),
+}
+
+impl Spec {
+    fn read(route: &DynamicObject, kind: RouteKind) -> Option<Spec> {
+        match kind {
+            RouteKind::Http => spec_of::<HttpRouteSpec>(route).ok().map(Spec::Http),
+            RouteKind::Tls => spec_of::<TlsRouteSpec>(route).ok().map(Spec::Tls),
+        }
+    }
+
+    fn kind(&self) -> RouteKind {
+        match self {
+            Spec::Http(_) => RouteKind::Http,
+            Spec::Tls(_) => RouteKind::Tls,
+        }
+    }
+
+    fn parent_refs(&self) -> &[ParentRef] {
+        match self {
+            Spec::Http(s) => &s.parent_refs,
+            Spec::Tls(s) => &s.parent_refs,
+        }
+    }
+
+    fn hostnames(&self) -> &[String] {
+        match self {
+            Spec::Http(s) => &s.hostnames,
+            Spec::Tls(s) => &s.hostnames,
+        }
+    }
+
+    /// The routes of its rules for `hosts` (one fleet's).
+    fn routes(
+        &self,
+        (namespace, meta): (&str, &kube::api::ObjectMeta),
+        index: &Index,
+        sources: (&Services, Option<&Endpoints>, bool),
+        hosts: &[(Option<HttpHost>, Via)],
+        said: &mut Said,
+    ) -> Vec<Route> {
+        match self {
+            Spec::Http(s) => rules_routes(s, (namespace, meta), index, sources, hosts, said),
+            Spec::Tls(s) => tls_routes(s, (namespace, meta), index, sources, hosts, said),
+        }
+    }
+}
+
+/// Resolves HTTPRoute `route` against hafleet's Gateways in `index`: its routes on each fleet
+/// whose Gateways it attaches to (each fleet with the hostnames its own listeners allow).
 pub fn resolve(
     route: &DynamicObject,
     index: &Index,
@@ -113,8 +166,20 @@ pub fn resolve(
     services: &Services,
     endpoints: Option<&Endpoints>,
 ) -> Outcome {
+    resolve_kind(RouteKind::Http, route, index, config, (services, endpoints))
+}
+
+/// Resolves a route of `kind` ([`resolve`] for an HTTPRoute; a TLSRoute's routes are
+/// passthrough routes, by SNI).
+pub fn resolve_kind(
+    kind: RouteKind,
+    route: &DynamicObject,
+    index: &Index,
+    config: Config<'_>,
+    (services, endpoints): (&Services, Option<&Endpoints>),
+) -> Outcome {
     let nothing = Outcome { result: Err(Refused::NotSelected), parents: vec![] };
-    let Ok(spec) = spec_of::<HttpRouteSpec>(route) else { return nothing };
+    let Some(spec) = Spec::read(route, kind) else { return nothing };
     let meta = &route.metadata;
     let namespace = meta.namespace.as_deref().unwrap_or("default");
     let (mut parents, attached) = attach(&spec, namespace, index);
@@ -140,21 +205,14 @@ pub fn resolve(
     let mut each: Vec<(FleetName, Vec<Route>, Hosts)> = Vec::new();
     match fleets.is_empty() {
         true => {
-            rules_routes(
-                &spec,
-                (namespace, meta),
-                index,
-                (services, endpoints, false),
-                &[],
-                &mut said,
-            );
+            let sources = (services, endpoints, false);
+            spec.routes((namespace, meta), index, sources, &[], &mut said);
         }
         false => {
             for (fleet, hosts) in fleets {
                 let pods = config.pods_fleets.contains(&fleet);
                 let sources = (services, endpoints, pods);
-                let routes =
-                    rules_routes(&spec, (namespace, meta), index, sources, &hosts, &mut said);
+                let routes = spec.routes((namespace, meta), index, sources, &hosts, &mut said);
                 each.push((fleet, routes, hosts));
             }
         }
@@ -190,7 +248,11 @@ pub fn resolve(
         return Outcome { result: Err(Refused::Invalid(errors)), parents };
     }
     let name = meta.name.as_deref().unwrap_or_default();
-    let Ok(key) = IngressKey::http_route(namespace, name) else {
+    let key = match spec.kind() {
+        RouteKind::Http => IngressKey::http_route(namespace, name),
+        RouteKind::Tls => IngressKey::tls_route(namespace, name),
+    };
+    let Ok(key) = key else {
         return Outcome { result: Err(Refused::NotSelected), parents };
     };
     let sharing = meta
@@ -233,6 +295,81 @@ impl Said {
             self.errors.push(e);
         }
     }
+
+    /// A rule's backends, what they said taken down (`at`: the rule); `None` when the rule
+    /// is not served (the error said).
+    fn backends(
+        &mut self,
+        found: Result<Backends, String>,
+        at: &str,
+    ) -> Option<Vec<(u32, Backend)>> {
+        match found {
+            Ok((backends, warned, failed)) => {
+                for w in warned {
+                    if !self.warnings.contains(&w) {
+                        self.warnings.push(w);
+                    }
+                }
+                for (reason, m) in failed {
+                    let entry = (reason, format!("{at}: {m}"));
+                    if !self.unresolved.contains(&entry) {
+                        self.unresolved.push(entry);
+                    }
+                }
+                Some(backends)
+            }
+            Err(e) => {
+                self.error(format!("{at}.backendRefs: {e}"));
+                None
+            }
+        }
+    }
+}
+
+/// The passthrough routes of a TLSRoute's rules for `hosts` (one fleet's): each host (an SNI)
+/// to its rule's backend, carried as TCP. A host comes from the first rule that has it.
+fn tls_routes(
+    spec: &TlsRouteSpec,
+    (namespace, meta): (&str, &kube::api::ObjectMeta),
+    index: &Index,
+    (services, endpoints, pods_by_default): (&Services, Option<&Endpoints>, bool),
+    hosts: &[(Option<HttpHost>, Via)],
+    said: &mut Said,
+) -> Vec<Route> {
+    let sources = Sources { services, endpoints, pods_by_default };
+    let mut routes: Vec<Route> = Vec::new();
+    for (i, rule) in spec.rules.iter().enumerate() {
+        let at = format!("rules[{i}]");
+        let found =
+            backends_of(&rule.backend_refs, RouteKind::Tls, namespace, meta, index, &sources);
+        let Some(backends) = said.backends(found, &at) else { continue };
+        let mut backends = backends.into_iter();
+        let (Some((_, mut backend)), None) = (backends.next(), backends.next()) else {
+            said.error(format!(
+                "{at}.backendRefs: sharing a TLSRoute's connections among several backends is \
+                 not served by hafleet yet"
+            ));
+            continue;
+        };
+        backend.options.tcp = true;
+        let more = RouteMore { passthrough: true, ..Default::default() };
+        for (host, _) in hosts {
+            // A connection is passed through by the name it asks for: a route without one
+            // takes none.
+            let Some(host) = host else { continue };
+            if routes.iter().any(|r| r.host.as_ref() == Some(host)) {
+                continue;
+            }
+            routes.push(Route {
+                host: Some(host.clone()),
+                path: HttpPath::root(),
+                kind: PathKind::Prefix,
+                backend: backend.clone(),
+                more: Some(Box::new(more.clone())),
+            });
+        }
+    }
+    routes
 }
 
 /// The routes of `spec`'s rules for `hosts` (one fleet's), with the Services resolved from
@@ -261,28 +398,11 @@ fn rules_routes(
                 let route_name = meta.name.as_deref().unwrap_or_default();
                 empty_backend(namespace, route_name, 0).map(|b| (vec![(1, b)], vec![], vec![]))
             }
-            false => backends_of(rule, namespace, meta, index, &sources),
-        };
-        let backends = match found {
-            Ok((backends, warned, failed)) => {
-                for w in warned {
-                    if !said.warnings.contains(&w) {
-                        said.warnings.push(w);
-                    }
-                }
-                for (reason, m) in failed {
-                    let entry = (reason, format!("{at}: {m}"));
-                    if !said.unresolved.contains(&entry) {
-                        said.unresolved.push(entry);
-                    }
-                }
-                backends
-            }
-            Err(e) => {
-                said.error(format!("{at}.backendRefs: {e}"));
-                continue;
+            false => {
+                backends_of(&rule.backend_refs, RouteKind::Http, namespace, meta, index, &sources)
             }
         };
+        let Some(backends) = said.backends(found, &at) else { continue };
         for (host, via) in hosts {
             for (path, kind, conditions) in &matches {
                 // The rule's filters apply whichever backend takes the request, tied to the
@@ -341,14 +461,11 @@ fn rules_routes(
 
 /// Every parentRef that names one of hafleet's Gateways gets a status; those whose Gateway
 /// has a fleet and a listener that takes the route are attached.
-fn attach(
-    spec: &HttpRouteSpec,
-    namespace: &str,
-    index: &Index,
-) -> (Vec<ParentStatus>, Vec<Attached>) {
+fn attach(spec: &Spec, namespace: &str, index: &Index) -> (Vec<ParentStatus>, Vec<Attached>) {
+    let kind = spec.kind();
     let mut parents = Vec::new();
     let mut attached = Vec::new();
-    for parent in spec.parent_refs.iter().filter(|p| p.is_gateway()) {
+    for parent in spec.parent_refs().iter().filter(|p| p.is_gateway()) {
         let gw_ns = parent.namespace.as_deref().unwrap_or(namespace);
         let Some(gw) = index.gateways.get(&(gw_ns.to_owned(), parent.name.clone())) else {
             continue;
@@ -385,14 +502,15 @@ fn attach(
         let allowing: Vec<_> = named
             .into_iter()
             .filter(|l| {
-                l.refused.is_none() && l.allows(gw_ns, namespace, index.namespaces.as_ref())
+                l.refused.is_none() && l.allows(kind, gw_ns, namespace, index.namespaces.as_ref())
             })
             .collect();
         if allowing.is_empty() {
             let message = format!(
-                "no listener of Gateway {gw_ns}/{} that hafleet serves allows HTTPRoutes of \
+                "no listener of Gateway {gw_ns}/{} that hafleet serves allows {}s of \
                  namespace {namespace}",
-                parent.name
+                parent.name,
+                kind.kind()
             );
             status.conditions = refuse("NotAllowedByListeners", message);
             parents.push(status);
@@ -400,10 +518,10 @@ fn attach(
         }
         let mut hosts = Vec::new();
         for l in allowing {
-            let mine: Vec<Option<String>> = match (spec.hostnames.is_empty(), &l.spec.hostname) {
+            let names = spec.hostnames();
+            let mine: Vec<Option<String>> = match (names.is_empty(), &l.spec.hostname) {
                 (true, listener) => vec![listener.clone()],
-                (false, listener) => spec
-                    .hostnames
+                (false, listener) => names
                     .iter()
                     .filter_map(|h| intersect(listener.as_deref(), h).map(Some))
                     .collect(),
@@ -412,7 +530,7 @@ fn attach(
                 continue;
             }
             status.listeners.push(l.spec.name.clone());
-            let is_tls = l.spec.protocol == "HTTPS";
+            let is_tls = l.spec.protocol != "HTTP";
             let via = Via { plain: !is_tls, tls: is_tls, certs: l.cert.iter().cloned().collect() };
             for h in mine {
                 // A hostname that is not one (the schema's pattern, if removed) serves nothing.
@@ -557,7 +675,8 @@ type Backends = (Vec<(u32, Backend)>, Vec<Warning>, Vec<(&'static str, String)>)
 /// cannot be resolved (reason, message): each of those answers its share of the requests with
 /// 500, as does a rule without backends. `Err`: not served.
 fn backends_of(
-    rule: &RouteRule,
+    refs: &[BackendRef],
+    kind: RouteKind,
     namespace: &str,
     meta: &kube::api::ObjectMeta,
     index: &Index,
@@ -566,10 +685,10 @@ fn backends_of(
     let mut backends = Vec::new();
     let mut said = Vec::new();
     let mut failed = Vec::new();
-    for r in rule.backend_refs.iter().filter(|r| r.weight != Some(0)) {
+    for r in refs.iter().filter(|r| r.weight != Some(0)) {
         let weight = u32::try_from(r.weight.unwrap_or(1))
             .map_err(|_| format!("backendRef {}: a weight is not negative", r.name))?;
-        match backend_of(r, namespace, index, sources)? {
+        match backend_of(r, kind, namespace, index, sources)? {
             Ok((backend, warnings)) => {
                 said.extend(warnings);
                 backends.push((weight, backend));
@@ -595,6 +714,7 @@ fn backends_of(
 #[allow(clippy::type_complexity)]
 fn backend_of(
     r: &BackendRef,
+    kind: RouteKind,
     namespace: &str,
     index: &Index,
     sources: &Sources<'_>,
@@ -613,11 +733,12 @@ fn backend_of(
         let message = format!("backendRef {}: kind {kind} is not a Service", r.name);
         return Ok(Err(("InvalidKind", message, failing(namespace, &r.name, 0)?)));
     }
-    if ns != namespace && !index.grants_service(namespace, ns, &r.name) {
+    if ns != namespace && !index.grants_service(kind, namespace, ns, &r.name) {
         let message = format!(
-            "backendRef {ns}/{}: no ReferenceGrant in namespace {ns} lets HTTPRoutes of \
-             namespace {namespace} name it",
-            r.name
+            "backendRef {ns}/{}: no ReferenceGrant in namespace {ns} lets {}s of namespace \
+             {namespace} name it",
+            r.name,
+            kind.kind()
         );
         return Ok(Err(("RefNotPermitted", message, failing(ns, &r.name, port)?)));
     }

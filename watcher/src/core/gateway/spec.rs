@@ -124,6 +124,25 @@ pub struct HttpRouteSpec {
     pub rules: Vec<RouteRule>,
 }
 
+/// A TLSRoute's spec: names (SNI) and the backends their connections go to, unopened.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    #[serde(default)]
+    pub rules: Vec<TlsRouteRule>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsRouteRule {
+    #[serde(default)]
+    pub backend_refs: Vec<BackendRef>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ParentRef {

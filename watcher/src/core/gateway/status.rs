@@ -124,10 +124,9 @@ pub fn gateway_status(
                 reason: "NoConflicts",
                 message: "no conflict".into(),
             };
-            let kinds: Vec<Value> = if l.spec.protocol == "HTTP" || l.spec.protocol == "HTTPS" {
-                vec![json!({"group": GROUP, "kind": "HTTPRoute"})]
-            } else {
-                vec![]
+            let kinds: Vec<Value> = match super::RouteKind::of_protocol(&l.spec.protocol) {
+                Some(kind) => vec![json!({"group": GROUP, "kind": kind.kind()})],
+                None => vec![],
             };
             json!({
                 "name": name,

@@ -701,3 +701,123 @@ fn a_backend_ref_s_header_filters_change_only_its_own_share_after_the_rule_s() {
     assert!(message.contains("filter RequestMirror on a backendRef is not served"), "{message}");
     assert!(matches!(o.result, Err(Refused::Invalid(_))));
 }
+
+/// A TLS listener that passes connections through by their SNI.
+fn tls_listener(name: &str, hostname: Option<&str>, mode: &str) -> serde_json::Value {
+    let mut l = json!({"name": name, "port": 443, "protocol": "TLS", "tls": {"mode": mode},
+        "allowedRoutes": {"namespaces": {"from": "All"}}});
+    if let Some(h) = hostname {
+        l["hostname"] = json!(h);
+    }
+    l
+}
+
+fn resolve_tls(
+    gateway: &Arc<DynamicObject>,
+    grants: &[Arc<DynamicObject>],
+    r: &DynamicObject,
+    services: &Services,
+) -> Outcome {
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let gateways = std::slice::from_ref(gateway);
+    let objects = Objects { classes: &classes, gateways, grants, ..Default::default() };
+    let index = Index::new(&objects);
+    super::route::resolve_kind(RouteKind::Tls, r, &index, Config::default(), (services, None))
+}
+
+#[test]
+fn a_tls_route_passes_its_names_through_on_tls_listeners_only() {
+    let gw = gateway(json!([
+        http_listener("http", None, "All"),
+        tls_listener("tls", Some("*.example.com"), "Passthrough"),
+    ]));
+    let svc = services(&[("shop", "db"), ("shop", "web")]);
+    let spec = |parent: serde_json::Value, hosts: serde_json::Value, refs: serde_json::Value| {
+        route(
+            "shop",
+            json!({"parentRefs": [parent], "hostnames": hosts,
+                             "rules": [{"backendRefs": refs}]}),
+        )
+    };
+    let edge = json!({"name": "edge", "namespace": "infra"});
+    let db = json!([{"name": "db", "port": 80}]);
+    let r = spec(edge.clone(), json!(["db.example.com", "db.example.org"]), db.clone());
+    let o = resolve_tls(&gw, &[], &r, &svc);
+    assert_eq!(conditions(&o), [("Accepted", "Accepted", true), RESOLVED]);
+    assert_eq!(o.parents[0].listeners, ["tls"], "never the HTTP listener");
+    let resolved = &o.result.as_ref().expect("routed")[0];
+    assert_eq!(resolved.key, IngressKey::tls_route("shop", "shop").unwrap());
+    // The listener's hostname keeps the name it covers; the other name is not served.
+    assert_eq!(resolved.routes.len(), 1);
+    let r0 = &resolved.routes[0];
+    assert_eq!(r0.host.as_ref().map(|h| h.as_str()), Some("db.example.com"));
+    assert!(r0.is_passthrough() && r0.backend.options.tcp, "{r0:?}");
+    assert_eq!(r0.backend.node_port, Some(30080));
+    assert!(resolved.tls_spec.is_empty(), "no certificate: nothing is terminated");
+
+    // An HTTPRoute cannot take the TLS listener, nor a TLSRoute the HTTP one.
+    let by_section =
+        |section: &str| json!({"name": "edge", "namespace": "infra", "sectionName": section});
+    let http = route(
+        "shop",
+        json!({"parentRefs": [by_section("tls")],
+                                    "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}),
+    );
+    let o = resolve_with(&gw, &[], &http, &svc);
+    assert_eq!(o.parents[0].conditions[0].reason, "NotAllowedByListeners");
+    let o = resolve_tls(
+        &gw,
+        &[],
+        &spec(by_section("http"), json!(["db.example.com"]), db.clone()),
+        &svc,
+    );
+    assert_eq!(o.parents[0].conditions[0].reason, "NotAllowedByListeners");
+    let message = &o.parents[0].conditions[0].message;
+    assert!(message.contains("allows TLSRoutes of namespace shop"), "{message}");
+
+    // A name no listener covers; a Service that does not exist; two backends.
+    let o = resolve_tls(&gw, &[], &spec(edge.clone(), json!(["db.example.org"]), db.clone()), &svc);
+    assert_eq!(o.parents[0].conditions[0].reason, "NoMatchingListenerHostname");
+    let gone = json!([{"name": "gone", "port": 80}]);
+    let o = resolve_tls(&gw, &[], &spec(edge.clone(), json!(["db.example.com"]), gone), &svc);
+    assert_eq!(o.parents[0].conditions[1].reason, "BackendNotFound");
+    let failing = &o.result.as_ref().expect("routed")[0].routes[0].backend;
+    assert_eq!(
+        (failing.options.fail_status, failing.options.tcp),
+        (Some(FailStatus::InternalError), true)
+    );
+    let two = json!([{"name": "db", "port": 80}, {"name": "web", "port": 80}]);
+    let o = resolve_tls(&gw, &[], &spec(edge.clone(), json!(["db.example.com"]), two), &svc);
+    assert_eq!(o.parents[0].conditions[0].reason, "UnsupportedValue");
+    assert!(matches!(o.result, Err(Refused::Invalid(_))));
+
+    // Another namespace's Service needs a ReferenceGrant from TLSRoutes (an HTTPRoute's does
+    // not do).
+    let svc = services(&[("data", "db")]);
+    let other = json!([{"name": "db", "namespace": "data", "port": 80}]);
+    let r = spec(edge.clone(), json!(["db.example.com"]), other);
+    let grant = |from_kind: &str| {
+        object(json!({"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": "g", "namespace": "data"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": from_kind, "namespace": "shop"}],
+                     "to": [{"group": "", "kind": "Service"}]}}))
+    };
+    let o = resolve_tls(&gw, &[grant("HTTPRoute")], &r, &svc);
+    assert_eq!(o.parents[0].conditions[1].reason, "RefNotPermitted");
+    let o = resolve_tls(&gw, &[grant("TLSRoute")], &r, &svc);
+    assert_eq!(conditions(&o), [("Accepted", "Accepted", true), RESOLVED]);
+}
+
+#[test]
+fn a_tls_listener_that_would_terminate_is_not_served() {
+    let gw = gateway(json!([tls_listener("tls", None, "Terminate")]));
+    let index = Index::new(&Objects {
+        classes: &[class("hafleet", CONTROLLER_NAME)],
+        gateways: std::slice::from_ref(&gw),
+        ..Default::default()
+    });
+    let view = &index.gateways[&("infra".to_owned(), "edge".to_owned())];
+    let (reason, message) = view.listeners[0].refused.clone().expect("refused");
+    assert_eq!(reason, "UnsupportedValue");
+    assert!(message.contains("Passthrough"), "{message}");
+}

@@ -81,7 +81,7 @@ impl Source {
     fn is_of(&self, r: &Resolved, subject: &Subject) -> bool {
         match (self, subject) {
             (Source::Ingress(a), Subject::Ingress(b)) => Arc::ptr_eq(a, b),
-            (Source::Spec(spec), Subject::HttpRoute(_)) => *spec == r.tls_spec,
+            (Source::Spec(spec), Subject::Route(..)) => *spec == r.tls_spec,
             _ => false,
         }
     }
@@ -89,7 +89,7 @@ impl Source {
     fn of(subject: &Subject, spec: Vec<SpecEntry>) -> Source {
         match subject {
             Subject::Ingress(ing) => Source::Ingress(ing.clone()),
-            Subject::HttpRoute(_) => Source::Spec(spec),
+            Subject::Route(..) => Source::Spec(spec),
         }
     }
 }
@@ -111,7 +111,7 @@ fn same(a: &Looked, b: &Looked) -> bool {
 pub(super) fn tls_spec(r: &Resolved, subject: &Subject) -> Vec<SpecEntry> {
     match subject {
         Subject::Ingress(ing) => SpecEntry::of(ing),
-        Subject::HttpRoute(_) => r.tls_spec.clone(),
+        Subject::Route(..) => r.tls_spec.clone(),
     }
 }
 
@@ -155,7 +155,7 @@ pub(super) fn seal(
     if !(tls.sealed_for)(fleet) {
         let what = match subject {
             Subject::Ingress(_) => "spec.tls is",
-            Subject::HttpRoute(_) => "its HTTPS listeners' certificates are",
+            Subject::Route(..) => "its HTTPS listeners' certificates are",
         };
         let note = format!(
             "{what} not served: TLS is off on fleet {fleet} (the watcher has no --seal-to for it)"

@@ -1,0 +1,269 @@
+//! TLSRoutes: TLS connections passed through by their SNI to a backend that alone holds the
+//! certificate, on the same HTTPS bind as terminated HTTPS. Ported from the upstream
+//! conformance cases (`conformance/tests/tlsroute-*.go`, v1.6.1).
+
+use super::Bed;
+use crate::CONVERGE;
+use anyhow::Result;
+use hafleet_tests::eventually;
+use hafleet_tests::gateway_api::{INFRA_NS, create, get};
+use hafleet_tests::tls::{
+    fingerprint, https_get_as, self_signed, served_fingerprint, tls_answering,
+};
+use serde_json::{Value, json};
+
+/// Gateway `name` of gateway-conformance-infra on fleet `edge` with one TLS listener `https`
+/// on 443 for `hostname`, of `mode`, taking TLSRoutes of its own namespace.
+fn tls_gateway(name: &str, hostname: Option<&str>, mode: &str) -> Value {
+    let mut listener = json!({"name": "https", "port": 443, "protocol": "TLS",
+        "allowedRoutes": {"namespaces": {"from": "Same"}, "kinds": [{"kind": "TLSRoute"}]},
+        "tls": {"mode": mode}});
+    if let Some(h) = hostname {
+        listener["hostname"] = json!(h);
+    }
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": INFRA_NS, "annotations": {"hafleet.io/fleet": "edge"}},
+        "spec": {"gatewayClassName": "hafleet", "listeners": [listener]}})
+}
+
+/// TLSRoute `name` of gateway-conformance-infra on Gateway `gateway` for `hostnames`, to
+/// Service `backend` (of `backend_ns`, when given) on port 8443.
+fn tls_route(name: &str, gateway: &str, hostnames: &[&str], backend: Value) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "TLSRoute",
+        "metadata": {"name": name, "namespace": INFRA_NS},
+        "spec": {"parentRefs": [{"name": gateway, "namespace": INFRA_NS}],
+                 "hostnames": hostnames, "rules": [{"backendRefs": [backend]}]}})
+}
+
+/// A Service `tcp-backend` of gateway-conformance-infra on port 8443 whose pods (one on each
+/// of the World's nodes) serve TLS for `names` with a certificate of their own; that
+/// certificate (PEM).
+async fn tls_backend(
+    bed: &Bed,
+    names: &[&str],
+) -> Result<(Vec<u8>, Vec<tokio::task::JoinHandle<()>>)> {
+    let kube = &bed.world.stack.kube;
+    let port = u16::try_from(kube.create_nodeport_service(INFRA_NS, "tcp-backend", 8443).await?)?;
+    let (cert, key) = self_signed(names)?;
+    let mut servers = Vec::new();
+    for b in &bed.world.backends[..2] {
+        let at = std::net::SocketAddr::new(b.addr().ip(), port);
+        servers.push(tls_answering(at, (&cert, &key), "tcp-backend").await?);
+    }
+    Ok((cert, servers))
+}
+
+/// TLSRouteSimpleSameNamespace (and TLSRouteListenerPassthroughSupportedKinds): a TLSRoute
+/// on a Passthrough listener attaches; on every host, a TLS connection for its name gets the
+/// backend's own certificate (HAProxy never holds it) and the backend's answer, through the
+/// fleet's HTTPS bind; the listener lists TLSRoute among its supported kinds and counts the
+/// route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_route_simple_same_namespace() -> Result<()> {
+    let bed = Bed::start().await?;
+    let (cert, _servers) = tls_backend(&bed, &["abc.example.com"]).await?;
+    create(&bed.client, tls_gateway("gateway-tlsroute", Some("*.example.com"), "Passthrough"))
+        .await?;
+    let backend = json!({"name": "tcp-backend", "port": 8443});
+    let route = tls_route(
+        "gateway-conformance-infra-test",
+        "gateway-tlsroute",
+        &["abc.example.com"],
+        backend,
+    );
+    create(&bed.client, route).await?;
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "True", "ResolvedRefs")];
+    bed.kind_says(
+        "TLSRoute",
+        (INFRA_NS, "gateway-conformance-infra-test"),
+        "gateway-tlsroute",
+        &want,
+    )
+    .await?;
+
+    let ca = bed.world.stack.dir().join("tcp-backend.pem");
+    std::fs::write(&ca, &cert)?;
+    let want_print = fingerprint(&cert)?;
+    for h in &bed.world.stack.hosts {
+        let addr = h.https_addr();
+        let what = format!("{}: abc.example.com passed through", h.name());
+        let (ca, want_print) = (&ca, &want_print);
+        eventually(CONVERGE, &what, || async move {
+            let served = served_fingerprint(addr, "abc.example.com").await?;
+            anyhow::ensure!(served.as_ref() == Some(want_print), "served {served:?}");
+            let answer = https_get_as(addr, "abc.example.com", "abc.example.com", ca).await?;
+            anyhow::ensure!(answer.ends_with("\r\n\r\ntcp-backend\n"), "{answer}");
+            Ok(())
+        })
+        .await?;
+    }
+    let client = &bed.client;
+    eventually(CONVERGE, "the listener's supported kinds and routes", || async move {
+        let gw = get(client, "Gateway", Some(INFRA_NS), "gateway-tlsroute").await?;
+        let listener = &gw.data["status"]["listeners"][0];
+        let kinds = &listener["supportedKinds"];
+        anyhow::ensure!(kinds.to_string().contains("\"TLSRoute\""), "{kinds}");
+        anyhow::ensure!(listener["attachedRoutes"] == 1, "{listener}");
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until Gateway `gateway`'s listener `listener` says `want` (type, status, reason).
+async fn listener_says(bed: &Bed, gateway: &str, want: (&str, &str, &str)) -> Result<()> {
+    let client = &bed.client;
+    let what = format!("Gateway {gateway}'s listener: {want:?}");
+    eventually(CONVERGE, &what, || async move {
+        let gw = get(client, "Gateway", Some(INFRA_NS), gateway).await?;
+        let said = hafleet_tests::gateway_api::conditions_of(&gw.data["status"]["listeners"][0]);
+        anyhow::ensure!(
+            hafleet_tests::gateway_api::has_condition(&said, want.0, want.1, Some(want.2)),
+            "{said:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// What a TLSRoute that cannot be served is told, as the upstream cases say, on one bed:
+/// TLSRouteInvalidNoMatchingListener (a Gateway whose only listener is HTTP, or HTTPS, does
+/// not allow it: NotAllowedByListeners; a sectionName no listener has: NoMatchingParent),
+/// TLSRouteInvalidNoMatchingListenerHostname (a name neither an exact nor a wildcard listener
+/// hostname covers: NoMatchingListenerHostname, and the Gateways count no route),
+/// TLSRouteInvalidBackendRefNonexistent (BackendNotFound), TLSRouteInvalidBackendRefUnknownKind
+/// (InvalidKind) and TLSRouteListenerTerminateNotSupported (a TLS listener that would
+/// terminate: the listener's Accepted False, UnsupportedValue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_route_invalid_cases_say_why() -> Result<()> {
+    let bed = Bed::start().await?;
+    let client = &bed.client;
+    let (_cert, _servers) = tls_backend(&bed, &["abc.example.com"]).await?;
+    let plain = |name: &str, protocol: &str, port: u16| {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": INFRA_NS, "annotations": {"hafleet.io/fleet": "edge"}},
+            "spec": {"gatewayClassName": "hafleet", "listeners": [
+                {"name": protocol.to_lowercase(), "port": port, "protocol": protocol,
+                 "allowedRoutes": {"namespaces": {"from": "Same"}}}]}})
+    };
+    let mut https = plain("gateway-tlsroute-https-only", "HTTPS", 443);
+    https["spec"]["listeners"][0]["tls"] = json!({"mode": "Terminate", "certificateRefs": [
+        {"group": "", "kind": "Secret", "name": "tls-validity-checks-certificate"}]});
+    for gw in [
+        plain("gateway-tlsroute-http-only", "HTTP", 80),
+        https,
+        tls_gateway("gateway-tlsroute-tls-passthrough-only", None, "Passthrough"),
+        tls_gateway("gateway-tls-exact-hostname", Some("www.example.com"), "Passthrough"),
+        tls_gateway("gateway-tls-wildcard-hostname", Some("*.example.com"), "Passthrough"),
+        tls_gateway(
+            "gateway-tlsroute-terminate-unsupported",
+            Some("terminate.example.com"),
+            "Terminate",
+        ),
+    ] {
+        create(client, gw).await?;
+    }
+    let backend = || json!({"name": "tcp-backend", "port": 8443});
+    let mut no_section = tls_route(
+        "tlsroute-no-matching-section",
+        "gateway-tlsroute-tls-passthrough-only",
+        &["abc.example.com"],
+        backend(),
+    );
+    no_section["spec"]["parentRefs"][0]["sectionName"] = json!("does-not-exist");
+    let mut unknown_kind = tls_route(
+        "invalid-backend-ref-unknown-kind",
+        "gateway-tlsroute-tls-passthrough-only",
+        &["abc.example.com"],
+        backend(),
+    );
+    unknown_kind["spec"]["rules"][0]["backendRefs"][0] = json!({"group": "unknownkind.example.com", "kind": "NonExistent", "name": "tls-backend", "port": 443});
+    for route in [
+        tls_route(
+            "tlsroute-not-allowed-protocol-http",
+            "gateway-tlsroute-http-only",
+            &["abc.example.com"],
+            backend(),
+        ),
+        tls_route(
+            "tlsroute-not-allowed-protocol-https",
+            "gateway-tlsroute-https-only",
+            &["abc.example.com"],
+            backend(),
+        ),
+        no_section,
+        tls_route(
+            "tlsroute-hostname-mismatch-1",
+            "gateway-tls-exact-hostname",
+            &["abc.example.com"],
+            backend(),
+        ),
+        tls_route(
+            "tlsroute-hostname-mismatch-2",
+            "gateway-tls-wildcard-hostname",
+            &["abc.example.net"],
+            backend(),
+        ),
+        tls_route(
+            "invalid-backend-ref-nonexistent",
+            "gateway-tlsroute-tls-passthrough-only",
+            &["abc.example.com"],
+            json!({"name": "nonexistent", "port": 443}),
+        ),
+        unknown_kind,
+    ] {
+        create(client, route).await?;
+    }
+    let not = |reason| [("Accepted", "False", reason)];
+    for (route, gateway, want) in [
+        (
+            "tlsroute-not-allowed-protocol-http",
+            "gateway-tlsroute-http-only",
+            not("NotAllowedByListeners"),
+        ),
+        (
+            "tlsroute-not-allowed-protocol-https",
+            "gateway-tlsroute-https-only",
+            not("NotAllowedByListeners"),
+        ),
+        (
+            "tlsroute-no-matching-section",
+            "gateway-tlsroute-tls-passthrough-only",
+            not("NoMatchingParent"),
+        ),
+        (
+            "tlsroute-hostname-mismatch-1",
+            "gateway-tls-exact-hostname",
+            not("NoMatchingListenerHostname"),
+        ),
+        (
+            "tlsroute-hostname-mismatch-2",
+            "gateway-tls-wildcard-hostname",
+            not("NoMatchingListenerHostname"),
+        ),
+        (
+            "invalid-backend-ref-nonexistent",
+            "gateway-tlsroute-tls-passthrough-only",
+            [("ResolvedRefs", "False", "BackendNotFound")],
+        ),
+        (
+            "invalid-backend-ref-unknown-kind",
+            "gateway-tlsroute-tls-passthrough-only",
+            [("ResolvedRefs", "False", "InvalidKind")],
+        ),
+    ] {
+        bed.kind_says("TLSRoute", (INFRA_NS, route), gateway, &want).await?;
+    }
+    listener_says(
+        &bed,
+        "gateway-tlsroute-terminate-unsupported",
+        ("Accepted", "False", "UnsupportedValue"),
+    )
+    .await?;
+    for gateway in ["gateway-tls-exact-hostname", "gateway-tls-wildcard-hostname"] {
+        let gw = get(client, "Gateway", Some(INFRA_NS), gateway).await?;
+        let attached = &gw.data["status"]["listeners"][0]["attachedRoutes"];
+        anyhow::ensure!(*attached == 0, "{gateway}: {attached}");
+    }
+    Ok(())
+}
