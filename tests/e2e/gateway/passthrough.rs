@@ -267,3 +267,47 @@ async fn tls_route_invalid_cases_say_why() -> Result<()> {
     }
     Ok(())
 }
+
+/// TLSRouteInvalidReferenceGrant: a TLSRoute's Service in another namespace, with only
+/// ReferenceGrants that are wrong in one way each (the grant's namespace, the from group, kind
+/// or namespace, the to group, kind or name): the route is Accepted, its ResolvedRefs False
+/// with RefNotPermitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_route_invalid_reference_grant() -> Result<()> {
+    let bed = Bed::start().await?;
+    let client = &bed.client;
+    let app = hafleet_tests::gateway_api::APP_NS;
+    let grant = |name: &str, ns: &str, from: (&str, &str, &str), to: (&str, &str, &str)| {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"from": [{"group": from.0, "kind": from.1, "namespace": from.2}],
+                     "to": [{"group": to.0, "kind": to.1, "name": to.2}]}})
+    };
+    let (g, right_from, right_to) = (
+        "gateway.networking.k8s.io",
+        ("gateway.networking.k8s.io", "TLSRoute", INFRA_NS),
+        ("", "Service", "tls-backend"),
+    );
+    let wrong = "not-the-one";
+    for object in [
+        grant("reference-grant-wrong-namespace", INFRA_NS, right_from, right_to),
+        grant("reference-grant-wrong-from-group", app, (wrong, "TLSRoute", INFRA_NS), right_to),
+        grant("reference-grant-wrong-from-kind", app, (g, "Gateway", INFRA_NS), right_to),
+        grant("reference-grant-wrong-from-namespace", app, (g, "TLSRoute", wrong), right_to),
+        grant("reference-grant-wrong-to-group", app, right_from, (wrong, "Service", "tls-backend")),
+        grant("reference-grant-wrong-to-kind", app, right_from, ("", "Secret", "tls-backend")),
+        grant("reference-grant-wrong-to-name", app, right_from, ("", "Service", wrong)),
+        tls_gateway("gateway-tlsroute-referencegrant", Some("*.example.com"), "Passthrough"),
+        tls_route(
+            "gateway-conformance-infra-test",
+            "gateway-tlsroute-referencegrant",
+            &["abc.example.com"],
+            json!({"name": "tls-backend", "namespace": app, "port": 443}),
+        ),
+    ] {
+        create(client, object).await?;
+    }
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "RefNotPermitted")];
+    let route = (INFRA_NS, "gateway-conformance-infra-test");
+    bed.kind_says("TLSRoute", route, "gateway-tlsroute-referencegrant", &want).await
+}
