@@ -85,10 +85,11 @@ pub const PODS_SCHEMA_VERSION: u32 = 7;
 /// for the Ingress of the same name; every other route message is sent as before.
 pub const GATEWAY_SCHEMA_VERSION: u32 = 8;
 
-/// Schema of the route messages that name a TLSRoute ([`SourceKind::TlsRoute`]) or carry a
-/// passthrough route ([`RouteMore::passthrough`], [`BackendOptions::tcp`]), and the newest
-/// route schema this build reads. A renderer that reads only schema 8 parks them instead of
-/// serving a passthrough route as an HTTP one; every other route message is sent as before.
+/// Schema of the route messages that name a TLSRoute or a TCPRoute ([`SourceKind`]) or carry
+/// a passthrough or TCP route ([`RouteMore::passthrough`], [`RouteMore::port`],
+/// [`BackendOptions::tcp`]), and the newest route schema this build reads. A renderer that
+/// reads only schema 8 parks them instead of serving such a route as an HTTP one; every other
+/// route message is sent as before.
 pub const PASSTHROUGH_SCHEMA_VERSION: u32 = 9;
 
 /// The schema of a route message of `cluster`.
@@ -109,7 +110,7 @@ pub fn keys_schema<'a>(
     keys.map(|k| match k.kind {
         SourceKind::Ingress => 0,
         SourceKind::HttpRoute => GATEWAY_SCHEMA_VERSION,
-        SourceKind::TlsRoute => PASSTHROUGH_SCHEMA_VERSION,
+        SourceKind::TlsRoute | SourceKind::TcpRoute => PASSTHROUGH_SCHEMA_VERSION,
     })
     .max()
     .unwrap_or(0)

@@ -87,6 +87,11 @@ pub struct RouteMore {
     /// ([`crate::BackendOptions::tcp`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub passthrough: bool,
+    /// The route takes every TCP connection to this port of the fleet's hosts (a TCPRoute's,
+    /// bound at `$HAFLEET_TCP_ADDR`): its host and path mean nothing, and its backends speak
+    /// TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 impl RouteMore {

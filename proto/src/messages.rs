@@ -76,6 +76,10 @@ pub enum SourceKind {
     /// ([`crate::RouteMore::passthrough`]).
     #[serde(rename = "TLSRoute")]
     TlsRoute,
+    /// A Gateway API TCPRoute: its routes take a listener port's connections
+    /// ([`crate::RouteMore::port`]).
+    #[serde(rename = "TCPRoute")]
+    TcpRoute,
 }
 
 impl SourceKind {
@@ -86,13 +90,14 @@ impl SourceKind {
 
 impl std::fmt::Display for IngressKey {
     /// `namespace/name` for an Ingress, `httproute:namespace/name` for an HTTPRoute,
-    /// `tlsroute:namespace/name` for a TLSRoute, and
+    /// `tlsroute:namespace/name` for a TLSRoute, `tcproute:namespace/name` for a TCPRoute, and
     /// `@cluster` when it has one.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.kind {
             SourceKind::Ingress => {}
             SourceKind::HttpRoute => f.write_str("httproute:")?,
             SourceKind::TlsRoute => f.write_str("tlsroute:")?,
+            SourceKind::TcpRoute => f.write_str("tcproute:")?,
         }
         write!(f, "{}/{}", self.namespace, self.name)?;
         match &self.cluster {
@@ -399,6 +404,12 @@ impl Route {
     /// ([`crate::RouteMore::passthrough`]).
     pub fn is_passthrough(&self) -> bool {
         self.more.as_deref().is_some_and(|m| m.passthrough)
+    }
+
+    /// The port whose every TCP connection it takes, for a TCPRoute's
+    /// ([`crate::RouteMore::port`]).
+    pub fn tcp_port(&self) -> Option<u16> {
+        self.more.as_deref().and_then(|m| m.port)
     }
 }
 
@@ -880,6 +891,11 @@ impl IngressKey {
     /// The key of TLSRoute `namespace/name`.
     pub fn tls_route(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
         Ok(IngressKey { kind: SourceKind::TlsRoute, ..IngressKey::new(namespace, name)? })
+    }
+
+    /// The key of TCPRoute `namespace/name`.
+    pub fn tcp_route(namespace: &str, name: &str) -> Result<Self, InvalidValue> {
+        Ok(IngressKey { kind: SourceKind::TcpRoute, ..IngressKey::new(namespace, name)? })
     }
 
     /// The same Ingress, said to be in `cluster`.

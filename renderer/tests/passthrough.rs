@@ -1,4 +1,5 @@
-//! Passthrough routes (a TLSRoute's) beside HTTPS termination, on the real HAProxy: the
+//! Passthrough routes (a TLSRoute's) beside HTTPS termination, and a TCPRoute's port, on the
+//! real HAProxy: the
 //! rendered bundle is laid out as a host holds it, HAProxy serves it, `openssl s_server` is a
 //! passthrough backend and `openssl s_client` the client.
 
@@ -122,6 +123,16 @@ fn route(host: &str, name: &str, port: u16, passthrough: bool) -> Route {
     }
 }
 
+/// A TCPRoute's route: every connection to `port` goes to Service `name` at NodePort
+/// `node_port`.
+fn tcp_route(port: u16, name: &str, node_port: u16) -> Route {
+    let mut r = route("unused.invalid", name, node_port, false);
+    r.host = None;
+    r.backend.options.tcp = true;
+    r.more = Some(Box::new(RouteMore { port: Some(port), ..Default::default() }));
+    r
+}
+
 fn entry(created: i64, routes: Vec<Route>, tls: Vec<TlsEntry>) -> IngressEntry {
     IngressEntry {
         created_unix: created,
@@ -168,7 +179,9 @@ fn passthrough_and_termination_share_the_https_bind() {
     wait_listening(pass_port);
     let http_port = forwarded_for_echo();
 
+    let tcp_port = free_port();
     let web = IngressKey::new("shop", "web").unwrap();
+    let db = IngressKey { kind: SourceKind::TcpRoute, ..IngressKey::new("shop", "db").unwrap() };
     let tls =
         IngressKey { kind: SourceKind::HttpRoute, ..IngressKey::new("shop", "pass").unwrap() };
     let term = TlsEntry {
@@ -178,6 +191,7 @@ fn passthrough_and_termination_share_the_https_bind() {
     };
     let ingresses: BTreeMap<IngressKey, IngressEntry> = [
         (web, entry(1, vec![route("term.example.com", "web", http_port, false)], vec![term])),
+        (db, entry(3, vec![tcp_route(tcp_port, "db", http_port)], vec![])),
         (
             tls,
             entry(
@@ -270,6 +284,7 @@ fn passthrough_and_termination_share_the_https_bind() {
                 .arg(host.path().join("haproxy.cfg"))
                 .env("HAFLEET_HTTP_BIND", format!("127.0.0.1:{http}"))
                 .env("HAFLEET_HTTPS_BIND", format!("127.0.0.1:{https}"))
+                .env("HAFLEET_TCP_ADDR", "127.0.0.1")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -303,5 +318,12 @@ fn passthrough_and_termination_share_the_https_bind() {
         let mut answer = String::new();
         plain.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 308"), "{at}: {answer}");
+        // A TCPRoute's port: the bytes go to its backend as they are (no X-Forwarded-For:
+        // nothing read them as HTTP).
+        let mut tcp = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], tcp_port))).unwrap();
+        tcp.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).unwrap();
+        assert!(answer.ends_with("terminated, for -\n"), "{at}: {answer}");
     }
 }

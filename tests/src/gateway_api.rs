@@ -11,7 +11,7 @@ pub const VERSION: &str = "v1.6.1";
 /// The CRD files, in the order they are created.
 pub fn crd_files() -> Vec<PathBuf> {
     let dir = crate::stack::workspace_file("tests/gateway-api").join(VERSION);
-    ["gatewayclasses", "gateways", "httproutes", "referencegrants", "tlsroutes"]
+    ["gatewayclasses", "gateways", "httproutes", "referencegrants", "tlsroutes", "tcproutes"]
         .iter()
         .map(|kind| dir.join(format!("gateway.networking.k8s.io_{kind}.yaml")))
         .collect()
@@ -72,7 +72,8 @@ pub async fn install_crds(kube: &KubeEnv, work: &Path) -> Result<()> {
         let client = client.clone();
         async move {
             let group = kube::discovery::group(&client, "gateway.networking.k8s.io").await?;
-            for kind in ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant", "TLSRoute"] {
+            let kinds = ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant", "TLSRoute"];
+            for kind in kinds.into_iter().chain(["TCPRoute"]) {
                 group.recommended_kind(kind).with_context(|| format!("no {kind} yet"))?;
             }
             Ok(())

@@ -359,7 +359,7 @@ impl HaproxyHost {
              StrictModes no\n\
              AllowUsers {user}\n\
              PermitRootLogin no\n\
-             SetEnv HAFLEET_HTTP_BIND={bind} HAFLEET_HTTPS_BIND={https} HAFLEET_METRICS_ADDR={ip}\n\
+             SetEnv HAFLEET_HTTP_BIND={bind} HAFLEET_HTTPS_BIND={https} HAFLEET_METRICS_ADDR={ip} HAFLEET_TCP_ADDR={ip}\n\
              LogLevel ERROR\n\
              MaxStartups 100\n\
              MaxSessions 100\n\
@@ -445,7 +445,8 @@ impl HaproxyHost {
             .env("HOME", &self.dir)
             .env("HAFLEET_HTTP_BIND", self.http_addr.to_string())
             .env("HAFLEET_HTTPS_BIND", self.https_addr.to_string())
-            .env("HAFLEET_METRICS_ADDR", self.http_addr.ip().to_string());
+            .env("HAFLEET_METRICS_ADDR", self.http_addr.ip().to_string())
+            .env("HAFLEET_TCP_ADDR", self.http_addr.ip().to_string());
         // A host set up as docs/install.md's "For big fleets" says (its heap on transparent huge
         // pages), for a bench run. Unset, a host runs as a fresh install's would.
         if let Some(tunables) = std::env::var_os(HOST_GLIBC_TUNABLES) {

@@ -103,6 +103,8 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
                 sni.push((rule.key.as_str(), rule.backend.as_str()));
                 continue;
             }
+            // A TCP port's: its own frontend, no map.
+            "tcp" => continue,
             "exact" => &mut exact,
             _ => &mut prefix,
         };
@@ -215,7 +217,7 @@ impl Maps {
     pub fn add_routes<R: std::borrow::Borrow<RuleModel>>(&mut self, rules: &[R]) {
         let mut exact = Vec::new();
         let mut prefix = Vec::new();
-        for rule in rules.iter().map(|r| r.borrow()).filter(|r| r.kind != "sni") {
+        for rule in rules.iter().map(|r| r.borrow()).filter(|r| !["sni", "tcp"].contains(&r.kind)) {
             let map = if rule.kind == "exact" { &mut exact } else { &mut prefix };
             map.push((rule.key.as_str(), rule.ingress.as_str()));
         }

@@ -55,6 +55,42 @@ pub struct RenderModel {
     pub deep_wildcards: Vec<String>,
     /// The fleet's settings, defaults filled in ([`crate::core::settings`]).
     pub settings: crate::core::settings::SettingsModel,
+    /// Ports whose every TCP connection a TCPRoute takes, each with its backends, in port
+    /// order.
+    pub tcp: Vec<TcpModel>,
+}
+
+/// A TCP port of the fleet's hosts and where its connections go: each share's backend, and
+/// below which value of one draw in `0..total` it is taken (the last share: `None`, the rest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TcpModel {
+    pub port: u16,
+    pub total: u32,
+    pub shares: Vec<TcpShare>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TcpShare {
+    pub backend: String,
+    pub below: Option<u32>,
+}
+
+impl TcpModel {
+    /// Port `port` shared by `shares` (weight, backend), in their order.
+    fn of(port: u16, shares: &[(u32, String)]) -> TcpModel {
+        let total = shares.iter().map(|(w, _)| *w).sum::<u32>().max(1);
+        let mut below = 0;
+        let last = shares.len().saturating_sub(1);
+        let shares = shares
+            .iter()
+            .enumerate()
+            .map(|(i, (weight, backend))| {
+                below += weight;
+                TcpShare { backend: backend.clone(), below: (i < last).then_some(below) }
+            })
+            .collect();
+        TcpModel { port, total, shares }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -64,10 +100,10 @@ pub struct RuleModel {
     /// `None`: any host.
     pub host: Option<String>,
     /// Trailing slash removed for `prefix` (Kubernetes ignores it); as written for `exact`;
-    /// empty for `sni`.
+    /// empty for `sni`; the port for `tcp`.
     pub path: String,
     /// `exact` or `prefix`; `sni` for a passthrough route, looked up by the SNI of a TLS
-    /// connection (its host) in the SNI map, not by a request.
+    /// connection (its host) in the SNI map, not by a request; `tcp` for a TCPRoute's port.
     pub kind: &'static str,
     pub backend: String,
     /// `namespace/name` of the Ingress the rule comes from.
@@ -80,6 +116,7 @@ impl RuleModel {
         let host = self.host.as_deref().unwrap_or("");
         match self.kind {
             "sni" => host.to_owned(),
+            "tcp" => self.path.clone(),
             "exact" => format!("{host}{}", self.path),
             _ if self.path == "/" => format!("{host}/"),
             _ => format!("{host}{}/", self.path),
@@ -635,8 +672,10 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
         .iter()
         .map(|route| {
             let passthrough = route.is_passthrough();
+            let port = route.tcp_port();
             let path = match route.kind {
                 _ if passthrough => String::new(),
+                _ if port.is_some() => port.unwrap_or_default().to_string(),
                 PathKind::Prefix => route.path.trimmed().as_str().to_owned(),
                 PathKind::Exact => route.path.as_str().to_owned(),
             };
@@ -645,6 +684,7 @@ fn rules_of(key: &IngressKey, routes: &[hafleet_proto::Route]) -> Arc<[Arc<RuleM
                 path,
                 kind: match route.kind {
                     _ if passthrough => "sni",
+                    _ if port.is_some() => "tcp",
                     PathKind::Exact => "exact",
                     PathKind::Prefix => "prefix",
                 },
@@ -753,6 +793,7 @@ pub fn build_memo(
     let mut conditional: BTreeMap<(&'static str, String), Vec<Conditional>> = BTreeMap::new();
     let mut weighted: HashMap<(&str, &str), Vec<(u32, String)>, foldhash::fast::RandomState> =
         HashMap::default();
+    let mut tcp: Vec<TcpModel> = Vec::new();
 
     for ((key, entry), built) in owners.iter().zip(&built) {
         for (route, rule) in entry.routes.iter().zip(built.iter()) {
@@ -786,8 +827,13 @@ pub fn build_memo(
                     std::collections::hash_map::Entry::Vacant(slot) => {
                         slot.insert((key, rules.len()));
                         rules.push(Arc::clone(rule));
-                        if more.is_some_and(|m| !m.split.is_empty()) {
-                            weighted.insert((rule.kind, rule.key.as_str()), shares());
+                        match route.tcp_port() {
+                            // A TCP port's own frontend draws among its shares.
+                            Some(port) => tcp.push(TcpModel::of(port, &shares())),
+                            None if more.is_some_and(|m| !m.split.is_empty()) => {
+                                weighted.insert((rule.kind, rule.key.as_str()), shares());
+                            }
+                            None => {}
                         }
                     }
                 },
@@ -829,6 +875,10 @@ pub fn build_memo(
         held_hosts: Vec::new(),
         deep_wildcards: Vec::new(),
         settings: Default::default(),
+        tcp: {
+            tcp.sort_by_key(|t| t.port);
+            tcp
+        },
     }
 }
 

@@ -101,6 +101,8 @@ struct Context<'a> {
     spare_sections: &'a str,
     /// The fleet's settings ([`crate::core::settings::SettingsModel`]).
     settings: &'a crate::core::settings::SettingsModel,
+    /// TCP ports and their backends ([`crate::core::model::TcpModel`]).
+    tcp: &'a [crate::core::model::TcpModel],
 }
 
 impl Renderer {
@@ -152,6 +154,7 @@ impl Renderer {
             held_hosts: vec![],
             deep_wildcards: vec![],
             settings: Default::default(),
+            tcp: vec![],
         };
         let maps = maps::build::<RuleModel>(&[]);
         let captured = template
@@ -515,6 +518,7 @@ fn context<'a>(
         notes: &model.notes,
         spare_sections,
         settings: &model.settings,
+        tcp: &model.tcp,
     }
 }
 

@@ -9,6 +9,7 @@ mod hostnames;
 mod matching;
 mod passthrough;
 mod services;
+mod tcp;
 mod tls;
 
 use anyhow::{Context, Result};

@@ -185,10 +185,7 @@ pub(crate) fn gateway_status(
             route.metadata.namespace.as_deref().unwrap_or("default"),
             route.metadata.name.as_deref().unwrap_or_default(),
         );
-        let key = match kind {
-            crate::core::gateway::RouteKind::Http => IngressKey::http_route(ns, name),
-            crate::core::gateway::RouteKind::Tls => IngressKey::tls_route(ns, name),
-        };
+        let key = kind.key(ns, name);
         for p in parents {
             // What was last published of the route on this parent's Gateway's fleet.
             let fleet = pass.index.gateways.get(&p.gateway).and_then(|gw| gw.fleet.as_ref().ok());

@@ -59,6 +59,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     info!(
         gateway_api = gateway_api.is_some(),
         tls_routes = gateway_api.is_some_and(|g| g.tls_routes),
+        tcp_routes = gateway_api.is_some_and(|g| g.tcp_routes),
         "Gateway API (gateway.networking.k8s.io/v1) served by the cluster"
     );
     let (caches, mut changes) = kube_adapter::watch(
@@ -410,22 +411,25 @@ async fn sync(
             .iter()
             .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone()?)))
             .collect();
-        let tls_routes = g.tls_routes.as_ref().map(|s| s.state()).unwrap_or_default();
-        let routes = (g.routes.state(), tls_routes);
+        let state = |s: &Option<kube::runtime::reflector::Store<_>>| {
+            s.as_ref().map(|s| s.state()).unwrap_or_default()
+        };
+        let routes = (g.routes.state(), state(&g.tls_routes), state(&g.tcp_routes));
         (g.classes.state(), g.gateways.state(), routes, g.grants.state(), labels)
     });
-    let gateway =
-        gateway.as_ref().map(|(classes, gateways, (routes, tls_routes), grants, labels)| {
-            let namespaces = Some(labels);
-            crate::core::gateway::Objects {
-                classes,
-                gateways,
-                routes,
-                tls_routes,
-                grants,
-                namespaces,
-            }
-        });
+    let gateway = gateway.as_ref().map(|(classes, gateways, routes, grants, labels)| {
+        let (routes, tls_routes, tcp_routes) = (&routes.0, &routes.1, &routes.2);
+        let namespaces = Some(labels);
+        crate::core::gateway::Objects {
+            classes,
+            gateways,
+            routes,
+            tls_routes,
+            tcp_routes,
+            grants,
+            namespaces,
+        }
+    });
     let objects = pass::Objects {
         ingresses: &ingresses,
         gateway: gateway.as_ref(),

@@ -241,7 +241,9 @@ pub fn resolve(
         memo.routes.begin_pass(crate::core::gateway::memo::Around::of(gw));
         use crate::core::gateway::RouteKind;
         let http = gw.routes.iter().map(|r| (RouteKind::Http, r));
-        for (kind, route) in http.chain(gw.tls_routes.iter().map(|r| (RouteKind::Tls, r))) {
+        let tls = gw.tls_routes.iter().map(|r| (RouteKind::Tls, r));
+        let tcp = gw.tcp_routes.iter().map(|r| (RouteKind::Tcp, r));
+        for (kind, route) in http.chain(tls).chain(tcp) {
             let (ns, name) = (route.metadata.namespace.as_deref(), route.metadata.name.as_deref());
             let sources = (objects.services, objects.endpoints);
             let outcome = memo.routes.resolve(route, sources, || {
@@ -254,10 +256,7 @@ pub fn resolve(
                 )
             });
             let (ns, name) = (ns.unwrap_or("default"), name.unwrap_or_default());
-            let key = match kind {
-                RouteKind::Http => IngressKey::http_route(ns, name),
-                RouteKind::Tls => IngressKey::tls_route(ns, name),
-            };
+            let key = kind.key(ns, name);
             let subject = Subject::Route(kind, route.clone());
             out.take(subject, key, outcome.result, (policy, rules, published));
             out.gateway.routes.push((kind, route.clone(), outcome.parents));
@@ -347,6 +346,7 @@ impl Resolution {
                     Subject::Ingress(_) => "InvalidIngress",
                     Subject::Route(crate::core::gateway::RouteKind::Http, _) => "InvalidHTTPRoute",
                     Subject::Route(crate::core::gateway::RouteKind::Tls, _) => "InvalidTLSRoute",
+                    Subject::Route(crate::core::gateway::RouteKind::Tcp, _) => "InvalidTCPRoute",
                 };
                 tell(&key, reason, format!("not routed by hafleet: {}", why.join("; ")));
                 // Its last good routes stay only where the policy still allows them.

@@ -60,7 +60,7 @@ pub fn route_event(
             if route.more.is_some() {
                 schema = schema.max(hafleet_proto::GATEWAY_SCHEMA_VERSION);
             }
-            if route.is_passthrough() {
+            if route.is_passthrough() || route.tcp_port().is_some() {
                 schema = schema.max(hafleet_proto::PASSTHROUGH_SCHEMA_VERSION);
             }
             for backend in route.backends_mut() {

@@ -64,8 +64,10 @@ pub struct GatewayCaches {
     pub classes: Store<DynamicObject>,
     pub gateways: Store<DynamicObject>,
     pub routes: Store<DynamicObject>,
-    /// TLSRoutes, where the cluster serves them (their CRD is installed apart).
+    /// TLSRoutes and TCPRoutes, where the cluster serves them (their CRDs are installed
+    /// apart).
     pub tls_routes: Option<Store<DynamicObject>>,
+    pub tcp_routes: Option<Store<DynamicObject>>,
     pub grants: Store<DynamicObject>,
     /// Namespaces, metadata only: their labels, which a listener may select routes by.
     pub namespaces: Store<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
@@ -74,8 +76,10 @@ pub struct GatewayCaches {
 /// What the API server serves of the Gateway API as the watcher starts.
 #[derive(Debug, Clone, Copy)]
 pub struct GatewayApi {
-    /// TLSRoutes at `v1` (their CRD is one of the standard channel's, installed apart).
+    /// TLSRoutes and TCPRoutes at `v1` (their CRDs are of the standard channel, installed
+    /// apart).
     pub tls_routes: bool,
+    pub tcp_routes: bool,
 }
 
 /// Whether the API server serves the Gateway API (`gateway.networking.k8s.io/v1`, its CRDs
@@ -87,7 +91,7 @@ pub async fn serves_gateway_api(client: &Client) -> Option<GatewayApi> {
         return None;
     }
     let served = |kind: &str| group.versioned_resources("v1").iter().any(|(ar, _)| ar.kind == kind);
-    Some(GatewayApi { tls_routes: served("TLSRoute") })
+    Some(GatewayApi { tls_routes: served("TLSRoute"), tcp_routes: served("TCPRoute") })
 }
 
 /// Ticks once per change seen on any watch. Drive it to keep the caches current.
@@ -215,6 +219,7 @@ pub fn watch(
         let (classes, gateways) = (watch_kind("GatewayClass"), watch_kind("Gateway"));
         let (routes, grants) = (watch_kind("HTTPRoute"), watch_kind("ReferenceGrant"));
         let tls_routes = api.tls_routes.then(|| watch_kind("TLSRoute"));
+        let tcp_routes = api.tcp_routes.then(|| watch_kind("TCPRoute"));
         let (namespaces, writer) =
             reflector::store::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>();
         let api =
@@ -228,7 +233,7 @@ pub fn watch(
             .reflect(writer)
             .map(|r| r.map(|_| ()).map_err(|e| ("namespaces", e)));
         all.push(watched.boxed());
-        GatewayCaches { classes, gateways, routes, tls_routes, grants, namespaces }
+        GatewayCaches { classes, gateways, routes, tls_routes, tcp_routes, grants, namespaces }
     });
     let endpoint_slices = endpoint_slices.map(|ar| {
         let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
@@ -368,7 +373,7 @@ impl Caches {
             for store in [&g.classes, &g.gateways, &g.routes, &g.grants] {
                 store.wait_until_ready().await?;
             }
-            if let Some(store) = &g.tls_routes {
+            for store in [&g.tls_routes, &g.tcp_routes].into_iter().flatten() {
                 store.wait_until_ready().await?;
             }
             g.namespaces.wait_until_ready().await?;

@@ -332,3 +332,38 @@ fn the_memo_reuses_what_did_not_change_and_forgets_what_went() {
     assert_eq!(memo.rules.len(), 1);
     assert_eq!(memo.backends.len(), 1);
 }
+
+#[test]
+fn a_tcp_port_goes_to_the_oldest_route_and_draws_among_its_shares() {
+    let f = FleetName::new("edge").unwrap();
+    let tcp = |svc: &str, port: u16, split: Vec<(u32, Backend)>| {
+        let mut r = route(None, "/", PathKind::Prefix, svc);
+        r.backend.options.tcp = true;
+        let weight = (!split.is_empty()).then_some(3);
+        r.more = Some(Box::new(hafleet_proto::RouteMore {
+            port: Some(port),
+            weight,
+            split,
+            ..Default::default()
+        }));
+        r
+    };
+    let mut other = route(None, "/", PathKind::Prefix, "db-b").backend;
+    other.options.tcp = true;
+    let state = fleet_of(vec![
+        ("newer", 200, vec![tcp("rival", 9300, vec![])]),
+        ("older", 100, vec![tcp("db-a", 9300, vec![(1, other)])]),
+        ("alone", 300, vec![tcp("cache", 9301, vec![])]),
+    ]);
+    let m = build(&f, &state, &one_node());
+    let ports: Vec<u16> = m.tcp.iter().map(|t| t.port).collect();
+    assert_eq!(ports, [9300, 9301]);
+    let shares: Vec<(&str, Option<u32>)> =
+        m.tcp[0].shares.iter().map(|s| (s.backend.as_str(), s.below)).collect();
+    assert_eq!(m.tcp[0].total, 4);
+    assert!(shares[0].0.starts_with("be_default_db-a_80_") && shares[0].1 == Some(3), "{shares:?}");
+    assert!(shares[1].0.starts_with("be_default_db-b_80_") && shares[1].1.is_none(), "{shares:?}");
+    assert_eq!(m.tcp[1].shares.len(), 1);
+    assert!(m.notes.iter().any(|n| n.starts_with("default/newer")), "{:?}", m.notes);
+    assert!(m.rules.iter().all(|r| r.kind == "tcp"));
+}

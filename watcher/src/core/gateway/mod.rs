@@ -39,6 +39,7 @@ pub fn api_resource(kind: &str) -> ApiResource {
         "Gateway" => "gateways",
         "HTTPRoute" => "httproutes",
         "TLSRoute" => "tlsroutes",
+        "TCPRoute" => "tcproutes",
         "ReferenceGrant" => "referencegrants",
         other => panic!("not a Gateway API kind hafleet reads: {other}"),
     };
@@ -59,6 +60,8 @@ pub struct Objects<'a> {
     pub routes: &'a [Arc<DynamicObject>],
     /// TLSRoutes, where the API server serves them.
     pub tls_routes: &'a [Arc<DynamicObject>],
+    /// TCPRoutes, where the API server serves them.
+    pub tcp_routes: &'a [Arc<DynamicObject>],
     pub grants: &'a [Arc<DynamicObject>],
     /// Each namespace's labels (for listeners that select namespaces); `None`: not read.
     pub namespaces: Option<&'a NamespaceLabels>,
@@ -96,6 +99,8 @@ pub enum RouteKind {
     Http,
     /// A TLSRoute: TLS connections passed through by their SNI.
     Tls,
+    /// A TCPRoute: every connection to a listener's port.
+    Tcp,
 }
 
 impl RouteKind {
@@ -104,6 +109,20 @@ impl RouteKind {
         match self {
             RouteKind::Http => "HTTPRoute",
             RouteKind::Tls => "TLSRoute",
+            RouteKind::Tcp => "TCPRoute",
+        }
+    }
+
+    /// The key of route `namespace/name` of this kind.
+    pub fn key(
+        self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<hafleet_proto::IngressKey, hafleet_proto::InvalidValue> {
+        match self {
+            RouteKind::Http => hafleet_proto::IngressKey::http_route(namespace, name),
+            RouteKind::Tls => hafleet_proto::IngressKey::tls_route(namespace, name),
+            RouteKind::Tcp => hafleet_proto::IngressKey::tcp_route(namespace, name),
         }
     }
 
@@ -112,6 +131,7 @@ impl RouteKind {
         match protocol {
             "HTTP" | "HTTPS" => Some(RouteKind::Http),
             "TLS" => Some(RouteKind::Tls),
+            "TCP" => Some(RouteKind::Tcp),
             _ => None,
         }
     }
@@ -264,6 +284,8 @@ fn listener_view(
         // TLS passed through by its SNI (a TLSRoute's); hafleet does not terminate TLS for
         // TLSRoutes.
         ("TLS", Some(tls)) if tls.mode.as_deref() == Some("Passthrough") => None,
+        // Every connection to its port, on $HAFLEET_TCP_ADDR of each host (a TCPRoute's).
+        ("TCP", _) => None,
         ("TLS", _) => Some((
             "UnsupportedValue",
             "a TLS listener is served with tls.mode Passthrough only (TLSRoutes are passed \
@@ -285,7 +307,7 @@ fn listener_view(
         }
         (other, _) => Some((
             "UnsupportedProtocol",
-            format!("protocol {other:?} is not served by hafleet (HTTP, HTTPS and TLS are)"),
+            format!("protocol {other:?} is not served by hafleet (HTTP, HTTPS, TLS and TCP are)"),
         )),
     };
     let namespaces = spec.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());

@@ -14,14 +14,15 @@
 //! never served as something else.
 
 use super::spec::{
-    BackendRef, HttpRouteSpec, ParentRef, RouteRule, TlsRouteSpec, ValueMatch, spec_of,
+    BackendRef, HttpRouteSpec, ParentRef, RouteRule, TcpRouteSpec, TlsRouteSpec, ValueMatch,
+    spec_of,
 };
 use super::{Index, RouteKind, intersect};
 use crate::core::model::{Resolved, Sharing, Warning};
 use crate::core::resolve::{Config, Endpoints, Refused, Services, Sources};
 use hafleet_proto::{
-    Backend, FailStatus, FleetName, HeaderName, HeaderValue, HttpHost, HttpPath, IngressKey,
-    Method, Namespace, ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
+    Backend, FailStatus, FleetName, HeaderName, HeaderValue, HttpHost, HttpPath, Method, Namespace,
+    ObjectName, ParamName, PathKind, Route, RouteMore, ServiceRef,
 };
 use kube::api::DynamicObject;
 
@@ -75,12 +76,14 @@ struct Attached {
 }
 
 /// How requests for a host reach a route: through HTTP listeners, HTTPS listeners (with
-/// their certificates' Secrets, (namespace, name)), or both.
+/// their certificates' Secrets, (namespace, name)), or both; for a TCPRoute, through the
+/// ports of its TCP listeners.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Via {
     plain: bool,
     tls: bool,
     certs: Vec<(String, String)>,
+    ports: Vec<u16>,
 }
 
 impl Via {
@@ -90,6 +93,11 @@ impl Via {
         for c in &other.certs {
             if !self.certs.contains(c) {
                 self.certs.push(c.clone());
+            }
+        }
+        for p in &other.ports {
+            if !self.ports.contains(p) {
+                self.ports.push(*p);
             }
         }
     }
@@ -110,6 +118,7 @@ fn add_host(hosts: &mut Vec<(Option<HttpHost>, Via)>, host: &Option<HttpHost>, v
 enum Spec {
     Http(HttpRouteSpec),
     Tls(TlsRouteSpec),
+    Tcp(TcpRouteSpec),
 }
 
 impl Spec {
@@ -117,6 +126,7 @@ impl Spec {
         match kind {
             RouteKind::Http => spec_of::<HttpRouteSpec>(route).ok().map(Spec::Http),
             RouteKind::Tls => spec_of::<TlsRouteSpec>(route).ok().map(Spec::Tls),
+            RouteKind::Tcp => spec_of::<TcpRouteSpec>(route).ok().map(Spec::Tcp),
         }
     }
 
@@ -124,6 +134,7 @@ impl Spec {
         match self {
             Spec::Http(_) => RouteKind::Http,
             Spec::Tls(_) => RouteKind::Tls,
+            Spec::Tcp(_) => RouteKind::Tcp,
         }
     }
 
@@ -131,6 +142,7 @@ impl Spec {
         match self {
             Spec::Http(s) => &s.parent_refs,
             Spec::Tls(s) => &s.parent_refs,
+            Spec::Tcp(s) => &s.parent_refs,
         }
     }
 
@@ -138,6 +150,7 @@ impl Spec {
         match self {
             Spec::Http(s) => &s.hostnames,
             Spec::Tls(s) => &s.hostnames,
+            Spec::Tcp(_) => &[],
         }
     }
 
@@ -153,6 +166,7 @@ impl Spec {
         match self {
             Spec::Http(s) => rules_routes(s, (namespace, meta), index, sources, hosts, said),
             Spec::Tls(s) => tls_routes(s, (namespace, meta), index, sources, hosts, said),
+            Spec::Tcp(s) => tcp_routes(s, (namespace, meta), index, sources, hosts, said),
         }
     }
 }
@@ -248,11 +262,7 @@ pub fn resolve_kind(
         return Outcome { result: Err(Refused::Invalid(errors)), parents };
     }
     let name = meta.name.as_deref().unwrap_or_default();
-    let key = match spec.kind() {
-        RouteKind::Http => IngressKey::http_route(namespace, name),
-        RouteKind::Tls => IngressKey::tls_route(namespace, name),
-    };
-    let Ok(key) = key else {
+    let Ok(key) = spec.kind().key(namespace, name) else {
         return Outcome { result: Err(Refused::NotSelected), parents };
     };
     let sharing = meta
@@ -324,6 +334,53 @@ impl Said {
             }
         }
     }
+}
+
+/// The routes of a TCPRoute's rules on one fleet: every connection to each port of the TCP
+/// listeners it attached to (`hosts`' ports) goes to its first rule's backends, shared by
+/// weight.
+fn tcp_routes(
+    spec: &TcpRouteSpec,
+    (namespace, meta): (&str, &kube::api::ObjectMeta),
+    index: &Index,
+    (services, endpoints, pods_by_default): (&Services, Option<&Endpoints>, bool),
+    hosts: &[(Option<HttpHost>, Via)],
+    said: &mut Said,
+) -> Vec<Route> {
+    let sources = Sources { services, endpoints, pods_by_default };
+    let mut ports: Vec<u16> = hosts.iter().flat_map(|(_, via)| via.ports.iter().copied()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let mut routes: Vec<Route> = Vec::new();
+    for (i, rule) in spec.rules.iter().enumerate() {
+        let at = format!("rules[{i}]");
+        let found =
+            backends_of(&rule.backend_refs, RouteKind::Tcp, namespace, meta, index, &sources);
+        let Some(mut backends) = said.backends(found, &at) else { continue };
+        for (_, b) in &mut backends {
+            b.options.tcp = true;
+        }
+        let Some(((weight, backend), split)) = backends.split_first() else { continue };
+        for port in &ports {
+            if routes.iter().any(|r| r.tcp_port() == Some(*port)) {
+                continue;
+            }
+            let more = RouteMore {
+                port: Some(*port),
+                weight: (!split.is_empty()).then_some(*weight),
+                split: split.to_vec(),
+                ..Default::default()
+            };
+            routes.push(Route {
+                host: None,
+                path: HttpPath::root(),
+                kind: PathKind::Prefix,
+                backend: backend.clone(),
+                more: Some(Box::new(more)),
+            });
+        }
+    }
+    routes
 }
 
 /// The passthrough routes of a TLSRoute's rules for `hosts` (one fleet's): each host (an SNI)
@@ -531,7 +588,12 @@ fn attach(spec: &Spec, namespace: &str, index: &Index) -> (Vec<ParentStatus>, Ve
             }
             status.listeners.push(l.spec.name.clone());
             let is_tls = l.spec.protocol != "HTTP";
-            let via = Via { plain: !is_tls, tls: is_tls, certs: l.cert.iter().cloned().collect() };
+            let via = Via {
+                plain: !is_tls,
+                tls: is_tls,
+                certs: l.cert.iter().cloned().collect(),
+                ports: (kind == RouteKind::Tcp).then_some(l.spec.port).into_iter().collect(),
+            };
             for h in mine {
                 // A hostname that is not one (the schema's pattern, if removed) serves nothing.
                 let host = match h {

@@ -136,6 +136,18 @@ pub struct TlsRouteSpec {
     pub rules: Vec<TlsRouteRule>,
 }
 
+/// A TCPRoute's spec: every connection to the ports of the listeners it attaches to goes to
+/// its rule's backends.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub rules: Vec<TlsRouteRule>,
+}
+
+/// A TLSRoute's or TCPRoute's rule: its backends only.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TlsRouteRule {

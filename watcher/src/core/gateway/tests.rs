@@ -821,3 +821,58 @@ fn a_tls_listener_that_would_terminate_is_not_served() {
     assert_eq!(reason, "UnsupportedValue");
     assert!(message.contains("Passthrough"), "{message}");
 }
+
+#[test]
+fn a_tcp_route_takes_its_listeners_ports_shared_by_weight() {
+    let tcp = |name: &str, port: u16| {
+        json!({"name": name, "port": port, "protocol": "TCP",
+               "allowedRoutes": {"kinds": [{"kind": "TCPRoute"}], "namespaces": {"from": "All"}}})
+    };
+    let gw =
+        gateway(json!([http_listener("http", None, "All"), tcp("one", 9300), tcp("two", 9301)]));
+    let svc = services(&[("shop", "db"), ("shop", "db2")]);
+    let resolve_tcp = |parent: serde_json::Value, refs: serde_json::Value| {
+        let r = route("shop", json!({"parentRefs": [parent], "rules": [{"backendRefs": refs}]}));
+        let classes = [class("hafleet", CONTROLLER_NAME)];
+        let objects = Objects {
+            classes: &classes,
+            gateways: std::slice::from_ref(&gw),
+            ..Default::default()
+        };
+        let index = Index::new(&objects);
+        super::route::resolve_kind(RouteKind::Tcp, &r, &index, Config::default(), (&svc, None))
+    };
+    let ports = |o: &Outcome| -> Vec<u16> {
+        o.result.as_ref().expect("routed")[0].routes.iter().filter_map(|r| r.tcp_port()).collect()
+    };
+    let db = json!([{"name": "db", "port": 80}]);
+    let all = resolve_tcp(json!({"name": "edge", "namespace": "infra"}), db.clone());
+    assert_eq!(conditions(&all), [("Accepted", "Accepted", true), RESOLVED]);
+    assert_eq!(all.parents[0].listeners, ["one", "two"], "never the HTTP listener");
+    assert_eq!(ports(&all), [9300, 9301]);
+    let r = &all.result.as_ref().unwrap()[0];
+    assert_eq!(r.key, IngressKey::tcp_route("shop", "shop").unwrap());
+    assert!(r.routes.iter().all(|r| r.host.is_none() && r.backend.options.tcp));
+    let by_port =
+        resolve_tcp(json!({"name": "edge", "namespace": "infra", "port": 9301}), db.clone());
+    assert_eq!(ports(&by_port), [9301]);
+    let by_section =
+        resolve_tcp(json!({"name": "edge", "namespace": "infra", "sectionName": "one"}), db);
+    assert_eq!(ports(&by_section), [9300]);
+    let http = resolve_tcp(
+        json!({"name": "edge", "namespace": "infra", "sectionName": "http"}),
+        json!([]),
+    );
+    assert_eq!(http.parents[0].conditions[0].reason, "NotAllowedByListeners");
+
+    let weighted = resolve_tcp(
+        json!({"name": "edge", "namespace": "infra", "sectionName": "one"}),
+        json!([{"name": "db", "port": 80, "weight": 3}, {"name": "db2", "port": 80, "weight": 1},
+               {"name": "db", "port": 80, "weight": 0}]),
+    );
+    let route = &weighted.result.as_ref().unwrap()[0].routes[0];
+    let more = route.more.as_deref().expect("a port and shares");
+    assert_eq!((more.port, more.weight), (Some(9300), Some(3)));
+    assert_eq!(more.split.len(), 1);
+    assert!(more.split[0].1.options.tcp && more.split[0].1.service.name.as_str() == "db2");
+}
