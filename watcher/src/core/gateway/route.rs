@@ -165,8 +165,14 @@ impl Spec {
     ) -> Vec<Route> {
         match self {
             Spec::Http(s) => rules_routes(s, (namespace, meta), index, sources, hosts, said),
-            Spec::Tls(s) => tls_routes(s, (namespace, meta), index, sources, hosts, said),
-            Spec::Tcp(s) => tcp_routes(s, (namespace, meta), index, sources, hosts, said),
+            Spec::Tls(s) => {
+                let at = (namespace, meta);
+                stream_routes(RouteKind::Tls, &s.rules, at, index, sources, hosts, said)
+            }
+            Spec::Tcp(s) => {
+                let at = (namespace, meta);
+                stream_routes(RouteKind::Tcp, &s.rules, at, index, sources, hosts, said)
+            }
         }
     }
 }
@@ -336,11 +342,13 @@ impl Said {
     }
 }
 
-/// The routes of a TCPRoute's rules on one fleet: every connection to each port of the TCP
-/// listeners it attached to (`hosts`' ports) goes to its first rule's backends, shared by
-/// weight.
-fn tcp_routes(
-    spec: &TcpRouteSpec,
+/// The routes of a TLSRoute's or TCPRoute's rules on one fleet, each to its rule's backends,
+/// carried as TCP: for a TLSRoute, each of `hosts` (an SNI, passed through; one backend a
+/// rule); for a TCPRoute, each port of the TCP listeners it attached to (`hosts`' ports), its
+/// backends shared by weight. A host or port goes to the first rule that has it.
+fn stream_routes(
+    kind: RouteKind,
+    rules: &[super::spec::TlsRouteRule],
     (namespace, meta): (&str, &kube::api::ObjectMeta),
     index: &Index,
     (services, endpoints, pods_by_default): (&Services, Option<&Endpoints>, bool),
@@ -348,81 +356,49 @@ fn tcp_routes(
     said: &mut Said,
 ) -> Vec<Route> {
     let sources = Sources { services, endpoints, pods_by_default };
-    let mut ports: Vec<u16> = hosts.iter().flat_map(|(_, via)| via.ports.iter().copied()).collect();
-    ports.sort_unstable();
-    ports.dedup();
+    // What each route is taken by: a name (TLSRoute; a route without one takes none) or a
+    // port (TCPRoute).
+    let mut keys: Vec<(Option<HttpHost>, Option<u16>)> = match kind {
+        RouteKind::Tcp => {
+            hosts.iter().flat_map(|(_, via)| via.ports.iter().map(|p| (None, Some(*p)))).collect()
+        }
+        _ => hosts.iter().filter_map(|(h, _)| Some((Some(h.clone()?), None))).collect(),
+    };
+    keys.sort();
+    keys.dedup();
     let mut routes: Vec<Route> = Vec::new();
-    for (i, rule) in spec.rules.iter().enumerate() {
+    for (i, rule) in rules.iter().enumerate() {
         let at = format!("rules[{i}]");
-        let found =
-            backends_of(&rule.backend_refs, RouteKind::Tcp, namespace, meta, index, &sources);
+        let found = backends_of(&rule.backend_refs, kind, namespace, meta, index, &sources);
         let Some(mut backends) = said.backends(found, &at) else { continue };
-        for (_, b) in &mut backends {
-            b.options.tcp = true;
-        }
-        let Some(((weight, backend), split)) = backends.split_first() else { continue };
-        for port in &ports {
-            if routes.iter().any(|r| r.tcp_port() == Some(*port)) {
-                continue;
-            }
-            let more = RouteMore {
-                port: Some(*port),
-                weight: (!split.is_empty()).then_some(*weight),
-                split: split.to_vec(),
-                ..Default::default()
-            };
-            routes.push(Route {
-                host: None,
-                path: HttpPath::root(),
-                kind: PathKind::Prefix,
-                backend: backend.clone(),
-                more: Some(Box::new(more)),
-            });
-        }
-    }
-    routes
-}
-
-/// The passthrough routes of a TLSRoute's rules for `hosts` (one fleet's): each host (an SNI)
-/// to its rule's backend, carried as TCP. A host comes from the first rule that has it.
-fn tls_routes(
-    spec: &TlsRouteSpec,
-    (namespace, meta): (&str, &kube::api::ObjectMeta),
-    index: &Index,
-    (services, endpoints, pods_by_default): (&Services, Option<&Endpoints>, bool),
-    hosts: &[(Option<HttpHost>, Via)],
-    said: &mut Said,
-) -> Vec<Route> {
-    let sources = Sources { services, endpoints, pods_by_default };
-    let mut routes: Vec<Route> = Vec::new();
-    for (i, rule) in spec.rules.iter().enumerate() {
-        let at = format!("rules[{i}]");
-        let found =
-            backends_of(&rule.backend_refs, RouteKind::Tls, namespace, meta, index, &sources);
-        let Some(backends) = said.backends(found, &at) else { continue };
-        let mut backends = backends.into_iter();
-        let (Some((_, mut backend)), None) = (backends.next(), backends.next()) else {
+        if kind == RouteKind::Tls && backends.len() > 1 {
             said.error(format!(
                 "{at}.backendRefs: sharing a TLSRoute's connections among several backends is \
                  not served by hafleet yet"
             ));
             continue;
-        };
-        backend.options.tcp = true;
-        let more = RouteMore { passthrough: true, ..Default::default() };
-        for (host, _) in hosts {
-            // A connection is passed through by the name it asks for: a route without one
-            // takes none.
-            let Some(host) = host else { continue };
-            if routes.iter().any(|r| r.host.as_ref() == Some(host)) {
+        }
+        for (_, b) in &mut backends {
+            b.options.tcp = true;
+        }
+        let Some(((weight, backend), split)) = backends.split_first() else { continue };
+        for (host, port) in &keys {
+            if routes.iter().any(|r| r.host == *host && r.tcp_port() == *port) {
                 continue;
             }
+            let more = RouteMore {
+                passthrough: kind == RouteKind::Tls,
+                port: *port,
+                weight: (!split.is_empty()).then_some(*weight),
+                split: split.to_vec(),
+                ..Default::default()
+            };
             routes.push(Route {
-                host: Some(host.clone()),
+                host: host.clone(),
                 path: HttpPath::root(),
                 kind: PathKind::Prefix,
                 backend: backend.clone(),
-                more: Some(Box::new(more.clone())),
+                more: Some(Box::new(more)),
             });
         }
     }
