@@ -176,50 +176,52 @@ pub(crate) fn gateway_status(
     }
     // Routes attached to each listener: (Gateway namespace, name) → listener → count; and the
     // newest routes-stream sequence published for the routes attached to each Gateway.
-    let mut attached: BTreeMap<(String, String), BTreeMap<String, usize>> = BTreeMap::new();
-    let mut needed: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut attached: BTreeMap<(&str, &str), BTreeMap<&str, usize>> = BTreeMap::new();
+    let mut needed: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut decided = queue.decided.lock().unwrap_or_else(|p| p.into_inner());
-    let mut next = super::state::Decided::with_capacity(pass.routes.len());
+    let mut next =
+        super::state::Decided::with_capacity_and_hasher(pass.routes.len(), Default::default());
     for (kind, route, parents) in &pass.routes {
         let (ns, name) = (
             route.metadata.namespace.as_deref().unwrap_or("default"),
             route.metadata.name.as_deref().unwrap_or_default(),
         );
         let key = kind.key(ns, name);
-        for p in parents {
+        for p in parents.iter() {
             // What was last published of the route on this parent's Gateway's fleet.
             let fleet = pass.index.gateways.get(&p.gateway).and_then(|gw| gw.fleet.as_ref().ok());
             let seq = match (&key, fleet) {
-                (Ok(k), Some(f)) => route_seqs.get(&(k.clone(), f.clone())).copied().unwrap_or(0),
+                (Ok(k), Some(f)) => super::state::route_seq(route_seqs, k, f),
                 _ => 0,
             };
-            let on = attached.entry(p.gateway.clone()).or_default();
+            let gateway = (p.gateway.0.as_str(), p.gateway.1.as_str());
+            let on = attached.entry(gateway).or_default();
             for l in &p.listeners {
-                *on.entry(l.clone()).or_default() += 1;
+                *on.entry(l.as_str()).or_default() += 1;
             }
-            let at = needed.entry(p.gateway.clone()).or_default();
+            let at = needed.entry(gateway).or_default();
             *at = (*at).max(seq);
         }
         let (Some(ns), Some(name)) = (&route.metadata.namespace, &route.metadata.name) else {
             continue;
         };
-        let key = (kind.kind(), ns.clone(), name.clone());
-        let unchanged = decided
-            .get(&key)
-            .is_some_and(|(r, p)| std::sync::Arc::ptr_eq(r, route) && p == parents);
+        let at = std::sync::Arc::as_ptr(route) as usize;
+        let unchanged = decided.get(&at).is_some_and(|(r, p)| {
+            std::sync::Arc::ptr_eq(r, route) && (std::sync::Arc::ptr_eq(p, parents) || p == parents)
+        });
         if !unchanged && let Some(new) = status::route_status(route, parents, &now) {
             queue.push(kind.kind(), Some(ns), name, new);
         }
-        next.insert(key, (route.clone(), parents.clone()));
+        next.insert(at, (route.clone(), parents.clone()));
     }
     *decided = next;
     drop(decided);
     for ((ns, name), gw) in &pass.index.gateways {
         let none = BTreeMap::new();
-        let counts = attached.get(&(ns.clone(), name.clone())).unwrap_or(&none);
+        let counts = attached.get(&(ns.as_str(), name.as_str())).unwrap_or(&none);
         // Programmed once its fleet's hosts all run a version that holds what was last
         // published for its routes.
-        let need = needed.get(&(ns.clone(), name.clone())).copied().unwrap_or(0);
+        let need = needed.get(&(ns.as_str(), name.as_str())).copied().unwrap_or(0);
         let programmed = gw
             .fleet
             .as_ref()

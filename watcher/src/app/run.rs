@@ -587,7 +587,11 @@ async fn publish(bus: &Bus, state: &mut State, action: Action, more: usize) -> a
     let op = if matches!(action, Action::Upsert(_)) { "upsert" } else { "delete" };
     info!(fleet = %fleet, ingress = %key, op, stream_seq = seq, "route event published");
     if !key.kind.is_ingress() {
-        state.route_seqs.insert((key.clone(), fleet.clone()), seq);
+        let seqs = state.route_seqs.entry(key.clone()).or_default();
+        match seqs.iter_mut().find(|(f, _)| f == fleet) {
+            Some((_, s)) => *s = seq,
+            None => seqs.push((fleet.clone(), seq)),
+        }
     }
     hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
     index::record(&mut state.published, &action);

@@ -9,7 +9,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tracing::warn;
 
 /// The routes-stream sequence of each object's last published change, by object and fleet.
-pub(crate) type RouteSeqs = std::collections::HashMap<(IngressKey, FleetName), u64>;
+/// The newest routes-stream sequence published of each Gateway API route, per fleet: looked
+/// up for every route at every pass, so by borrowed key.
+pub(crate) type RouteSeqs =
+    std::collections::HashMap<IngressKey, Vec<(FleetName, u64)>, foldhash::fast::RandomState>;
+
+/// [`RouteSeqs`] of `key` on `fleet` (0: none published).
+pub(crate) fn route_seq(seqs: &RouteSeqs, key: &IngressKey, fleet: &FleetName) -> u64 {
+    seqs.get(key).and_then(|v| v.iter().find(|(f, _)| f == fleet)).map_or(0, |(_, s)| *s)
+}
 
 pub(crate) struct State {
     /// `--cluster-id`: stamped on everything published, which this watcher's view of its one
@@ -69,16 +77,22 @@ type StatusOf = (&'static str, Option<String>, String);
 pub(crate) struct StatusQueue {
     pending: std::sync::Arc<std::sync::Mutex<BTreeMap<StatusOf, serde_json::Value>>>,
     wake: std::sync::Arc<tokio::sync::Notify>,
-    /// Each route's status as last decided, by (kind, namespace, name): the route object and
-    /// what its parents were told. A pass decides again only a route whose object or parents
-    /// changed (10,000 routes are 10,000 statuses to build); a write that fails forgets it.
+    /// Each route's status as last decided, by the route object (its address in the watch
+    /// cache, which replaces an object on every change): the object and what its parents were
+    /// told. A pass decides again only a route whose object or parents changed (10,000 routes
+    /// are 10,000 statuses to build, and 20,000 keys to copy if keyed by name); a write that
+    /// fails forgets it.
     pub(crate) decided: std::sync::Arc<std::sync::Mutex<Decided>>,
 }
 
 /// [`StatusQueue::decided`].
 pub(crate) type Decided = std::collections::HashMap<
-    (&'static str, String, String),
-    (std::sync::Arc<kube::api::DynamicObject>, Vec<crate::core::gateway::route::ParentStatus>),
+    usize,
+    (
+        std::sync::Arc<kube::api::DynamicObject>,
+        std::sync::Arc<Vec<crate::core::gateway::route::ParentStatus>>,
+    ),
+    foldhash::fast::RandomState,
 >;
 
 impl StatusQueue {
@@ -113,8 +127,13 @@ impl StatusQueue {
                             if !warnings.set_gateway_status(kind, at, status).await
                                 && kind.ends_with("Route")
                             {
-                                let key = (kind, ns.unwrap_or_default(), name);
-                                decided.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                                let same = |r: &kube::api::DynamicObject| {
+                                    r.metadata.namespace == ns
+                                        && r.metadata.name.as_deref() == Some(name.as_str())
+                                        && r.types.as_ref().is_none_or(|t| t.kind == kind)
+                                };
+                                let mut decided = decided.lock().unwrap_or_else(|p| p.into_inner());
+                                decided.retain(|_, (r, _)| !same(r));
                             }
                         }
                     })

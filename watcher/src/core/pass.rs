@@ -145,7 +145,7 @@ pub struct GatewayPass {
 pub type GatewayRoute = (
     crate::core::gateway::RouteKind,
     Arc<kube::api::DynamicObject>,
-    Vec<crate::core::gateway::route::ParentStatus>,
+    Arc<Vec<crate::core::gateway::route::ParentStatus>>,
 );
 
 /// What a pass does, in order: tell, publish `actions`, and remember the rest.

@@ -142,8 +142,10 @@ mod tests {
         );
         let services = Services::default();
         let mut memo = RouteMemo::default();
-        let outcome =
-            || Outcome { result: Err(crate::core::resolve::Refused::NotSelected), parents: vec![] };
+        let outcome = || Outcome {
+            result: Err(crate::core::resolve::Refused::NotSelected),
+            parents: Default::default(),
+        };
         for _ in 0..3 {
             memo.begin_pass(Around::default());
             memo.resolve(&route, (&services, None), outcome);

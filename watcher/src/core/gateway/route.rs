@@ -63,8 +63,9 @@ pub struct ParentStatus {
 pub struct Outcome {
     /// One per fleet, in fleet order.
     pub result: Result<Vec<Resolved>, Refused>,
-    /// Empty: no parent of it is hafleet's (its status is not hafleet's to write).
-    pub parents: Vec<ParentStatus>,
+    /// Empty: no parent of it is hafleet's (its status is not hafleet's to write). Shared:
+    /// a memoized outcome goes to the pass and the status bookkeeping without a copy.
+    pub parents: std::sync::Arc<Vec<ParentStatus>>,
 }
 
 /// A parent the route attached to: its fleet and the hostnames it may serve there (`None`:
@@ -198,7 +199,7 @@ pub fn resolve_kind(
     config: Config<'_>,
     (services, endpoints): (&Services, Option<&Endpoints>),
 ) -> Outcome {
-    let nothing = Outcome { result: Err(Refused::NotSelected), parents: vec![] };
+    let nothing = Outcome { result: Err(Refused::NotSelected), parents: Default::default() };
     let Some(spec) = Spec::read(route, kind) else { return nothing };
     let meta = &route.metadata;
     let namespace = meta.namespace.as_deref().unwrap_or("default");
@@ -259,17 +260,17 @@ pub fn resolve_kind(
         p.conditions.push(resolved_refs.clone());
     }
     if each.is_empty() {
-        return Outcome { result: Err(Refused::NotSelected), parents };
+        return Outcome { result: Err(Refused::NotSelected), parents: parents.into() };
     }
     if !errors.is_empty() {
         for a in &attached {
             parents[a.index].listeners.clear();
         }
-        return Outcome { result: Err(Refused::Invalid(errors)), parents };
+        return Outcome { result: Err(Refused::Invalid(errors)), parents: parents.into() };
     }
     let name = meta.name.as_deref().unwrap_or_default();
     let Ok(key) = spec.kind().key(namespace, name) else {
-        return Outcome { result: Err(Refused::NotSelected), parents };
+        return Outcome { result: Err(Refused::NotSelected), parents: parents.into() };
     };
     let sharing = meta
         .annotations
@@ -281,7 +282,7 @@ pub fn resolve_kind(
         Ok(s) => s.unwrap_or_default(),
         Err(e) => {
             let note = format!("annotation {}: {e}", crate::core::model::SHARE_ANNOTATION);
-            return Outcome { result: Err(Refused::Invalid(vec![note])), parents };
+            return Outcome { result: Err(Refused::Invalid(vec![note])), parents: parents.into() };
         }
     };
     let resolved = each
@@ -293,7 +294,7 @@ pub fn resolve_kind(
             r
         })
         .collect();
-    Outcome { result: Ok(resolved), parents }
+    Outcome { result: Ok(resolved), parents: parents.into() }
 }
 
 /// What resolving a route's rules said: why it is refused, its warnings and its backendRefs

@@ -36,7 +36,7 @@ pub type Unusable<'a> = dyn Fn(&str, &str) -> Option<String> + 'a;
 /// says why a listener's certificate Secret (namespace, name) cannot be served, if it cannot.
 pub fn gateway_status(
     gw: &GatewayView,
-    attached: &BTreeMap<String, usize>,
+    attached: &BTreeMap<&str, usize>,
     addresses: &FleetAddresses,
     (served, unusable): (Option<(u64, usize)>, &Unusable<'_>),
     now: &str,

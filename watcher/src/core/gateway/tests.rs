@@ -489,7 +489,7 @@ fn a_gateway_is_programmed_only_once_its_fleet_serves_it() {
         Objects { classes: &classes, gateways: std::slice::from_ref(&gw), ..Default::default() };
     let index = Index::new(&objects);
     let view = &index.gateways[&("infra".to_owned(), "edge".to_owned())];
-    let counts = std::collections::BTreeMap::from([("http".to_owned(), 1usize)]);
+    let counts = std::collections::BTreeMap::from([("http", 1usize)]);
     let addresses = crate::core::status::parse("edge=192.0.2.10").unwrap();
     let usable = |_: &str, _: &str| None;
     let status =
@@ -642,7 +642,7 @@ fn a_route_attached_to_gateways_of_two_fleets_is_routed_on_each() {
         ("edge", vec!["blog.example.com".into(), "shop.example.com".into()])
     );
     assert!(routed.iter().all(|r| r.key == IngressKey::http_route("shop", "shop").unwrap()));
-    for p in &o.parents {
+    for p in o.parents.iter() {
         assert!(p.conditions.iter().all(|c| c.ok), "{:?}", p.conditions);
     }
 }
