@@ -321,11 +321,30 @@ async fn http_route_rewrite_host() -> Result<()> {
 /// HTTPRouteRequestHeaderModifier (Core): set, add and remove on the way to the backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_route_request_header_modifier() -> Result<()> {
+    request_header_modifier(false).await
+}
+
+/// HTTPRouteBackendRequestHeaderModifier (Extended): the same cases, each filter under the
+/// rule's backendRef instead of the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_backend_request_header_modifier() -> Result<()> {
+    request_header_modifier(true).await
+}
+
+/// HTTPRouteRequestHeaderModifier's cases, with each filter on the rule or (`on_backend`) on
+/// its one backendRef, as upstream's two manifests put them.
+async fn request_header_modifier(on_backend: bool) -> Result<()> {
     let bed = Bed::start().await?;
     let rule = |path: &str, modifier: Value| {
-        json!({"matches": [{"path": prefix(path)}],
-               "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": modifier}],
-               "backendRefs": backend("infra-backend-v1")})
+        let filters = json!([{"type": "RequestHeaderModifier", "requestHeaderModifier": modifier}]);
+        let mut rule = json!({"matches": [{"path": prefix(path)}],
+                              "backendRefs": backend("infra-backend-v1")});
+        if on_backend {
+            rule["backendRefs"][0]["filters"] = filters;
+        } else {
+            rule["filters"] = filters;
+        }
+        rule
     };
     let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
         rule("/set", json!({"set": [{"name": "X-Header-Set", "value": "set-overwrites-values"}]})),

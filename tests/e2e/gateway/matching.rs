@@ -36,6 +36,19 @@ async fn http_route_matching() -> Result<()> {
     .await
 }
 
+/// HTTPRouteNamedRule (Extended, provisional): a rule's name changes nothing of its routing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_named_rule() -> Result<()> {
+    let bed = Bed::start().await?;
+    let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [
+        {"name": "named-rule", "matches": [{"path": prefix("/named")}],
+         "backendRefs": backend("infra-backend-v1")},
+        {"matches": [{"path": prefix("/unnamed")}], "backendRefs": backend("infra-backend-v2")}]});
+    create(&bed.client, http_route(INFRA_NS, "http-named-rules", spec)).await?;
+    bed.accepted_and_resolved((INFRA_NS, "http-named-rules"), "same-namespace").await?;
+    expect_cases(&bed, &[(get_("/named"), V1), (get_("/unnamed"), V2)]).await
+}
+
 /// HTTPRouteHeaderMatching: headers are AND-ed within a match; more header matches win.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_route_header_matching() -> Result<()> {

@@ -358,10 +358,10 @@ async fn http_route_invalid_backend_ref_unknown_kind() -> Result<()> {
     expect_everywhere(&bed.world.stack, ANY, "/v2", 500, "").await
 }
 
-/// HTTPRouteOmittedBackendRefs: a rule without backendRefs (or with an empty list) answers
+/// HTTPRouteNoBackendRefs (`httproute-omitted-backendrefs`): a rule without backendRefs (or with an empty list) answers
 /// 500; the others still forward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_route_omitted_backend_refs() -> Result<()> {
+async fn http_route_no_backend_refs() -> Result<()> {
     let bed = Bed::start().await?;
     let exact = |path: &str| json!([{"path": {"type": "Exact", "value": path}}]);
     let spec = json!({"parentRefs": [{"name": "same-namespace"}], "rules": [

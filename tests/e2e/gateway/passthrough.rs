@@ -268,6 +268,38 @@ async fn tls_route_invalid_cases_say_why() -> Result<()> {
     Ok(())
 }
 
+/// HTTPRouteDisallowedKind: an HTTPRoute names a Gateway whose only listener takes TLSRoutes:
+/// Accepted False (NotAllowedByListeners) with its references resolved, no parent accepts it,
+/// and the Gateway counts no route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_route_disallowed_kind() -> Result<()> {
+    let bed = Bed::start().await?;
+    let client = &bed.client;
+    create(client, tls_gateway("tlsroutes-only", None, "Passthrough")).await?;
+    let spec = json!({"parentRefs": [{"name": "tlsroutes-only", "namespace": INFRA_NS}],
+        "rules": [{"backendRefs": [{"name": "infra-backend-v1", "port": 8080}]}]});
+    create(client, super::http_route(INFRA_NS, "disallowed-kind", spec)).await?;
+    let want =
+        [("Accepted", "False", "NotAllowedByListeners"), ("ResolvedRefs", "True", "ResolvedRefs")];
+    bed.route_says((INFRA_NS, "disallowed-kind"), "tlsroutes-only", &want).await?;
+    eventually(CONVERGE, "no parent accepts it, no route attached", || async move {
+        let route = get(client, "HTTPRoute", Some(INFRA_NS), "disallowed-kind").await?;
+        let parents = route.data["status"]["parents"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(parents.len() == 1, "one parent expected: {parents:?}");
+        let said = hafleet_tests::gateway_api::conditions_of(&parents[0]);
+        anyhow::ensure!(
+            !hafleet_tests::gateway_api::has_condition(&said, "Accepted", "True", None),
+            "{said:?}"
+        );
+        let gw = get(client, "Gateway", Some(INFRA_NS), "tlsroutes-only").await?;
+        let listeners = gw.data["status"]["listeners"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(!listeners.is_empty(), "no listener status yet");
+        anyhow::ensure!(listeners.iter().all(|l| l["attachedRoutes"] == 0), "{listeners:?}");
+        Ok(())
+    })
+    .await
+}
+
 /// TLSRouteInvalidReferenceGrant: a TLSRoute's Service in another namespace, with only
 /// ReferenceGrants that are wrong in one way each (the grant's namespace, the from group, kind
 /// or namespace, the to group, kind or name): the route is Accepted, its ResolvedRefs False
