@@ -145,10 +145,11 @@ fn entry(created: i64, routes: Vec<Route>, tls: Vec<TlsEntry>) -> IngressEntry {
 }
 
 /// One HTTPS bind, two ways: a TLS connection whose SNI a passthrough route names (exactly,
-/// or under its wildcard, one label deep) reaches that route's backend unopened, so the
+/// or under its wildcard, any number of labels deep) reaches that route's backend unopened, so the
 /// backend's own certificate answers; one for a host of the fleet's certificates is
 /// terminated by HAProxy (the fleet's certificate answers) and routed as HTTP, the backend
-/// learning the client's address; a name neither serves is refused. On every HAProxy the
+/// learning the client's address; a name neither serves is refused; a passthrough route that
+/// shares its connections by weight reaches each of its backends. On every HAProxy the
 /// tests know (2.6, and 3.0 when built).
 #[test]
 fn passthrough_and_termination_share_the_https_bind() {
@@ -177,7 +178,28 @@ fn passthrough_and_termination_share_the_https_bind() {
             .expect("openssl runs"),
     );
     wait_listening(pass_port);
+    // A second one, which a route shares its connections with.
+    openssl_cert(dir.path(), &["pass2.example.com"]);
+    let pass2_port = free_port();
+    let _backend2 = Killed(
+        Command::new("openssl")
+            .args(["s_server", "-accept", &pass2_port.to_string(), "-www", "-quiet"])
+            .arg("-cert")
+            .arg(dir.path().join("pass2.example.com.crt"))
+            .arg("-key")
+            .arg(dir.path().join("pass2.example.com.key"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl runs"),
+    );
+    wait_listening(pass2_port);
     let http_port = forwarded_for_echo();
+    let mut shared = route("split.example.com", "pass", pass_port, true);
+    if let Some(more) = shared.more.as_mut() {
+        more.weight = Some(1);
+        more.split = vec![(1, route("split.example.com", "pass2", pass2_port, true).backend)];
+    }
 
     let tcp_port = free_port();
     let web = IngressKey::new("shop", "web").unwrap();
@@ -199,6 +221,7 @@ fn passthrough_and_termination_share_the_https_bind() {
                 vec![
                     route("pass.example.com", "pass", pass_port, true),
                     route("*.wild.example.com", "pass", pass_port, true),
+                    shared,
                 ],
                 vec![],
             ),
@@ -215,8 +238,9 @@ fn passthrough_and_termination_share_the_https_bind() {
     let model = renderer.model(&fleet, &ingresses, &[(None, nodes)].into(), Fleetwide::default());
     let bundle = renderer.render(&model).unwrap();
     let sni = bundle.maps.iter().find(|m| m.name.kind() == "sni").expect("an SNI map");
-    assert_eq!(sni.content.lines().count(), 2, "{}", sni.content);
+    assert_eq!(sni.content.lines().count(), 3, "{}", sni.content);
     assert!(sni.content.contains("pass.example.com be_shop_pass_443_"), "{}", sni.content);
+    assert!(sni.content.contains("split.example.com hafleet_s_"), "{}", sni.content);
     let exact_and_prefix: String = bundle
         .maps
         .iter()
@@ -292,7 +316,7 @@ fn passthrough_and_termination_share_the_https_bind() {
         );
         wait_listening(https);
         let at = haproxy.display();
-        for name in ["pass.example.com", "a.wild.example.com"] {
+        for name in ["pass.example.com", "a.wild.example.com", "b.a.wild.example.com"] {
             // openssl's server answers a GET itself (-www) and closes.
             let got = s_client(https, name, "GET / HTTP/1.0\r\n\r\n");
             assert!(
@@ -300,6 +324,17 @@ fn passthrough_and_termination_share_the_https_bind() {
                 "{at}: {name} was not passed through: {got}"
             );
         }
+        // A name shared by weight, 1:1: in 24 connections, both backends answer (each
+        // missed with odds of 1 in 2^24), and only they.
+        let mut answered = std::collections::BTreeSet::new();
+        for _ in 0..24 {
+            let got = s_client(https, "split.example.com", "GET / HTTP/1.0\r\n\r\n");
+            let cn = ["pass.example.com", "pass2.example.com"].into_iter().find(|cn| {
+                got.contains(&format!("CN = {cn}")) || got.contains(&format!("CN={cn}"))
+            });
+            answered.insert(cn.unwrap_or_else(|| panic!("{at}: split: {got}")));
+        }
+        assert_eq!(answered.len(), 2, "{at}: one share never taken: {answered:?}");
         let request = "GET / HTTP/1.1\r\nHost: term.example.com\r\nConnection: close\r\n\r\n";
         let got = s_client(https, "term.example.com", request);
         assert!(
@@ -307,11 +342,14 @@ fn passthrough_and_termination_share_the_https_bind() {
             "{at}: {got}"
         );
         assert!(got.contains("terminated, for 127.0.0.1"), "{at}: not routed as HTTP: {got}");
-        let got = s_client(https, "nobody.example.com", "");
-        assert!(
-            !got.contains("CN = ") && !got.contains("CN="),
-            "{at}: a name no one serves: {got}"
-        );
+        // A name no one serves, and the wildcard's own suffix, which it does not cover.
+        for name in ["nobody.example.com", "wild.example.com"] {
+            let got = s_client(https, name, "");
+            assert!(
+                !got.contains("CN = ") && !got.contains("CN="),
+                "{at}: a name no one serves: {got}"
+            );
+        }
         // Plain HTTP for the terminated host goes to HTTPS, as before passthrough.
         let mut plain = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], http))).unwrap();
         plain.write_all(request.as_bytes()).unwrap();

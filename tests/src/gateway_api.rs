@@ -148,6 +148,20 @@ pub async fn get(
     Ok(api.get(name).await?)
 }
 
+/// Deletes Gateway API object `kind` `namespace/name`.
+pub async fn delete(
+    client: &kube::Client,
+    kind: &str,
+    (namespace, name): (&str, &str),
+) -> Result<()> {
+    use kube::api::{Api, DeleteParams, DynamicObject};
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource(kind));
+    api.delete(name, &DeleteParams::default())
+        .await
+        .with_context(|| format!("delete {kind} {namespace}/{name}"))?;
+    Ok(())
+}
+
 /// Merge-patches Gateway API object `kind` `namespace/name` with `patch`.
 pub async fn patch(
     client: &kube::Client,

@@ -58,6 +58,12 @@ pub struct MapPaths {
     /// Passthrough routes by their SNI (`map_str`: `host backend`, a wildcard as
     /// `*.example.com`); `None`: none, and HTTPS is terminated on its bind directly.
     pub sni: Option<String>,
+    /// The passthrough routes' wildcards by what follows `*.` (`map_str`: `example.com
+    /// backend`), which match any number of labels, as the Gateway API says; `None`: none.
+    pub sni_deep: Option<String>,
+    /// The label counts of those suffixes, the longest first: for each, `hafleet_tls` looks
+    /// the name's last labels up in `sni_deep`.
+    pub sni_depths: Vec<usize>,
 }
 
 impl Maps {
@@ -132,8 +138,18 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
         deep_depths: Vec::new(),
         client_timeouts: None,
         sni: None,
+        sni_deep: None,
+        sni_depths: Vec::new(),
     };
     let mut files = vec![exact, prefix, hosts];
+    let deep: Vec<(&str, &str)> =
+        sni.iter().filter_map(|(k, v)| Some((k.strip_prefix("*.")?, *v))).collect();
+    if !deep.is_empty() {
+        paths.sni_depths = depths(&deep);
+        let deep = file("snideep", text(deep));
+        paths.sni_deep = Some(deep.name.relative_path());
+        files.push(deep);
+    }
     if !sni.is_empty() {
         let sni = file("sni", text(sni));
         paths.sni = Some(sni.name.relative_path());
@@ -141,6 +157,16 @@ pub fn build_holding<R: std::borrow::Borrow<RuleModel>>(rules: &[R], held: &[Str
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Maps { files, paths }
+}
+
+/// The label counts of wildcards' suffixes (the keys of `entries`), the longest first, each
+/// once: the lookups a name takes, one per count.
+fn depths(entries: &[(&str, &str)]) -> Vec<usize> {
+    let mut depths: Vec<usize> =
+        entries.iter().map(|(suffix, _)| suffix.split('.').count()).collect();
+    depths.sort_unstable_by(|a, b| b.cmp(a));
+    depths.dedup();
+    depths
 }
 
 /// A map's text: `key value` lines, sorted, so the same entries make the same bytes.
@@ -175,10 +201,7 @@ impl Maps {
         if entries.is_empty() {
             return;
         }
-        let mut depths: Vec<usize> =
-            entries.iter().map(|(suffix, _)| suffix.split('.').count()).collect();
-        depths.sort_unstable_by(|a, b| b.cmp(a));
-        depths.dedup();
+        let depths = depths(&entries);
         entries.sort_unstable();
         let deep = file("deep", text(entries));
         self.paths.deep = Some(deep.name.relative_path());
@@ -386,11 +409,16 @@ mod tests {
             Some("*.wild.example.com be_pass\npass.example.com be_pass\n")
         );
         assert!(maps.paths.sni.as_deref().is_some_and(|p| p.contains("sni-")));
+        // The wildcards again, by their suffix, for names more than one label under them.
+        assert_eq!(content("snideep").as_deref(), Some("wild.example.com be_pass\n"));
+        assert_eq!(maps.paths.sni_depths, [3]);
         for kind in ["exact", "prefix", "hosts", "exactroute", "prefixroute"] {
             let text = content(kind).unwrap_or_default();
             assert!(!text.contains("pass"), "{kind}: {text}");
         }
         assert_eq!(lookup(&maps, "web.example.com", "/"), Some("be_web".into()));
-        assert_eq!(build(&rules[2..]).paths.sni, None, "no passthrough route, no SNI map");
+        let plain = build(&rules[2..]);
+        assert_eq!((plain.paths.sni, plain.paths.sni_deep), (None, None), "no passthrough route");
+        assert_eq!(build(&rules[..1]).paths.sni_deep, None, "no passthrough wildcard");
     }
 }

@@ -58,6 +58,18 @@ pub struct RenderModel {
     /// Ports whose every TCP connection a TCPRoute takes, each with its backends, in port
     /// order.
     pub tcp: Vec<TcpModel>,
+    /// Passthrough routes that share their connections by weight: the SNI map names each
+    /// such route's split, which `hafleet_tls` draws among; by name.
+    pub sni_splits: Vec<SniSplit>,
+}
+
+/// A passthrough route's backends, drawn among once per connection: the SNI map's value for
+/// its name is `name` ([`crate::core::groups::SPLIT_PREFIX`] and the shares' hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SniSplit {
+    pub name: String,
+    pub total: u32,
+    pub shares: Vec<TcpShare>,
 }
 
 /// A TCP port of the fleet's hosts and where its connections go: each share's backend, and
@@ -75,21 +87,42 @@ pub struct TcpShare {
     pub below: Option<u32>,
 }
 
+/// One draw in `0..total` among `shares` (weight, backend), in their order: the total, and
+/// each share with the value its draw must be below (the last: none).
+fn draw(shares: &[(u32, String)]) -> (u32, Vec<TcpShare>) {
+    let total = shares.iter().map(|(w, _)| *w).sum::<u32>().max(1);
+    let mut below = 0;
+    let last = shares.len().saturating_sub(1);
+    let shares = shares
+        .iter()
+        .enumerate()
+        .map(|(i, (weight, backend))| {
+            below += weight;
+            TcpShare { backend: backend.clone(), below: (i < last).then_some(below) }
+        })
+        .collect();
+    (total, shares)
+}
+
 impl TcpModel {
     /// Port `port` shared by `shares` (weight, backend), in their order.
     fn of(port: u16, shares: &[(u32, String)]) -> TcpModel {
-        let total = shares.iter().map(|(w, _)| *w).sum::<u32>().max(1);
-        let mut below = 0;
-        let last = shares.len().saturating_sub(1);
-        let shares = shares
-            .iter()
-            .enumerate()
-            .map(|(i, (weight, backend))| {
-                below += weight;
-                TcpShare { backend: backend.clone(), below: (i < last).then_some(below) }
-            })
-            .collect();
+        let (total, shares) = draw(shares);
         TcpModel { port, total, shares }
+    }
+}
+
+impl SniSplit {
+    /// The split of a passthrough route shared by `shares` (weight, backend), named by them:
+    /// the same shares in several routes are one split.
+    fn of(shares: &[(u32, String)]) -> SniSplit {
+        let mut h = fnv1a(b"sni");
+        for (weight, backend) in shares {
+            h = fnv1a_more(h, format!(" {weight}:{backend}").as_bytes());
+        }
+        let name = format!("{}{h:016x}", crate::core::groups::SPLIT_PREFIX);
+        let (total, shares) = draw(shares);
+        SniSplit { name, total, shares }
     }
 }
 
@@ -794,6 +827,7 @@ pub fn build_memo(
     let mut weighted: HashMap<(&str, &str), Vec<(u32, String)>, foldhash::fast::RandomState> =
         HashMap::default();
     let mut tcp: Vec<TcpModel> = Vec::new();
+    let mut sni_splits: BTreeMap<String, SniSplit> = BTreeMap::new();
 
     for ((key, entry), built) in owners.iter().zip(&built) {
         for (route, rule) in entry.routes.iter().zip(built.iter()) {
@@ -827,10 +861,21 @@ pub fn build_memo(
                     std::collections::hash_map::Entry::Vacant(slot) => {
                         slot.insert((key, rules.len()));
                         rules.push(Arc::clone(rule));
+                        let split = more.is_some_and(|m| !m.split.is_empty());
                         match route.tcp_port() {
                             // A TCP port's own frontend draws among its shares.
                             Some(port) => tcp.push(TcpModel::of(port, &shares())),
-                            None if more.is_some_and(|m| !m.split.is_empty()) => {
+                            // So does hafleet_tls, for a name the SNI map gives to a split.
+                            None if split && route.is_passthrough() => {
+                                let sni = SniSplit::of(&shares());
+                                let named =
+                                    RuleModel { backend: sni.name.clone(), ..(**rule).clone() };
+                                if let Some(last) = rules.last_mut() {
+                                    *last = Arc::new(named);
+                                }
+                                sni_splits.insert(sni.name.clone(), sni);
+                            }
+                            None if split => {
                                 weighted.insert((rule.kind, rule.key.as_str()), shares());
                             }
                             None => {}
@@ -879,6 +924,7 @@ pub fn build_memo(
             tcp.sort_by_key(|t| t.port);
             tcp
         },
+        sni_splits: sni_splits.into_values().collect(),
     }
 }
 

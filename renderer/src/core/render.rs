@@ -103,6 +103,8 @@ struct Context<'a> {
     settings: &'a crate::core::settings::SettingsModel,
     /// TCP ports and their backends ([`crate::core::model::TcpModel`]).
     tcp: &'a [crate::core::model::TcpModel],
+    /// Passthrough routes' splits ([`crate::core::model::SniSplit`]).
+    sni_splits: &'a [crate::core::model::SniSplit],
 }
 
 impl Renderer {
@@ -155,6 +157,7 @@ impl Renderer {
             deep_wildcards: vec![],
             settings: Default::default(),
             tcp: vec![],
+            sni_splits: vec![],
         };
         let maps = maps::build::<RuleModel>(&[]);
         let captured = template
@@ -262,7 +265,7 @@ impl Renderer {
         let mut deep: Vec<String> = ingresses
             .iter()
             .filter(|(k, _)| !k.kind.is_ingress())
-            // A passthrough route's wildcard is looked up in the SNI map, one label deep.
+            // A passthrough route's wildcard is looked up by the SNI (`maps.sni_deep`).
             .flat_map(|(_, e)| e.routes.iter().filter(|r| !r.is_passthrough()))
             .filter_map(|r| r.host.as_ref())
             .filter(|h| h.as_str().starts_with("*."))
@@ -519,6 +522,7 @@ fn context<'a>(
         spare_sections,
         settings: &model.settings,
         tcp: &model.tcp,
+        sni_splits: &model.sni_splits,
     }
 }
 

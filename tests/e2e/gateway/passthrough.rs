@@ -6,7 +6,7 @@ use super::Bed;
 use crate::CONVERGE;
 use anyhow::Result;
 use hafleet_tests::eventually;
-use hafleet_tests::gateway_api::{INFRA_NS, create, get};
+use hafleet_tests::gateway_api::{INFRA_NS, create, delete, get};
 use hafleet_tests::tls::{
     fingerprint, https_get_as, self_signed, served_fingerprint, tls_answering,
 };
@@ -42,15 +42,26 @@ async fn tls_backend(
     bed: &Bed,
     names: &[&str],
 ) -> Result<(Vec<u8>, Vec<tokio::task::JoinHandle<()>>)> {
-    let kube = &bed.world.stack.kube;
-    let port = u16::try_from(kube.create_nodeport_service(INFRA_NS, "tcp-backend", 8443).await?)?;
     let (cert, key) = self_signed(names)?;
+    let servers = tls_service(bed, "tcp-backend", (&cert, &key)).await?;
+    Ok((cert, servers))
+}
+
+/// A Service `name` of gateway-conformance-infra on port 8443 whose pods (one on each of the
+/// World's nodes) serve TLS with `cert` and `key`, answering with their Service's name.
+async fn tls_service(
+    bed: &Bed,
+    name: &str,
+    (cert, key): (&[u8], &[u8]),
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let kube = &bed.world.stack.kube;
+    let port = u16::try_from(kube.create_nodeport_service(INFRA_NS, name, 8443).await?)?;
     let mut servers = Vec::new();
     for b in &bed.world.backends[..2] {
         let at = std::net::SocketAddr::new(b.addr().ip(), port);
-        servers.push(tls_answering(at, (&cert, &key), "tcp-backend").await?);
+        servers.push(tls_answering(at, (cert, key), name).await?);
     }
-    Ok((cert, servers))
+    Ok(servers)
 }
 
 /// TLSRouteSimpleSameNamespace (and TLSRouteListenerPassthroughSupportedKinds): a TLSRoute
@@ -108,6 +119,139 @@ async fn tls_route_simple_same_namespace() -> Result<()> {
     })
     .await?;
     Ok(())
+}
+
+/// TLSRouteHostnameIntersection: a TLSRoute takes the names where its hostnames and its
+/// listener's intersect, a wildcard matching any number of labels, the more specific name
+/// first; a name outside the intersection is refused. Upstream's four Gateways each have an
+/// address of their own; here they share one fleet's HTTPS bind, so each case runs alone, its
+/// Gateway and routes deleted before the next. Then, beyond upstream, a rule with two
+/// backends shares its name's connections between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_route_hostname_intersection() -> Result<()> {
+    let bed = Bed::start().await?;
+    let client = &bed.client;
+    let names = ["abc.example.com", "other.example.com", "a.b.example.com"];
+    let (cert, key) = self_signed(&names)?;
+    let _one = tls_service(&bed, "tls-backend", (&cert, &key)).await?;
+    let _two = tls_service(&bed, "tls-backend-2", (&cert, &key)).await?;
+    let ca = bed.world.stack.dir().join("tls-backend.pem");
+    std::fs::write(&ca, &cert)?;
+    let backend = |name: &str| json!({"name": name, "port": 8443});
+    // (listener hostname, [(route, its hostname, its backend)], [(name, the backend that
+    // answers it, None: refused)]), as upstream's cases x-1 to x-4.
+    type Case<'a> =
+        (Option<&'a str>, Vec<(&'a str, &'a str, &'a str)>, Vec<(&'a str, Option<&'a str>)>);
+    let cases: Vec<Case> = vec![
+        (
+            Some("abc.example.com"),
+            vec![("tlsroute-more-specific-wc-hostname-x-1", "*.example.com", "tls-backend")],
+            vec![("abc.example.com", Some("tls-backend")), ("non.matching.com", None)],
+        ),
+        (
+            Some("*.example.com"),
+            vec![
+                ("tlsroute-exact-hostname-x-2", "abc.example.com", "tls-backend"),
+                ("tlsroute-less-specific-wc-hostname-x-2", "*.com", "tls-backend-2"),
+            ],
+            vec![
+                ("abc.example.com", Some("tls-backend")),
+                ("other.example.com", Some("tls-backend-2")),
+                ("a.b.example.com", Some("tls-backend-2")),
+                ("non.matching.com", None),
+            ],
+        ),
+        (
+            Some("*.com"),
+            vec![
+                ("tlsroute-exact-hostname-x-3", "abc.example.com", "tls-backend"),
+                ("tlsroute-more-specific-wc-hostname-x-3", "*.example.com", "tls-backend-2"),
+            ],
+            vec![
+                ("abc.example.com", Some("tls-backend")),
+                ("other.example.com", Some("tls-backend-2")),
+                ("non.matching.com", None),
+            ],
+        ),
+        (
+            None,
+            vec![
+                ("tlsroute-exact-hostname-x-4", "abc.example.com", "tls-backend"),
+                ("tlsroute-less-specific-wc-hostname-x-4", "*.com", "tls-backend-2"),
+            ],
+            vec![
+                ("abc.example.com", Some("tls-backend")),
+                ("other.example.com", Some("tls-backend-2")),
+                ("non.matching.org", None),
+            ],
+        ),
+    ];
+    for (i, (listener, routes, asks)) in cases.into_iter().enumerate() {
+        let gateway = format!("gw-tlsroute-x-{}", i + 1);
+        create(client, tls_gateway(&gateway, listener, "Passthrough")).await?;
+        for (route, hostname, to) in &routes {
+            create(client, tls_route(route, &gateway, &[hostname], backend(to))).await?;
+        }
+        let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "True", "ResolvedRefs")];
+        for (route, _, _) in &routes {
+            bed.kind_says("TLSRoute", (INFRA_NS, route), &gateway, &want).await?;
+        }
+        for h in &bed.world.stack.hosts {
+            let addr = h.https_addr();
+            for (name, answers) in &asks {
+                let what = format!("{}: {gateway}: {name} answered by {answers:?}", h.name());
+                let ca = &ca;
+                eventually(CONVERGE, &what, || async move {
+                    match answers {
+                        Some(backend) => {
+                            let answer = https_get_as(addr, name, name, ca).await?;
+                            let body = format!("\r\n\r\n{backend}\n");
+                            anyhow::ensure!(answer.ends_with(&body), "{answer}");
+                        }
+                        None => {
+                            let served = served_fingerprint(addr, name).await?;
+                            anyhow::ensure!(served.is_none(), "{name} was served");
+                        }
+                    }
+                    Ok(())
+                })
+                .await?;
+            }
+        }
+        for (route, _, _) in &routes {
+            delete(client, "TLSRoute", (INFRA_NS, route)).await?;
+        }
+        delete(client, "Gateway", (INFRA_NS, &gateway)).await?;
+    }
+    // Beyond upstream: a rule with two backends shares a name's connections between them,
+    // one draw per connection (each missed in 24 connections with odds of 1 in 2^24).
+    create(client, tls_gateway("gw-tlsroute-shared", Some("*.example.com"), "Passthrough")).await?;
+    let mut shared = tls_route(
+        "tlsroute-shared",
+        "gw-tlsroute-shared",
+        &["abc.example.com"],
+        backend("tls-backend"),
+    );
+    shared["spec"]["rules"][0]["backendRefs"] = json!([
+        {"name": "tls-backend", "port": 8443, "weight": 1},
+        {"name": "tls-backend-2", "port": 8443, "weight": 1}]);
+    create(client, shared).await?;
+    let want = [("Accepted", "True", "Accepted"), ("ResolvedRefs", "True", "ResolvedRefs")];
+    bed.kind_says("TLSRoute", (INFRA_NS, "tlsroute-shared"), "gw-tlsroute-shared", &want).await?;
+    let addr = bed.world.stack.hosts[0].https_addr();
+    let ca = &ca;
+    eventually(CONVERGE, "both backends answer abc.example.com", || async move {
+        let mut answered = std::collections::BTreeSet::new();
+        for _ in 0..24 {
+            let answer = https_get_as(addr, "abc.example.com", "abc.example.com", ca).await?;
+            answered.insert(answer.rsplit("\r\n\r\n").next().unwrap_or_default().to_owned());
+        }
+        let want: std::collections::BTreeSet<String> =
+            ["tls-backend\n", "tls-backend-2\n"].map(String::from).into();
+        anyhow::ensure!(answered == want, "{answered:?}");
+        Ok(())
+    })
+    .await
 }
 
 /// Waits until Gateway `gateway`'s listener `listener` says `want` (type, status, reason).

@@ -372,13 +372,6 @@ fn stream_routes(
         let at = format!("rules[{i}]");
         let found = backends_of(&rule.backend_refs, kind, namespace, meta, index, &sources);
         let Some(mut backends) = said.backends(found, &at) else { continue };
-        if kind == RouteKind::Tls && backends.len() > 1 {
-            said.error(format!(
-                "{at}.backendRefs: sharing a TLSRoute's connections among several backends is \
-                 not served by hafleet yet"
-            ));
-            continue;
-        }
         for (_, b) in &mut backends {
             b.options.tcp = true;
         }

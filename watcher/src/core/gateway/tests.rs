@@ -775,7 +775,7 @@ fn a_tls_route_passes_its_names_through_on_tls_listeners_only() {
     let message = &o.parents[0].conditions[0].message;
     assert!(message.contains("allows TLSRoutes of namespace shop"), "{message}");
 
-    // A name no listener covers; a Service that does not exist; two backends.
+    // A name no listener covers; a Service that does not exist.
     let o = resolve_tls(&gw, &[], &spec(edge.clone(), json!(["db.example.org"]), db.clone()), &svc);
     assert_eq!(o.parents[0].conditions[0].reason, "NoMatchingListenerHostname");
     let gone = json!([{"name": "gone", "port": 80}]);
@@ -786,10 +786,14 @@ fn a_tls_route_passes_its_names_through_on_tls_listeners_only() {
         (failing.options.fail_status, failing.options.tcp),
         (Some(FailStatus::InternalError), true)
     );
-    let two = json!([{"name": "db", "port": 80}, {"name": "web", "port": 80}]);
+    // Two backends share the name's connections by weight, both carried as TCP.
+    let two = json!([{"name": "db", "port": 80, "weight": 3}, {"name": "web", "port": 80}]);
     let o = resolve_tls(&gw, &[], &spec(edge.clone(), json!(["db.example.com"]), two), &svc);
-    assert_eq!(o.parents[0].conditions[0].reason, "UnsupportedValue");
-    assert!(matches!(o.result, Err(Refused::Invalid(_))));
+    assert_eq!(o.parents[0].conditions[0].reason, "Accepted");
+    let route = &o.result.as_ref().expect("routed")[0].routes[0];
+    let more = route.more.as_deref().expect("more");
+    assert_eq!((more.weight, more.split.len(), more.passthrough), (Some(3), 1, true));
+    assert!(route.backend.options.tcp && more.split[0].1.options.tcp);
 
     // Another namespace's Service needs a ReferenceGrant from TLSRoutes (an HTTPRoute's does
     // not do).
