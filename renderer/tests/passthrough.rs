@@ -280,6 +280,15 @@ fn passthrough_and_termination_share_the_https_bind() {
         "{}",
         set.config
     );
+    // A TCP port that is the fleet's metrics port is not bound twice (the reload would fail).
+    let metrics =
+        hafleet_proto::FleetSettings { prometheus_port: Some(tcp_port), ..Default::default() };
+    let fleetwide = Fleetwide { default_cert: None, settings: Some(&metrics) };
+    let clash = renderer.render(&renderer.model(&fleet, &ingresses, &nodes, fleetwide)).unwrap();
+    let frontend = format!("frontend hafleet_tcp_{tcp_port}\n");
+    assert!(set.config.contains(&frontend), "{}", set.config);
+    assert!(!clash.config.contains(&frontend), "{}", clash.config);
+    assert!(clash.config.contains(&format!("TCP port {tcp_port} is the fleet's prometheus-port")));
     let with_settings = lay_out(&set, &identity);
     for haproxy in haproxies() {
         let out = Command::new(&haproxy)

@@ -260,6 +260,15 @@ impl Renderer {
         if let Some(settings) = fleetwide.settings {
             model.settings = crate::core::settings::SettingsModel::of(settings);
         }
+        // The metrics port is bound on every host: a TCP port on it would fail the reload.
+        if let Some(port) = model.settings.prometheus_port
+            && model.tcp.iter().any(|t| t.port == port)
+        {
+            model.tcp.retain(|t| t.port != port);
+            model.notes.push(format!(
+                "TCP port {port} is the fleet's prometheus-port: its TCPRoute is not served"
+            ));
+        }
         model.notes.splice(0..0, quarantined.into_iter().chain(model.tls.notes.iter().cloned()));
         model.held_hosts = held_hosts.into_iter().collect();
         let mut deep: Vec<String> = ingresses

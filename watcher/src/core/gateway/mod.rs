@@ -221,6 +221,7 @@ impl Index {
             let view = GatewayView { object: gw.clone(), fleet, listeners: listeners.collect() };
             gateways.insert((ns.clone(), name.clone()), view);
         }
+        refuse_tcp_ports_taken(&mut gateways);
         Index { classes, gateways, grants, namespaces: objects.namespaces.cloned() }
     }
 
@@ -263,6 +264,54 @@ fn grants(
 /// Whether a GatewayClass is hafleet's.
 pub fn is_ours(class: &DynamicObject) -> bool {
     spec_of::<GatewayClassSpec>(class).is_ok_and(|s| s.controller_name == CONTROLLER_NAME)
+}
+
+/// The reason a TCP listener is refused when its port is another protocol's on its fleet.
+pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
+
+/// Refuses each TCP listener whose port an HTTP, HTTPS or TLS listener of a Gateway on the
+/// same fleet serves: those are the fleet's HTTP and HTTPS binds, and a TCP listener's port
+/// is bound on each host by a frontend of its own, so both on one port would fail the
+/// hosts' reload, for every route of the fleet.
+fn refuse_tcp_ports_taken(gateways: &mut HashMap<(String, String), GatewayView>) {
+    let mut taken: HashMap<(&FleetName, u16), String> = HashMap::new();
+    let mut keys: Vec<&(String, String)> = gateways.keys().collect();
+    keys.sort();
+    for key in keys {
+        let g = &gateways[key];
+        let Ok(fleet) = &g.fleet else { continue };
+        for l in g.listeners.iter().filter(|l| l.refused.is_none() && l.spec.protocol != "TCP") {
+            let by = format!(
+                "listener {} ({}) of Gateway {}/{}",
+                l.spec.name, l.spec.protocol, key.0, key.1
+            );
+            taken.entry((fleet, l.spec.port)).or_insert(by);
+        }
+    }
+    let refusals: Vec<((String, String), usize, String)> = gateways
+        .iter()
+        .filter_map(|(key, g)| Some((key, g, g.fleet.as_ref().ok()?)))
+        .flat_map(|(key, g, fleet)| {
+            let taken = &taken;
+            g.listeners.iter().enumerate().filter_map(move |(i, l)| {
+                if l.refused.is_some() || l.spec.protocol != "TCP" {
+                    return None;
+                }
+                let by = taken.get(&(fleet, l.spec.port))?;
+                let why = format!(
+                    "port {} is fleet {fleet}'s HTTP or HTTPS bind ({by} serves it); a TCP \
+                     listener needs a port of its own",
+                    l.spec.port
+                );
+                Some((key.clone(), i, why))
+            })
+        })
+        .collect();
+    for (key, i, why) in refusals {
+        if let Some(l) = gateways.get_mut(&key).and_then(|g| g.listeners.get_mut(i)) {
+            l.refused = Some((PORT_UNAVAILABLE, why));
+        }
+    }
 }
 
 /// A listener of a Gateway in `gateway_ns`, read: whether hafleet serves it, and an HTTPS

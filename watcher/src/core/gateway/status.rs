@@ -118,11 +118,19 @@ pub fn gateway_status(
                     None => programmed.message.clone(),
                 },
             };
-            let conflicted = Condition {
-                type_: "Conflicted",
-                ok: false,
-                reason: "NoConflicts",
-                message: "no conflict".into(),
+            let conflicted = match &l.refused {
+                Some((super::PORT_UNAVAILABLE, why)) => Condition {
+                    type_: "Conflicted",
+                    ok: true,
+                    reason: "ProtocolConflict",
+                    message: why.clone(),
+                },
+                _ => Condition {
+                    type_: "Conflicted",
+                    ok: false,
+                    reason: "NoConflicts",
+                    message: "no conflict".into(),
+                },
             };
             let kinds: Vec<Value> = match super::RouteKind::of_protocol(&l.spec.protocol) {
                 Some(kind) => vec![json!({"group": GROUP, "kind": kind.kind()})],

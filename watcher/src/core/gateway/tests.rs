@@ -880,3 +880,66 @@ fn a_tcp_route_takes_its_listeners_ports_shared_by_weight() {
     assert_eq!(more.split.len(), 1);
     assert!(more.split[0].1.options.tcp && more.split[0].1.service.name.as_str() == "db2");
 }
+
+#[test]
+fn a_tcp_listener_on_a_port_another_protocol_serves_on_its_fleet_is_refused() {
+    let tcp = |name: &str, port: u16| {
+        json!({"name": name, "port": port, "protocol": "TCP",
+               "allowedRoutes": {"kinds": [{"kind": "TCPRoute"}], "namespaces": {"from": "All"}}})
+    };
+    // Gateway infra/edge: HTTP on 80, TCP on 5432. Gateway infra/db on the same fleet: TCP
+    // on 80 and 5433. Gateway infra/other on another fleet: TCP on 80.
+    let edge = gateway(json!([http_listener("http", None, "All"), tcp("pg", 5432)]));
+    let named = |name: &str, fleet: &str, listeners: serde_json::Value| {
+        object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": "infra", "annotations": {"hafleet.io/fleet": fleet}},
+            "spec": {"gatewayClassName": "hafleet", "listeners": listeners}}))
+    };
+    let db = named("db", "edge", json!([tcp("web", 80), tcp("pg2", 5433)]));
+    let other = named("other", "core", json!([tcp("web", 80)]));
+    let classes = [class("hafleet", CONTROLLER_NAME)];
+    let gateways = [edge, db, other];
+    let index =
+        Index::new(&Objects { classes: &classes, gateways: &gateways, ..Default::default() });
+    let refused = |gw: &str| -> Vec<Option<&'static str>> {
+        index.gateways[&("infra".to_owned(), gw.to_owned())]
+            .listeners
+            .iter()
+            .map(|l| l.refused.as_ref().map(|(reason, _)| *reason))
+            .collect()
+    };
+    assert_eq!(refused("edge"), [None, None]);
+    assert_eq!(refused("db"), [Some(PORT_UNAVAILABLE), None]);
+    assert_eq!(refused("other"), [None], "another fleet binds port 80 of its own hosts");
+    let view = &index.gateways[&("infra".to_owned(), "db".to_owned())];
+    let (_, why) = view.listeners[0].refused.as_ref().unwrap();
+    assert!(why.contains("listener http (HTTP) of Gateway infra/edge"), "{why}");
+    // Its status says so: not Accepted, Conflicted with ProtocolConflict.
+    let usable = |_: &str, _: &str| None;
+    let status = super::status::gateway_status(
+        view,
+        &std::collections::BTreeMap::new(),
+        &Default::default(),
+        (None, &usable),
+        "2026-11-28T00:00:00Z",
+    )
+    .expect("a status");
+    let listener = &status["listeners"][0];
+    let said: Vec<(String, String, String)> = listener["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (s("type"), s("status"), s("reason"))
+        })
+        .collect();
+    assert!(
+        said.contains(&("Accepted".into(), "False".into(), "PortUnavailable".into())),
+        "{said:?}"
+    );
+    assert!(
+        said.contains(&("Conflicted".into(), "True".into(), "ProtocolConflict".into())),
+        "{said:?}"
+    );
+}
