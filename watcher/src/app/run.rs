@@ -99,6 +99,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         route_seqs: Default::default(),
         served: Default::default(),
         statuses: Default::default(),
+        last_gateway: None,
     };
     state.statuses.spawn_writer(warnings.clone());
     let shutdown = hafleet_runtime::shutdown_signal();
@@ -204,6 +205,8 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     tokio::pin!(lost);
     loop {
         let due = state.churn.next_due(tokio::time::Instant::now());
+        // Woken only because a fleet serves another version: nothing a pass reads changed.
+        let mut served_only = false;
         tokio::select! {
             _ = &mut lost => {
                 // Another replica may hold it now: stop publishing at once, and come back as
@@ -240,10 +243,19 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             // A fleet serves another version: the Gateways' Programmed may change. Without a
             // Gateway nothing does, and a pass at each rollout's end (165 ms at 10,000
             // Ingresses) would only hold up the next change; the wake-up waits for one.
-            _ = served_changed.notified(), if has_gateways(&caches) => {}
+            _ = served_changed.notified(), if has_gateways(&caches) => served_only = true,
             // Held changes whose namespace has budget again.
             _ = crate::core::churn::sleep_until(due) => {}
             _ = &mut shutdown => break,
+        }
+        // The Gateways' Programmed is decided again from the last pass's reading: a pass at
+        // each rollout's end would hold up the next change for as long as it takes (at
+        // 10,000 HTTPRoutes, most of that change's wait in the watcher).
+        if served_only && let Some((classes, pass)) = &state.last_gateway {
+            if state.leader.as_ref().is_none_or(|l| l.holds()) {
+                queue_gateway_status(&args, &state, classes, pass);
+            }
+            continue;
         }
         match sync(&args, &caches, &warnings, &bus, &mut state).await {
             Err(e) => warn!(error = %format!("{e:#}"), "publish failed; will retry"),
@@ -538,22 +550,27 @@ async fn sync(
         }
     }
     if let Some(objects) = &gateway {
-        let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let seen = (&served, &state.route_seqs);
-        let queue = &state.statuses;
-        let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
-        let unusable =
-            |fleet: &FleetName, ns: &str, name: &str| state.tls.unusable(fleet, ns, name, now_unix);
-        super::effects::gateway_status(
-            queue,
-            objects.classes,
-            &plan.gateway,
-            args,
-            seen,
-            &unusable,
-        );
+        queue_gateway_status(args, state, objects.classes, &plan.gateway);
+        let ours = objects.classes.iter().filter(|c| crate::core::gateway::is_ours(c));
+        state.last_gateway = Some((ours.cloned().collect(), std::mem::take(&mut plan.gateway)));
     }
     Ok(())
+}
+
+/// Queues the Gateway API statuses that `pass` (with GatewayClasses `classes`) decides,
+/// given what the fleets serve now ([`super::effects::gateway_status`]).
+fn queue_gateway_status(
+    args: &RunArgs,
+    state: &State,
+    classes: &[std::sync::Arc<kube::api::DynamicObject>],
+    pass: &crate::core::pass::GatewayPass,
+) {
+    let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let seen = (&served, &state.route_seqs);
+    let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let unusable =
+        |fleet: &FleetName, ns: &str, name: &str| state.tls.unusable(fleet, ns, name, now_unix);
+    super::effects::gateway_status(&state.statuses, classes, pass, args, seen, &unusable);
 }
 
 /// Publishes one route event and records it once acked; `more` route events of this pass

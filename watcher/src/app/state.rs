@@ -65,6 +65,11 @@ pub(crate) struct State {
     pub(crate) served: Served,
     /// Gateway API statuses to write, by a task of their own.
     pub(crate) statuses: StatusQueue,
+    /// What the last pass read of the Gateway API (hafleet's classes among the GatewayClasses,
+    /// and the pass's Gateways and routes): when only what the fleets serve changed, the
+    /// Gateways' `Programmed` is decided again from it, without a pass.
+    pub(crate) last_gateway:
+        Option<(Vec<std::sync::Arc<kube::api::DynamicObject>>, crate::core::pass::GatewayPass)>,
 }
 
 /// Which Gateway API object a status is for: (kind, namespace, name).
