@@ -115,11 +115,17 @@ fn is_one_private_key(text: &str) -> bool {
         && text.ends_with('\n')
 }
 
+/// Certificates sealed as the watcher seals them, for tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
 
-    fn sealed_to(recipient: &str, payload: &str) -> SealedCert {
+    /// A private key's PEM as the watcher seals it (not a usable key).
+    pub(crate) const KEY: &str =
+        "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIBcd\n-----END EC PRIVATE KEY-----\n";
+
+    /// `payload` sealed to `recipient`, with a chain of the one "certificate" `der`.
+    pub(crate) fn sealed_with(recipient: &str, payload: &str, der: &[u8]) -> SealedCert {
         let r: age::x25519::Recipient = recipient.parse().unwrap();
         let mut out = Vec::new();
         let e = age::Encryptor::with_recipients(std::iter::once(&r as _)).unwrap();
@@ -128,19 +134,25 @@ mod tests {
         let mut w = e.wrap_output(a).unwrap();
         std::io::Write::write_all(&mut w, payload.as_bytes()).unwrap();
         w.finish().unwrap().finish().unwrap();
-        let der = b"not really a certificate";
         SealedCert {
             fingerprint: hafleet_proto::sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: hafleet_proto::tls::certificates_pem([der.as_slice()]),
+            chain_pem: hafleet_proto::tls::certificates_pem([der]),
             sealed_key: String::from_utf8(out).unwrap(),
             recipient: String::new(),
         }
     }
+}
 
-    const KEY: &str =
-        "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIBcd\n-----END EC PRIVATE KEY-----\n";
+#[cfg(test)]
+mod tests {
+    use super::testing::{KEY, sealed_with};
+    use super::*;
+
+    fn sealed_to(recipient: &str, payload: &str) -> SealedCert {
+        sealed_with(recipient, payload, b"not really a certificate")
+    }
 
     #[test]
     fn only_the_fleet_identity_opens_its_keys_and_nothing_but_a_key_passes() {

@@ -69,6 +69,12 @@ fn settings(fake: &FakeHosts, hosts: usize, parallelism: usize) -> RolloutSettin
     }
 }
 
+/// Settings for one in-memory host, for other modules' tests.
+pub(super) fn settings_for_tests() -> RolloutSettings {
+    let (_, fake) = fleet(1, None, |_, h| h);
+    settings(&fake, 1, 1)
+}
+
 /// Where in the log `host` first did `op`.
 fn at(log: &[(String, Op)], host: usize, op: Op) -> usize {
     let name = format!("h{host}");

@@ -101,8 +101,9 @@ pub struct RolloutSettings {
         std::sync::Mutex<std::collections::HashMap<hafleet_proto::HostName, Duration>>,
     /// The sha256 of each certificate file (chain and opened key) a host should hold, by its
     /// path: what a drift check compares the hosts' files with. Opening a key takes an age
-    /// decryption, so each is worked out once.
-    pub cert_shas: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// decryption, so each is worked out once; many at once (10,000 after a start) off the
+    /// applier's loop ([`repair::CertShas`]).
+    pub cert_shas: repair::CertShas,
     /// The files the newest version's drift checks expect, by the version's sha256.
     pub drift_files: std::sync::Mutex<Option<(String, ExpectedFiles)>>,
     /// The plans worked out for the versions' hosts (see [`Plans`]).

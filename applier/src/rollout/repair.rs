@@ -12,7 +12,9 @@ pub async fn drift_of(
     version: &ConfigVersion,
     settings: &RolloutSettings,
 ) -> Result<(Option<plan::Drift>, Option<plan::NodeChecks>), String> {
-    let files = expected_files(version, settings);
+    let Some(files) = expected_files(version, settings) else {
+        return Err("the certificates' keys are being opened to work out their files".into());
+    };
     let files: Vec<(&str, &str)> = files.iter().map(|(n, s)| (n.as_str(), s.as_str())).collect();
     let names: String = files.iter().map(|(name, _)| format!("{name}\n")).collect();
     let found = settings.hosts.drift_state(host, names.as_bytes()).await?;
@@ -24,51 +26,96 @@ pub async fn drift_of(
 /// have; worked out once per version. A certificate file's is known only by opening its key
 /// (once per certificate): without `--tls-identity` (or a key that does not open)
 /// certificate files are not checked.
-pub(super) fn expected_files(version: &ConfigVersion, settings: &RolloutSettings) -> ExpectedFiles {
+pub(super) fn expected_files(
+    version: &ConfigVersion,
+    settings: &RolloutSettings,
+) -> Option<ExpectedFiles> {
     let mut cached = settings.drift_files.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((sha, files)) = cached.as_ref()
         && *sha == version.sha256
     {
-        return files.clone();
+        return Some(files.clone());
     }
-    let files = std::sync::Arc::new(work_out_files(version, settings));
+    let files = std::sync::Arc::new(work_out_files(version, settings)?);
     *cached = Some((version.sha256.clone(), files.clone()));
-    files
+    Some(files)
 }
 
 /// What a drift check expects of a host's files: (name, sha256).
 pub(super) type ExpectedFiles = std::sync::Arc<Vec<(String, String)>>;
 
-pub(super) fn work_out_files(
+/// The sha256 of each certificate file a host should hold, by path, and whether keys are being
+/// opened for it off the applier's loop.
+#[derive(Debug, Default)]
+pub struct CertShas {
+    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    opening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Most certificate keys a drift check opens in the applier's loop (a rotation's few); more
+/// (every key after a start: about 2 s at 10,000) are opened by a blocking task while drift
+/// checks wait for it, so a new version never waits behind them.
+const OPENED_INLINE: usize = 16;
+
+/// The files a host of `version` holds besides its config, with their sha256; `None` while
+/// the certificate keys it needs are being opened off the loop (the drift check is put off).
+fn work_out_files(
     version: &ConfigVersion,
     settings: &RolloutSettings,
-) -> Vec<(String, String)> {
-    let Some(bundle) = version.bundle() else { return Vec::new() };
+) -> Option<Vec<(String, String)>> {
+    let Some(bundle) = version.bundle() else { return Some(Vec::new()) };
     let mut files: Vec<(String, String)> = bundle
         .maps
         .iter()
         .map(|m| (m.name.as_str().to_owned(), m.name.digest().to_owned()))
         .collect();
-    let Some(identity) = settings.tls_identity.as_deref() else { return files };
-    let mut known = settings.cert_shas.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(identity) = settings.tls_identity.as_ref() else { return Some(files) };
+    let shas = &settings.cert_shas;
+    let mut known = shas.known.lock().unwrap_or_else(|e| e.into_inner());
     let paths: Vec<(String, &hafleet_proto::SealedCert)> = bundle.cert_paths().collect();
+    let unknown: Vec<(String, hafleet_proto::SealedCert)> = paths
+        .iter()
+        .filter(|(path, _)| !known.contains_key(path))
+        .map(|(path, cert)| (path.clone(), (*cert).clone()))
+        .collect();
+    if unknown.len() > OPENED_INLINE {
+        drop(known);
+        if !shas.opening.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let (known, opening) = (shas.known.clone(), shas.opening.clone());
+            let identity = identity.clone();
+            tokio::task::spawn_blocking(move || {
+                let opened = open_shas(&identity, &unknown);
+                known.lock().unwrap_or_else(|e| e.into_inner()).extend(opened);
+                opening.store(false, std::sync::atomic::Ordering::Release);
+            });
+        }
+        return None;
+    }
+    known.extend(open_shas(identity, &unknown));
     let wanted: std::collections::HashSet<&str> = paths.iter().map(|(p, _)| p.as_str()).collect();
     known.retain(|path, _| wanted.contains(path.as_str()));
-    for (path, cert) in paths {
-        let sha = match known.get(&path) {
-            Some(sha) => sha.clone(),
-            None => match identity.cert_file(cert) {
-                Ok(file) => {
-                    let sha = hafleet_proto::sha256_hex(file.as_bytes());
-                    known.insert(path.clone(), sha.clone());
-                    sha
-                }
-                Err(_) => continue,
-            },
-        };
-        files.push((format!("../{path}"), sha));
+    for (path, _) in paths {
+        // A key that does not open: its file is not checked.
+        if let Some(sha) = known.get(&path) {
+            files.push((format!("../{path}"), sha.clone()));
+        }
     }
-    files
+    Some(files)
+}
+
+/// The sha256 of each certificate's file (chain and opened key), by path, for those whose key
+/// opens.
+fn open_shas(
+    identity: &crate::core::identity::FleetIdentity,
+    certs: &[(String, hafleet_proto::SealedCert)],
+) -> Vec<(String, String)> {
+    certs
+        .iter()
+        .filter_map(|(path, cert)| {
+            let file = identity.cert_file(cert).ok()?;
+            Some((path.clone(), hafleet_proto::sha256_hex(file.as_bytes())))
+        })
+        .collect()
 }
 
 /// Puts the files `names` of `version` (maps, and certificate files as
@@ -117,4 +164,63 @@ pub(super) async fn put_files(
 ) -> Result<(), Failure> {
     upload_maps(conn, &missing_maps(bundle, names), token).await?;
     upload_certs(conn, bundle, names, token, identity).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::identity::testing::{KEY, sealed_with};
+
+    /// A version of `certs` certificates sealed to `identity`, the `n`th differing by `salt`.
+    fn with_certs(
+        identity: &crate::core::identity::FleetIdentity,
+        certs: usize,
+        salt: &str,
+    ) -> ConfigVersion {
+        let recipient = identity.recipient();
+        let certs = (0..certs)
+            .map(|i| sealed_with(&recipient, KEY, format!("cert {i} {salt}").as_bytes()))
+            .collect();
+        let bundle = hafleet_proto::Bundle::new("global\n".into(), vec![], certs);
+        ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), 1, bundle)
+    }
+
+    /// Many keys to open (as after a start) are opened off the loop: the drift check is put
+    /// off until they are; a rotation's one new key is opened at once.
+    #[tokio::test]
+    async fn many_keys_are_opened_off_the_loop_a_few_at_once() {
+        let identity = std::sync::Arc::new(crate::core::identity::FleetIdentity::generate());
+        let mut settings = super::super::against_fake::settings_for_tests();
+        settings.tls_identity = Some(identity.clone());
+        let version = with_certs(&identity, OPENED_INLINE + 4, "a");
+        assert!(expected_files(&version, &settings).is_none(), "put off");
+        let mut files = None;
+        for _ in 0..500 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            files = expected_files(&version, &settings);
+            if files.is_some() {
+                break;
+            }
+        }
+        let files = files.expect("the keys were opened within 5 s");
+        let certs: Vec<&(String, String)> =
+            files.iter().filter(|(name, _)| name.starts_with("../")).collect();
+        assert_eq!(certs.len(), OPENED_INLINE + 4);
+        let bundle = version.bundle().unwrap();
+        for (path, cert) in bundle.cert_paths() {
+            let sha = hafleet_proto::sha256_hex(identity.cert_file(cert).unwrap().as_bytes());
+            assert!(certs.contains(&&(format!("../{path}"), sha)), "{path}");
+        }
+        // One certificate more: opened in the loop, the others known.
+        let one = with_certs(&identity, 1, "b");
+        let mut certs_now = version.bundle().unwrap().certs.clone();
+        certs_now.extend(one.bundle().unwrap().certs.iter().cloned());
+        let rotated = ConfigVersion::inline(
+            version.fleet.clone(),
+            2,
+            hafleet_proto::Bundle::new("global\n# 2\n".into(), vec![], certs_now),
+        );
+        let files = expected_files(&rotated, &settings).expect("at once");
+        assert_eq!(files.iter().filter(|(n, _)| n.starts_with("../")).count(), OPENED_INLINE + 5);
+    }
 }
