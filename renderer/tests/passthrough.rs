@@ -15,35 +15,11 @@ use hafleet_renderer::core::{
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{haproxies, lay_out, openssl_cert};
-
-/// A loopback port nothing listens on (yet).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Kills the child when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Waits until `port` on loopback takes connections (10 s at most).
-fn wait_listening(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on port {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use common::{Killed, free_port, haproxies, lay_out, openssl_cert, wait_listening};
 
 /// An HTTP backend on loopback that answers every request with the `X-Forwarded-For` it got.
 fn forwarded_for_echo() -> u16 {
@@ -71,6 +47,27 @@ fn forwarded_for_echo() -> u16 {
         }
     });
     port
+}
+
+/// `openssl s_server` on a loopback port with a certificate of its own for `name` (made in
+/// `dir`), answering a GET itself: the server and its port, once it listens.
+fn s_server(dir: &std::path::Path, name: &str) -> (Killed, u16) {
+    openssl_cert(dir, &[name]);
+    let port = free_port();
+    let server = Killed(
+        Command::new("openssl")
+            .args(["s_server", "-accept", &port.to_string(), "-www", "-quiet"])
+            .arg("-cert")
+            .arg(dir.join(format!("{name}.crt")))
+            .arg("-key")
+            .arg(dir.join(format!("{name}.key")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl runs"),
+    );
+    wait_listening(port);
+    (server, port)
 }
 
 /// What `openssl s_client` says of a TLS connection to `port` asking for `name`, with `send`
@@ -162,38 +159,10 @@ fn passthrough_and_termination_share_the_https_bind() {
         hafleet_watcher::core::tls_secrets::check(Some(&crt), Some(&key), now.as_secs() as i64)
             .unwrap()
             .seal(&to);
-    // The passthrough backend: openssl's own server, with a certificate of its own.
-    openssl_cert(dir.path(), &["pass.example.com"]);
-    let pass_port = free_port();
-    let _backend = Killed(
-        Command::new("openssl")
-            .args(["s_server", "-accept", &pass_port.to_string(), "-www", "-quiet"])
-            .arg("-cert")
-            .arg(dir.path().join("pass.example.com.crt"))
-            .arg("-key")
-            .arg(dir.path().join("pass.example.com.key"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("openssl runs"),
-    );
-    wait_listening(pass_port);
-    // A second one, which a route shares its connections with.
-    openssl_cert(dir.path(), &["pass2.example.com"]);
-    let pass2_port = free_port();
-    let _backend2 = Killed(
-        Command::new("openssl")
-            .args(["s_server", "-accept", &pass2_port.to_string(), "-www", "-quiet"])
-            .arg("-cert")
-            .arg(dir.path().join("pass2.example.com.crt"))
-            .arg("-key")
-            .arg(dir.path().join("pass2.example.com.key"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("openssl runs"),
-    );
-    wait_listening(pass2_port);
+    // The passthrough backend: openssl's own server, with a certificate of its own; and a
+    // second one, which a route shares its connections with.
+    let (_backend, pass_port) = s_server(dir.path(), "pass.example.com");
+    let (_backend2, pass2_port) = s_server(dir.path(), "pass2.example.com");
     let http_port = forwarded_for_echo();
     let mut shared = route("split.example.com", "pass", pass_port, true);
     if let Some(more) = shared.more.as_mut() {

@@ -30,7 +30,7 @@ fn ingress(i: usize, generation: i64) -> Arc<Ingress> {
     Arc::new(
         serde_json::from_value(json!({
             "metadata": {
-                "name": format!("ing-{i}"), "namespace": "team",
+                "name": format!("ing-{i}"), "namespace": "team", "uid": format!("ing-uid-{i}"),
                 "annotations": {"hafleet.io/fleet": "edge"},
                 "generation": generation, "resourceVersion": format!("{}", i * 10 + generation as usize),
                 "creationTimestamp": "2026-11-01T00:00:00Z",
@@ -53,7 +53,7 @@ fn http_route(i: usize, generation: i64) -> Arc<DynamicObject> {
         serde_json::from_value(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
             "metadata": {
-                "name": format!("route-{i}"), "namespace": "team",
+                "name": format!("route-{i}"), "namespace": "team", "uid": format!("route-uid-{i}"),
                 "generation": generation, "resourceVersion": format!("{}", i * 10 + generation as usize),
                 "creationTimestamp": "2026-11-01T00:00:00Z",
             },

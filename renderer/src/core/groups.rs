@@ -26,6 +26,7 @@
 //! host's rules.
 
 use crate::core::model::RuleModel;
+use crate::core::model::fnv1a;
 use hafleet_proto::RouteMore;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -345,12 +346,6 @@ fn split(shares: &[(u32, String)]) -> Vec<ShareModel> {
             ShareModel { backend: backend.clone(), below }
         })
         .collect()
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
 }
 
 #[cfg(test)]

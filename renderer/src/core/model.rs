@@ -316,7 +316,7 @@ impl Default for Options {
 }
 
 /// FNV-1a, 64 bits. Part of the output's definition: changing it would move every subset.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     fnv1a_more(0xcbf2_9ce4_8422_2325, bytes)
 }
 

@@ -4,8 +4,34 @@
 #![allow(dead_code)]
 
 use hafleet_proto::Bundle;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A loopback port nothing listens on (yet).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Kills the child when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `port` on loopback takes connections (10 s at most).
+pub fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// Every HAProxy a config must pass: the one on `PATH` (Debian's 2.6), the one the test hosts
 /// run if another (`$HAFLEET_HAPROXY`), and the 3.0 that tests/setup.sh builds

@@ -266,9 +266,8 @@ pub fn resolve(
 /// and one source of endpoints, as a watcher has.
 #[derive(Default)]
 pub struct Memo {
-    /// By the address of the Ingress object, which each entry holds so that the address stays
-    /// that object's.
-    entries: HashMap<usize, Memoized, foldhash::fast::RandomState>,
+    /// By the Ingress's uid ([`memo_key`]): the object a status write replaced is found again.
+    entries: HashMap<String, Memoized, foldhash::fast::RandomState>,
     /// The pass under way: entries not resolved in it are forgotten at its end.
     pass: u64,
     /// How many Ingresses this pass resolved anew.
@@ -305,12 +304,17 @@ impl Memo {
         endpoints: Option<&Endpoints>,
     ) -> Result<Resolved, Refused> {
         let still = |m: &Memoized| {
-            std::sync::Arc::ptr_eq(&m.ingress, ingress) && unchanged(&m.named, services, endpoints)
+            (std::sync::Arc::ptr_eq(&m.ingress, ingress)
+                || same_but_status(&m.ingress.metadata, &ingress.metadata))
+                && unchanged(&m.named, services, endpoints)
         };
-        let at = std::sync::Arc::as_ptr(ingress) as usize;
+        let key = memo_key(&ingress.metadata, std::sync::Arc::as_ptr(ingress) as usize);
         let pass = self.pass;
-        match self.entries.get_mut(&at) {
+        match self.entries.get_mut(key.as_ref()) {
             Some(m) if still(m) => {
+                // A status write gives the Ingress a new object: kept, so the next pass finds
+                // it the same by address.
+                m.ingress = ingress.clone();
                 m.pass = pass;
                 m.result.clone()
             }
@@ -319,7 +323,7 @@ impl Memo {
                 let result = resolve(ingress, config, services, endpoints);
                 self.fresh += 1;
                 let m = Memoized { ingress: ingress.clone(), named, result: result.clone(), pass };
-                self.entries.insert(at, m);
+                self.entries.insert(key.into_owned(), m);
                 result
             }
         }
@@ -366,6 +370,32 @@ pub(crate) fn named_now(
             (key, service, nodes, pods)
         })
         .collect()
+}
+
+/// What a memo keeps an object's resolution by: its uid, else (objects made without one) the
+/// address `at` of the object.
+pub(crate) fn memo_key(meta: &kube::api::ObjectMeta, at: usize) -> std::borrow::Cow<'_, str> {
+    match meta.uid.as_deref() {
+        Some(uid) => std::borrow::Cow::Borrowed(uid),
+        None => std::borrow::Cow::Owned(format!("@{at:x}")),
+    }
+}
+
+/// Whether an object whose metadata is now `now` was `then` with only its status (or its
+/// resourceVersion, managed fields) changed: the same spec (generation), labels,
+/// annotations, creation and deletion. What hafleet writes of an Ingress or a route is its
+/// status: it resolves as before, and the routes of its last resolution stay shared with
+/// what was published, not compared with it at every pass.
+pub(crate) fn same_but_status(then: &kube::api::ObjectMeta, now: &kube::api::ObjectMeta) -> bool {
+    then.generation.is_some()
+        && then.generation == now.generation
+        && then.uid == now.uid
+        && then.name == now.name
+        && then.namespace == now.namespace
+        && then.creation_timestamp == now.creation_timestamp
+        && then.deletion_timestamp.is_some() == now.deletion_timestamp.is_some()
+        && then.labels == now.labels
+        && then.annotations == now.annotations
 }
 
 /// Whether every one of `named` is as `services` and `endpoints` have it now: the same

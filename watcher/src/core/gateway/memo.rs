@@ -49,7 +49,9 @@ impl Around {
     }
 }
 
-use crate::core::resolve::{NamedService as Named, named_now, unchanged};
+use crate::core::resolve::{
+    NamedService as Named, memo_key, named_now, same_but_status, unchanged,
+};
 
 struct Memoized {
     route: Arc<DynamicObject>,
@@ -61,7 +63,9 @@ struct Memoized {
 #[derive(Default)]
 pub struct RouteMemo {
     around: Around,
-    entries: HashMap<usize, Memoized, foldhash::fast::RandomState>,
+    /// By the route's uid (its address when it has none): the object a status write replaced
+    /// is found again.
+    entries: HashMap<String, Memoized, foldhash::fast::RandomState>,
     pass: u64,
     /// How many routes this pass resolved anew.
     pub fresh: usize,
@@ -92,13 +96,19 @@ impl RouteMemo {
         (services, endpoints): (&Services, Option<&Endpoints>),
         resolve: impl FnOnce() -> Outcome,
     ) -> Outcome {
-        let same =
-            |m: &Memoized| Arc::ptr_eq(&m.route, route) && unchanged(&m.named, services, endpoints);
-        let at = Arc::as_ptr(route) as usize;
+        let same = |m: &Memoized| {
+            (Arc::ptr_eq(&m.route, route) || same_but_status(&m.route.metadata, &route.metadata))
+                && unchanged(&m.named, services, endpoints)
+        };
+        let key = memo_key(&route.metadata, Arc::as_ptr(route) as usize);
+        let key = key.as_ref();
         let pass = self.pass;
-        if let Some(m) = self.entries.get_mut(&at)
+        if let Some(m) = self.entries.get_mut(key)
             && same(m)
         {
+            // A status write gives the route a new object: kept, so the next pass finds it
+            // the same by address.
+            m.route = route.clone();
             m.pass = pass;
             return m.outcome.clone();
         }
@@ -106,7 +116,7 @@ impl RouteMemo {
         let outcome = resolve();
         self.fresh += 1;
         let m = Memoized { route: route.clone(), named, outcome: outcome.clone(), pass };
-        self.entries.insert(at, m);
+        self.entries.insert(key.to_owned(), m);
         outcome
     }
 }
@@ -162,6 +172,28 @@ mod tests {
         memo.begin_pass(Around::default());
         memo.resolve(&route, (&services, None), outcome);
         assert_eq!(memo.fresh, 1);
+        // Its status written (a new object of the same generation): from memory, the
+        // memoized outcome's routes shared; a new generation: resolved again.
+        let with = |generation: i64, status: &str| -> Arc<DynamicObject> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                    "metadata": {"name": "r", "namespace": "shop", "uid": "u-1", "generation": generation},
+                    "spec": {"rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+                    "status": {"parents": [{"controllerName": status}]}
+                }))
+                .unwrap(),
+            )
+        };
+        memo.begin_pass(Around::default());
+        memo.resolve(&with(1, "a"), (&services, None), outcome);
+        assert_eq!(memo.fresh, 1);
+        memo.begin_pass(Around::default());
+        memo.resolve(&with(1, "b"), (&services, None), outcome);
+        assert_eq!(memo.fresh, 0, "only its status changed");
+        memo.begin_pass(Around::default());
+        memo.resolve(&with(2, "b"), (&services, None), outcome);
+        assert_eq!(memo.fresh, 1, "a new generation");
         // Something around every route changed: all resolved again.
         memo.begin_pass(Around { grants: vec![1], ..Around::default() });
         memo.resolve(&route, (&services, None), outcome);
