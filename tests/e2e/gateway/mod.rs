@@ -183,6 +183,28 @@ impl Bed {
         self.programmed(gateway).await
     }
 
+    /// Waits until HTTPRoute `route` (namespace, name) has at most one parent and none that
+    /// accepts it, and Gateway `gateway` (of gateway-conformance-infra) counts no route on any
+    /// listener: upstream's HTTPRouteMustHaveNoAcceptedParents and GatewayMustHaveZeroRoutes.
+    pub(crate) async fn no_parent_accepts(&self, route: (&str, &str), gateway: &str) -> Result<()> {
+        let client = &self.client;
+        eventually(CONVERGE, "no parent accepts it, no route attached", || async move {
+            let route = get(client, "HTTPRoute", Some(route.0), route.1).await?;
+            let parents = route.data["status"]["parents"].as_array().cloned().unwrap_or_default();
+            anyhow::ensure!(parents.len() <= 1, "one parent at most: {parents:?}");
+            for p in &parents {
+                let said = conditions_of(p);
+                anyhow::ensure!(!has_condition(&said, "Accepted", "True", None), "{said:?}");
+            }
+            let gw = get(client, "Gateway", Some(INFRA_NS), gateway).await?;
+            let listeners = gw.data["status"]["listeners"].as_array().cloned().unwrap_or_default();
+            anyhow::ensure!(!listeners.is_empty(), "no listener status yet");
+            anyhow::ensure!(listeners.iter().all(|l| l["attachedRoutes"] == 0), "{listeners:?}");
+            Ok(())
+        })
+        .await
+    }
+
     /// Waits until Gateway `gateway` (of gateway-conformance-infra) and its listeners are
     /// Programmed, as the upstream helpers wait.
     pub(crate) async fn programmed(&self, gateway: &str) -> Result<()> {
@@ -572,21 +594,7 @@ async fn http_route_invalid_cross_namespace_parent_ref() -> Result<()> {
     let want =
         [("Accepted", "False", "NotAllowedByListeners"), ("ResolvedRefs", "True", "ResolvedRefs")];
     bed.route_says((WEB_NS, "invalid-cross-namespace-parent-ref"), "same-namespace", &want).await?;
-    let client = &bed.client;
-    eventually(CONVERGE, "no parent accepts it, no route attached", || async move {
-        let route =
-            get(client, "HTTPRoute", Some(WEB_NS), "invalid-cross-namespace-parent-ref").await?;
-        for p in route.data["status"]["parents"].as_array().into_iter().flatten() {
-            let said = conditions_of(p);
-            anyhow::ensure!(!has_condition(&said, "Accepted", "True", None), "{said:?}");
-        }
-        let gw = get(client, "Gateway", Some(INFRA_NS), "same-namespace").await?;
-        let listeners = gw.data["status"]["listeners"].as_array().cloned().unwrap_or_default();
-        anyhow::ensure!(!listeners.is_empty(), "no listener status yet");
-        anyhow::ensure!(listeners.iter().all(|l| l["attachedRoutes"] == 0), "{listeners:?}");
-        Ok(())
-    })
-    .await
+    bed.no_parent_accepts((WEB_NS, "invalid-cross-namespace-parent-ref"), "same-namespace").await
 }
 
 /// One fleet, both APIs: an Ingress and an HTTPRoute route side by side; the version's causes

@@ -426,22 +426,7 @@ async fn http_route_disallowed_kind() -> Result<()> {
     let want =
         [("Accepted", "False", "NotAllowedByListeners"), ("ResolvedRefs", "True", "ResolvedRefs")];
     bed.route_says((INFRA_NS, "disallowed-kind"), "tlsroutes-only", &want).await?;
-    eventually(CONVERGE, "no parent accepts it, no route attached", || async move {
-        let route = get(client, "HTTPRoute", Some(INFRA_NS), "disallowed-kind").await?;
-        let parents = route.data["status"]["parents"].as_array().cloned().unwrap_or_default();
-        anyhow::ensure!(parents.len() == 1, "one parent expected: {parents:?}");
-        let said = hafleet_tests::gateway_api::conditions_of(&parents[0]);
-        anyhow::ensure!(
-            !hafleet_tests::gateway_api::has_condition(&said, "Accepted", "True", None),
-            "{said:?}"
-        );
-        let gw = get(client, "Gateway", Some(INFRA_NS), "tlsroutes-only").await?;
-        let listeners = gw.data["status"]["listeners"].as_array().cloned().unwrap_or_default();
-        anyhow::ensure!(!listeners.is_empty(), "no listener status yet");
-        anyhow::ensure!(listeners.iter().all(|l| l["attachedRoutes"] == 0), "{listeners:?}");
-        Ok(())
-    })
-    .await
+    bed.no_parent_accepts((INFRA_NS, "disallowed-kind"), "tlsroutes-only").await
 }
 
 /// TLSRouteInvalidReferenceGrant: a TLSRoute's Service in another namespace, with only
