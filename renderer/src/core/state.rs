@@ -165,7 +165,12 @@ pub struct Applied {
 /// How a route is named in a version's causes: `host/path (Kind)`, `*` for any host.
 pub fn route_label(route: &Route) -> String {
     let host = route.host.as_ref().map(|h| h.as_str()).unwrap_or("*");
-    let mut label = format!("{host}{} ({:?})", route.path, route.kind);
+    // A TLSRoute's name is chosen by the SNI, a TCPRoute's by the port: no path.
+    let mut label = match (route.is_passthrough(), route.tcp_port()) {
+        (true, _) => format!("sni {host} (passthrough)"),
+        (false, Some(port)) => format!("tcp port {port}"),
+        (false, None) => format!("{host}{} ({:?})", route.path, route.kind),
+    };
     // An HTTPRoute's matches and weights: `when GET X-Canary: yes ?debug=on TLS`, `split 9:1`.
     if let Some(more) = route.more.as_deref() {
         let mut when: Vec<String> = more.method.iter().map(|m| m.as_str().to_owned()).collect();

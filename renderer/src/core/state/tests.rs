@@ -611,3 +611,17 @@ fn render_settings_are_state_a_change_is_a_cause_per_fleet_and_their_guard_is_in
     let cause = &out.causes[&fleet()][0];
     assert_eq!((cause.added.len(), cause.removed.len()), (1, 1), "{cause:?}");
 }
+
+#[test]
+fn a_passthrough_or_tcp_route_is_labelled_by_what_chooses_it() {
+    let kind = hafleet_proto::PathKind::Prefix;
+    let mut route = crate::core::model::tests::route(Some("db.example.com"), "/", kind, "db");
+    assert_eq!(route_label(&route), "db.example.com/ (Prefix)");
+    let more = hafleet_proto::RouteMore { passthrough: true, ..Default::default() };
+    route.more = Some(Box::new(more));
+    assert_eq!(route_label(&route), "sni db.example.com (passthrough)");
+    let more = hafleet_proto::RouteMore { port: Some(5432), ..Default::default() };
+    route.more = Some(Box::new(more));
+    route.host = None;
+    assert_eq!(route_label(&route), "tcp port 5432");
+}
