@@ -149,31 +149,33 @@ pub(crate) async fn send_snapshot(bus: &Bus, state: &mut State) -> anyhow::Resul
     Ok(())
 }
 
-/// Queues the status of hafleet's GatewayClasses, of its Gateways (listeners and the routes
-/// attached to each) and of the HTTPRoutes with a parent of hafleet's, where it changed.
-pub(crate) fn gateway_status(
-    queue: &super::state::StatusQueue,
-    classes: &[std::sync::Arc<kube::api::DynamicObject>],
-    pass: &crate::core::pass::GatewayPass,
-    args: &crate::app::args::RunArgs,
-    (served, route_seqs): (
-        &BTreeMap<FleetName, crate::core::served::Served>,
-        &super::state::RouteSeqs,
-    ),
-    unusable: &dyn Fn(&FleetName, &str, &str) -> Option<String>,
-) {
-    use crate::core::gateway::status;
-    let now = time::OffsetDateTime::now_utc()
+/// What the routes of a pass add up to on each of hafleet's Gateways (namespace, name): the
+/// routes attached to each listener, and the newest routes-stream sequence published for
+/// them (what `Programmed` waits for its fleet to serve).
+#[derive(Debug, Default)]
+pub(crate) struct Attached {
+    listeners: BTreeMap<(String, String), BTreeMap<String, usize>>,
+    needed: BTreeMap<(String, String), u64>,
+}
+
+/// The time a status says it was decided at (RFC 3339, whole seconds).
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_default();
-    for class in classes.iter().filter(|c| crate::core::gateway::is_ours(c)) {
-        let Some(name) = class.metadata.name.as_deref() else { continue };
-        if let Some(new) = status::class_status(class, &now) {
-            queue.push("GatewayClass", None, name, new);
-        }
-    }
+        .unwrap_or_default()
+}
+
+/// Queues the status of each route of `pass` with a parent of hafleet's, where it changed,
+/// and counts what they add up to on each Gateway ([`gateway_status`] takes that).
+pub(crate) fn route_status(
+    queue: &super::state::StatusQueue,
+    pass: &crate::core::pass::GatewayPass,
+    route_seqs: &super::state::RouteSeqs,
+) -> Attached {
+    use crate::core::gateway::status;
+    let now = now_rfc3339();
     // Routes attached to each listener: (Gateway namespace, name) → listener → count; and the
     // newest routes-stream sequence published for the routes attached to each Gateway.
     let mut attached: BTreeMap<(&str, &str), BTreeMap<&str, usize>> = BTreeMap::new();
@@ -215,13 +217,48 @@ pub(crate) fn gateway_status(
         next.insert(at, (route.clone(), parents.clone()));
     }
     *decided = next;
-    drop(decided);
-    for ((ns, name), gw) in &pass.index.gateways {
+    let owned = |(ns, name): (&str, &str)| (ns.to_owned(), name.to_owned());
+    Attached {
+        listeners: attached
+            .into_iter()
+            .map(|(g, ls)| (owned(g), ls.into_iter().map(|(l, n)| (l.to_owned(), n)).collect()))
+            .collect(),
+        needed: needed.into_iter().map(|(g, seq)| (owned(g), seq)).collect(),
+    }
+}
+
+/// Queues the status of hafleet's GatewayClasses and of its Gateways in `index` (listeners,
+/// the routes `attached` to each, `Programmed` by what the fleets serve), where it changed:
+/// a few objects, decided again whenever what the fleets serve changes.
+pub(crate) fn gateway_status(
+    queue: &super::state::StatusQueue,
+    classes: &[std::sync::Arc<kube::api::DynamicObject>],
+    (index, attached): (&crate::core::gateway::Index, &Attached),
+    args: &crate::app::args::RunArgs,
+    served: &BTreeMap<FleetName, crate::core::served::Served>,
+    unusable: &dyn Fn(&FleetName, &str, &str) -> Option<String>,
+) {
+    use crate::core::gateway::status;
+    let now = now_rfc3339();
+    for class in classes.iter().filter(|c| crate::core::gateway::is_ours(c)) {
+        let Some(name) = class.metadata.name.as_deref() else { continue };
+        if let Some(new) = status::class_status(class, &now) {
+            queue.push("GatewayClass", None, name, new);
+        }
+    }
+    for (key, gw) in &index.gateways {
+        let (ns, name) = key;
         let none = BTreeMap::new();
-        let counts = attached.get(&(ns.as_str(), name.as_str())).unwrap_or(&none);
+        let counts: BTreeMap<&str, usize> = attached
+            .listeners
+            .get(key)
+            .unwrap_or(&none)
+            .iter()
+            .map(|(l, n)| (l.as_str(), *n))
+            .collect();
         // Programmed once its fleet's hosts all run a version that holds what was last
         // published for its routes.
-        let need = needed.get(&(ns.as_str(), name.as_str())).copied().unwrap_or(0);
+        let need = attached.needed.get(key).copied().unwrap_or(0);
         let programmed = gw
             .fleet
             .as_ref()
@@ -234,7 +271,7 @@ pub(crate) fn gateway_status(
             Err(_) => None,
         };
         let checks = (programmed, &unusable as &status::Unusable<'_>);
-        if let Some(new) = status::gateway_status(gw, counts, addresses, checks, &now) {
+        if let Some(new) = status::gateway_status(gw, &counts, addresses, checks, &now) {
             queue.push("Gateway", Some(ns), name, new);
         }
     }

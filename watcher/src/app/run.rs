@@ -251,9 +251,9 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         // The Gateways' Programmed is decided again from the last pass's reading: a pass at
         // each rollout's end would hold up the next change for as long as it takes (at
         // 10,000 HTTPRoutes, most of that change's wait in the watcher).
-        if served_only && let Some((classes, pass)) = &state.last_gateway {
+        if served_only && let Some((classes, pass, attached)) = &state.last_gateway {
             if state.leader.as_ref().is_none_or(|l| l.holds()) {
-                queue_gateway_status(&args, &state, classes, pass);
+                queue_gateway_status(&args, &state, classes, (&pass.index, attached));
             }
             continue;
         }
@@ -550,27 +550,30 @@ async fn sync(
         }
     }
     if let Some(objects) = &gateway {
-        queue_gateway_status(args, state, objects.classes, &plan.gateway);
+        let attached =
+            super::effects::route_status(&state.statuses, &plan.gateway, &state.route_seqs);
+        queue_gateway_status(args, state, objects.classes, (&plan.gateway.index, &attached));
         let ours = objects.classes.iter().filter(|c| crate::core::gateway::is_ours(c));
-        state.last_gateway = Some((ours.cloned().collect(), std::mem::take(&mut plan.gateway)));
+        let pass = std::mem::take(&mut plan.gateway);
+        state.last_gateway = Some((ours.cloned().collect(), pass, attached));
     }
     Ok(())
 }
 
-/// Queues the Gateway API statuses that `pass` (with GatewayClasses `classes`) decides,
-/// given what the fleets serve now ([`super::effects::gateway_status`]).
+/// Queues the statuses of GatewayClasses `classes` and of the Gateways of `index` with the
+/// routes `attached` to them, given what the fleets serve now
+/// ([`super::effects::gateway_status`]).
 fn queue_gateway_status(
     args: &RunArgs,
     state: &State,
     classes: &[std::sync::Arc<kube::api::DynamicObject>],
-    pass: &crate::core::pass::GatewayPass,
+    gateways: (&crate::core::gateway::Index, &super::effects::Attached),
 ) {
     let served = state.served.fleets.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let seen = (&served, &state.route_seqs);
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let unusable =
         |fleet: &FleetName, ns: &str, name: &str| state.tls.unusable(fleet, ns, name, now_unix);
-    super::effects::gateway_status(&state.statuses, classes, pass, args, seen, &unusable);
+    super::effects::gateway_status(&state.statuses, classes, gateways, args, &served, &unusable);
 }
 
 /// Publishes one route event and records it once acked; `more` route events of this pass
