@@ -44,12 +44,22 @@ pub(super) fn expected_files(
 /// What a drift check expects of a host's files: (name, sha256).
 pub(super) type ExpectedFiles = std::sync::Arc<Vec<(String, String)>>;
 
-/// The sha256 of each certificate file a host should hold, by path, and whether keys are being
-/// opened for it off the applier's loop.
+/// The sha256 of each certificate file a host should hold, by path (`None`: its key does not
+/// open, and the file is not checked), and whether keys are being opened for it off the
+/// applier's loop.
 #[derive(Debug, Default)]
 pub struct CertShas {
-    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Option<String>>>>,
     opening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Clears [`CertShas::opening`] when the task that opens keys ends, however it ends.
+struct Opened(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// Most certificate keys a drift check opens in the applier's loop (a rotation's few); more
@@ -73,47 +83,48 @@ fn work_out_files(
     let shas = &settings.cert_shas;
     let mut known = shas.known.lock().unwrap_or_else(|e| e.into_inner());
     let paths: Vec<(String, &hafleet_proto::SealedCert)> = bundle.cert_paths().collect();
-    let unknown: Vec<(String, hafleet_proto::SealedCert)> = paths
-        .iter()
-        .filter(|(path, _)| !known.contains_key(path))
-        .map(|(path, cert)| (path.clone(), (*cert).clone()))
-        .collect();
-    if unknown.len() > OPENED_INLINE {
-        drop(known);
+    let unknown = || paths.iter().filter(|(path, _)| !known.contains_key(path));
+    if unknown().count() > OPENED_INLINE {
+        // Copied for the task only when one starts (not at every check while it runs).
         if !shas.opening.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            let (known, opening) = (shas.known.clone(), shas.opening.clone());
+            let certs: Vec<(String, hafleet_proto::SealedCert)> =
+                unknown().map(|(path, cert)| (path.clone(), (*cert).clone())).collect();
+            let (known, opened) = (shas.known.clone(), Opened(shas.opening.clone()));
             let identity = identity.clone();
             tokio::task::spawn_blocking(move || {
-                let opened = open_shas(&identity, &unknown);
-                known.lock().unwrap_or_else(|e| e.into_inner()).extend(opened);
-                opening.store(false, std::sync::atomic::Ordering::Release);
+                let _opened = opened;
+                let shas = open_shas(&identity, &certs);
+                known.lock().unwrap_or_else(|e| e.into_inner()).extend(shas);
             });
         }
         return None;
     }
-    known.extend(open_shas(identity, &unknown));
+    let certs: Vec<(String, hafleet_proto::SealedCert)> =
+        unknown().map(|(path, cert)| (path.clone(), (*cert).clone())).collect();
+    known.extend(open_shas(identity, &certs));
     let wanted: std::collections::HashSet<&str> = paths.iter().map(|(p, _)| p.as_str()).collect();
     known.retain(|path, _| wanted.contains(path.as_str()));
     for (path, _) in paths {
         // A key that does not open: its file is not checked.
-        if let Some(sha) = known.get(&path) {
+        if let Some(Some(sha)) = known.get(&path) {
             files.push((format!("../{path}"), sha.clone()));
         }
     }
     Some(files)
 }
 
-/// The sha256 of each certificate's file (chain and opened key), by path, for those whose key
-/// opens.
+/// The sha256 of each certificate's file (chain and opened key), by path; `None` for those
+/// whose key does not open (they are not tried again).
 fn open_shas(
     identity: &crate::core::identity::FleetIdentity,
     certs: &[(String, hafleet_proto::SealedCert)],
-) -> Vec<(String, String)> {
+) -> Vec<(String, Option<String>)> {
     certs
         .iter()
-        .filter_map(|(path, cert)| {
-            let file = identity.cert_file(cert).ok()?;
-            Some((path.clone(), hafleet_proto::sha256_hex(file.as_bytes())))
+        .map(|(path, cert)| {
+            let sha =
+                identity.cert_file(cert).ok().map(|f| hafleet_proto::sha256_hex(f.as_bytes()));
+            (path.clone(), sha)
         })
         .collect()
 }
@@ -222,5 +233,21 @@ mod tests {
         );
         let files = expected_files(&rotated, &settings).expect("at once");
         assert_eq!(files.iter().filter(|(n, _)| n.starts_with("../")).count(), OPENED_INLINE + 5);
+
+        // Keys sealed to another identity: tried once (off the loop), then known not to open;
+        // their files are not checked, and the checks are not put off again.
+        let other = crate::core::identity::FleetIdentity::generate();
+        let foreign = with_certs(&other, OPENED_INLINE + 2, "c");
+        assert!(expected_files(&foreign, &settings).is_none(), "put off");
+        let mut files = None;
+        for _ in 0..500 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            files = expected_files(&foreign, &settings);
+            if files.is_some() {
+                break;
+            }
+        }
+        let files = files.expect("tried within 5 s");
+        assert!(files.iter().all(|(n, _)| !n.starts_with("../")), "{files:?}");
     }
 }

@@ -158,6 +158,33 @@ pub(crate) struct Attached {
     needed: BTreeMap<(String, String), u64>,
 }
 
+/// Puts the objects the caches hold now in `last` (the last pass's reading), so that statuses
+/// decided from it compare with the statuses written since: hafleet's classes as cached now;
+/// each Gateway as cached now if its spec (generation) is the one the pass read, else left
+/// out (gone, or changed: the pass its change wakes decides it).
+pub(crate) fn current_objects(
+    last: &mut super::state::LastGateway,
+    classes: &[std::sync::Arc<kube::api::DynamicObject>],
+    gateways: &[std::sync::Arc<kube::api::DynamicObject>],
+) {
+    let (kept_classes, pass, _) = last;
+    *kept_classes = classes.iter().filter(|c| crate::core::gateway::is_ours(c)).cloned().collect();
+    let now: std::collections::HashMap<(&str, &str), &std::sync::Arc<kube::api::DynamicObject>> =
+        gateways
+            .iter()
+            .filter_map(|g| {
+                Some(((g.metadata.namespace.as_deref()?, g.metadata.name.as_deref()?), g))
+            })
+            .collect();
+    pass.index.gateways.retain(|(ns, name), view| match now.get(&(ns.as_str(), name.as_str())) {
+        Some(g) if g.metadata.generation == view.object.metadata.generation => {
+            view.object = std::sync::Arc::clone(g);
+            true
+        }
+        _ => false,
+    });
+}
+
 /// The time a status says it was decided at (RFC 3339, whole seconds).
 fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()

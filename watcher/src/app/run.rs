@@ -163,6 +163,9 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     // The initial state restates what the fleets run: only changes from here on are counted.
     state.churn = crate::core::churn::Budget::new(args.namespace_changes_per_minute);
     state.route_seqs.clear();
+    // What the first pass counted waits for the sequences just forgotten: the next wake-up
+    // runs a pass.
+    state.last_gateway = None;
     // Events from the fleets' reports on the Ingresses that caused each version: the leader's
     // job, started again if NATS stops delivering (the streams may not exist yet).
     {
@@ -251,14 +254,27 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         // The Gateways' Programmed is decided again from the last pass's reading: a pass at
         // each rollout's end would hold up the next change for as long as it takes (at
         // 10,000 HTTPRoutes, most of that change's wait in the watcher).
-        if served_only && let Some((classes, pass, attached)) = &state.last_gateway {
+        if served_only && let Some(mut last) = state.last_gateway.take() {
             if state.leader.as_ref().is_none_or(|l| l.holds()) {
+                // The statuses are compared with the objects as the caches hold them now (the
+                // pass's may predate a status hafleet wrote since).
+                if let Some(g) = &caches.gateway {
+                    let (classes, gateways) = (g.classes.state(), g.gateways.state());
+                    super::effects::current_objects(&mut last, &classes, &gateways);
+                }
+                let (classes, pass, attached) = &last;
                 queue_gateway_status(&args, &state, classes, (&pass.index, attached));
             }
+            state.last_gateway = Some(last);
             continue;
         }
         match sync(&args, &caches, &warnings, &bus, &mut state).await {
-            Err(e) => warn!(error = %format!("{e:#}"), "publish failed; will retry"),
+            Err(e) => {
+                // The next wake-up, whatever it is, runs a pass: what failed is tried again,
+                // and no status is decided from the pass before.
+                state.last_gateway = None;
+                warn!(error = %format!("{e:#}"), "publish failed; will retry")
+            }
             Ok(()) => {
                 // A restatement is out (its snapshot too): changes count again.
                 if let Some(per_minute) = state.restating.take_if(|_| !state.snapshot_due) {

@@ -270,9 +270,10 @@ pub fn is_ours(class: &DynamicObject) -> bool {
 pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
 
 /// Refuses each TCP listener whose port an HTTP, HTTPS or TLS listener of a Gateway on the
-/// same fleet serves: those are the fleet's HTTP and HTTPS binds, and a TCP listener's port
-/// is bound on each host by a frontend of its own, so both on one port would fail the
-/// hosts' reload, for every route of the fleet.
+/// same fleet serves, or that is 80 or 443 (the hosts' HTTP and HTTPS binds unless their
+/// environment says otherwise): those are the fleet's HTTP and HTTPS binds, and a TCP
+/// listener's port is bound on each host by a frontend of its own, so both on one port would
+/// fail the hosts' reload, for every route of the fleet.
 fn refuse_tcp_ports_taken(gateways: &mut HashMap<(String, String), GatewayView>) {
     let mut taken: HashMap<(&FleetName, u16), String> = HashMap::new();
     let mut keys: Vec<&(String, String)> = gateways.keys().collect();
@@ -297,12 +298,20 @@ fn refuse_tcp_ports_taken(gateways: &mut HashMap<(String, String), GatewayView>)
                 if l.refused.is_some() || l.spec.protocol != "TCP" {
                     return None;
                 }
-                let by = taken.get(&(fleet, l.spec.port))?;
-                let why = format!(
-                    "port {} is fleet {fleet}'s HTTP or HTTPS bind ({by} serves it); a TCP \
-                     listener needs a port of its own",
-                    l.spec.port
-                );
+                let port = l.spec.port;
+                let why = match (port, taken.get(&(fleet, port))) {
+                    (_, Some(by)) => format!(
+                        "port {port} is fleet {fleet}'s HTTP or HTTPS bind ({by} serves it); a \
+                         TCP listener needs a port of its own"
+                    ),
+                    // What the hosts bind unless $HAFLEET_HTTP_BIND or $HAFLEET_HTTPS_BIND
+                    // say otherwise, which the watcher cannot see.
+                    (80 | 443, None) => format!(
+                        "port {port} is where the hosts of fleet {fleet} bind HTTP or HTTPS by \
+                         default; a TCP listener needs a port of its own"
+                    ),
+                    _ => return None,
+                };
                 Some((key.clone(), i, why))
             })
         })

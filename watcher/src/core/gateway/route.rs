@@ -343,10 +343,10 @@ impl Said {
     }
 }
 
-/// The routes of a TLSRoute's or TCPRoute's rules on one fleet, each to its rule's backends,
-/// carried as TCP: for a TLSRoute, each of `hosts` (an SNI, passed through; one backend a
-/// rule); for a TCPRoute, each port of the TCP listeners it attached to (`hosts`' ports), its
-/// backends shared by weight. A host or port goes to the first rule that has it.
+/// The routes of a TLSRoute's or TCPRoute's rules on one fleet, each to its rule's backends
+/// (shared by weight), carried as TCP: for a TLSRoute, each of `hosts` (an SNI, passed
+/// through); for a TCPRoute, each port of the TCP listeners it attached to (`hosts`' ports).
+/// A host or port goes to the first rule that has it.
 fn stream_routes(
     kind: RouteKind,
     rules: &[super::spec::TlsRouteRule],

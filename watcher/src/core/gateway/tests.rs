@@ -888,7 +888,7 @@ fn a_tcp_listener_on_a_port_another_protocol_serves_on_its_fleet_is_refused() {
                "allowedRoutes": {"kinds": [{"kind": "TCPRoute"}], "namespaces": {"from": "All"}}})
     };
     // Gateway infra/edge: HTTP on 80, TCP on 5432. Gateway infra/db on the same fleet: TCP
-    // on 80 and 5433. Gateway infra/other on another fleet: TCP on 80.
+    // on 80 and 5433. Gateway infra/other on another fleet: TCP on 8080 and 443.
     let edge = gateway(json!([http_listener("http", None, "All"), tcp("pg", 5432)]));
     let named = |name: &str, fleet: &str, listeners: serde_json::Value| {
         object(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
@@ -896,7 +896,7 @@ fn a_tcp_listener_on_a_port_another_protocol_serves_on_its_fleet_is_refused() {
             "spec": {"gatewayClassName": "hafleet", "listeners": listeners}}))
     };
     let db = named("db", "edge", json!([tcp("web", 80), tcp("pg2", 5433)]));
-    let other = named("other", "core", json!([tcp("web", 80)]));
+    let other = named("other", "core", json!([tcp("web", 8080), tcp("https", 443)]));
     let classes = [class("hafleet", CONTROLLER_NAME)];
     let gateways = [edge, db, other];
     let index =
@@ -910,7 +910,11 @@ fn a_tcp_listener_on_a_port_another_protocol_serves_on_its_fleet_is_refused() {
     };
     assert_eq!(refused("edge"), [None, None]);
     assert_eq!(refused("db"), [Some(PORT_UNAVAILABLE), None]);
-    assert_eq!(refused("other"), [None], "another fleet binds port 80 of its own hosts");
+    assert_eq!(
+        refused("other"),
+        [None, Some(PORT_UNAVAILABLE)],
+        "another fleet: 8080 is free on its hosts, 443 is their HTTPS bind by default"
+    );
     let view = &index.gateways[&("infra".to_owned(), "db".to_owned())];
     let (_, why) = view.listeners[0].refused.as_ref().unwrap();
     assert!(why.contains("listener http (HTTP) of Gateway infra/edge"), "{why}");
