@@ -196,6 +196,17 @@ mod tests {
         ConfigVersion::inline(hafleet_proto::FleetName::new("edge").unwrap(), 1, bundle)
     }
 
+    /// The files of `version` once the task that opens its keys is done (5 s at most).
+    async fn worked_out(version: &ConfigVersion, settings: &RolloutSettings) -> ExpectedFiles {
+        for _ in 0..500 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if let Some(files) = expected_files(version, settings) {
+                return files;
+            }
+        }
+        panic!("the keys were not worked out within 5 s");
+    }
+
     /// Many keys to open (as after a start) are opened off the loop: the drift check is put
     /// off until they are; a rotation's one new key is opened at once.
     #[tokio::test]
@@ -205,15 +216,7 @@ mod tests {
         settings.tls_identity = Some(identity.clone());
         let version = with_certs(&identity, OPENED_INLINE + 4, "a");
         assert!(expected_files(&version, &settings).is_none(), "put off");
-        let mut files = None;
-        for _ in 0..500 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            files = expected_files(&version, &settings);
-            if files.is_some() {
-                break;
-            }
-        }
-        let files = files.expect("the keys were opened within 5 s");
+        let files = worked_out(&version, &settings).await;
         let certs: Vec<&(String, String)> =
             files.iter().filter(|(name, _)| name.starts_with("../")).collect();
         assert_eq!(certs.len(), OPENED_INLINE + 4);
@@ -239,15 +242,7 @@ mod tests {
         let other = crate::core::identity::FleetIdentity::generate();
         let foreign = with_certs(&other, OPENED_INLINE + 2, "c");
         assert!(expected_files(&foreign, &settings).is_none(), "put off");
-        let mut files = None;
-        for _ in 0..500 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            files = expected_files(&foreign, &settings);
-            if files.is_some() {
-                break;
-            }
-        }
-        let files = files.expect("tried within 5 s");
+        let files = worked_out(&foreign, &settings).await;
         assert!(files.iter().all(|(n, _)| !n.starts_with("../")), "{files:?}");
     }
 }
