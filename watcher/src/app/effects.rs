@@ -158,17 +158,14 @@ pub(crate) struct Attached {
     needed: BTreeMap<(String, String), u64>,
 }
 
-/// Puts the objects the caches hold now in `last` (the last pass's reading), so that statuses
-/// decided from it compare with the statuses written since: hafleet's classes as cached now;
-/// each Gateway as cached now if its spec (generation) is the one the pass read, else left
-/// out (gone, or changed: the pass its change wakes decides it).
-pub(crate) fn current_objects(
-    last: &mut super::state::LastGateway,
-    classes: &[std::sync::Arc<kube::api::DynamicObject>],
+/// Puts the Gateways the cache holds now (`gateways`) in `pass` (the last pass's reading), so
+/// that statuses decided from it compare with the statuses written since: each Gateway as
+/// cached now if its spec (generation) is the one the pass read, else left out (gone, or
+/// changed: the pass its change wakes decides it).
+pub(crate) fn current_gateways(
+    pass: &mut crate::core::pass::GatewayPass,
     gateways: &[std::sync::Arc<kube::api::DynamicObject>],
 ) {
-    let (kept_classes, pass, _) = last;
-    *kept_classes = classes.iter().filter(|c| crate::core::gateway::is_ours(c)).cloned().collect();
     let now: std::collections::HashMap<(&str, &str), &std::sync::Arc<kube::api::DynamicObject>> =
         gateways
             .iter()

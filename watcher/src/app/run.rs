@@ -254,18 +254,18 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         // The Gateways' Programmed is decided again from the last pass's reading: a pass at
         // each rollout's end would hold up the next change for as long as it takes (at
         // 10,000 HTTPRoutes, most of that change's wait in the watcher).
-        if served_only && let Some(mut last) = state.last_gateway.take() {
+        if served_only
+            && let Some(g) = &caches.gateway
+            && let Some((mut pass, attached)) = state.last_gateway.take()
+        {
             if state.leader.as_ref().is_none_or(|l| l.holds()) {
                 // The statuses are compared with the objects as the caches hold them now (the
                 // pass's may predate a status hafleet wrote since).
-                if let Some(g) = &caches.gateway {
-                    let (classes, gateways) = (g.classes.state(), g.gateways.state());
-                    super::effects::current_objects(&mut last, &classes, &gateways);
-                }
-                let (classes, pass, attached) = &last;
-                queue_gateway_status(&args, &state, classes, (&pass.index, attached));
+                let (classes, gateways) = (g.classes.state(), g.gateways.state());
+                super::effects::current_gateways(&mut pass, &gateways);
+                queue_gateway_status(&args, &state, &classes, (&pass.index, &attached));
             }
-            state.last_gateway = Some(last);
+            state.last_gateway = Some((pass, attached));
             continue;
         }
         match sync(&args, &caches, &warnings, &bus, &mut state).await {
@@ -569,9 +569,7 @@ async fn sync(
         let attached =
             super::effects::route_status(&state.statuses, &plan.gateway, &state.route_seqs);
         queue_gateway_status(args, state, objects.classes, (&plan.gateway.index, &attached));
-        let ours = objects.classes.iter().filter(|c| crate::core::gateway::is_ours(c));
-        let pass = std::mem::take(&mut plan.gateway);
-        state.last_gateway = Some((ours.cloned().collect(), pass, attached));
+        state.last_gateway = Some((std::mem::take(&mut plan.gateway), attached));
     }
     Ok(())
 }

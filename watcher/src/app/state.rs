@@ -65,19 +65,15 @@ pub(crate) struct State {
     pub(crate) served: Served,
     /// Gateway API statuses to write, by a task of their own.
     pub(crate) statuses: StatusQueue,
-    /// What the last pass read of the Gateway API (hafleet's classes among the GatewayClasses,
-    /// and the pass's Gateways and routes): when only what the fleets serve changed, the
-    /// Gateways' `Programmed` is decided again from it, without a pass.
+    /// What the last pass read of the Gateway API (its Gateways and routes, and the routes
+    /// attached to each Gateway): when only what the fleets serve changed, the Gateways'
+    /// `Programmed` is decided again from it, without a pass.
     pub(crate) last_gateway: Option<LastGateway>,
 }
 
-/// What the last pass read of the Gateway API: hafleet's classes among the GatewayClasses, the
-/// pass's Gateways and routes, and what the routes add up to on each Gateway.
-pub(crate) type LastGateway = (
-    Vec<std::sync::Arc<kube::api::DynamicObject>>,
-    crate::core::pass::GatewayPass,
-    super::effects::Attached,
-);
+/// What the last pass read of the Gateway API (its Gateways and routes), and what the routes
+/// add up to on each Gateway. The GatewayClasses are read from the cache when used.
+pub(crate) type LastGateway = (crate::core::pass::GatewayPass, super::effects::Attached);
 
 /// Which Gateway API object a status is for: (kind, namespace, name).
 type StatusOf = (&'static str, Option<String>, String);
