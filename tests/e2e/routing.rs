@@ -118,6 +118,20 @@ async fn live_without_a_reload(world: &World) -> Result<()> {
     Ok(())
 }
 
+/// Checks that every host's running maps hold what their files say, and that no map was
+/// replaced since the last reload (no new version: `curr_ver=0`): a change of a few entries
+/// edits them in place.
+fn maps_edited_in_place(stack: &hafleet_tests::stack::Stack) -> Result<()> {
+    for h in &stack.hosts {
+        h.running_maps_match_files()?;
+        let shown = h.master_cli("@1 show map")?;
+        let maps: Vec<&str> = shown.lines().filter(|l| l.contains("hafleet-maps/")).collect();
+        assert!(!maps.is_empty(), "{shown}");
+        assert!(maps.iter().all(|l| l.contains(" curr_ver=0 ")), "{}: {shown}", h.name());
+    }
+    Ok(())
+}
+
 /// Routes first.example.com to the web Service and waits until every host serves it and has
 /// reported the version.
 async fn first_route_live(world: &World) -> Result<()> {
@@ -158,8 +172,8 @@ async fn a_watcher_pass_is_rendered_without_waiting_out_the_renderer_s_quiet_win
 }
 
 /// A route to a backend the hosts already run changes only map entries: it goes live through
-/// the runtime API without a reload, and so does its removal. The files on disk match what
-/// runs, so a reload afterwards serves the same.
+/// the runtime API without a reload, its few entries edited in the running maps, and so does
+/// its removal. The files on disk match what runs, so a reload afterwards serves the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> Result<()> {
     let world = World::start().await?;
@@ -172,6 +186,7 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
     expect_everywhere(stack, "second.example.com", "/", 404, "").await?;
     live_without_a_reload(&world).await?;
     assert_eq!(reload_counts(stack)?, reloads, "a new map entry reloads nothing");
+    maps_edited_in_place(stack)?;
     // Only map files changed: each host checked them alone, not all of the config again.
     let log = std::fs::read_to_string(stack.log_path(hafleet_tests::stack::Component::Applier))?;
     let quick = log.matches("but for its maps and certificates: checking those alone").count();
@@ -181,6 +196,7 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
     expect_everywhere(stack, "second.example.com", "/shop/cart", 404, "").await?;
     live_without_a_reload(&world).await?;
     assert_eq!(reload_counts(stack)?, reloads, "a map entry removed reloads nothing");
+    maps_edited_in_place(stack)?;
     expect_everywhere(stack, "first.example.com", "/", 200, "web@node-").await?;
 
     // What runs is what the files say: reloaded by hand, each host serves the same.

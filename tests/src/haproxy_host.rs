@@ -669,6 +669,49 @@ impl HaproxyHost {
         }
     }
 
+    /// Checks that each map the live config names holds in the running worker (`show map
+    /// #<id>`, found by kind, as the applier finds it) exactly the entries of its file: what a
+    /// change through the runtime API must leave, whether it replaced the map or edited it.
+    pub fn running_maps_match_files(&self) -> Result<()> {
+        let proc = self.show_proc()?;
+        let [pid] = proc.workers[..] else { bail!("not one current worker: {proc:?}") };
+        let entries = |text: &str, skip: usize| -> std::collections::BTreeSet<String> {
+            let lines =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+            lines.map(|l| l.split_whitespace().skip(skip).collect::<Vec<_>>().join(" ")).collect()
+        };
+        let shown = self.master_cli(&format!("@!{pid} show map"))?;
+        let config = std::fs::read_to_string(self.config_path())?;
+        let files = config
+            .split(|c: char| c == '(' || c == ')' || c == ',' || c.is_whitespace())
+            .filter(|w| w.starts_with("hafleet-maps/") && w.ends_with(".map"))
+            .collect::<std::collections::BTreeSet<_>>();
+        anyhow::ensure!(!files.is_empty(), "the live config names no map");
+        for file in files {
+            let name = file.trim_start_matches("hafleet-maps/");
+            let kind = name.rsplit_once('-').map_or(name, |(k, _)| k);
+            let mut ids = shown.lines().filter_map(|l| {
+                let (id, rest) = l.split_once(" (")?;
+                let loaded = rest.split_once(')')?.0.rsplit('/').next()?;
+                (loaded.rsplit_once('-')?.0 == kind).then_some(id)
+            });
+            let (Some(id), None) = (ids.next(), ids.next()) else {
+                bail!("{}: not one running {kind} map in {shown}", self.name)
+            };
+            let running = entries(&self.master_cli(&format!("@!{pid} show map #{id}"))?, 1);
+            let text = std::fs::read_to_string(self.config_path().with_file_name(file))?;
+            let want = entries(&text, 0);
+            anyhow::ensure!(
+                running == want,
+                "{}: the running {kind} map is not {file}: only running {:?}, only in the file {:?}",
+                self.name,
+                running.difference(&want).collect::<Vec<_>>(),
+                want.difference(&running).collect::<Vec<_>>()
+            );
+        }
+        Ok(())
+    }
+
     /// `show proc`, parsed. A master busy with a reload may answer nothing at all: asked
     /// again, for up to 5 s.
     pub fn show_proc(&self) -> Result<ShowProc> {

@@ -390,10 +390,14 @@ impl HostOps for Session {
         &'a self,
         ask: RuntimeSwap<'a>,
     ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
-        // Each kind of map is `#<n>` (its place in `ask.maps`), prepared as version 1.
+        // Each kind of map is `#<n>` (its place in `ask.maps`, then `ask.edited`); one
+        // replaced whole is prepared as version 1.
         let mut text = String::from_utf8_lossy(ask.session).into_owned();
         for (n, kind) in ask.maps.iter().enumerate() {
             text = text.replace(&format!("{{map:{kind}}}"), &format!("@1 #{n}"));
+        }
+        for (n, (kind, _)) in ask.edited.iter().enumerate() {
+            text = text.replace(&format!("{{mapid:{kind}}}"), &format!("#{}", ask.maps.len() + n));
         }
         let commands = session_commands(text.as_bytes());
         async move {

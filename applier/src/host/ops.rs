@@ -101,6 +101,9 @@ pub struct RuntimeSwap<'a> {
     /// The kinds of map replaced: each is found in `show map` and prepared, and `{map:KIND}`
     /// in `session` becomes its `@<version> #<id>`.
     pub maps: &'a [&'a str],
+    /// The kinds of map edited in place, each with the number of entries it must hold: each is
+    /// found in `show map`, and `{mapid:KIND}` in `session` becomes its `#<id>`.
+    pub edited: &'a [(&'a str, usize)],
     /// The master CLI session (see `runtime::session`).
     pub session: &'a [u8],
 }

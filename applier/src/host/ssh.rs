@@ -172,6 +172,8 @@ impl HostOps for SshHost {
             let (live, loaded) = (ask.prepared.live.as_str(), ask.prepared.loaded.as_str());
             let mut args = vec![self.live(), ask.token, self.socket(), &pid, live, loaded];
             args.extend(ask.maps);
+            let edited: Vec<String> = ask.edited.iter().map(|(k, n)| format!("={k}:{n}")).collect();
+            args.extend(edited.iter().map(String::as_str));
             let run = self.conn.run(&scripts::SWAP_RUNTIME, &args, Some(ask.session)).await;
             match run {
                 Ok(out) if out.success => Ok(answer::SwapRuntime::parse(&out.stdout, &out.stderr)),

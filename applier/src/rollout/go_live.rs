@@ -342,19 +342,21 @@ pub(super) async fn apply_runtime(
                 .insert(path.to_owned(), identity.cert_file(cert).map_err(|e| e.to_string())?);
         }
     }
-    let mut prepared = runtime::PreparedMaps::new();
-    let kinds = runtime::map_kinds(steps);
-    if !kinds.is_empty() {
+    let mut maps = runtime::MapRefs::default();
+    if !runtime::map_kinds(steps).is_empty() || !runtime::edited_maps(steps).is_empty() {
         let show = format!("@!{pid} show map");
         let out = conn.master_cli(&show).await?;
-        let ids = runtime::map_ids(&out, &kinds)
-            .ok_or_else(|| format!("`show map` does not list one map of each kind {kinds:?}"))?;
-        let prepare = runtime::prepare_commands(&ids);
-        let answers = session(conn, pid, &prepare).await?;
-        sent += prepare.len() + 1;
-        prepared = runtime::prepared_maps(ids, &answers)?;
+        sent += 1;
+        let ids;
+        (ids, maps) = runtime::locate_maps(&out, steps)?;
+        if !ids.is_empty() {
+            let prepare = runtime::prepare_commands(&ids);
+            let answers = session(conn, pid, &prepare).await?;
+            sent += prepare.len();
+            maps.prepared = runtime::prepared_maps(ids, &answers)?;
+        }
     }
-    let commands = runtime::commands(steps, &prepared, &certs)?;
+    let commands = runtime::commands(steps, &maps, &certs)?;
     let answers = session(conn, pid, &commands).await?;
     sent += commands.len();
     let answers: Vec<&str> = answers.iter().map(String::as_str).collect();
@@ -377,7 +379,8 @@ async fn swap_runtime(
     steps: &[runtime::Step],
 ) -> Result<Result<u32, String>, Failure> {
     let kinds = runtime::map_kinds(steps);
-    let maps = runtime::map_placeholders(&kinds);
+    let edited = runtime::edited_maps(steps);
+    let maps = runtime::map_placeholders(steps);
     let no_certs = runtime::CertInputs::default();
     let planned = plan::current_worker(before)
         .ok_or_else(|| "no single current worker in `show proc`".to_owned())
@@ -390,7 +393,14 @@ async fn swap_runtime(
         }
     };
     let session = runtime::session(pid, &commands);
-    let ask = ops::RuntimeSwap { token, prepared, pid, maps: &kinds, session: session.as_bytes() };
+    let ask = ops::RuntimeSwap {
+        token,
+        prepared,
+        pid,
+        maps: &kinds,
+        edited: &edited,
+        session: session.as_bytes(),
+    };
     let out = match conn.swap_runtime(ask).await? {
         answer::SwapRuntime::Sent(out) => out,
         answer::SwapRuntime::Skipped(why) => {
@@ -401,8 +411,8 @@ async fn swap_runtime(
     if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
         return Ok(Err(format!("HAProxy answered {answer:?} to `{command}`")));
     }
-    // `show map` and a `prepare map` for each map, then the commands.
-    let asked = if kinds.is_empty() { 0 } else { kinds.len() + 1 };
+    // `show map` and a `prepare map` for each map replaced whole, then the commands.
+    let asked = if kinds.is_empty() && edited.is_empty() { 0 } else { kinds.len() + 1 };
     Ok(Ok((asked + commands.len()) as u32))
 }
 

@@ -94,18 +94,21 @@ fn runtime_change(socket: &Path, from: &Bundle, to: &Bundle) -> Result<(usize, f
     let started = Instant::now();
     let pid = plan::current_worker(&show_proc(socket)?).context("current worker")?;
     let mut sent = 1;
-    let mut prepared = runtime::PreparedMaps::new();
-    let kinds = runtime::map_kinds(&steps);
-    if !kinds.is_empty() {
+    let mut maps = runtime::MapRefs::default();
+    if !runtime::map_kinds(&steps).is_empty() || !runtime::edited_maps(&steps).is_empty() {
         let show = master(socket, &format!("@!{pid} show map\n"))?;
-        let ids = runtime::map_ids(&show, &kinds).context("map ids")?;
-        let prepare = runtime::prepare_commands(&ids);
-        let out = master(socket, &runtime::session(pid, &prepare))?;
-        sent += 1 + prepare.len();
-        prepared = runtime::prepared_maps(ids, &runtime::answers(&out, prepare.len()))
-            .map_err(anyhow::Error::msg)?;
+        let ids;
+        (ids, maps) = runtime::locate_maps(&show, &steps).map_err(anyhow::Error::msg)?;
+        sent += 1;
+        if !ids.is_empty() {
+            let prepare = runtime::prepare_commands(&ids);
+            let out = master(socket, &runtime::session(pid, &prepare))?;
+            sent += prepare.len();
+            maps.prepared = runtime::prepared_maps(ids, &runtime::answers(&out, prepare.len()))
+                .map_err(anyhow::Error::msg)?;
+        }
     }
-    let commands = runtime::commands(&steps, &prepared, &runtime::CertInputs::default())
+    let commands = runtime::commands(&steps, &maps, &runtime::CertInputs::default())
         .map_err(anyhow::Error::msg)?;
     let out = master(socket, &runtime::session(pid, &commands))?;
     let answers = runtime::answers(&out, commands.len());

@@ -60,18 +60,37 @@ impl Command {
     }
 }
 
-/// How the commands address each changed map, by kind: `@<version> #<id>`, the `#<id>` that
-/// `show map` lists for it and the version `prepare map` allocated ([`prepared_maps`]), or a
-/// `{map:<kind>}` the host fills in itself ([`map_placeholders`], swap_runtime.sh).
+/// Each map replaced whole, by kind, as the commands address it: `@<version> #<id>`, the
+/// `#<id>` that `show map` lists for it and the version `prepare map` allocated
+/// ([`prepared_maps`]).
 pub type PreparedMaps = BTreeMap<String, String>;
 
-/// Each kind addressed as `{map:<kind>}`, which swap_runtime.sh makes `@<version> #<id>` on
-/// the host, after it found and prepared the map in the same round trip.
-pub fn map_placeholders(kinds: &[&str]) -> PreparedMaps {
-    kinds.iter().map(|k| ((*k).to_owned(), format!("{{map:{k}}}"))).collect()
+/// How the commands address each changed map, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapRefs {
+    /// Each map replaced whole: `@<version> #<id>` ([`PreparedMaps`]), or `{map:<kind>}`.
+    pub prepared: PreparedMaps,
+    /// Each map edited in place: its `#<id>` ([`map_ids`]), or `{mapid:<kind>}`.
+    pub ids: BTreeMap<String, String>,
 }
 
-/// The kinds of map a plan replaces.
+/// Each map a plan changes addressed by a placeholder that swap_runtime.sh fills in on the
+/// host, after it found (and for a map replaced whole, prepared) the map in the same round
+/// trip: `{map:<kind>}` for `@<version> #<id>`, `{mapid:<kind>}` for `#<id>`.
+pub fn map_placeholders(steps: &[Step]) -> MapRefs {
+    MapRefs {
+        prepared: map_kinds(steps)
+            .iter()
+            .map(|k| ((*k).to_owned(), format!("{{map:{k}}}")))
+            .collect(),
+        ids: edited_maps(steps)
+            .iter()
+            .map(|(k, _)| ((*k).to_owned(), format!("{{mapid:{k}}}")))
+            .collect(),
+    }
+}
+
+/// The kinds of map a plan replaces whole.
 pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
     steps
         .iter()
@@ -82,6 +101,35 @@ pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
         .collect()
 }
 
+/// The kinds of map a plan edits in place, each with the number of entries it must hold first.
+pub fn edited_maps(steps: &[Step]) -> Vec<(&str, usize)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::EditMap { kind, before, .. } => Some((kind.as_str(), *before)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The maps of `show map`'s answer: (kind, `#<id>`, `entry_cnt`) for each map loaded from a
+/// file of hafleet's.
+fn shown_maps(show_map: &str) -> impl Iterator<Item = (String, String, Option<usize>)> + '_ {
+    show_map.lines().filter_map(|line| {
+        // `<id> (<file>) pattern loaded from file … curr_ver=0 next_ver=0 entry_cnt=1`
+        let (id, rest) = line.split_once(' ')?;
+        let file = rest.strip_prefix('(')?.split_once(')')?.0;
+        let name = file.rsplit('/').next()?;
+        let parsed = hafleet_proto::MapName::new(name.to_owned()).ok()?;
+        id.parse::<i64>().ok()?;
+        let count = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("entry_cnt="))
+            .and_then(|n| n.parse().ok());
+        Some((parsed.kind().to_owned(), format!("#{id}"), count))
+    })
+}
+
 /// From `show map`: the `#<id>` of the map file of each kind in `kinds`. The running process
 /// knows a map by the name it loaded it under, which a runtime change before this one may have
 /// made older than the live file's: it is found by kind. None if a kind is not there exactly
@@ -89,21 +137,46 @@ pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
 pub fn map_ids(show_map: &str, kinds: &[&str]) -> Option<BTreeMap<String, String>> {
     let mut ids = BTreeMap::new();
     for kind in kinds {
-        let mut found = show_map.lines().filter_map(|line| {
-            // `<id> (<file>) pattern loaded from file …`
-            let (id, rest) = line.split_once(' ')?;
-            let file = rest.strip_prefix('(')?.split_once(')')?.0;
-            let name = file.rsplit('/').next()?;
-            let parsed = hafleet_proto::MapName::new(name.to_owned()).ok()?;
-            (parsed.kind() == *kind && id.parse::<i64>().is_ok()).then(|| format!("#{id}"))
-        });
-        let id = found.next()?;
+        let mut found = shown_maps(show_map).filter(|(k, _, _)| k == kind);
+        let (_, id, _) = found.next()?;
         if found.next().is_some() {
             return None;
         }
         ids.insert((*kind).to_owned(), id);
     }
     Some(ids)
+}
+
+/// From `show map`: the first map of `edited` ([`edited_maps`]) that does not hold the number
+/// of entries its edits start from, and what it holds (`None`: not said); such a map is not
+/// the file it was last brought to, and only replacing it whole (or a reload) can mend it.
+pub fn miscounted<'a>(
+    show_map: &str,
+    edited: &[(&'a str, usize)],
+) -> Option<(&'a str, Option<usize>)> {
+    edited.iter().find_map(|(kind, before)| {
+        let count = shown_maps(show_map).find(|(k, _, _)| k == kind).and_then(|(_, _, n)| n);
+        (count != Some(*before)).then_some((*kind, count))
+    })
+}
+
+/// From `show map`: the maps `steps` change, found by kind ([`map_ids`]). Returns the ids of
+/// those replaced whole, for [`prepare_commands`], and the [`MapRefs`] addressing those edited
+/// in place, each checked to hold the number of entries its edits start from.
+pub fn locate_maps(
+    show_map: &str,
+    steps: &[Step],
+) -> Result<(BTreeMap<String, String>, MapRefs), String> {
+    let edited = edited_maps(steps);
+    let all: Vec<&str> =
+        map_kinds(steps).into_iter().chain(edited.iter().map(|(k, _)| *k)).collect();
+    let mut ids = map_ids(show_map, &all)
+        .ok_or_else(|| format!("`show map` does not list one map of each kind {all:?}"))?;
+    if let Some((kind, holds)) = miscounted(show_map, &edited) {
+        return Err(format!("the running {kind} map holds {holds:?} entries, not its file's"));
+    }
+    let edited_ids = edited.iter().filter_map(|(k, _)| ids.remove_entry(*k)).collect();
+    Ok((ids, MapRefs { prepared: PreparedMaps::new(), ids: edited_ids }))
 }
 
 /// `prepare map` for each id.
@@ -161,7 +234,7 @@ impl std::fmt::Debug for CertInputs {
 /// A `set ssl cert` command's payload holds a key: whoever logs commands logs their `line`.
 pub fn commands(
     steps: &[Step],
-    maps: &PreparedMaps,
+    maps: &MapRefs,
     certs: &CertInputs,
 ) -> Result<Vec<Command>, String> {
     let mut out = Vec::new();
@@ -235,8 +308,22 @@ pub fn commands(
                 ));
                 out.push(Command::new(format!("del server {backend}/{server}"), Expect::Anything));
             }
+            Step::EditMap { kind, edits, .. } => {
+                let map = maps.ids.get(kind).ok_or_else(|| format!("map {kind} was not found"))?;
+                for edit in edits {
+                    let line = match edit {
+                        MapEdit::Add { key, value } => format!("add map {map} {key} {value}"),
+                        MapEdit::Set { key, value } => format!("set map {map} {key} {value}"),
+                        MapEdit::Del { key } => format!("del map {map} {key}"),
+                    };
+                    out.push(Command::new(line, Expect::Empty));
+                }
+            }
             Step::ReplaceMap { kind, content } => {
-                let map = maps.get(kind).ok_or_else(|| format!("map {kind} was not prepared"))?;
+                let map = maps
+                    .prepared
+                    .get(kind)
+                    .ok_or_else(|| format!("map {kind} was not prepared"))?;
                 for chunk in payload_chunks(content) {
                     out.push(Command {
                         line: format!("add map {map}"),

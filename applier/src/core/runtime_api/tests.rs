@@ -46,12 +46,12 @@ fn a_change_of_map_contents_and_comments_only_is_found_without_parsing() {
     let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
     assert!(same_but_map_names(&a, &b));
     let Plan::Runtime(steps) = plan(&a, &b) else { panic!("a map change needs no reload") };
-    assert!(matches!(steps.as_slice(), [Step::ReplaceMap { kind, .. }] if kind == "exact"));
+    assert!(matches!(steps.as_slice(), [Step::EditMap { kind, .. }] if kind == "exact"));
     // A server changed as well: not the fast case, and the parsed plan sees it.
     let c = bundle(NODES, &[("be_a", &[("n2", "10.0.0.2:30080")])], "x be_a\ny be_a\n");
     assert!(!same_but_map_names(&a, &c));
     let Plan::Runtime(steps) = plan(&a, &c) else { panic!("a subset move needs no reload") };
-    assert!(steps.iter().any(|s| matches!(s, Step::ReplaceMap { .. })));
+    assert!(steps.iter().any(|s| matches!(s, Step::EditMap { .. })));
     assert!(steps.iter().any(|s| matches!(s, Step::AddServer { .. })));
     // A line break next to a map name is a change, whatever the rest.
     let mut e = b.clone();
@@ -151,17 +151,41 @@ fn a_node_port_or_address_change_is_set_server_addr() {
 }
 
 #[test]
-fn map_entries_are_replaced_whole_and_the_renamed_map_file_is_not_a_change() {
+fn map_entries_are_edited_or_replaced_whole_and_the_renamed_map_file_is_not_a_change() {
     let servers: &[(&str, &str)] = &[("n1", "10.0.0.1:30080")];
     let a = bundle(NODES, &[("be_a", servers)], "x be_a\n");
     let b = bundle(NODES, &[("be_a", servers)], "x be_a\ny be_a\n");
     assert_eq!(
         plan(&a, &b),
-        Plan::Runtime(vec![Step::ReplaceMap {
+        Plan::Runtime(vec![Step::EditMap {
             kind: "exact".into(),
-            content: "x be_a\ny be_a\n".into()
+            edits: vec![MapEdit::Add { key: "y".into(), value: "be_a".into() }],
+            before: 1,
         }])
     );
+    let many: String = (0..=map_edits::MAX_MAP_EDITS).map(|i| format!("h{i} be_a\n")).collect();
+    let c = bundle(NODES, &[("be_a", servers)], &many);
+    assert_eq!(
+        plan(&a, &c),
+        Plan::Runtime(vec![Step::ReplaceMap { kind: "exact".into(), content: many.clone() }])
+    );
+    let cmds = commands(
+        &[Step::EditMap {
+            kind: "exact".into(),
+            edits: vec![
+                MapEdit::Add { key: "y".into(), value: "be_a".into() },
+                MapEdit::Set { key: "x".into(), value: "be_b".into() },
+                MapEdit::Del { key: "z".into() },
+            ],
+            before: 2,
+        }],
+        &MapRefs { ids: [("exact".to_owned(), "#3".to_owned())].into(), ..MapRefs::default() },
+        &CertInputs::default(),
+    )
+    .unwrap();
+    let lines: Vec<&str> = cmds.iter().map(|c| c.line.as_str()).collect();
+    assert_eq!(lines, ["add map #3 y be_a", "set map #3 x be_b", "del map #3 z"]);
+    assert!(cmds.iter().all(|c| c.payload.is_none() && c.expect == Expect::Empty));
 }
 
 /// Lays `check` out next to `bundle`'s maps as on a host and runs the real `haproxy -c`.
@@ -279,8 +303,11 @@ fn new_backends_are_served_through_free_spares_ahead_of_their_reload() {
         addr: addr.into(),
         params: vec!["track".into(), format!("hafleet_nodes/{server}")],
     };
-    let replaced =
-        Step::ReplaceMap { kind: "exact".into(), content: format!("x be_a\ny {}\n", s0.0) };
+    let replaced = Step::EditMap {
+        kind: "exact".into(),
+        edits: vec![MapEdit::Add { key: "y".into(), value: s0.0.clone() }],
+        before: 1,
+    };
     assert_eq!(bridge.steps, [add("n1", "10.0.0.1:30080"), add("n2", "10.0.0.2:30081"), replaced]);
     // Two new backends take the two spares; a third finds none and only reloads.
     let c = with(&[("be_b", servers), ("be_c", servers)], "x be_a\ny be_b\nz be_c\n");
@@ -317,7 +344,7 @@ fn new_backends_are_served_through_free_spares_ahead_of_their_reload() {
     assert_eq!(busy_spare(&bridge, &[head]), Some("hafleet_spare_1"));
     let (adds, maps) = split_bridge(&bridge.steps);
     assert!(adds.iter().all(|s| matches!(s, Step::AddServer { .. })) && adds.len() == 4);
-    assert!(matches!(maps.as_slice(), [Step::ReplaceMap { .. }]));
+    assert!(matches!(maps.as_slice(), [Step::EditMap { .. }]));
     // A new backend whose header says more than its name (`from`, a template's own).
     let mut from = b.clone();
     from.config = from.config.replace("backend be_b\n", "backend be_b from other\n");
@@ -404,7 +431,10 @@ fn commands_chunk_map_payloads_and_name_the_prepared_version() {
         },
         Step::ReplaceMap { kind: "prefix".into(), content: content.clone() },
     ];
-    let maps = PreparedMaps::from([("prefix".to_owned(), "@4 #1".to_owned())]);
+    let maps = MapRefs {
+        prepared: PreparedMaps::from([("prefix".to_owned(), "@4 #1".to_owned())]),
+        ..MapRefs::default()
+    };
     let cmds = commands(&steps, &maps, &CertInputs::default()).unwrap();
     assert_eq!(cmds[0].line, "add server be_a/n2 10.0.0.2:30080 track hafleet_nodes/n2");
     assert_eq!(cmds[1].line, "enable server be_a/n2");
@@ -416,7 +446,7 @@ fn commands_chunk_map_payloads_and_name_the_prepared_version() {
     assert_eq!(sent, content, "every entry once, in order");
     assert_eq!(cmds.last().unwrap().line, "commit map @4 #1");
     assert!(
-        commands(&steps, &PreparedMaps::new(), &CertInputs::default()).is_err(),
+        commands(&steps, &MapRefs::default(), &CertInputs::default()).is_err(),
         "an unprepared map"
     );
 }
@@ -474,8 +504,21 @@ fn maps_are_found_by_kind_under_the_name_they_were_loaded_with() {
     let ids: BTreeMap<String, String> = [("exact".into(), "#1".into())].into();
     let prepared = prepared_maps(ids.clone(), &["New version created: 3\n"]).unwrap();
     assert_eq!(prepared["exact"], "@3 #1");
-    let placeholders = map_placeholders(&["exact", "prefix"]);
-    assert_eq!(placeholders["prefix"], "{map:prefix}");
+    let steps = [
+        Step::ReplaceMap { kind: "prefix".into(), content: String::new() },
+        Step::EditMap { kind: "exact".into(), edits: vec![], before: 1 },
+    ];
+    let placeholders = map_placeholders(&steps);
+    assert_eq!(placeholders.prepared["prefix"], "{map:prefix}");
+    assert_eq!(placeholders.ids["exact"], "{mapid:exact}");
+    // Found together: the one replaced whole is to be prepared, the one edited addressed.
+    let (to_prepare, refs) = locate_maps(show, &steps).unwrap();
+    assert_eq!(to_prepare, BTreeMap::from([("prefix".to_owned(), "#1".to_owned())]));
+    assert_eq!(refs.ids, BTreeMap::from([("exact".to_owned(), "#0".to_owned())]));
+    // A map edited that does not hold the entries its edits start from is not edited.
+    let steps = [Step::EditMap { kind: "prefix".into(), edits: vec![], before: 2 }];
+    assert_eq!(miscounted(show, &edited_maps(&steps)), Some(("prefix", Some(3))));
+    assert!(locate_maps(show, &steps).unwrap_err().contains("holds Some(3) entries"));
     assert!(prepared_maps(ids.clone(), &["Unknown map identifier."]).is_err());
     assert!(prepared_maps(ids, &[] as &[&str]).is_err(), "an answer missing");
 }
@@ -510,10 +553,10 @@ fn a_rotated_certificate_is_loaded_listed_and_the_old_one_unlisted_without_a_rel
     assert!(files_only(&Plan::Runtime(steps.clone())), "checked by loading the new file");
     let mut inputs =
         CertInputs { crt_list: "hafleet-maps/crtlist-x.map".into(), ..Default::default() };
-    assert!(commands(&steps, &PreparedMaps::new(), &inputs).is_err(), "no file, no commands");
+    assert!(commands(&steps, &MapRefs::default(), &inputs).is_err(), "no file, no commands");
     let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\nSECRET\n-----END EC PRIVATE KEY-----\n";
     inputs.files.insert("hafleet-certs/cc.pem".into(), zeroize::Zeroizing::new(pem.into()));
-    let cmds = commands(&steps, &PreparedMaps::new(), &inputs).unwrap();
+    let cmds = commands(&steps, &MapRefs::default(), &inputs).unwrap();
     let lines: Vec<&str> = cmds.iter().map(|c| c.line.as_str()).collect();
     assert_eq!(
         lines,
@@ -658,7 +701,7 @@ fn haproxy_checks_new_certificate_files_alone() {
 
 /// What the running process serves, as far as a plan can change it: each backend's servers
 /// and their addresses, and each map's content.
-type Served = (BTreeMap<(String, String), String>, BTreeMap<String, String>);
+type Served = (BTreeMap<(String, String), String>, BTreeMap<String, BTreeMap<String, String>>);
 
 fn served(b: &Bundle) -> Served {
     let mut servers = BTreeMap::new();
@@ -672,7 +715,11 @@ fn served(b: &Bundle) -> Served {
             servers.insert((backend.clone(), (*name).to_owned()), (*addr).to_owned());
         }
     }
-    let maps = b.maps.iter().map(|m| (m.name.kind().to_owned(), m.content.clone())).collect();
+    let maps = b
+        .maps
+        .iter()
+        .map(|m| (m.name.kind().to_owned(), map_edits::entry_map(&m.content)))
+        .collect();
     (servers, maps)
 }
 
@@ -690,7 +737,13 @@ fn carried_out((mut servers, mut maps): Served, steps: &[Step]) -> Served {
                 servers.remove(&(backend.clone(), server.clone()));
             }
             Step::ReplaceMap { kind, content } => {
-                maps.insert(kind.clone(), content.clone());
+                maps.insert(kind.clone(), map_edits::entry_map(content));
+            }
+            Step::EditMap { kind, edits, before } => {
+                let map = maps.get_mut(kind).expect("a map of each kind");
+                assert_eq!(map.len(), *before, "the entries the edits start from");
+                let content: String = map.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+                *map = map_edits::carried_out(&content, edits);
             }
             other => panic!("no certificates here: {other:?}"),
         }
@@ -706,11 +759,13 @@ proptest::proptest! {
     fn a_runtime_plan_carried_out_on_the_loaded_bundle_gives_the_next(
         a in proptest::collection::vec(proptest::collection::btree_map(0usize..4, 0u16..3, 0..4), 2),
         b in proptest::collection::vec(proptest::collection::btree_map(0usize..4, 0u16..3, 0..4), 2),
-        maps in (0usize..3, 0usize..3),
+        maps in (0usize..4, 0usize..4),
     ) {
         const NODES4: &[(&str, &str)] =
             &[("n1", "10.0.0.1"), ("n2", "10.0.0.2"), ("n3", "10.0.0.3"), ("n4", "10.0.0.4")];
-        const EXACT: [&str; 3] = ["", "x be_a\n", "x be_a\ny be_b\n"];
+        // The last has more entries than are edited one by one.
+        let many: String = (0..20).map(|i| format!("h{i} be_b\n")).collect();
+        let exact: [&str; 4] = ["", "x be_a\n", "x be_a\ny be_b\n", &many];
         let make = |drawn: &[BTreeMap<usize, u16>], exact: &str| {
             let servers: Vec<Vec<(&str, String)>> = drawn
                 .iter()
@@ -726,7 +781,7 @@ proptest::proptest! {
                 .collect();
             bundle(NODES4, &[("be_a", &refs[0]), ("be_b", &refs[1])], exact)
         };
-        let (loaded, next) = (make(&a, EXACT[maps.0]), make(&b, EXACT[maps.1]));
+        let (loaded, next) = (make(&a, exact[maps.0]), make(&b, exact[maps.1]));
         match plan(&loaded, &next) {
             Plan::Nothing => proptest::prop_assert_eq!(served(&loaded), served(&next)),
             Plan::Runtime(steps) => {
@@ -780,7 +835,7 @@ fn a_pod_that_checks_itself_is_added_at_runtime_with_the_check_it_would_inherit(
             Step::RemoveServer { backend: "be_pods".into(), server: "10.2.0.2:8080".into() },
         ]
     );
-    let sent: Vec<String> = commands(&steps, &PreparedMaps::new(), &CertInputs::default())
+    let sent: Vec<String> = commands(&steps, &MapRefs::default(), &CertInputs::default())
         .unwrap()
         .iter()
         .map(|c| c.line.clone())

@@ -1,17 +1,20 @@
-# swap_runtime LIVE TOKEN SOCKET PID LIVE_SHA LOADED_SHA [KIND...]: puts a change that the
+# swap_runtime LIVE TOKEN SOCKET PID LIVE_SHA LOADED_SHA [MAP...]: puts a change that the
 # runtime API takes live in one round trip (rollout::go_live), where it took five (a read of
 # the host, the swap, `show map`, `prepare map`, the commands). Checks that the live and
 # loaded sha256 lines (live_shas) are still LIVE_SHA and LOADED_SHA, those the host was
 # prepared on, and that PID is still the master's one current worker, whom the commands are
 # for (exit EXIT_STALE if not: nothing was done). Swaps the upload TOKEN in (exit EXIT_SWAP if
-# it cannot). Then, for each map KIND the change replaces, finds its `#<id>` in the worker's
-# `show map` (the map it loaded from a file `<kind>-<sha>.map`, listed exactly once) and asks
-# for a new version of it (`prepare map`). Then sends the master CLI session on stdin
+# it cannot). Each MAP the change touches is `KIND`, a map it replaces whole, or
+# `=KIND:COUNT`, one whose entries it edits in place, which must hold COUNT entries first
+# (runtime_api::map_edits). Each is found in the worker's `show map` by its kind (the map it
+# loaded from a file `<kind>-<sha>.map`, listed exactly once), and each replaced whole is
+# asked for a new version (`prepare map`). Then sends the master CLI session on stdin
 # (runtime::session) to the worker, each `{map:KIND}` on a command line (not in a payload)
-# made `@<version> #<id>`, and prints what the session printed. A map not found once, or a
-# prepare not answered with its version, prints `hafleet-runtime-skipped` instead and sends
-# nothing more: the swap stays, and the caller reloads. What `show map` and the prepares
-# answered goes to stderr.
+# made `@<version> #<id>` and each `{mapid:KIND}` made `#<id>`, and prints what the session
+# printed. A map not found once, one edited that does not hold its COUNT, or a prepare not
+# answered with its version, prints `hafleet-runtime-skipped` instead and sends nothing more:
+# the swap stays, and the caller reloads. What `show map` and the prepares answered goes to
+# stderr.
 sr_live=$1
 sr_token=$2
 sr_sock=$3
@@ -24,13 +27,19 @@ if [ "$sr_now" != "$sr_was" ]; then
 fi
 # `show proc` and the worker's `show map` in one session. Each answer starts after a prompt
 # (the text up to the first `> `: `master> `), on the line it begins. One awk reads both: the
-# current worker if there is one (a line, empty if not), then `<kind> #<id>` for each KIND in
-# the order given, only if each is there exactly once.
+# current worker if there is one (a line, empty if not), then `<MAP> #<id>` for each MAP in
+# the order given, only if each is there exactly once (and each edited holds its COUNT).
 sr_both=$(printf 'prompt\nshow proc\n@!%s show map\nquit\n' "$4" |
   socat -T 30 stdio "unix-connect:$3" 2>&1)
 shift 6
 sr_found=$(printf '%s\n' "$sr_both" | awk -v want="$*" '
-  BEGIN { k = split(want, kinds, " ") }
+  BEGIN {
+    k = split(want, maps, " ")
+    for (i = 1; i <= k; i++) {
+      kinds[i] = maps[i]
+      if (sub(/^=/, "", kinds[i])) { count[i] = kinds[i]; sub(/.*:/, "", count[i]); sub(/:.*/, "", kinds[i]) }
+    }
+  }
   NR == 1 { prompt = substr($0, 1, index($0, "> ") + 1) }
   prompt != "" && index($0, prompt) == 1 { $0 = substr($0, length(prompt) + 1); n++ }
   n == 1 && $2 == "worker" && $3 == "0" { w++; p = $1 }
@@ -41,11 +50,16 @@ sr_found=$(printf '%s\n' "$sr_both" | awk -v want="$*" '
     sub(/-.*/, "", f)
     seen[f]++
     id[f] = "#" $1
+    entries[f] = ""
+    for (j = 3; j <= NF; j++) if ($j ~ /^entry_cnt=[0-9]+$/) entries[f] = substr($j, 11)
   }
   END {
     print (w == 1 ? p : "")
-    for (i = 1; i <= k; i++) if (seen[kinds[i]] != 1) exit
-    for (i = 1; i <= k; i++) print kinds[i], id[kinds[i]]
+    for (i = 1; i <= k; i++) {
+      if (seen[kinds[i]] != 1) exit
+      if ((i in count) && entries[kinds[i]] != count[i]) exit
+    }
+    for (i = 1; i <= k; i++) print maps[i], id[kinds[i]]
   }
 ')
 sr_cur=${sr_found%%"
@@ -65,19 +79,25 @@ if [ "$#" -gt 0 ]; then
     echo hafleet-runtime-skipped
     exit 0
   fi
-  sr_prep=$(
-    {
-      echo prompt
-      printf '%s\n' "$sr_ids" | while read -r _ sr_id; do
-        printf '@!%s prepare map %s\n' "$sr_pid" "$sr_id"
-      done
-      echo quit
-    } | socat -T 30 stdio "unix-connect:$sr_sock" 2>&1
-  )
-  # `{map:<kind>}=@<version> #<id>` for each KIND, a line each; nothing unless every prepare
-  # answered its version.
+  # Each map replaced whole is prepared; each edited is only named.
+  sr_prep=
+  if printf '%s\n' "$sr_ids" | grep -qv '^='; then
+    sr_prep=$(
+      {
+        echo prompt
+        printf '%s\n' "$sr_ids" | while read -r sr_map sr_id; do
+          case $sr_map in =*) continue ;; esac
+          printf '@!%s prepare map %s\n' "$sr_pid" "$sr_id"
+        done
+        echo quit
+      } | socat -T 30 stdio "unix-connect:$sr_sock" 2>&1
+    )
+  fi
+  # `{map:<kind>}=@<version> #<id>` for each map replaced whole and `{mapid:<kind>}=#<id>`
+  # for each edited, a line each; nothing unless every prepare answered its version.
   sr_subst=$(printf '%s\n--\n%s\n' "$sr_ids" "$sr_prep" | awk '
     !past && $0 == "--" { past = 1; next }
+    !past && /^=/ { ek = substr($1, 2); sub(/:.*/, "", ek); edit[++e] = "{mapid:" ek "}=" $2; next }
     !past { kind[++k] = $1; id[k] = $2; next }
     {
       s = $0
@@ -91,6 +111,7 @@ if [ "$#" -gt 0 ]; then
     END {
       if (n != k) exit 1
       for (i = 1; i <= k; i++) print "{map:" kind[i] "}=@" ver[i] " " id[i]
+      for (i = 1; i <= e; i++) print edit[i]
     }
   ')
   if [ -z "$sr_subst" ]; then

@@ -84,13 +84,20 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
             kind: "exact".into(),
             content: "a.example.com/{map:exact} be_a\n".into(),
         },
-        runtime::Step::ReplaceMap {
+        runtime::Step::EditMap {
             kind: "prefix".into(),
-            content: "b.example.com/ be_b\n".into(),
+            edits: vec![
+                runtime::MapEdit::Set { key: "b.example.com/".into(), value: "be_b".into() },
+                runtime::MapEdit::Del { key: "c.example.com/".into() },
+            ],
+            before: 3,
         },
     ];
-    let kinds = runtime::map_kinds(&steps);
-    let maps = runtime::map_placeholders(&kinds);
+    let edited: Vec<String> =
+        runtime::edited_maps(&steps).iter().map(|(k, n)| format!("={k}:{n}")).collect();
+    let mut kinds = runtime::map_kinds(&steps);
+    kinds.extend(edited.iter().map(String::as_str));
+    let maps = runtime::map_placeholders(&steps);
     let commands = runtime::commands(&steps, &maps, &Default::default()).unwrap();
     let session = runtime::session(100, &commands);
     let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
@@ -120,17 +127,17 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
     assert_eq!(runtime::first_refused(&commands, &answers), None);
     for line in [
         "@!100 prepare map #3",
-        "@!100 prepare map #5",
         "@!100 set server be_a/n1 addr 10.0.0.2 port 30080",
         "@!100 add map @7 #3 <<",
         "a.example.com/{map:exact} be_a",
         "@!100 commit map @7 #3",
-        "@!100 add map @7 #5 <<",
-        "@!100 commit map @7 #5",
+        "@!100 set map #5 b.example.com/ be_b",
+        "@!100 del map #5 c.example.com/",
     ] {
         assert!(sent.lines().any(|l| l == line), "{line:?} not sent in {sent}");
     }
     assert!(!sent.contains("@7 #3 be_a"), "a payload is not filled in: {sent}");
+    assert!(!sent.contains("prepare map #5"), "a map edited is not prepared: {sent}");
 
     // The files changed since the host was prepared, or another worker is current: nothing
     // is done, and the exit code says so.
@@ -142,17 +149,26 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
         assert!(upload.exists(), "the upload stays");
     }
 
-    // A kind of map the worker does not hold: swapped, nothing sent, the caller reloads.
-    let (out, now, sent) = run(&old_sha, 100, &["exact", "host"]);
+    // Only maps edited: none is prepared.
+    let (out, _, sent) = run(&old_sha, 100, &["=prefix:3"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(now, "new\n");
-    assert!(!sent.contains("prepare") && !sent.contains("set server"), "{sent}");
-    let said = answer::SwapRuntime::parse(
-        &String::from_utf8_lossy(&out.stdout),
-        &String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        matches!(&said, answer::SwapRuntime::Skipped(why) if why.contains("show map")),
-        "{said:?}"
-    );
+    assert!(!sent.contains("prepare"), "{sent}");
+    assert!(sent.lines().any(|l| l == "@!100 del map #5 c.example.com/"), "{sent}");
+
+    // A kind of map the worker does not hold, or a map edited that does not hold the entries
+    // its edits start from: swapped, nothing sent, the caller reloads.
+    for kinds in [&["exact", "host"][..], &["exact", "=prefix:2"], &["=host:1"]] {
+        let (out, now, sent) = run(&old_sha, 100, kinds);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(now, "new\n");
+        assert!(!sent.contains("prepare") && !sent.contains("set server"), "{kinds:?}: {sent}");
+        let said = answer::SwapRuntime::parse(
+            &String::from_utf8_lossy(&out.stdout),
+            &String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            matches!(&said, answer::SwapRuntime::Skipped(why) if why.contains("show map")),
+            "{kinds:?}: {said:?}"
+        );
+    }
 }
