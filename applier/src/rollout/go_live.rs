@@ -157,6 +157,12 @@ pub(super) async fn go_live(
             true
         }
         runtime::Plan::Runtime(steps) => {
+            tracing::debug!(
+                steps = steps.len(),
+                maps_edited = ?runtime::edited_maps(steps),
+                maps_replaced = ?runtime::map_kinds(steps),
+                "through the runtime API"
+            );
             let taken = match swap_with_commands {
                 true => swap_runtime(conn, token, prepared_state, &before, steps).await?,
                 false => {
