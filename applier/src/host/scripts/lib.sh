@@ -24,6 +24,10 @@ EXIT_STALE=67
 # shellcheck disable=SC2034
 EXIT_NO_PROC=68
 
+# Unnamed map files more than two minutes old that a host keeps before it sweeps them, not
+# waiting for them to be an hour old (mark_loaded).
+MAPS_KEPT=64
+
 # sync_files PATH...: makes PATHs durable, files (their content) and folders (the names
 # renamed into them), with one `sync` for all: a new file is synced before the rename that
 # makes it live and its folder after, so a power loss never leaves a live name on an empty
@@ -465,7 +469,8 @@ tell_version() {
 # stat UPSTAT (`%i %s %y`, of the upload that became it) is that upload, whose sha256 was
 # checked on arrival: it is not hashed again.
 # Then, best effort, deletes map files that neither the live config nor last-known-good
-# names, once they are an hour old (an upload of another attempt may not be swapped in yet);
+# names, once they are an hour old (an upload of another attempt may not be swapped in yet),
+# or two minutes old when more than MAPS_KEPT of them are;
 # the configs are read for the names they use only when there is such a file. Certificate
 # files (and their keys) go the same way: kept while the live or last-known-good config, or a
 # crt-list either names, lists them.
@@ -494,13 +499,24 @@ mark_loaded() {
   mv -f "$1.hafleet-loaded.tmp" "$1.hafleet-loaded" || return 1
   mv -f "$1.hafleet-last-good.tmp" "$1.hafleet-last-good" || return 1
   sync_files "$(dir_of "$1")"
-  # Both sweeps only when there is something an hour old (one `find` for both folders).
+  # Both sweeps when there is something an hour old (one `find` for both folders). The
+  # maps' also when more than MAPS_KEPT map files are two minutes old: each version brings
+  # map files of its own (half a megabyte at 10,000 routes), so an hour of changes a second
+  # would hold gigabytes; an upload of another attempt is seconds old.
   ml_d=$(dir_of "$1")
+  ml_age=
   if [ -n "$(find "$ml_d/hafleet-maps" "$ml_d/hafleet-certs" -maxdepth 1 -type f -mmin +60 \
     2>/dev/null)" ]; then
     sweep_certs "$1"
-    sweep_maps "$1"
+    ml_age=60
   fi
+  ml_n=$(find "$ml_d/hafleet-maps" -maxdepth 1 -type f -mmin +2 2>/dev/null | {
+    ml_c=0
+    while read -r _; do ml_c=$((ml_c + 1)); done
+    echo "$ml_c"
+  })
+  [ "$ml_n" -le "$MAPS_KEPT" ] || ml_age=2
+  [ -z "$ml_age" ] || sweep_maps "$1" "$ml_age"
   return 0
 }
 
@@ -531,12 +547,12 @@ sweep_certs() {
   return 0
 }
 
-# sweep_maps LIVE: deletes map files an hour old that neither LIVE nor
+# sweep_maps LIVE MINUTES: deletes map files MINUTES old that neither LIVE nor
 # LIVE.hafleet-last-good names. Best effort.
 sweep_maps() {
   sm_dir="$(dir_of "$1")/hafleet-maps"
   [ -d "$sm_dir" ] || return 0
-  sm_old=$(find "$sm_dir" -maxdepth 1 -type f -mmin +60)
+  sm_old=$(find "$sm_dir" -maxdepth 1 -type f -mmin "+$2")
   [ -n "$sm_old" ] || return 0
   sm_keep=$(cat "$1" "$1.hafleet-last-good" 2>/dev/null |
     grep -o 'hafleet-maps/[a-z]*-[0-9a-f]*\.map' | sort -u)

@@ -561,8 +561,8 @@ fn a_reload_checks_the_host_is_as_prepared_and_changes_nothing_otherwise_in(shel
 }
 
 /// mark_loaded.sh on a real directory: it records the file and its reload
-/// count, keeps it as last-known-good, and deletes only map files an hour old that neither
-/// config names.
+/// count, keeps it as last-known-good, and deletes only map files that neither config names,
+/// an hour old, or a few minutes old when more than MAPS_KEPT of them are.
 #[test]
 fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps() {
     in_each_shell(marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in);
@@ -601,6 +601,36 @@ fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in(shell: Sh
         .collect();
     left.sort();
     assert_eq!(left, ["exact-aaa.map", "exact-ccc.map"], "named or new maps stay");
+
+    // More unnamed map files than MAPS_KEPT a few minutes old (each version brings its own):
+    // they go without waiting for the hour, and those just written stay.
+    let minutes = std::time::SystemTime::now() - Duration::from_secs(300);
+    for i in 0..70 {
+        let name = maps.join(format!("prefix-{i:03}.map"));
+        std::fs::write(&name, "").unwrap();
+        std::fs::File::options().write(true).open(&name).unwrap().set_modified(minutes).unwrap();
+    }
+    std::fs::write(maps.join("prefix-new.map"), "").unwrap();
+    let out = mark(&sha);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut left: Vec<String> = std::fs::read_dir(&maps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["exact-aaa.map", "exact-ccc.map", "prefix-new.map"], "{} left", left.len());
+    // As many as MAPS_KEPT (a named one among them) stay until they are an hour old.
+    for i in 0..63 {
+        let name = maps.join(format!("prefix-{i:03}.map"));
+        std::fs::write(&name, "").unwrap();
+        std::fs::File::options().write(true).open(&name).unwrap().set_modified(minutes).unwrap();
+    }
+    let out = mark(&sha);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(&maps).unwrap().count(), 3 + 63);
+    for i in 0..63 {
+        std::fs::remove_file(maps.join(format!("prefix-{i:03}.map"))).unwrap();
+    }
 
     // Certificate files: kept while the config (a default certificate) or a crt-list it
     // names lists them, or while they are new; an old unnamed one (a rotated key, an
