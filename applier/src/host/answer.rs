@@ -157,8 +157,9 @@ impl Uploaded {
 pub enum SwapRuntime {
     /// The session was sent; what it printed (read by `runtime::answers`).
     Sent(String),
-    /// A map was not in `show map` once, or `prepare map` did not give a version: the swap
-    /// stands and the caller reloads. Why, from the script's stderr.
+    /// A map was not in `show map` once, a map to edit did not hold the entries its edits
+    /// start from, or `prepare map` did not give a version: the swap stands and the caller
+    /// reloads. Why, from the script's stderr.
     Skipped(String),
 }
 

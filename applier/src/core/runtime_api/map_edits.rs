@@ -4,16 +4,21 @@
 //! commands and most of a rollout's time on the host. One entry's change is one command on the
 //! running version (`add map`, `set map`, `del map`), atomic as a commit is. Pure.
 //!
-//! The edits rest on the running map holding the entries of the file it was last brought to,
-//! which it does: any command refused, or a session cut short, and the host reloads. The host
-//! checks it besides: the map must hold as many entries as that file (`entry_cnt` in `show
-//! map`, which counts a version prepared and not committed too), else nothing is sent and
-//! the host reloads (swap_runtime.sh).
+//! The edits rest on the running map holding the entries of the file it was last brought to.
+//! Any command refused, or a session cut short, and the host reloads; and every swap empties
+//! the host's loaded marker until the rollout marks what HAProxy runs, so a worker left
+//! running a change taken in part (its reload failed too) is reloaded at the next apply, not
+//! edited. The host checks the count besides: the map must hold as many entries as that file
+//! (`entry_cnt` in `show map`, which counts a version prepared and not committed too; it
+//! counts each entry once per match method the config looks the file up with, and each map
+//! of hafleet's is looked up with one), else nothing is sent and the host reloads
+//! (swap_runtime.sh).
 //!
-//! Several entries' changes go one command each, one after the other in the same session
-//! (additions and new values first, removals last), so a request in between sees the old and
-//! the new routes side by side, never neither. More than [`MAX_MAP_EDITS`] of them, or any
-//! entry the CLI could read as something else, and the whole map is replaced.
+//! Several entries' changes go one command each, one after the other in the same session:
+//! in each map additions and new values first, removals last, so a request in between sees a
+//! map's old and new routes side by side, never neither. Maps change one after the other, as
+//! when they are replaced whole. More than [`MAX_MAP_EDITS`] of them, or any entry the CLI
+//! could read as something else, and the whole map is replaced.
 
 use super::Step;
 use std::collections::HashMap;
@@ -86,17 +91,22 @@ pub fn edits(old: &str, new: &str) -> Option<Vec<MapEdit>> {
     Some(out)
 }
 
-/// A map file's entries as HAProxy reads them (a key, blanks, the rest of the line as the
-/// value), comments and blank lines left out; `None` if a key comes twice or has no value.
+/// A map file's entries: `key value` lines as the renderer writes them (a key, blanks, the
+/// rest of the line as the value), comment lines (`#` first) and empty lines left out; `None`
+/// if a key comes twice or has no value, or a line is of another shape HAProxy might read
+/// otherwise than this (a leading or trailing blank, a carriage return).
 fn entries(content: &str) -> Option<Vec<(&str, &str)>> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for line in content.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in content.split('\n').filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        if line.starts_with([' ', '\t']) || line.ends_with([' ', '\t']) || line.contains('\r') {
+            return None;
+        }
         let (key, value) = line.split_once([' ', '\t'])?;
         if !seen.insert(key) {
             return None;
         }
-        out.push((key, value.trim()));
+        out.push((key, value.trim_start_matches([' ', '\t'])));
     }
     Some(out)
 }
@@ -176,8 +186,13 @@ mod tests {
         assert_eq!(edits(&limit, &limit.replace(" be\n", " be_b\n")).map(|e| e.len()), Some(16));
         assert_eq!(edits("a be\n", "a be\na be_b\n"), None, "a key twice");
         assert_eq!(edits("a be\n", "a\n"), None, "no value");
-        // (A line that starts with `#` is a comment: no key does.)
-        assert_eq!(edits("", "k #1\n"), None, "a value read as a reference");
+        for odd in [" a be\n", "a be \n", "a be\r\n", "  # a comment?\n"] {
+            assert_eq!(edits("", odd), None, "{odd:?}");
+        }
+        assert_eq!(edits("# rules\n\na be\n", "# other\na be\n"), Some(vec![]));
+        // (A line that starts with `#` is a comment: no key does; a value never is read as
+        // a reference, but goes as no other word either.)
+        assert_eq!(edits("", "k #1\n"), None, "a value of a word outside the allowlist");
         for word in ["a;b", "a\\b", "{map:exact}", "a'b", "a\"b", "a$b"] {
             assert_eq!(edits("", &format!("{word} be\n")), None, "{word}");
             assert_eq!(edits("", &format!("k {word}\n")), None, "value {word}");

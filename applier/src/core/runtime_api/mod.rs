@@ -113,8 +113,8 @@ pub enum Plan {
 pub struct Bridge {
     /// (the new backend, the spare that serves it until the reload), by backend name.
     pub spares: Vec<(String, String)>,
-    /// Servers added to the spares, then the maps replaced with the new backends' entries
-    /// naming their spares.
+    /// Servers added to the spares, then the maps changed (edited or replaced) so that the
+    /// new backends' entries name their spares.
     pub steps: Vec<Step>,
 }
 
@@ -523,7 +523,7 @@ pub fn plan_alone(loaded: &Bundle, next: &Bundle) -> Plan {
 /// (`hafleet_spare_<n>`, as the renderer writes them) and servers that can be added at
 /// runtime (they track a node's check), and there are spares enough for all of them. The
 /// steps are those from `loaded` to `next` with each new backend renamed to its spare (and
-/// its map entries naming the spare): servers added to the spare, then the maps replaced.
+/// its map entries naming the spare): servers added to the spare, then the maps changed.
 ///
 /// The reload that follows loads the files, where the spares are empty again and each new
 /// backend has its own name: the spare's servers serve only until then.

@@ -519,6 +519,10 @@ fn maps_are_found_by_kind_under_the_name_they_were_loaded_with() {
     let steps = [Step::EditMap { kind: "prefix".into(), edits: vec![], before: 2 }];
     assert_eq!(miscounted(show, &edited_maps(&steps)), Some(("prefix", Some(3))));
     assert!(locate_maps(show, &steps).unwrap_err().contains("holds Some(3) entries"));
+    let uncounted = show.replace(" entry_cnt=3", "");
+    let steps = [Step::EditMap { kind: "prefix".into(), edits: vec![], before: 3 }];
+    assert!(locate_maps(show, &steps).is_ok());
+    assert!(locate_maps(&uncounted, &steps).is_err(), "a count not said is not the one expected");
     assert!(prepared_maps(ids.clone(), &["Unknown map identifier."]).is_err());
     assert!(prepared_maps(ids, &[] as &[&str]).is_err(), "an answer missing");
 }

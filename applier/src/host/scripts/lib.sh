@@ -340,8 +340,12 @@ check_maps() {
 # when it arrived), then syncs the folder. Last-known-good is written only once a config
 # loaded and passed its probes (mark_loaded); on a host hafleet never verified a config on,
 # the file HAProxy was started with is kept as last-known-good first. Exits EXIT_SWAP if it
-# cannot.
+# cannot. The loaded marker is emptied first (by the shell alone): until mark_loaded records
+# what HAProxy then runs, it is not known. A runtime change cut short, or a reload that
+# failed after runtime commands that were taken in part, leaves a worker that runs neither
+# file; the next apply, finding no marker, reloads rather than editing what it cannot see.
 swap() {
+  [ ! -f "$1.hafleet-loaded" ] || : > "$1.hafleet-loaded"
   if [ -f "$1" ] && [ ! -f "$1.hafleet-last-good" ]; then
     cp -p "$1" "$1.hafleet-last-good-$2" || exit "$EXIT_SWAP"
     sync_files "$1.hafleet-last-good-$2"

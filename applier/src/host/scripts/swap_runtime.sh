@@ -75,7 +75,7 @@ swap "$sr_live" "$sr_token"
 sr_subst=
 if [ "$#" -gt 0 ]; then
   if [ -z "$sr_ids" ]; then
-    printf 'show map: %s\n' "$sr_both" >&2
+    printf 'show map (not one of each kind, or not COUNT entries, of %s): %s\n' "$*" "$sr_both" >&2
     echo hafleet-runtime-skipped
     exit 0
   fi

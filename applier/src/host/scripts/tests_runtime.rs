@@ -101,22 +101,32 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
     let commands = runtime::commands(&steps, &maps, &Default::default()).unwrap();
     let session = runtime::session(100, &commands);
     let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
-    let run = |was_live: &str, pid: u32, kinds: &[&str]| {
+    // The loaded marker says the old file (no stat line: the live file is hashed).
+    let marker = dir.path().join("haproxy.cfg.hafleet-loaded");
+    let run_session = |was_live: &str, pid: u32, kinds: &[&str], session: &[u8]| {
         std::fs::write(&live, "old\n").unwrap();
         std::fs::write(&upload, "new\n").unwrap();
+        std::fs::write(&marker, format!("{old_sha}\n")).unwrap();
         std::fs::write(master.join("proc"), worker(pid)).unwrap();
         let _ = std::fs::remove_file(master.join("sessions"));
-        let mut args = vec![live.to_str().unwrap(), "t1", "/fake.sock", "100", was_live, ""];
+        let mut args =
+            vec![live.to_str().unwrap(), "t1", "/fake.sock", "100", was_live, old_sha.as_str()];
         args.extend(kinds);
         let mut cmd = fake.command(shell, &SWAP_RUNTIME);
-        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session.as_bytes());
+        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session);
         let sent = std::fs::read_to_string(master.join("sessions")).unwrap_or_default();
         (out, std::fs::read_to_string(&live).unwrap(), sent)
+    };
+    let run = |was_live: &str, pid: u32, kinds: &[&str]| {
+        run_session(was_live, pid, kinds, session.as_bytes())
     };
 
     let (out, now, sent) = run(&old_sha, 100, &kinds);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(now, "new\n", "swapped in");
+    // What the worker runs is not known until the rollout marks it: a failure on the way
+    // leaves no marker, and the next apply reloads.
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "", "the marker emptied");
     let said = answer::SwapRuntime::parse(
         &String::from_utf8_lossy(&out.stdout),
         &String::from_utf8_lossy(&out.stderr),
@@ -147,12 +157,17 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
         assert_eq!(now, "old\n");
         assert!(!sent.contains("prepare") && !sent.contains("set server"), "{sent}");
         assert!(upload.exists(), "the upload stays");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), format!("{old_sha}\n"));
     }
 
-    // Only maps edited: none is prepared.
-    let (out, _, sent) = run(&old_sha, 100, &["=prefix:3"]);
+    // Only maps edited: none is prepared, and every placeholder is filled in.
+    let edit_only = &steps[2..];
+    let maps = runtime::map_placeholders(edit_only);
+    let commands = runtime::commands(edit_only, &maps, &Default::default()).unwrap();
+    let edit_session = runtime::session(100, &commands);
+    let (out, _, sent) = run_session(&old_sha, 100, &["=prefix:3"], edit_session.as_bytes());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!sent.contains("prepare"), "{sent}");
+    assert!(!sent.contains("prepare") && !sent.contains("{map"), "{sent}");
     assert!(sent.lines().any(|l| l == "@!100 del map #5 c.example.com/"), "{sent}");
 
     // A kind of map the worker does not hold, or a map edited that does not hold the entries
@@ -171,4 +186,11 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
             "{kinds:?}: {said:?}"
         );
     }
+    // A `show map` that says no entry count: nothing is edited.
+    let shown = std::fs::read_to_string(master.join("maps")).unwrap();
+    std::fs::write(master.join("maps"), shown.replace(" entry_cnt=3", "")).unwrap();
+    let (out, _, sent) = run_session(&old_sha, 100, &["=prefix:3"], edit_session.as_bytes());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!sent.contains("del map"), "{sent}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hafleet-runtime-skipped"));
 }
