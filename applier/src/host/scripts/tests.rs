@@ -560,6 +560,16 @@ fn a_reload_checks_the_host_is_as_prepared_and_changes_nothing_otherwise_in(shel
     assert!(said.contains("cannot read `show proc`"), "{said}");
 }
 
+/// The names of the files in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// mark_loaded.sh on a real directory: it records the file and its reload
 /// count, keeps it as last-known-good, and deletes only map files that neither config names,
 /// an hour old, or a few minutes old when more than MAPS_KEPT of them are.
@@ -595,36 +605,29 @@ fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in(shell: Sh
     let marker = marker.unwrap();
     assert!(marker.starts_with(&format!("{sha}\nreloads 7\nstat ")), "{marker}");
     assert!(dir.path().join("haproxy.cfg.hafleet-last-good").exists());
-    let mut left: Vec<String> = std::fs::read_dir(&maps)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
+    let left = names_in(&maps);
     assert_eq!(left, ["exact-aaa.map", "exact-ccc.map"], "named or new maps stay");
 
     // More unnamed map files than MAPS_KEPT a few minutes old (each version brings its own):
     // they go without waiting for the hour, and those just written stay.
     let minutes = std::time::SystemTime::now() - Duration::from_secs(300);
-    for i in 0..70 {
-        let name = maps.join(format!("prefix-{i:03}.map"));
-        std::fs::write(&name, "").unwrap();
-        std::fs::File::options().write(true).open(&name).unwrap().set_modified(minutes).unwrap();
-    }
+    // `n` map files written five minutes ago, none of them named.
+    let unnamed = |n: usize| {
+        for i in 0..n {
+            let name = maps.join(format!("prefix-{i:03}.map"));
+            std::fs::write(&name, "").unwrap();
+            let f = std::fs::File::options().write(true).open(&name).unwrap();
+            f.set_modified(minutes).unwrap();
+        }
+    };
+    unnamed(70);
     std::fs::write(maps.join("prefix-new.map"), "").unwrap();
     let out = mark(&sha);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut left: Vec<String> = std::fs::read_dir(&maps)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
+    let left = names_in(&maps);
     assert_eq!(left, ["exact-aaa.map", "exact-ccc.map", "prefix-new.map"], "{} left", left.len());
     // As many as MAPS_KEPT (a named one among them) stay until they are an hour old.
-    for i in 0..63 {
-        let name = maps.join(format!("prefix-{i:03}.map"));
-        std::fs::write(&name, "").unwrap();
-        std::fs::File::options().write(true).open(&name).unwrap().set_modified(minutes).unwrap();
-    }
+    unnamed(63);
     let out = mark(&sha);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_dir(&maps).unwrap().count(), 3 + 63);
@@ -653,11 +656,7 @@ fn marking_loaded_records_the_file_and_sweeps_only_old_unnamed_maps_in(shell: Sh
     let sha = hafleet_proto::sha256_hex(&std::fs::read(&live).unwrap());
     let out = mark(&sha);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut left: Vec<String> = std::fs::read_dir(&certs)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
+    let left = names_in(&certs);
     assert_eq!(left, ["a1.pem", "b2.pem", "d4.pem"], "named or new certificate files stay");
 
     // LIVE_STATE: the marked file is known by its stat; an edit in place is hashed anew.
