@@ -693,21 +693,19 @@ impl HaproxyHost {
             .collect::<std::collections::BTreeSet<_>>();
         anyhow::ensure!(!files.is_empty(), "the live config names no map");
         for file in files {
-            let name = file.trim_start_matches("hafleet-maps/");
-            let kind = name.rsplit_once('-').map_or(name, |(k, _)| k);
+            let name =
+                hafleet_proto::MapName::new(file.trim_start_matches("hafleet-maps/").into())?;
+            let kind = name.kind();
             // The crt-list is a file of the HTTPS bind, not a map.
-            if kind == "crtlist" {
+            if kind == hafleet_applier::core::runtime_api::CRT_LIST {
                 continue;
             }
-            let mut ids = shown.lines().filter_map(|l| {
-                let (id, rest) = l.split_once(" (")?;
-                let loaded = rest.split_once(')')?.0.rsplit('/').next()?;
-                (loaded.rsplit_once('-')?.0 == kind).then_some(id)
-            });
-            let (Some(id), None) = (ids.next(), ids.next()) else {
+            // Found by kind, as the applier finds it.
+            let Some(ids) = hafleet_applier::core::runtime_api::map_ids(&shown, &[kind]) else {
                 bail!("{}: not one running {kind} map in {shown}", self.name)
             };
-            let running = entries(&self.master_cli(&format!("@!{pid} show map #{id}"))?, 1);
+            let id = &ids[kind];
+            let running = entries(&self.master_cli(&format!("@!{pid} show map {id}"))?, 1);
             let text = std::fs::read_to_string(self.config_path().with_file_name(file))?;
             let want = entries(&text, 0);
             anyhow::ensure!(

@@ -349,7 +349,7 @@ pub(super) async fn apply_runtime(
         }
     }
     let mut maps = runtime::MapRefs::default();
-    if !runtime::map_kinds(steps).is_empty() || !runtime::edited_maps(steps).is_empty() {
+    if runtime::changes_maps(steps) {
         let show = format!("@!{pid} show map");
         let out = conn.master_cli(&show).await?;
         sent += 1;
@@ -418,7 +418,7 @@ async fn swap_runtime(
         return Ok(Err(format!("HAProxy answered {answer:?} to `{command}`")));
     }
     // `show map` and a `prepare map` for each map replaced whole, then the commands.
-    let asked = if kinds.is_empty() && edited.is_empty() { 0 } else { kinds.len() + 1 };
+    let asked = if runtime::changes_maps(steps) { kinds.len() + 1 } else { 0 };
     Ok(Ok((asked + commands.len()) as u32))
 }
 

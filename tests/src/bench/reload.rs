@@ -95,7 +95,7 @@ fn runtime_change(socket: &Path, from: &Bundle, to: &Bundle) -> Result<(usize, f
     let pid = plan::current_worker(&show_proc(socket)?).context("current worker")?;
     let mut sent = 1;
     let mut maps = runtime::MapRefs::default();
-    if !runtime::map_kinds(&steps).is_empty() || !runtime::edited_maps(&steps).is_empty() {
+    if runtime::changes_maps(&steps) {
         let show = master(socket, &format!("@!{pid} show map\n"))?;
         let ids;
         (ids, maps) = runtime::locate_maps(&show, &steps).map_err(anyhow::Error::msg)?;

@@ -101,6 +101,12 @@ pub fn map_kinds(steps: &[Step]) -> Vec<&str> {
         .collect()
 }
 
+/// Whether a plan changes any map, replaced or edited: `show map` is read first
+/// ([`locate_maps`]).
+pub fn changes_maps(steps: &[Step]) -> bool {
+    steps.iter().any(|s| matches!(s, Step::ReplaceMap { .. } | Step::EditMap { .. }))
+}
+
 /// The kinds of map a plan edits in place, each with the number of entries it must hold first.
 pub fn edited_maps(steps: &[Step]) -> Vec<(&str, usize)> {
     steps

@@ -43,12 +43,8 @@ const MAX_EDIT_WORD: usize = 1024;
 /// The step that makes the running map of `kind`, whose entries are `old`'s, hold `new`'s:
 /// its entries' changes ([`edits`]) if there are few, else the whole map again.
 pub(super) fn map_step(kind: &str, old: &str, new: &str) -> Step {
-    match edits(old, new) {
-        Some(edits) => Step::EditMap {
-            kind: kind.to_owned(),
-            edits,
-            before: entries(old).map_or(0, |e| e.len()),
-        },
+    match counted_edits(old, new) {
+        Some((edits, before)) => Step::EditMap { kind: kind.to_owned(), edits, before },
         None => Step::ReplaceMap { kind: kind.to_owned(), content: new.to_owned() },
     }
 }
@@ -58,6 +54,11 @@ pub(super) fn map_step(kind: &str, old: &str, new: &str) -> Step {
 /// and `set map` or `del map` would act on both), or a key or value is not one the CLI passes
 /// as one word unchanged ([`cli_word`]).
 pub fn edits(old: &str, new: &str) -> Option<Vec<MapEdit>> {
+    counted_edits(old, new).map(|(edits, _)| edits)
+}
+
+/// [`edits`], with the number of entries `old` holds (each file read once).
+fn counted_edits(old: &str, new: &str) -> Option<(Vec<MapEdit>, usize)> {
     let (old_entries, new_entries) = (entries(old)?, entries(new)?);
     // The same number of entries on both sides with few changes is the common case; a map
     // whose size moved by more than the limit cannot be within it.
@@ -68,6 +69,10 @@ pub fn edits(old: &str, new: &str) -> Option<Vec<MapEdit>> {
     let mut dels = Vec::new();
     let old_map: HashMap<&str, &str> = old_entries.iter().copied().collect();
     let new_map: HashMap<&str, &str> = new_entries.iter().copied().collect();
+    // A key twice: fewer keys than entries.
+    if old_map.len() != old_entries.len() || new_map.len() != new_entries.len() {
+        return None;
+    }
     for &(key, value) in &new_entries {
         let edit = match old_map.get(key) {
             Some(was) if *was == value => continue,
@@ -88,24 +93,20 @@ pub fn edits(old: &str, new: &str) -> Option<Vec<MapEdit>> {
         }
     }
     out.append(&mut dels);
-    Some(out)
+    Some((out, old_entries.len()))
 }
 
 /// A map file's entries: `key value` lines as the renderer writes them (a key, blanks, the
 /// rest of the line as the value), comment lines (`#` first) and empty lines left out; `None`
-/// if a key comes twice or has no value, or a line is of another shape HAProxy might read
-/// otherwise than this (a leading or trailing blank, a carriage return).
+/// if a key has no value, or a line is of another shape HAProxy might read otherwise than this
+/// (a leading or trailing blank, a carriage return).
 fn entries(content: &str) -> Option<Vec<(&str, &str)>> {
     let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
     for line in content.split('\n').filter(|l| !l.is_empty() && !l.starts_with('#')) {
         if line.starts_with([' ', '\t']) || line.ends_with([' ', '\t']) || line.contains('\r') {
             return None;
         }
         let (key, value) = line.split_once([' ', '\t'])?;
-        if !seen.insert(key) {
-            return None;
-        }
         out.push((key, value.trim_start_matches([' ', '\t'])));
     }
     Some(out)
@@ -130,7 +131,7 @@ pub(super) fn carried_out(
     edits: &[MapEdit],
 ) -> std::collections::BTreeMap<String, String> {
     let mut map: std::collections::BTreeMap<String, String> = entries(content)
-        .expect("unique keys")
+        .expect("lines of the renderer's shape")
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
