@@ -1,8 +1,9 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ settle (--quiet without a change,
-//!   at most --debounce) ──▶ Ready nodes changed? publish them
+//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ at once if none came for
+//!   --debounce before it, else settle (--quiet without a change, at most --debounce)
+//!   ──▶ Ready nodes changed? publish them
 //!   ──▶ resolve every Ingress from the caches (resolve::Memo: anew only where an Ingress, a
 //!   Service it names or their endpoints changed) ──▶ index::diff against what was published
 //!   ──▶ publish (acked) ──▶ index::record
@@ -22,7 +23,7 @@ use crate::core::route_events::route_event;
 use crate::k8s::events::Warnings;
 use crate::k8s::watch::{self as kube_adapter, Caches};
 use anyhow::Context as _;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use hafleet_proto::{FleetName, RouteChange};
 use hafleet_runtime::nats::Bus;
 use std::collections::BTreeSet;
@@ -206,6 +207,8 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         }
     };
     tokio::pin!(lost);
+    // When the last cluster change was taken in (see lone_change).
+    let mut last_change: Option<tokio::time::Instant> = None;
     loop {
         let due = state.churn.next_due(tokio::time::Instant::now());
         // Woken only because a fleet serves another version: nothing a pass reads changed.
@@ -219,18 +222,25 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             }
             tick = changes.next() => {
                 if tick.is_none() { break; }
-                // Let the burst settle, keeping the caches current meanwhile: until no change
-                // came for `quiet`, or `debounce` after the first.
-                let settle = tokio::time::sleep(debounce);
-                tokio::pin!(settle);
-                loop {
-                    tokio::select! {
-                        _ = &mut settle => break,
-                        more = tokio::time::timeout(quiet, changes.next()) => {
-                            if more.is_err() { break; }
+                if lone_change(last_change.map(|t| t.elapsed()), debounce) {
+                    // Nothing else is coming that anything says of: resolved at once, with
+                    // whatever else the watches already hold (their caches kept current).
+                    while let Some(Some(_)) = changes.next().now_or_never() {}
+                } else {
+                    // Changes in a row: let the burst settle, keeping the caches current
+                    // meanwhile, until no change came for `quiet`, or `debounce` after the first.
+                    let settle = tokio::time::sleep(debounce);
+                    tokio::pin!(settle);
+                    loop {
+                        tokio::select! {
+                            _ = &mut settle => break,
+                            more = tokio::time::timeout(quiet, changes.next()) => {
+                                if more.is_err() { break; }
+                            }
                         }
                     }
                 }
+                last_change = Some(tokio::time::Instant::now());
             }
             _ = tokio::time::sleep(resync) => {}
             Some(asked) = resyncs.next() => {
@@ -286,6 +296,16 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     info!("watcher stopping");
     bus.drain().await;
     Ok(())
+}
+
+/// Whether a cluster change is resolved at once rather than after a settling window: when
+/// none came for `debounce` before it (`since_last`: how long ago the last one was taken in;
+/// `None`, none since start-up). A lone change (an edit, a rollout's one EndpointSlice update)
+/// has nothing to wait for, and waiting for `--quiet` was a fifth of a change's time at 10
+/// Ingresses; one that follows others closely is part of a burst (an `apply` of many objects,
+/// a namespace created or deleted), which settles first so it is published in few passes.
+fn lone_change(since_last: Option<Duration>, debounce: Duration) -> bool {
+    since_last.is_none_or(|d| d >= debounce)
 }
 
 /// Whether the cluster has a Gateway (of any class): only then does what the fleets serve
@@ -630,4 +650,19 @@ async fn publish(bus: &Bus, state: &mut State, action: Action, more: usize) -> a
     hafleet_runtime::health::Health::global().count(ROUTE_EVENTS, &[("op", op)], 1.0);
     index::record(&mut state.published, &action);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_after_a_quiet_spell_is_resolved_at_once_one_in_a_burst_settles_first() {
+        let debounce = Duration::from_millis(100);
+        assert!(lone_change(None, debounce), "the first change since start-up");
+        assert!(lone_change(Some(Duration::from_millis(100)), debounce));
+        assert!(lone_change(Some(Duration::from_secs(60)), debounce));
+        assert!(!lone_change(Some(Duration::from_millis(99)), debounce));
+        assert!(!lone_change(Some(Duration::ZERO), debounce));
+    }
 }
