@@ -151,6 +151,17 @@ impl Uploaded {
     }
 }
 
+/// What an upload that went live in its own round trip printed (upload_files.sh with a
+/// session): what the upload printed, and what the change printed after its `hafleet-live`
+/// line. `None`: no such line (the upload or its check failed, or nothing went live).
+pub fn went_live(out: &str) -> Option<(&str, &str)> {
+    if let Some(after) = out.strip_prefix("hafleet-live\n") {
+        return Some(("", after));
+    }
+    let at = out.find("\nhafleet-live\n")?;
+    Some((&out[..at + 1], &out[at + "\nhafleet-live\n".len()..]))
+}
+
 /// What swap_runtime.sh printed after its swap: the runtime session's output, or that the
 /// maps could not be prepared (`hafleet-runtime-skipped`), so nothing was sent.
 #[derive(Debug, Clone, PartialEq, Eq)]

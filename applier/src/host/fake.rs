@@ -10,10 +10,10 @@
 
 use super::answer::{self, Exit, LiveShas, LiveState, MasterAnswer};
 use super::ops::{
-    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, fail,
+    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, WentLive, fail,
 };
 use crate::core::inventory::Host;
-use crate::core::plan::{HostFiles, ProcState};
+use crate::core::plan::{HostFiles, ProcState, current_worker};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use hafleet_proto::ApplyStage;
@@ -40,6 +40,8 @@ pub enum Op {
     MasterCli,
     Session,
     SwapRuntime,
+    /// A change that went live in its upload's round trip (a swap_runtime after the check).
+    UploadLive,
     DriftState,
 }
 
@@ -309,6 +311,44 @@ impl Session {
         self.call(op, unpack).boxed()
     }
 
+    /// swap_runtime.sh, logged as `op`.
+    fn runtime_swap<'a>(
+        &'a self,
+        op: Op,
+        ask: RuntimeSwap<'a>,
+    ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
+        // Each kind of map is `#<n>` (its place in `ask.maps`, then `ask.edited`); one
+        // replaced whole is prepared as version 1.
+        let mut text = String::from_utf8_lossy(ask.session).into_owned();
+        for (n, kind) in ask.maps.iter().enumerate() {
+            text = text.replace(&format!("{{map:{kind}}}"), &format!("@1 #{n}"));
+        }
+        for (n, (kind, _)) in ask.edited.iter().enumerate() {
+            text = text.replace(&format!("{{mapid:{kind}}}"), &format!("#{}", ask.maps.len() + n));
+        }
+        let commands = session_commands(text.as_bytes());
+        async move {
+            let sent = self
+                .call(op, |h| {
+                    if h.shas() != *ask.prepared {
+                        return Err(exit(Exit::Stale, "the host changed since it was prepared"));
+                    }
+                    let current = current_worker(&h.proc);
+                    if current.is_none() || ask.pid.is_some_and(|pid| current != Some(pid)) {
+                        return Err(exit(Exit::Stale, "another worker is the current one"));
+                    }
+                    swap(h, ask.token)?;
+                    Ok(answer::SwapRuntime::Sent(h.answer_session(&commands)))
+                })
+                .await;
+            if sent.is_ok() {
+                self.log_commands(commands.iter().map(String::as_str));
+            }
+            sent
+        }
+        .boxed()
+    }
+
     fn log_commands<'a>(&self, commands: impl IntoIterator<Item = &'a str>) {
         let mut fleet = self.fleet.lock();
         for c in commands {
@@ -361,24 +401,39 @@ impl HostOps for Session {
         check: UploadCheck<'a>,
         _maps: usize,
         stream: &'a [u8],
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
-        self.call(Op::Upload, move |h| {
-            let whole = h.unpack(stream);
-            let sha = match check {
-                UploadCheck::Validated { sha256 } | UploadCheck::Maps { sha256, .. } => {
+    ) -> BoxFuture<'a, Result<(answer::Uploaded, Option<WentLive>), Failure>> {
+        async move {
+            let uploaded = self
+                .call(Op::Upload, move |h| {
+                    let whole = h.unpack(stream);
+                    let (UploadCheck::Validated { sha256, .. } | UploadCheck::Maps { sha256, .. }) =
+                        check;
                     if whole.as_ref().is_some_and(|s| s != sha256) {
                         return Err(exit(Exit::Upload, "uploaded file has another sha256"));
                     }
                     if h.refuses.contains(sha256) {
                         return Err(fail(ApplyStage::Validate, "haproxy -c: fatal errors"));
                     }
-                    sha256.to_owned()
+                    h.uploads.insert(token.to_owned(), sha256.to_owned());
+                    let proc = h.show_proc();
+                    let stat = Some(format!("stat {token}"));
+                    Ok(answer::Uploaded { sha: Some(sha256.to_owned()), stat, proc })
+                })
+                .await?;
+            // A change that goes live in the same round trip: logged as a swap_runtime of its
+            // own, which may be made to fail alone.
+            // Not without one current worker: then the rollout swaps in a round trip of its own.
+            // The worker is the one the upload's `show proc` names, as the script takes it.
+            let worker = uploaded.show_proc().and_then(|p| current_worker(&p));
+            let went = match (check.then(), worker) {
+                (Some(ask), Some(pid)) => {
+                    let ask = RuntimeSwap { pid: Some(pid), ..*ask };
+                    Some(self.runtime_swap(Op::UploadLive, ask).await)
                 }
+                _ => None,
             };
-            h.uploads.insert(token.to_owned(), sha.clone());
-            let proc = h.show_proc();
-            Ok(answer::Uploaded { sha: Some(sha), stat: Some(format!("stat {token}")), proc })
-        })
+            Ok((uploaded, went))
+        }
         .boxed()
     }
 
@@ -390,35 +445,7 @@ impl HostOps for Session {
         &'a self,
         ask: RuntimeSwap<'a>,
     ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
-        // Each kind of map is `#<n>` (its place in `ask.maps`, then `ask.edited`); one
-        // replaced whole is prepared as version 1.
-        let mut text = String::from_utf8_lossy(ask.session).into_owned();
-        for (n, kind) in ask.maps.iter().enumerate() {
-            text = text.replace(&format!("{{map:{kind}}}"), &format!("@1 #{n}"));
-        }
-        for (n, (kind, _)) in ask.edited.iter().enumerate() {
-            text = text.replace(&format!("{{mapid:{kind}}}"), &format!("#{}", ask.maps.len() + n));
-        }
-        let commands = session_commands(text.as_bytes());
-        async move {
-            let sent = self
-                .call(Op::SwapRuntime, |h| {
-                    if h.shas() != *ask.prepared {
-                        return Err(exit(Exit::Stale, "the host changed since it was prepared"));
-                    }
-                    if crate::core::plan::current_worker(&h.proc) != Some(ask.pid) {
-                        return Err(exit(Exit::Stale, "another worker is the current one"));
-                    }
-                    swap(h, ask.token)?;
-                    Ok(answer::SwapRuntime::Sent(h.answer_session(&commands)))
-                })
-                .await;
-            if sent.is_ok() {
-                self.log_commands(commands.iter().map(String::as_str));
-            }
-            sent
-        }
-        .boxed()
+        self.runtime_swap(Op::SwapRuntime, ask)
     }
 
     fn reload<'a>(

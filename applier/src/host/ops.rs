@@ -54,18 +54,33 @@ pub fn fail(stage: ApplyStage, message: impl Into<String>) -> Failure {
 }
 
 /// How an upload of the config (with the maps the host lacks) is checked on arrival.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum UploadCheck<'a> {
     /// Its sha256 must be this one, then `haproxy -c` on `check`, a config that loads the
     /// version's maps and new certificate files alone, and `show proc` (upload_files.sh):
     /// for a version whose config HAProxy runs but for its maps and crt-list. The stream
     /// starts with `certs` certificate files ([`crate::rollout::cert_stream`]'s records), put
     /// in place before the check.
-    Maps { sha256: &'a str, check: &'a str, certs: usize },
+    /// With `then`, the change goes live in the same round trip once checked.
+    Maps { sha256: &'a str, check: &'a str, certs: usize, then: Option<RuntimeSwap<'a>> },
     /// Its sha256 must be this one, then `haproxy -c` on it and `show proc`
-    /// (upload_validate.sh).
-    Validated { sha256: &'a str },
+    /// (upload_validate.sh). With `then`, the change goes live in the same round trip once
+    /// validated.
+    Validated { sha256: &'a str, then: Option<RuntimeSwap<'a>> },
 }
+
+impl<'a> UploadCheck<'a> {
+    /// The runtime change that goes live with the upload, if one does.
+    pub fn then(&self) -> Option<&RuntimeSwap<'a>> {
+        match self {
+            UploadCheck::Maps { then, .. } | UploadCheck::Validated { then, .. } => then.as_ref(),
+        }
+    }
+}
+
+/// What the runtime change that went live with an upload ([`UploadCheck`]'s `then`) answered
+/// after the check, as [`HostOps::swap_runtime`] would have.
+pub type WentLive = Result<answer::SwapRuntime, Failure>;
 
 /// What a reload's round trip asks of the host (reload_wait.sh, or swap_reload.sh with a
 /// swap).
@@ -90,14 +105,17 @@ pub struct ReloadRequest<'a> {
 
 /// What a change through the runtime API asks of the host in one round trip
 /// (swap_runtime.sh): the swap, after checking the host is as prepared, then the commands.
+/// Or, with the upload itself ([`UploadCheck`]'s `then`), in the upload's round trip.
 #[derive(Debug, Clone, Copy)]
 pub struct RuntimeSwap<'a> {
-    /// This attempt's validated upload.
+    /// This attempt's validated upload (with the upload: its own token).
     pub token: &'a str,
     /// The live and loaded sha256 lines it was prepared on.
     pub prepared: &'a LiveShas,
-    /// The worker the commands are for, which must still be the current one.
-    pub pid: u32,
+    /// The worker the commands are for, which must still be the current one; `None`: the
+    /// current one, whichever it is, its pid put in place of `runtime::ANY_WORKER` in
+    /// `session` on the host (with the upload, whose `show proc` comes in the same trip).
+    pub pid: Option<u32>,
     /// The kinds of map replaced: each is found in `show map` and prepared, and `{map:KIND}`
     /// in `session` becomes its `@<version> #<id>`.
     pub maps: &'a [&'a str],
@@ -145,14 +163,15 @@ pub trait HostOps: Send + Sync {
     ) -> BoxFuture<'a, Result<(), Failure>>;
     /// Writes the config under `token` and `maps` map files from `stream`, checked as `check`
     /// says. A dropped connection is an `Upload` failure, a refusal a `Validate` one (or the
-    /// stage its exit code names).
+    /// stage its exit code names). With a change to go live at once (the check's `then`),
+    /// what it answered once the upload passed its check.
     fn upload<'a>(
         &'a self,
         token: &'a str,
         check: UploadCheck<'a>,
         maps: usize,
         stream: &'a [u8],
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>>;
+    ) -> BoxFuture<'a, Result<(answer::Uploaded, Option<WentLive>), Failure>>;
     /// Keeps the live file as last-known-good and renames the upload `token` over it.
     fn swap<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), Failure>>;
     /// Swaps the upload in if the host is as it was prepared, then sends the runtime

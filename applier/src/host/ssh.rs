@@ -3,7 +3,7 @@
 
 use super::answer::{self, Exit, LiveState};
 use super::ops::{
-    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, fail,
+    Failure, HostOps, Hosts, Mark, Opened, ReloadRequest, RuntimeSwap, UploadCheck, WentLive, fail,
 };
 use super::scripts::{self, Script};
 use crate::core::inventory::Host;
@@ -121,35 +121,63 @@ impl HostOps for SshHost {
         check: UploadCheck<'a>,
         maps: usize,
         stream: &'a [u8],
-    ) -> BoxFuture<'a, Result<answer::Uploaded, Failure>> {
+    ) -> BoxFuture<'a, Result<(answer::Uploaded, Option<WentLive>), Failure>> {
         async move {
             let count = maps.to_string();
             let haproxy = self.host.haproxy_bin.as_str();
             let live = self.live();
-            let ran = match check {
-                UploadCheck::Maps { sha256, check, certs } => {
-                    // The check follows the config in the stream. Sized once and zeroed
-                    // after: the certificates' keys are in it.
-                    let mut with_check = zeroize::Zeroizing::new(Vec::with_capacity(
-                        stream.len() + check.len() + 64,
-                    ));
-                    with_check.extend_from_slice(stream);
-                    crate::rollout::stream_record(&mut with_check, "hafleet-check", check);
-                    let certs = certs.to_string();
-                    let args = [haproxy, live, token, self.socket(), sha256, &count, &certs];
-                    self.conn.run(&scripts::UPLOAD_FILES, &args, Some(&with_check)).await
+            // What follows the check in the stream (the config that checks the maps, the
+            // session of a change that goes live at once). Sized once and zeroed after: the
+            // certificates' keys are in it.
+            let then = check.then();
+            let extra = then.map_or(0, |t| t.session.len());
+            let mut with_more = zeroize::Zeroizing::new(Vec::new());
+            let (sha256, certs) = match check {
+                UploadCheck::Maps { sha256, check, certs, .. } => {
+                    with_more.reserve(stream.len() + check.len() + extra + 128);
+                    with_more.extend_from_slice(stream);
+                    crate::rollout::stream_record(&mut with_more, "hafleet-check", check);
+                    (sha256, Some(certs.to_string()))
                 }
-                UploadCheck::Validated { sha256 } => {
-                    let args = [haproxy, live, token, self.socket(), sha256, &count];
-                    self.conn.run(&scripts::UPLOAD_VALIDATE, &args, Some(stream)).await
-                }
+                UploadCheck::Validated { sha256, .. } => (sha256, None),
             };
+            if let Some(then) = then {
+                if with_more.is_empty() {
+                    with_more.reserve(stream.len() + extra + 64);
+                    with_more.extend_from_slice(stream);
+                }
+                let session = String::from_utf8_lossy(then.session);
+                crate::rollout::stream_record(&mut with_more, "hafleet-session", &session);
+            }
+            let stream = if with_more.is_empty() { stream } else { &with_more[..] };
+            let mut args = vec![haproxy, live, token, self.socket(), sha256, &count];
+            let script = match &certs {
+                Some(certs) => {
+                    args.push(certs);
+                    &scripts::UPLOAD_FILES
+                }
+                None => &scripts::UPLOAD_VALIDATE,
+            };
+            let went: Vec<String> = then.map(swap_args).unwrap_or_default();
+            args.extend(went.iter().map(String::as_str));
+            let ran = self.conn.run(script, &args, Some(stream)).await;
             match ran {
                 // A dropped connection is an upload that may pass, not a refused config.
                 Err(e) => Err(fail(ApplyStage::Upload, ssh_error(&e))),
-                ran => {
-                    outcome_of(ApplyStage::Validate, ran).map(|out| answer::Uploaded::parse(&out))
-                }
+                Ok(out) => match answer::went_live(&out.stdout).filter(|_| then.is_some()) {
+                    // Checked, then gone live (or not) in the same round trip.
+                    Some((uploaded, after)) => {
+                        let (uploaded, after) =
+                            (answer::Uploaded::parse(uploaded), after.to_owned());
+                        let went = match out.success {
+                            true => Ok(answer::SwapRuntime::parse(&after, &out.stderr)),
+                            false => Err(runtime_swap_failure(Ok(out))),
+                        };
+                        Ok((uploaded, Some(went)))
+                    }
+                    _ => outcome_of(ApplyStage::Validate, Ok(out))
+                        .map(|out| (answer::Uploaded::parse(&out), None)),
+                },
             }
         }
         .boxed()
@@ -168,18 +196,14 @@ impl HostOps for SshHost {
         ask: RuntimeSwap<'a>,
     ) -> BoxFuture<'a, Result<answer::SwapRuntime, Failure>> {
         async move {
-            let pid = ask.pid.to_string();
-            let (live, loaded) = (ask.prepared.live.as_str(), ask.prepared.loaded.as_str());
-            let mut args = vec![self.live(), ask.token, self.socket(), &pid, live, loaded];
-            args.extend(ask.maps);
-            let edited: Vec<String> = ask.edited.iter().map(|(k, n)| format!("={k}:{n}")).collect();
-            args.extend(edited.iter().map(String::as_str));
+            let pid = ask.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            let mut args = vec![self.live(), ask.token, self.socket(), &pid];
+            let went = swap_args(&ask);
+            args.extend(went.iter().map(String::as_str));
             let run = self.conn.run(&scripts::SWAP_RUNTIME, &args, Some(ask.session)).await;
             match run {
                 Ok(out) if out.success => Ok(answer::SwapRuntime::parse(&out.stdout, &out.stderr)),
-                // Stale and Swap changed nothing; anything else may have come after the swap,
-                // which leaves a live file HAProxy has not loaded (reloaded at the next look).
-                failed => Err(outcome_of(ApplyStage::Swap, failed).unwrap_err()),
+                failed => Err(runtime_swap_failure(failed)),
             }
         }
         .boxed()
@@ -362,6 +386,24 @@ impl Hosts for SshHosts {
 
     fn keep_only<'a>(&'a self, hosts: &'a [Host]) -> BoxFuture<'a, ()> {
         self.pool.keep_only(hosts).boxed()
+    }
+}
+
+/// swap_runtime's arguments after LIVE TOKEN SOCKET PID (see scripts/lib.sh): the sha256 lines
+/// the host was prepared on, each map replaced whole (`KIND`) and each edited (`=KIND:COUNT`).
+fn swap_args(ask: &RuntimeSwap<'_>) -> Vec<String> {
+    let (live, loaded) = (&ask.prepared.live, &ask.prepared.loaded);
+    let whole = ask.maps.iter().map(|k| k.to_string());
+    let edited = ask.edited.iter().map(|(k, n)| format!("={k}:{n}"));
+    [live.clone(), loaded.clone()].into_iter().chain(whole).chain(edited).collect()
+}
+
+/// swap_runtime failed: Stale and Swap changed nothing; anything else may have come after the
+/// swap, which leaves a live file HAProxy has not loaded (reloaded at the next look).
+fn runtime_swap_failure(run: Result<RemoteOutput, openssh::Error>) -> Failure {
+    match outcome_of(ApplyStage::Swap, run) {
+        Err(failure) => failure,
+        Ok(_) => fail(ApplyStage::Swap, "swap_runtime exited 0 but was read as a failure"),
     }
 }
 

@@ -321,8 +321,9 @@ async fn a_host_that_changed_while_prepared_ahead_is_prepared_again() {
 }
 
 /// A change the runtime API takes goes live on each host in one round trip after its upload
-/// (swap_runtime): no read of a host prepared ahead, no swap or session apart, no reload. A
-/// host whose worker changed since it was prepared is prepared again and then goes live.
+/// (swap_runtime), and on the canary in the upload's own round trip: no read of a host
+/// prepared ahead, no swap or session apart, no reload. A host whose worker changed since it
+/// was prepared is prepared again and then goes live, in its upload's round trip.
 #[tokio::test(start_paused = true)]
 async fn a_runtime_change_swaps_with_its_commands_and_a_stale_host_is_prepared_again() {
     let moved = |c: String| c.replace("10.0.0.1:30081", "10.0.0.2:30081");
@@ -334,7 +335,7 @@ async fn a_runtime_change_swaps_with_its_commands_and_a_stale_host_is_prepared_a
     let result = {
         let rollout = roll_out(&hosts, &v2, &known, &settings);
         let meddle = async {
-            while !fake.log().contains(&("h0".to_owned(), Op::SwapRuntime)) {
+            while !fake.log().contains(&("h0".to_owned(), Op::UploadLive)) {
                 tokio::time::sleep(Duration::from_micros(100)).await;
             }
             fake.change("h2", |h| h.proc.workers = vec![(999, 0)]);
@@ -350,13 +351,20 @@ async fn a_runtime_change_swaps_with_its_commands_and_a_stale_host_is_prepared_a
         for op in [Op::Refresh, Op::Swap, Op::Session, Op::MasterCli, Op::Reload] {
             assert_eq!(count(&log, i, op), 0, "h{i} did {op:?}: {log:?}");
         }
-        assert!(at(&log, i, Op::SwapRuntime) < at(&log, i, Op::MarkLoaded));
+        let name = format!("h{i}");
+        let live = log
+            .iter()
+            .rposition(|(h, o)| *h == name && matches!(o, Op::SwapRuntime | Op::UploadLive));
+        assert!(live < Some(at(&log, i, Op::MarkLoaded)), "{log:?}");
         assert_eq!(fake.host(&format!("h{i}")).loaded.as_ref(), Some(&v2.sha256));
     }
     let set = "set server be_a/n1 addr 10.0.0.2 port 30081".to_owned();
     assert!(fake.commands().contains(&("h2".to_owned(), set)), "{:?}", fake.commands());
-    assert_eq!((count(&log, 1, Op::SwapRuntime), count(&log, 1, Op::Open)), (1, 1));
-    assert_eq!((count(&log, 2, Op::SwapRuntime), count(&log, 2, Op::Open)), (2, 2), "again");
+    let trips =
+        |i| [Op::Upload, Op::UploadLive, Op::SwapRuntime, Op::Open].map(|op| count(&log, i, op));
+    assert_eq!(trips(0), [1, 1, 0, 1], "the canary: live with its upload");
+    assert_eq!(trips(1), [1, 0, 1, 1], "prepared ahead: live on its turn");
+    assert_eq!(trips(2), [2, 1, 1, 2], "stale on its turn, prepared again and live with it");
 }
 
 /// The canary of a change through the runtime API is marked loaded while the first wave goes

@@ -131,7 +131,8 @@ pub(super) async fn go_live(
     effort: &mut Effort,
     mark_later: Option<&mut Option<MarkArgs>>,
 ) -> Result<ApplyOutcome, Failure> {
-    let Staged { token, uploaded: Uploaded { before, stat, sent }, change, bridge } = staged;
+    let Staged { token, uploaded: Uploaded { before, stat, sent, went_live }, change, bridge } =
+        staged;
     effort.sent_bytes += sent;
     // For a reload: its bridge, if one was found (looked for while the host checked the
     // version, so by now it is there).
@@ -161,11 +162,17 @@ pub(super) async fn go_live(
                 steps = steps.len(),
                 maps_edited = ?runtime::edited_maps(steps),
                 maps_replaced = ?runtime::map_kinds(steps),
+                with_upload = went_live.is_some(),
                 "through the runtime API"
             );
-            let taken = match swap_with_commands {
-                true => swap_runtime(conn, token, prepared_state, &before, steps).await?,
-                false => {
+            let taken = match (swap_with_commands, went_live) {
+                // Gone live in the upload's round trip.
+                (true, Some(went)) => match SwapPlan::new(steps) {
+                    Ok(swap) => swap.took(went?, steps),
+                    Err(why) => Err(why),
+                },
+                (true, None) => swap_runtime(conn, token, prepared_state, &before, steps).await?,
+                (false, _) => {
                     let certs = (version.bundle(), settings.tls_identity.as_deref());
                     apply_runtime(conn, &before, steps, certs).await
                 }
@@ -372,6 +379,48 @@ pub(super) async fn apply_runtime(
     Ok(sent as u32)
 }
 
+/// What swap_runtime.sh is asked for a plan's steps (no certificate among them): the maps it
+/// replaces whole and those it edits, and the commands, with placeholders for the maps' ids.
+pub(super) struct SwapPlan<'a> {
+    pub(super) kinds: Vec<&'a str>,
+    pub(super) edited: Vec<(&'a str, usize)>,
+    pub(super) commands: Vec<runtime::Command>,
+}
+
+impl<'a> SwapPlan<'a> {
+    pub(super) fn new(steps: &'a [runtime::Step]) -> Result<Self, String> {
+        let maps = runtime::map_placeholders(steps);
+        let commands = runtime::commands(steps, &maps, &runtime::CertInputs::default())?;
+        Ok(SwapPlan {
+            kinds: runtime::map_kinds(steps),
+            edited: runtime::edited_maps(steps),
+            commands,
+        })
+    }
+
+    /// What the host answered: the number of commands sent (with `show map` and a `prepare
+    /// map` for each map replaced whole), or why the runtime API did not take the change (the
+    /// swap stands: the caller reloads).
+    pub(super) fn took(
+        &self,
+        out: answer::SwapRuntime,
+        steps: &[runtime::Step],
+    ) -> Result<u32, String> {
+        let out = match out {
+            answer::SwapRuntime::Sent(out) => out,
+            answer::SwapRuntime::Skipped(why) => {
+                return Err(format!("the maps could not be prepared: {why}"));
+            }
+        };
+        let answers = runtime::answers(&out, self.commands.len());
+        if let Some((command, answer)) = runtime::first_refused(&self.commands, &answers) {
+            return Err(format!("HAProxy answered {answer:?} to `{command}`"));
+        }
+        let asked = if runtime::changes_maps(steps) { self.kinds.len() + 1 } else { 0 };
+        Ok((asked + self.commands.len()) as u32)
+    }
+}
+
 /// Swaps the upload `token` in and sends `steps` (no certificate among them) to the current
 /// worker of `before`, in one round trip (swap_runtime.sh), if the host is still as it was
 /// `prepared`: the number of commands sent, or why the runtime API did not take the change
@@ -384,42 +433,27 @@ async fn swap_runtime(
     before: &plan::ProcState,
     steps: &[runtime::Step],
 ) -> Result<Result<u32, String>, Failure> {
-    let kinds = runtime::map_kinds(steps);
-    let edited = runtime::edited_maps(steps);
-    let maps = runtime::map_placeholders(steps);
-    let no_certs = runtime::CertInputs::default();
     let planned = plan::current_worker(before)
         .ok_or_else(|| "no single current worker in `show proc`".to_owned())
-        .and_then(|pid| Ok((pid, runtime::commands(steps, &maps, &no_certs)?)));
-    let (pid, commands) = match planned {
+        .and_then(|pid| Ok((pid, SwapPlan::new(steps)?)));
+    let (pid, swap) = match planned {
         Ok(planned) => planned,
         Err(why) => {
             conn.swap(token).await?;
             return Ok(Err(why));
         }
     };
-    let session = runtime::session(pid, &commands);
+    let session = runtime::session(pid, &swap.commands);
     let ask = ops::RuntimeSwap {
         token,
         prepared,
-        pid,
-        maps: &kinds,
-        edited: &edited,
+        pid: Some(pid),
+        maps: &swap.kinds,
+        edited: &swap.edited,
         session: session.as_bytes(),
     };
-    let out = match conn.swap_runtime(ask).await? {
-        answer::SwapRuntime::Sent(out) => out,
-        answer::SwapRuntime::Skipped(why) => {
-            return Ok(Err(format!("the maps could not be prepared: {why}")));
-        }
-    };
-    let answers = runtime::answers(&out, commands.len());
-    if let Some((command, answer)) = runtime::first_refused(&commands, &answers) {
-        return Ok(Err(format!("HAProxy answered {answer:?} to `{command}`")));
-    }
-    // `show map` and a `prepare map` for each map replaced whole, then the commands.
-    let asked = if runtime::changes_maps(steps) { kinds.len() + 1 } else { 0 };
-    Ok(Ok((asked + commands.len()) as u32))
+    let out = conn.swap_runtime(ask).await?;
+    Ok(swap.took(out, steps))
 }
 
 /// One interactive master CLI session: the answers to `commands`, in order.

@@ -73,7 +73,7 @@ pub(crate) use prepare::stream_record;
 use prepare::*;
 #[cfg(test)]
 pub(crate) use prepare::{Outgoing, cert_stream};
-pub use prepare::{Prepared, abandon, prepare};
+pub use prepare::{Prepared, Then, abandon, prepare};
 use reload::*;
 use repair::*;
 pub use repair::{drift_of, put_back_files};
@@ -177,7 +177,7 @@ pub async fn apply_host(
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
 ) -> (ApplyOutcome, Effort) {
-    let prepared = prepare(host, version, known, settings).await;
+    let prepared = prepare(host, version, known, settings, Then::GoLive).await;
     let (result, effort) = finish(prepared, version, settings).await;
     (result.unwrap_or_else(failed), effort)
 }
@@ -259,7 +259,7 @@ async fn attempt_host<'a>(
             (refresh(p, version, known, settings).await, started)
         }
         None => {
-            let p = prepare(&hosts[i], version, known, settings).await;
+            let p = prepare(&hosts[i], version, known, settings, Then::GoLive).await;
             let started = p.started;
             (p, started)
         }
@@ -268,7 +268,7 @@ async fn attempt_host<'a>(
         finish_live(prepared, version, settings, mark_later).await;
     if matches!(&result, Err(f) if f.exit == Some(Exit::Stale)) {
         warn!(host = %hosts[i].name, "the host changed since it was prepared; preparing it again");
-        let p = prepare(&hosts[i], version, known, settings).await;
+        let p = prepare(&hosts[i], version, known, settings, Then::GoLive).await;
         (result, effort, unmarked) = finish_live(p, version, settings, mark_later).await;
     }
     let outcome = result.unwrap_or_else(failed);
@@ -350,7 +350,8 @@ pub async fn roll_out(
             .filter(|i| !ready.contains_key(i))
             .take(settings.parallelism.max(1).saturating_sub(ready.len()))
             .collect();
-        let prepare_ahead = ahead.iter().map(|&i| prepare(&hosts[i], version, known, settings));
+        let prepare_ahead =
+            ahead.iter().map(|&i| prepare(&hosts[i], version, known, settings, Then::Wait));
         // With hosts to follow, the canary's mark goes with the first wave (see finish_live).
         let mark_later = next + 1 < order.len();
         let ((tried, unmarked), prepared) = tokio::join!(

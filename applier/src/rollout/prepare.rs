@@ -51,18 +51,32 @@ pub(super) enum Next {
     },
 }
 
+/// Whether a host being prepared goes live as soon as it can ([`prepare`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing HAProxy serves changes: the host waits for its turn (a wave prepared while
+    /// the canary goes live).
+    Wait,
+    /// The host goes live next (the canary, a lone host): a change the runtime API takes goes
+    /// live in the upload's own round trip, once the upload passed its check.
+    GoLive,
+}
+
 /// Connects to `host`, reads its state and uploads and validates what `version` needs there,
 /// changing nothing HAProxy serves: a rollout prepares the first wave while the canary goes
-/// live. Never fails: a failure is kept for [`finish`] to report.
+/// live. Never fails: a failure is kept for [`finish`] to report. With [`Then::GoLive`], a
+/// change the runtime API takes is live when this returns, and [`finish`] reads how it went.
 #[tracing::instrument(skip_all, fields(host = %host.name, version = version.version))]
 pub async fn prepare<'a>(
     host: &'a Host,
     version: &ConfigVersion,
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
+    then: Then,
 ) -> Prepared<'a> {
     let started = std::time::Instant::now();
-    if let Some(prepared) = prepare_as_left(host, version, known, settings, started).await {
+    let left = prepare_as_left(host, version, known, settings, started, then).await;
+    if let Some(prepared) = left {
         return prepared;
     }
     let mut names = String::new();
@@ -78,7 +92,7 @@ pub async fn prepare<'a>(
         }
     };
     let (step, state) = match state {
-        Ok(state) => match stage(&*conn, host, version, &state, known, settings).await {
+        Ok(state) => match stage(&*conn, host, version, &state, (known, settings), then).await {
             Ok(step) => (step, state.shas),
             Err(f) => (Next::Done(Err(f)), LiveShas::default()),
         },
@@ -102,6 +116,7 @@ async fn prepare_as_left<'a>(
     known: &[&ConfigVersion],
     settings: &RolloutSettings,
     started: std::time::Instant,
+    then: Then,
 ) -> Option<Prepared<'a>> {
     let left = settings.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&host.name)?;
     let was = known.iter().find(|v| v.sha256 == left && v.sha256 != version.sha256)?.bundle()?;
@@ -110,7 +125,7 @@ async fn prepare_as_left<'a>(
     let missing = new_files(was, bundle);
     let shas = LiveShas { live: left.clone(), loaded: left };
     let state = LiveState { shas, missing };
-    match stage(&*conn, host, version, &state, known, settings).await {
+    match stage(&*conn, host, version, &state, (known, settings), then).await {
         Ok(step) => Some(Prepared { host, conn: Some(conn), step, started, state: state.shas }),
         Err(failure) => {
             info!(stage = ?failure.stage, message = %failure.message,
@@ -168,7 +183,7 @@ pub(super) async fn refresh<'a>(
         _ => {
             warn!(host = %host.name, "the host changed while the canary went live; preparing it again");
             abandon(prepared).await;
-            prepare(host, version, known, settings).await
+            prepare(host, version, known, settings, Then::GoLive).await
         }
     }
 }
@@ -192,8 +207,8 @@ pub(super) async fn stage(
     host: &Host,
     version: &ConfigVersion,
     state: &LiveState,
-    known: &[&ConfigVersion],
-    settings: &RolloutSettings,
+    (known, settings): (&[&ConfigVersion], &RolloutSettings),
+    then: Then,
 ) -> Result<Next, Failure> {
     let tls_identity = settings.tls_identity.as_deref();
     let (live_sha, loaded_sha) = (state.shas.live(), state.shas.loaded());
@@ -238,11 +253,28 @@ pub(super) async fn stage(
         (_, true) => version.bundle().and_then(|b| runtime::map_check_config(b, &[])),
         (_, false) => None,
     };
+    // Going live next, a change whose runtime commands swap it in goes in the upload's round
+    // trip: for the worker the host finds current, checked there as swap_runtime.sh checks.
+    let swap = match (then, &*change) {
+        (Then::GoLive, runtime::Plan::Runtime(steps)) if runtime::swaps_with_commands(&change) => {
+            SwapPlan::new(steps).ok()
+        }
+        _ => None,
+    };
+    let session = swap.as_ref().map(|s| runtime::session(runtime::ANY_WORKER, &s.commands));
     let validate = UploadCheck {
         missing_maps: &missing,
         map_check: map_check.as_deref(),
         live: loaded,
         tls_identity,
+        then: swap.as_ref().zip(session.as_ref()).map(|(swap, session)| ops::RuntimeSwap {
+            token: &token,
+            prepared: &state.shas,
+            pid: None,
+            maps: &swap.kinds,
+            edited: &swap.edited,
+            session: session.as_bytes(),
+        }),
     };
     match upload_and_validate(conn, host, version, &validate, &token).await {
         Ok(uploaded) => Ok(Next::Staged { token, uploaded, change, bridge }),
@@ -267,6 +299,8 @@ pub(super) struct UploadCheck<'a> {
     pub(super) live: Option<&'a Bundle>,
     /// Opens the version's certificate keys.
     pub(super) tls_identity: Option<&'a crate::core::identity::FleetIdentity>,
+    /// A change that goes live in the upload's round trip, once the upload passed its check.
+    pub(super) then: Option<ops::RuntimeSwap<'a>>,
 }
 
 /// What an upload leaves for the rest of the apply.
@@ -278,6 +312,8 @@ pub(super) struct Uploaded {
     pub(super) stat: Option<String>,
     /// Bytes sent (see [`Effort::sent_bytes`]).
     pub(super) sent: u64,
+    /// What the change that went live with the upload answered ([`UploadCheck::then`]).
+    pub(super) went_live: Option<ops::WentLive>,
 }
 
 /// Uploads the version under this attempt's name, checks what landed, validates it with
@@ -314,21 +350,21 @@ pub(super) async fn upload_and_validate(
     tracing::debug!(diff_ms = diffed.elapsed().as_secs_f64() * 1e3, "files to send worked out");
     let count = maps.len();
     // The upload's stat, the bytes sent, and `show proc`.
-    let sha256 = version.sha256.as_str();
+    let (sha256, then) = (version.sha256.as_str(), check.then);
     let check = match check.map_check {
         Some(check) => {
             info!(
                 "the config is the running one but for its maps and certificates: checking \
                  those alone"
             );
-            ops::UploadCheck::Maps { sha256, check, certs: folded }
+            ops::UploadCheck::Maps { sha256, check, certs: folded, then }
         }
-        None => ops::UploadCheck::Validated { sha256 },
+        None => ops::UploadCheck::Validated { sha256, then },
     };
-    let (out, bytes) = send(conn, token, check, count, (&prefix, &outgoing)).await?;
+    let ((out, went_live), bytes) = send(conn, token, check, count, (&prefix, &outgoing)).await?;
     let (stat, proc) = (out.stat, out.proc);
     let before = parse_show_proc(host, &proc, "").map_err(|m| fail(ApplyStage::Verify, m))?;
-    Ok(Uploaded { before, stat, sent: certs_sent + bytes })
+    Ok(Uploaded { before, stat, sent: certs_sent + bytes, went_live })
 }
 
 /// The map files of `bundle` that the host does not have yet (`missing` names them, among
@@ -365,7 +401,7 @@ pub(super) async fn send(
     check: ops::UploadCheck<'_>,
     maps: usize,
     (certs, outgoing): (&[u8], &Outgoing<'_>),
-) -> Result<(answer::Uploaded, u64), Failure> {
+) -> Result<((answer::Uploaded, Option<ops::WentLive>), u64), Failure> {
     let run = |stream: Vec<u8>| async move {
         if certs.is_empty() {
             return conn.upload(token, check, maps, &stream).await;

@@ -363,8 +363,9 @@ fn payload_chunks(content: &str) -> Vec<String> {
 }
 
 /// The master CLI session that sends `commands` to the worker `pid`: interactive mode, so that
-/// each answer is followed by a prompt and can be told apart, and `quit` at the end.
-pub fn session(pid: u32, commands: &[Command]) -> zeroize::Zeroizing<String> {
+/// each answer is followed by a prompt and can be told apart, and `quit` at the end. `pid` is
+/// the worker's pid, or [`ANY_WORKER`] for the one the host finds current.
+pub fn session(pid: impl std::fmt::Display, commands: &[Command]) -> zeroize::Zeroizing<String> {
     let mut s = zeroize::Zeroizing::new(String::from("prompt\n"));
     for c in commands {
         s.push_str(&format!("@!{pid} {}", c.line));
@@ -380,6 +381,10 @@ pub fn session(pid: u32, commands: &[Command]) -> zeroize::Zeroizing<String> {
     s.push_str("quit\n");
     s
 }
+
+/// In place of a pid in a [`session`]: the master's current worker, whose pid the host fills
+/// in (swap_runtime in scripts/lib.sh, with PID `-`).
+pub const ANY_WORKER: &str = "{pid}";
 
 /// Splits what a [`session`] printed into one answer per command. The first thing printed is
 /// the prompt itself (the answer to `prompt`); after that every answer ends with a newline and

@@ -104,10 +104,12 @@ missing_files() {
   '
 }
 
-# unpack LIVE TOKEN WANT COUNT [CHECK [CERTS N]]: unpacks the stream on stdin
+# unpack LIVE TOKEN WANT COUNT [CHECK [CERTS N [SESSION]]]: unpacks the stream on stdin
 # (Outgoing::stream in applier/src/rollout/prepare.rs) of COUNT map files and, if WANT is 1, a
 # config, then, with CHECK, the config that checks the maps (a `hafleet-check` record after
-# the config), into the file CHECK. With CERTS (certs_begin's folder), N certificate files
+# the config), into the file CHECK, then, with SESSION, the master CLI session of a change
+# that goes live in the same round trip (a `hafleet-session` record, last), into the file
+# SESSION. With CERTS (certs_begin's folder), N certificate files
 # come first (`hafleet-cert <name> <sha256> <lines>` records, cert_stream's): each is written
 # into CERTS, checked with the maps, synced with them, made 0600 and renamed into
 # hafleet-certs/ with them. Each map goes to a
@@ -127,9 +129,11 @@ unpack() {
   up_c=$5
   up_cu=${6:-}
   up_cn=${7:-0}
-  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" -v chk="$up_c" -v cu="$up_cu" '
+  up_s=${8:-}
+  awk -v d="$up_d" -v t="$up_t" -v cfg="$up_u" -v want="$3" -v chk="$up_c" -v cu="$up_cu" \
+      -v ses="$up_s" '
     n == 0 {
-      if (checked) { bad = 5; exit }
+      if (sent) { bad = 5; exit }
       if ($1 == "hafleet-cert") {
         if (cu == "" || maps || done || NF != 4 || $2 !~ /^[0-9a-f]+\.pem$/ ||
             $3 !~ /^[0-9a-f]+$/ || $4 !~ /^[0-9]+$/ || $4 == 0) { bad = 3; exit }
@@ -141,9 +145,16 @@ unpack() {
         next
       }
       if (done) {
-        if ($1 != "hafleet-check" || NF != 3 || chk == "") { bad = 5; exit }
-        f = chk
-        checked = 1
+        if ($1 == "hafleet-check" && NF == 3 && chk != "" && !checked) {
+          f = chk
+          checked = 1
+        } else if ($1 == "hafleet-session" && NF == 3 && ses != "" && (checked || chk == "")) {
+          f = ses
+          sent = 1
+        } else {
+          bad = 5
+          exit
+        }
       } else if (($1 == "hafleet-config" || $1 == "hafleet-config-edit") && NF == 3 && want) {
         f = cfg
         if ($1 == "hafleet-config-edit") f = cfg ".sed"
@@ -177,7 +188,7 @@ unpack() {
     }
     END {
       if (bad) exit bad
-      if (n != 0 || (want && !done) || (chk != "" && !checked)) exit 4
+      if (n != 0 || (want && !done) || (chk != "" && !checked) || (ses != "" && !sent)) exit 4
     }
   ' || unpack_drop "the map files and config did not arrive whole"
   if [ -f "$up_d/.edits.$up_t" ]; then
@@ -266,7 +277,8 @@ unpack_sums_match() {
 
 # unpack_drop MESSAGE: removes what unpack wrote, says MESSAGE on stderr, exits EXIT_UPLOAD.
 unpack_drop() {
-  rm -f "$up_d"/.*."$up_t" "$up_d"/.*."$up_t".sed "$up_u" "$up_u.sed" ${up_c:+"$up_c"}
+  rm -f "$up_d"/.*."$up_t" "$up_d"/.*."$up_t".sed "$up_u" "$up_u.sed" ${up_c:+"$up_c"} \
+    ${up_s:+"$up_s"}
   [ -z "$up_cu" ] || rm -rf "$up_cu"
   echo "$*" >&2
   exit "$EXIT_UPLOAD"
@@ -336,6 +348,25 @@ check_maps() {
   master_cli "$4" "show proc" || true
 }
 
+# go_live_now PROC SESSION LIVE TOKEN SOCKET LIVE_SHA LOADED_SHA [MAP...]: after an upload
+# passed its check and printed `show proc` (PROC), puts it live in the same round trip with
+# the master CLI session in the file SESSION, as swap_runtime does, for the worker PROC names
+# the one current worker: prints `hafleet-live`, then what swap_runtime prints. Without
+# SESSION, or without one current worker in PROC, prints nothing more: the applier puts the
+# upload live in a round trip of its own.
+go_live_now() {
+  gl_pid=$(printf '%s\n' "$1" | awk '$2 == "worker" && $3 == "0" { w++; p = $1 } END { if (w == 1) print p }')
+  gl_session=$2
+  shift 2
+  [ -n "$gl_session" ] && [ -n "$gl_pid" ] || return 0
+  echo hafleet-live
+  gl_live=$1
+  gl_token=$2
+  gl_sock=$3
+  shift 3
+  swap_runtime "$gl_live" "$gl_token" "$gl_sock" "$gl_pid" "$@" < "$gl_session"
+}
+
 # swap LIVE TOKEN: renames this attempt's validated upload over LIVE (its content was synced
 # when it arrived), then syncs the folder. Last-known-good is written only once a config
 # loaded and passed its probes (mark_loaded); on a host hafleet never verified a config on,
@@ -353,6 +384,152 @@ swap() {
   fi
   mv -f "$1.hafleet-new-$2" "$1" || exit "$EXIT_SWAP"
   sync_files "$(dir_of "$1")"
+}
+
+# swap_runtime LIVE TOKEN SOCKET PID LIVE_SHA LOADED_SHA [MAP...]: puts a change that the
+# runtime API takes live in one round trip (rollout::go_live), where it took five (a read of
+# the host, the swap, `show map`, `prepare map`, the commands). Checks that the live and
+# loaded sha256 lines (live_shas) are still LIVE_SHA and LOADED_SHA, those the host was
+# prepared on, and that PID is still the master's one current worker, whom the commands are
+# for (exit EXIT_STALE if not: nothing was done). Swaps the upload TOKEN in (exit EXIT_SWAP if
+# it cannot). Each MAP the change touches is `KIND`, a map it replaces whole, or
+# `=KIND:COUNT`, one whose entries it edits in place, which must hold COUNT entries first
+# (runtime_api::map_edits). Each is found in the worker's `show map` by its kind (the map it
+# loaded from a file `<kind>-<sha>.map`, listed exactly once), and each replaced whole is
+# asked for a new version (`prepare map`). Then sends the master CLI session on stdin
+# (runtime::session) to the worker, each `{map:KIND}` on a command line (not in a payload)
+# made `@<version> #<id>` and each `{mapid:KIND}` made `#<id>`, and prints what the session
+# printed. A map not found once, one edited that does not hold its COUNT, or a prepare not
+# answered with its version, prints `hafleet-runtime-skipped` instead and sends nothing more:
+# the swap stays, and the caller reloads. What `show map` and the prepares answered goes to
+# stderr.
+# `{pid}` on the session's command lines is made PID (an upload that goes live in its own
+# round trip reads the worker's pid there: the applier does not know it).
+swap_runtime() {
+  sr_live=$1
+  sr_token=$2
+  sr_sock=$3
+  sr_pid=$4
+  sr_was=$(printf '%s\n%s\n' "$5" "$6")
+  sr_now=$(live_shas "$1")
+  if [ "$sr_now" != "$sr_was" ]; then
+    echo "the host's config changed since it was prepared" >&2
+    exit "$EXIT_STALE"
+  fi
+  # `show proc` and the worker's `show map` in one session. Each answer starts after a prompt
+  # (the text up to the first `> `: `master> `), on the line it begins. One awk reads both: the
+  # current worker if there is one (a line, empty if not), then `<MAP> #<id>` for each MAP in
+  # the order given, only if each is there exactly once (and each edited holds its COUNT).
+  sr_both=$(printf 'prompt\nshow proc\n@!%s show map\nquit\n' "$4" |
+    socat -T 30 stdio "unix-connect:$3" 2>&1)
+  shift 6
+  sr_found=$(printf '%s\n' "$sr_both" | awk -v want="$*" '
+    BEGIN {
+      k = split(want, maps, " ")
+      for (i = 1; i <= k; i++) {
+        kinds[i] = maps[i]
+        if (sub(/^=/, "", kinds[i])) { count[i] = kinds[i]; sub(/.*:/, "", count[i]); sub(/:.*/, "", kinds[i]) }
+      }
+    }
+    NR == 1 { prompt = substr($0, 1, index($0, "> ") + 1) }
+    prompt != "" && index($0, prompt) == 1 { $0 = substr($0, length(prompt) + 1); n++ }
+    n == 1 && $2 == "worker" && $3 == "0" { w++; p = $1 }
+    n == 2 && $1 ~ /^[0-9]+$/ && $2 ~ /^\(.*\)$/ {
+      f = substr($2, 2, length($2) - 2)
+      sub(/.*\//, "", f)
+      if (f !~ /^[a-z]+-[0-9a-f]+\.map$/) next
+      sub(/-.*/, "", f)
+      seen[f]++
+      id[f] = "#" $1
+      entries[f] = ""
+      for (j = 3; j <= NF; j++) if ($j ~ /^entry_cnt=[0-9]+$/) entries[f] = substr($j, 11)
+    }
+    END {
+      print (w == 1 ? p : "")
+      for (i = 1; i <= k; i++) {
+        if (seen[kinds[i]] != 1) exit
+        if ((i in count) && entries[kinds[i]] != count[i]) exit
+      }
+      for (i = 1; i <= k; i++) print maps[i], id[kinds[i]]
+    }
+  ')
+  sr_cur=${sr_found%%"
+"*}
+  sr_ids=${sr_found#"$sr_cur"}
+  sr_ids=${sr_ids#"
+"}
+  if [ "$sr_cur" != "$sr_pid" ]; then
+    echo "the master's current worker is ${sr_cur:-not one worker}, not $sr_pid" >&2
+    exit "$EXIT_STALE"
+  fi
+  swap "$sr_live" "$sr_token"
+  sr_subst=
+  if [ "$#" -gt 0 ]; then
+    if [ -z "$sr_ids" ]; then
+      printf 'show map (not one of each kind, or not COUNT entries, of %s): %s\n' "$*" "$sr_both" >&2
+      echo hafleet-runtime-skipped
+      exit 0
+    fi
+    # Each map replaced whole is prepared; each edited is only named.
+    sr_prep=
+    if printf '%s\n' "$sr_ids" | grep -qv '^='; then
+      sr_prep=$(
+        {
+          echo prompt
+          printf '%s\n' "$sr_ids" | while read -r sr_map sr_id; do
+            case $sr_map in =*) continue ;; esac
+            printf '@!%s prepare map %s\n' "$sr_pid" "$sr_id"
+          done
+          echo quit
+        } | socat -T 30 stdio "unix-connect:$sr_sock" 2>&1
+      )
+    fi
+    # `{map:<kind>}=@<version> #<id>` for each map replaced whole and `{mapid:<kind>}=#<id>`
+    # for each edited, a line each; nothing unless every prepare answered its version.
+    sr_subst=$(printf '%s\n--\n%s\n' "$sr_ids" "$sr_prep" | awk '
+      !past && $0 == "--" { past = 1; next }
+      !past && /^=/ { ek = substr($1, 2); sub(/:.*/, "", ek); edit[++e] = "{mapid:" ek "}=" $2; next }
+      !past { kind[++k] = $1; id[k] = $2; next }
+      {
+        s = $0
+        while (match(s, /New version created: [0-9]+/)) {
+          v = substr(s, RSTART, RLENGTH)
+          sub(/.*: /, "", v)
+          ver[++n] = v
+          s = substr(s, RSTART + RLENGTH)
+        }
+      }
+      END {
+        if (n != k) exit 1
+        for (i = 1; i <= k; i++) print "{map:" kind[i] "}=@" ver[i] " " id[i]
+        for (i = 1; i <= e; i++) print edit[i]
+      }
+    ')
+    if [ -z "$sr_subst" ]; then
+      printf 'prepare map: %s\n' "$sr_prep" >&2
+      echo hafleet-runtime-skipped
+      exit 0
+    fi
+  fi
+  # The substitutions go to awk as one `;`-separated value; the session itself is stdin.
+  sr_subst=$(printf '{pid}=%s\n%s' "$sr_pid" "$sr_subst")
+  awk -v subst="$(printf '%s' "$sr_subst" | tr '\n' ';')" '
+    BEGIN {
+      n = split(subst, pairs, ";")
+      for (j = 1; j <= n; j++) {
+        i = index(pairs[j], "=")
+        if (i > 0) to[substr(pairs[j], 1, i - 1)] = substr(pairs[j], i + 1)
+      }
+    }
+    payload { print; if ($0 == "") payload = 0; next }
+    {
+      for (m in to) {
+        while ((i = index($0, m)) > 0) $0 = substr($0, 1, i - 1) to[m] substr($0, i + length(m))
+      }
+      print
+      if ($0 ~ / <<$/) payload = 1
+    }
+  ' | socat -T 30 stdio "unix-connect:$sr_sock"
 }
 
 # read_before SOCKET: reads the master's `show proc` (exits EXIT_NO_PROC if it cannot) and

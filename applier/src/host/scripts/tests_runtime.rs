@@ -33,34 +33,24 @@ case $first in
       esac
     done
     ;;
+  "show proc") cat "$FAKE_MASTER/proc" ;;
   *) exit 1 ;;
 esac"#;
 
-/// A change of two maps and a server's address goes live in one run: the upload swapped in,
-/// each map found by kind and prepared, its placeholder filled in on command lines only (a
-/// payload is sent as it is), and the session's answers read as the rollout reads them. A host
-/// whose files or worker are not those it was prepared on is left as it was; a map the worker
-/// does not hold once leaves the swap standing and sends no command.
-#[test]
-fn runtime_commands_go_with_the_swap_in_one_round_trip() {
-    in_each_shell(runtime_commands_go_with_the_swap_in_one_round_trip_in);
+/// `show proc` with the one current worker `pid`.
+fn worker(pid: u32) -> String {
+    format!(
+        "#<PID>          <type>          <reloads>       <uptime>        <version>\n\
+         1               master          2 [failed: 0]   0d00h00m01s     2.6.12\n\
+         # workers\n{pid}             worker          0               0d00h00m01s     2.6.12\n\
+         # programs\n"
+    )
 }
 
-fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("haproxy.cfg");
-    let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
-    let master = dir.path().join("master");
-    std::fs::create_dir(&master).unwrap();
-    let old_sha = hafleet_proto::sha256_hex(b"old\n");
-    let worker = |pid: u32| {
-        format!(
-            "#<PID>          <type>          <reloads>       <uptime>        <version>\n\
-             1               master          2 [failed: 0]   0d00h00m01s     2.6.12\n\
-             # workers\n{pid}             worker          0               0d00h00m01s     2.6.12\n\
-             # programs\n"
-        )
-    };
+/// A stand-in master's state in `master`: worker 100's `show map` (an exact map, id 3 with 1
+/// entry; a prefix map, id 5 with 3).
+fn stand_in_master(master: &std::path::Path) {
+    std::fs::create_dir(master).unwrap();
     let hex = |c: char| c.to_string().repeat(64);
     std::fs::write(
         master.join("maps"),
@@ -73,6 +63,12 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
         ),
     )
     .unwrap();
+    std::fs::write(master.join("proc"), worker(100)).unwrap();
+}
+
+/// A change of a server's address, the exact map replaced whole and two entries of the prefix
+/// map edited; swap_runtime's MAP arguments for it.
+fn change() -> ([runtime::Step; 3], Vec<String>) {
     let steps = [
         runtime::Step::SetAddr {
             backend: "be_a".into(),
@@ -95,8 +91,40 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
     ];
     let edited: Vec<String> =
         runtime::edited_maps(&steps).iter().map(|(k, n)| format!("={k}:{n}")).collect();
-    let mut kinds = runtime::map_kinds(&steps);
-    kinds.extend(edited.iter().map(String::as_str));
+    let kinds = runtime::map_kinds(&steps).into_iter().map(str::to_owned).chain(edited).collect();
+    (steps, kinds)
+}
+
+/// What the worker was sent for [`change`] (pid 100), command lines filled in.
+const CHANGE_SENT: [&str; 7] = [
+    "@!100 prepare map #3",
+    "@!100 set server be_a/n1 addr 10.0.0.2 port 30080",
+    "@!100 add map @7 #3 <<",
+    "a.example.com/{map:exact} be_a",
+    "@!100 commit map @7 #3",
+    "@!100 set map #5 b.example.com/ be_b",
+    "@!100 del map #5 c.example.com/",
+];
+
+/// A change of two maps and a server's address goes live in one run: the upload swapped in,
+/// each map found by kind and prepared, its placeholder filled in on command lines only (a
+/// payload is sent as it is), and the session's answers read as the rollout reads them. A host
+/// whose files or worker are not those it was prepared on is left as it was; a map the worker
+/// does not hold once leaves the swap standing and sends no command.
+#[test]
+fn runtime_commands_go_with_the_swap_in_one_round_trip() {
+    in_each_shell(runtime_commands_go_with_the_swap_in_one_round_trip_in);
+}
+
+fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    let upload = dir.path().join("haproxy.cfg.hafleet-new-t1");
+    let master = dir.path().join("master");
+    stand_in_master(&master);
+    let old_sha = hafleet_proto::sha256_hex(b"old\n");
+    let (steps, kinds) = change();
+    let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
     let maps = runtime::map_placeholders(&steps);
     let commands = runtime::commands(&steps, &maps, &Default::default()).unwrap();
     let session = runtime::session(100, &commands);
@@ -135,15 +163,7 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
     let answers = runtime::answers(&said, commands.len());
     assert_eq!(answers.len(), commands.len(), "{said:?}");
     assert_eq!(runtime::first_refused(&commands, &answers), None);
-    for line in [
-        "@!100 prepare map #3",
-        "@!100 set server be_a/n1 addr 10.0.0.2 port 30080",
-        "@!100 add map @7 #3 <<",
-        "a.example.com/{map:exact} be_a",
-        "@!100 commit map @7 #3",
-        "@!100 set map #5 b.example.com/ be_b",
-        "@!100 del map #5 c.example.com/",
-    ] {
+    for line in CHANGE_SENT {
         assert!(sent.lines().any(|l| l == line), "{line:?} not sent in {sent}");
     }
     assert!(!sent.contains("@7 #3 be_a"), "a payload is not filled in: {sent}");
@@ -193,4 +213,94 @@ fn runtime_commands_go_with_the_swap_in_one_round_trip_in(shell: Shell) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!sent.contains("del map"), "{sent}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("hafleet-runtime-skipped"));
+}
+
+/// An upload that goes live in its own round trip (upload_files.sh with the sha256 lines the
+/// host was prepared on, its stream ending with the session): the upload lands and is
+/// checked, `show proc` is printed, then, after `hafleet-live`, the change goes as
+/// swap_runtime.sh sends it, for the worker the host finds current (`{pid}` filled in). A
+/// refused check sends nothing and leaves nothing; a host changed since it was prepared keeps
+/// its live file (the exit says Stale); a stream without its session lands nothing. The
+/// session's file never stays.
+#[test]
+fn an_upload_goes_live_in_its_own_round_trip() {
+    in_each_shell(an_upload_goes_live_in_its_own_round_trip_in);
+}
+
+fn an_upload_goes_live_in_its_own_round_trip_in(shell: Shell) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    let master = dir.path().join("master");
+    stand_in_master(&master);
+    let marker = dir.path().join("haproxy.cfg.hafleet-loaded");
+    let old_sha = hafleet_proto::sha256_hex(b"old\n");
+    let new_sha = hafleet_proto::sha256_hex(b"new\n");
+    let (steps, kinds) = change();
+    let maps = runtime::map_placeholders(&steps);
+    let commands = runtime::commands(&steps, &maps, &Default::default()).unwrap();
+    let session = runtime::session(runtime::ANY_WORKER, &commands);
+    let mut stream = crate::rollout::Outgoing::whole(&[], Some("new\n")).stream();
+    crate::rollout::stream_record(&mut stream, "hafleet-check", "global\n");
+    let without_session = stream.clone();
+    crate::rollout::stream_record(&mut stream, "hafleet-session", &session);
+    let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
+    let run = |haproxy: &str, was_live: &str, stream: &[u8]| {
+        std::fs::write(&live, "old\n").unwrap();
+        std::fs::write(&marker, format!("{old_sha}\n")).unwrap();
+        let _ = std::fs::remove_file(master.join("sessions"));
+        let live_s = live.to_str().unwrap();
+        let mut args =
+            vec![haproxy, live_s, "t1", "/fake.sock", &new_sha, "0", "0", was_live, &old_sha];
+        args.extend(kinds.iter().map(String::as_str));
+        let mut cmd = fake.command(shell, &UPLOAD_FILES);
+        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), stream);
+        let sent = std::fs::read_to_string(master.join("sessions")).unwrap_or_default();
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("hafleet-session") || n.contains("hafleet-mapcheck"))
+            .collect();
+        left.sort();
+        (out, std::fs::read_to_string(&live).unwrap(), sent, left)
+    };
+
+    let (out, now, sent, left) = run("true", &old_sha, &stream);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((now.as_str(), left), ("new\n", vec![]), "swapped in, nothing of the trip left");
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let (uploaded, after) = answer::went_live(&printed).expect("a hafleet-live line");
+    let uploaded = answer::Uploaded::parse(uploaded);
+    assert_eq!(uploaded.sha.as_deref(), Some(new_sha.as_str()));
+    let proc = uploaded.show_proc().expect("show proc before the change");
+    assert_eq!(crate::core::plan::current_worker(&proc), Some(100));
+    let answer::SwapRuntime::Sent(said) = answer::SwapRuntime::parse(after, "") else {
+        panic!("not sent: {after:?}")
+    };
+    let answers = runtime::answers(&said, commands.len());
+    assert_eq!(answers.len(), commands.len(), "{said:?}");
+    assert_eq!(runtime::first_refused(&commands, &answers), None);
+    for line in CHANGE_SENT {
+        assert!(sent.lines().any(|l| l == line), "{line:?} not sent in {sent}");
+    }
+    assert!(!sent.contains("{pid}"), "{sent}");
+
+    // The check refused: haproxy's status, nothing sent, nothing left but the live file.
+    let (out, now, sent, left) = run("false", &old_sha, &stream);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hafleet-live"));
+    assert_eq!((now.as_str(), sent.as_str(), left), ("old\n", "", vec![]));
+    assert!(!dir.path().join("haproxy.cfg.hafleet-new-t1").exists());
+
+    // The host changed since it was prepared: the live file stays, the exit says so.
+    let other = hafleet_proto::sha256_hex(b"other\n");
+    let (out, now, sent, left) = run("true", &other, &stream);
+    assert_eq!(Exit::of(out.status.code()), Some(Exit::Stale));
+    assert_eq!((now.as_str(), left), ("old\n", vec![]));
+    assert!(!sent.contains("set server"), "{sent}");
+
+    // A stream that lacks its session is not whole: nothing lands.
+    let (out, now, _, left) = run("true", &old_sha, &without_session);
+    assert_eq!(Exit::of(out.status.code()), Some(Exit::Upload));
+    assert_eq!((now.as_str(), left), ("old\n", vec![]));
+    assert!(!dir.path().join("haproxy.cfg.hafleet-new-t1").exists());
 }
