@@ -2,6 +2,7 @@
 
 use crate::{CONVERGE, World, expect_everywhere, expect_on, ingress, node_listed_everywhere};
 use anyhow::Result;
+use hafleet_proto::ApplyOutcome;
 use hafleet_tests::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -232,6 +233,48 @@ async fn a_route_to_a_running_backend_goes_live_and_away_without_a_reload() -> R
     );
     assert_eq!(reload_counts(stack)?, [reloads[0] + 1, reloads[1]]);
     expect_everywhere(stack, "first.example.com", "/", 200, "web@node-1").await?;
+    Ok(())
+}
+
+/// A running map that is not the file it was loaded from (an entry added by hand) is never
+/// edited from a state it does not have: the canary, whose change goes live in its upload's
+/// round trip, finds that the map does not hold the entries the edits start from, keeps the
+/// swap and reloads; the other host takes the same change as edits. After it, each host's
+/// running maps are its files again, and the entry added by hand is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_changed_by_hand_is_reloaded_not_edited() -> Result<()> {
+    let world = World::start().await?;
+    let stack = &world.stack;
+    first_route_live(&world).await?;
+    let (tampered, other) = (&stack.hosts[0], &stack.hosts[1]);
+    let shown = tampered.master_cli("@1 show map")?;
+    let ids = hafleet_applier::core::runtime_api::map_ids(&shown, &["hosts"])
+        .ok_or_else(|| anyhow::anyhow!("not one hosts map in {shown}"))?;
+    let added =
+        tampered.master_cli(&format!("@1 add map {} byhand.example.com x", ids["hosts"]))?;
+    assert!(added.trim().is_empty(), "add map answered {added:?}");
+    assert!(tampered.running_maps_match_files().is_err(), "the running map differs from its file");
+    let before = stack.latest_version().await?.expect("a version").version;
+    let reloads = reload_counts(stack)?;
+
+    world.route("second", "second.example.com", "/shop", "web").await?;
+    expect_everywhere(stack, "second.example.com", "/shop/cart", 200, "web@node-").await?;
+    let reloaded = world.report(tampered.name(), before + 1).await?;
+    assert_eq!((reloaded.outcome.clone(), reloaded.reloads), (ApplyOutcome::Applied, 1));
+    let edited = world.report(other.name(), before + 1).await?;
+    assert_eq!((edited.outcome.clone(), edited.reloads), (ApplyOutcome::Applied, 0));
+    assert!(edited.runtime_commands > 0, "{edited:?}");
+    assert_eq!(reload_counts(stack)?, [reloads[0] + 1, reloads[1]]);
+    for h in &stack.hosts {
+        h.running_maps_match_files()?;
+    }
+    let shown = tampered.master_cli("@1 show map")?;
+    let ids = hafleet_applier::core::runtime_api::map_ids(&shown, &["hosts"])
+        .ok_or_else(|| anyhow::anyhow!("not one hosts map in {shown}"))?;
+    let entries = tampered.master_cli(&format!("@1 show map {}", ids["hosts"]))?;
+    assert!(!entries.contains("byhand.example.com"), "{entries}");
+    let log = std::fs::read_to_string(stack.log_path(hafleet_tests::stack::Component::Applier))?;
+    assert!(log.contains("the runtime API did not take the change; reloading instead"), "{log}");
     Ok(())
 }
 

@@ -170,7 +170,12 @@ impl HostOps for SshHost {
                         let (uploaded, after) =
                             (answer::Uploaded::parse(uploaded), after.to_owned());
                         let went = match out.success {
-                            true => Ok(answer::SwapRuntime::parse(&after, &out.stderr)),
+                            true => {
+                                // Why it was skipped, without what the check said before.
+                                let said = out.stderr.rsplit_once("hafleet-live\n");
+                                let said = said.map_or(out.stderr.as_str(), |(_, after)| after);
+                                Ok(answer::SwapRuntime::parse(&after, said))
+                            }
                             false => Err(runtime_swap_failure(Ok(out))),
                         };
                         Ok((uploaded, Some(went)))

@@ -351,15 +351,17 @@ check_maps() {
 # go_live_now PROC SESSION LIVE TOKEN SOCKET LIVE_SHA LOADED_SHA [MAP...]: after an upload
 # passed its check and printed `show proc` (PROC), puts it live in the same round trip with
 # the master CLI session in the file SESSION, as swap_runtime does, for the worker PROC names
-# the one current worker: prints `hafleet-live`, then what swap_runtime prints. Without
-# SESSION, or without one current worker in PROC, prints nothing more: the applier puts the
-# upload live in a round trip of its own.
+# the one current worker: prints `hafleet-live` (on stdout and stderr: what the check said
+# comes before it), then what swap_runtime prints. Without SESSION, or without one current
+# worker in PROC, prints nothing more: the applier puts the upload live in a round trip of its
+# own.
 go_live_now() {
   gl_pid=$(printf '%s\n' "$1" | awk '$2 == "worker" && $3 == "0" { w++; p = $1 } END { if (w == 1) print p }')
   gl_session=$2
   shift 2
   [ -n "$gl_session" ] && [ -n "$gl_pid" ] || return 0
   echo hafleet-live
+  echo hafleet-live >&2
   gl_live=$1
   gl_token=$2
   gl_sock=$3

@@ -269,6 +269,8 @@ fn an_upload_goes_live_in_its_own_round_trip_in(shell: Shell) {
     assert_eq!((now.as_str(), left), ("new\n", vec![]), "swapped in, nothing of the trip left");
     let printed = String::from_utf8(out.stdout).unwrap();
     let (uploaded, after) = answer::went_live(&printed).expect("a hafleet-live line");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.lines().any(|l| l == "hafleet-live"), "what the check said ends: {said}");
     let uploaded = answer::Uploaded::parse(uploaded);
     assert_eq!(uploaded.sha.as_deref(), Some(new_sha.as_str()));
     let proc = uploaded.show_proc().expect("show proc before the change");
