@@ -122,6 +122,10 @@ pub struct RuntimeSwap<'a> {
     /// The kinds of map edited in place, each with the number of entries it must hold: each is
     /// found in `show map`, and `{mapid:KIND}` in `session` becomes its `#<id>`.
     pub edited: &'a [(&'a str, usize)],
+    /// Whether the session changes certificates: the worker's crt-list is found in `show ssl
+    /// crt-list` and fills in `runtime::CRT_LIST_ON_HOST`, and each certificate file the
+    /// session names (`runtime::cert_file_on_host`) is read on the host.
+    pub crt_list: bool,
     /// The master CLI session (see `runtime::session`).
     pub session: &'a [u8],
 }

@@ -1,6 +1,7 @@
 //! The scripts hafleet runs on HAProxy hosts: POSIX sh files in `scripts/`, one per operation,
 //! each opening with what it takes as `$1`, `$2`, … and what it prints. Those that call
-//! functions of `scripts/lib.sh` have it joined before them at compile time. Each runs as
+//! functions of `scripts/lib.sh` have it joined before them at compile time, and those that put
+//! a change live through the runtime API `scripts/runtime.sh` after it. Each runs as
 //! `sh -c <text> hafleet ARG...` (see [`crate::host::conn::HostConn::run`]); what it prints is read
 //! by [`super::answer`] alone.
 
@@ -46,6 +47,18 @@ macro_rules! with_lib {
     };
 }
 
+/// An operation's file with the library and its runtime API part (`scripts/runtime.sh`) before
+/// it.
+macro_rules! with_runtime_lib {
+    ($file:literal) => {
+        concat!(
+            include_str!("scripts/lib.sh"),
+            include_str!("scripts/runtime.sh"),
+            include_str!(concat!("scripts/", $file))
+        )
+    };
+}
+
 /// See `scripts/live_state.sh`.
 pub static LIVE_STATE: Script = Script::new("live_state", with_lib!("live_state.sh"));
 /// See `scripts/refresh.sh`.
@@ -57,10 +70,10 @@ pub static DRIFT_STATE: Script = Script::new("drift_state", with_lib!("drift_sta
 /// See `scripts/discard.sh`.
 pub static DISCARD: Script = Script::new("discard", include_str!("scripts/discard.sh"));
 /// See `scripts/upload_files.sh`.
-pub static UPLOAD_FILES: Script = Script::new("upload_files", with_lib!("upload_files.sh"));
+pub static UPLOAD_FILES: Script = Script::new("upload_files", with_runtime_lib!("upload_files.sh"));
 /// See `scripts/upload_validate.sh`.
 pub static UPLOAD_VALIDATE: Script =
-    Script::new("upload_validate", with_lib!("upload_validate.sh"));
+    Script::new("upload_validate", with_runtime_lib!("upload_validate.sh"));
 /// See `scripts/swap.sh`.
 pub static SWAP: Script = Script::new("swap", with_lib!("swap.sh"));
 /// See `scripts/reload_wait.sh`.
@@ -68,7 +81,7 @@ pub static RELOAD_WAIT: Script = Script::new("reload_wait", with_lib!("reload_wa
 /// See `scripts/swap_reload.sh`.
 pub static SWAP_RELOAD: Script = Script::new("swap_reload", with_lib!("swap_reload.sh"));
 /// See `scripts/swap_runtime.sh`.
-pub static SWAP_RUNTIME: Script = Script::new("swap_runtime", with_lib!("swap_runtime.sh"));
+pub static SWAP_RUNTIME: Script = Script::new("swap_runtime", with_runtime_lib!("swap_runtime.sh"));
 /// See `scripts/restore.sh`.
 pub static RESTORE: Script = Script::new("restore", with_lib!("restore.sh"));
 /// See `scripts/upload_maps.sh`.

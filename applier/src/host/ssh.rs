@@ -395,12 +395,15 @@ impl Hosts for SshHosts {
 }
 
 /// swap_runtime's arguments after LIVE TOKEN SOCKET PID (see scripts/lib.sh): the sha256 lines
-/// the host was prepared on, each map replaced whole (`KIND`) and each edited (`=KIND:COUNT`).
+/// the host was prepared on, each map replaced whole (`KIND`) and each edited (`=KIND:COUNT`),
+/// and `+crtlist` for a change of certificates.
 fn swap_args(ask: &RuntimeSwap<'_>) -> Vec<String> {
     let (live, loaded) = (&ask.prepared.live, &ask.prepared.loaded);
     let whole = ask.maps.iter().map(|k| k.to_string());
     let edited = ask.edited.iter().map(|(k, n)| format!("={k}:{n}"));
-    [live.clone(), loaded.clone()].into_iter().chain(whole).chain(edited).collect()
+    let crt_list = ask.crt_list.then(|| "+crtlist".to_owned());
+    let shas = [live.clone(), loaded.clone()];
+    shas.into_iter().chain(whole).chain(edited).chain(crt_list).collect()
 }
 
 /// swap_runtime failed: Stale and Swap changed nothing; anything else may have come after the

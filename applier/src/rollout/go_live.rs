@@ -165,17 +165,13 @@ pub(super) async fn go_live(
                 with_upload = went_live.is_some(),
                 "through the runtime API"
             );
-            let taken = match (swap_with_commands, went_live) {
+            let taken = match went_live {
                 // Gone live in the upload's round trip.
-                (true, Some(went)) => match SwapPlan::new(steps) {
+                Some(went) => match SwapPlan::new(steps) {
                     Ok(swap) => swap.took(went?, steps),
                     Err(why) => Err(why),
                 },
-                (true, None) => swap_runtime(conn, token, prepared_state, &before, steps).await?,
-                (false, _) => {
-                    let certs = (version.bundle(), settings.tls_identity.as_deref());
-                    apply_runtime(conn, &before, steps, certs).await
-                }
+                None => swap_runtime(conn, token, prepared_state, &before, steps).await?,
             };
             match taken {
                 Ok(sent) => {
@@ -379,21 +375,24 @@ pub(super) async fn apply_runtime(
     Ok(sent as u32)
 }
 
-/// What swap_runtime.sh is asked for a plan's steps (no certificate among them): the maps it
-/// replaces whole and those it edits, and the commands, with placeholders for the maps' ids.
+/// What swap_runtime.sh is asked for a plan's steps: the maps it replaces whole and those it
+/// edits, whether it changes certificates, and the commands, with placeholders for the maps'
+/// ids, the crt-list's name and the certificate files, all filled in on the host.
 pub(super) struct SwapPlan<'a> {
     pub(super) kinds: Vec<&'a str>,
     pub(super) edited: Vec<(&'a str, usize)>,
+    pub(super) crt_list: bool,
     pub(super) commands: Vec<runtime::Command>,
 }
 
 impl<'a> SwapPlan<'a> {
     pub(super) fn new(steps: &'a [runtime::Step]) -> Result<Self, String> {
         let maps = runtime::map_placeholders(steps);
-        let commands = runtime::commands(steps, &maps, &runtime::CertInputs::default())?;
+        let commands = runtime::commands(steps, &maps, &runtime::CertInputs::on_host())?;
         Ok(SwapPlan {
             kinds: runtime::map_kinds(steps),
             edited: runtime::edited_maps(steps),
+            crt_list: runtime::touches_certs(steps),
             commands,
         })
     }
@@ -417,7 +416,7 @@ impl<'a> SwapPlan<'a> {
             return Err(format!("HAProxy answered {answer:?} to `{command}`"));
         }
         let asked = if runtime::changes_maps(steps) { self.kinds.len() + 1 } else { 0 };
-        Ok((asked + self.commands.len()) as u32)
+        Ok((asked + usize::from(self.crt_list) + self.commands.len()) as u32)
     }
 }
 
@@ -450,6 +449,7 @@ async fn swap_runtime(
         pid: Some(pid),
         maps: &swap.kinds,
         edited: &swap.edited,
+        crt_list: swap.crt_list,
         session: session.as_bytes(),
     };
     let out = conn.swap_runtime(ask).await?;

@@ -273,6 +273,7 @@ pub(super) async fn stage(
             pid: None,
             maps: &swap.kinds,
             edited: &swap.edited,
+            crt_list: swap.crt_list,
             session: session.as_bytes(),
         }),
     };

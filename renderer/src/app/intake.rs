@@ -186,7 +186,13 @@ pub(crate) async fn process(
     }
     let floors = floors(bus, store, out.causes.keys()).await?;
     let versions = make_versions(store, renderer, desired, out.causes, &floors)?;
+    let started = std::time::Instant::now();
     store.commit(&out.writes, &versions, last_seq)?;
+    tracing::debug!(
+        versions = versions.len(),
+        commit_ms = started.elapsed().as_secs_f64() * 1e3,
+        "state and versions committed"
+    );
     Ok(versions)
 }
 
@@ -325,15 +331,17 @@ pub(crate) fn make_versions(
             causes,
             hafleet_runtime::now_unix_ms(),
         );
+        let took = started.elapsed();
         hafleet_runtime::health::Health::global().observe(
             ("hafleet_renderer_render_seconds", "Time to render a fleet's next version, by fleet."),
             &[("fleet", fleet.as_str())],
-            started.elapsed(),
+            took,
         );
         match next {
             Ok(Some(v)) => {
                 info!(fleet = %v.fleet, version = v.version, sha256 = %v.sha256, bytes = v.size,
-                      causes = v.causes.len(), notes = v.notes.len(), "new config version");
+                      causes = v.causes.len(), notes = v.notes.len(),
+                      render_ms = took.as_secs_f64() * 1e3, "new config version");
                 for note in &v.notes {
                     warn!(fleet = %v.fleet, version = v.version, note = %note, "route ignored");
                 }

@@ -30,12 +30,14 @@ pub async fn publish_unpublished(
         if stuck.contains(&v.fleet) {
             continue;
         }
+        let started = std::time::Instant::now();
         let v = signer.sign(v);
         match bus.publish_version(&v).await {
             Ok(_) => {
                 store.set_published(&v.fleet, v.version)?;
                 fleet_gauges(store, &v.fleet, Some(v.version))?;
-                info!(fleet = %v.fleet, version = v.version, "version published");
+                let publish_ms = started.elapsed().as_secs_f64() * 1e3;
+                info!(fleet = %v.fleet, version = v.version, publish_ms, "version published");
                 hafleet_runtime::health::Health::global().count(
                     (
                         "hafleet_renderer_versions_published_total",

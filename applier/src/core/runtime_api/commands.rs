@@ -220,11 +220,33 @@ pub fn prepared_maps<S: AsRef<str>>(
 }
 
 /// What the certificate steps need from outside the plan: the running crt-list's name
-/// ([`running_crt_list`]) and the content of each file [`added_certs`] names (chain and key).
+/// ([`running_crt_list`]) and the content of each file [`added_certs`] names (chain and key),
+/// or placeholders the host fills in ([`CertInputs::on_host`]).
 #[derive(Default)]
 pub struct CertInputs {
     pub crt_list: String,
     pub files: BTreeMap<String, zeroize::Zeroizing<String>>,
+    /// A file not in `files` goes as [`cert_file_on_host`], read on the host.
+    pub on_host: bool,
+}
+
+impl CertInputs {
+    /// Placeholders that swap_runtime (scripts/lib.sh, asked with `+crtlist`) fills in on the
+    /// host: [`CRT_LIST_ON_HOST`] for the running crt-list's name (from `show ssl crt-list`)
+    /// and, as a payload, each certificate file the upload put there. No key goes in the
+    /// session, and the applier opens none for it.
+    pub fn on_host() -> Self {
+        CertInputs { crt_list: CRT_LIST_ON_HOST.to_owned(), files: BTreeMap::new(), on_host: true }
+    }
+}
+
+/// In place of the running crt-list's name in a session: filled in on the host.
+pub const CRT_LIST_ON_HOST: &str = "{crtlist}";
+
+/// A payload line the host replaces with the lines of the certificate file at `path`
+/// (`hafleet-certs/<id>.pem`, beside the config).
+pub fn cert_file_on_host(path: &str) -> String {
+    format!("{{certfile:{path}}}")
 }
 
 impl std::fmt::Debug for CertInputs {
@@ -247,7 +269,11 @@ pub fn commands(
     for step in steps {
         match step {
             Step::AddCert { path, filters } => {
-                let file = certs.files.get(path).ok_or_else(|| format!("no file for {path}"))?;
+                let file = match certs.files.get(path) {
+                    Some(file) => file.trim_end().to_owned().into(),
+                    None if certs.on_host => zeroize::Zeroizing::new(cert_file_on_host(path)),
+                    None => return Err(format!("no file for {path}")),
+                };
                 let list = &certs.crt_list;
                 out.push(Command::new(
                     format!("new ssl cert {path}"),
@@ -257,7 +283,7 @@ pub fn commands(
                     line: format!("set ssl cert {path}"),
                     // A payload's lines each end in a newline; `session` adds the empty line
                     // that ends it.
-                    payload: Some(format!("{}\n", file.trim_end()).into()),
+                    payload: Some(format!("{}\n", file.as_str()).into()),
                     expect: Expect::OneOf(&["Transaction created", "Transaction updated"]),
                 });
                 out.push(Command::new(

@@ -789,16 +789,16 @@ fn cert_steps(loaded: &Bundle, next: &Bundle) -> Result<(Vec<Step>, Vec<Step>), 
 }
 
 /// Whether `steps` add or remove a certificate: those need the running crt-list's name and
-/// the certificates' opened keys first, in round trips of their own.
+/// the certificates' files (chain and key), which the host fills in ([`CertInputs::on_host`]).
 pub fn touches_certs(steps: &[Step]) -> bool {
     steps.iter().any(|s| matches!(s, Step::AddCert { .. } | Step::RemoveCert { .. }))
 }
 
 /// Whether a host taking `plan` swaps in the round trip of its runtime commands
-/// (swap_runtime.sh), which checks that the host is as it was prepared: a change through the
-/// runtime API that touches no certificate.
+/// (swap_runtime.sh), which checks that the host is as it was prepared: every change through
+/// the runtime API, certificates included.
 pub fn swaps_with_commands(plan: &Plan) -> bool {
-    matches!(plan, Plan::Runtime(steps) if !touches_certs(steps))
+    matches!(plan, Plan::Runtime(_))
 }
 
 /// The paths of the certificate files a plan loads.

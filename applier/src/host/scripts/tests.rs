@@ -70,13 +70,13 @@ fn sh(shell: Shell, script: &Script, args: &[&str], stdin: &[u8]) -> Output {
 /// The text sent is the source without comments, blank lines or indentation, and every
 /// script passes `sh -n` (the sources pass shellcheck in CI). It goes with every command, as
 /// one argument of the remote shell: it stays well under what one argument may hold (128 KiB
-/// on Linux), and its size shows here when it grows (about 13 KB with the library since the
-/// certificates' upload went into upload_files.sh's round trip).
+/// on Linux), and its size shows here when it grows (about 16 KB for the scripts that put a
+/// change live through the runtime API, with `runtime.sh`; about 12 KB for the others).
 #[test]
 fn every_script_is_sent_without_comments_and_parses() {
     for script in ALL {
         let text = script.text();
-        assert!(text.len() < 16_000, "{} sends {} bytes", script.name, text.len());
+        assert!(text.len() < 20_000, "{} sends {} bytes", script.name, text.len());
         assert!(text.lines().all(|l| !l.starts_with('#') && !l.starts_with(' ') && !l.is_empty()));
         assert!(text.len() < script.source().len() || script.name == "noop", "{}", script.name);
         let parsed = Command::new("sh").args(["-n", "-c", text]).status().unwrap();

@@ -26,6 +26,7 @@ case $first in
         quit) break ;;
         "show proc") cat "$FAKE_MASTER/proc"; printf '\nmaster> ' ;;
         "@!100 show map") cat "$FAKE_MASTER/maps"; printf '\nmaster> ' ;;
+        "@!100 show ssl crt-list") cat "$FAKE_MASTER/crtlists"; printf '\nmaster> ' ;;
         *" prepare map #"*) printf 'New version created: 7\n\nmaster> ' ;;
         *" set server "*" addr "*) printf 'IP changed from 10.0.0.1 to 10.0.0.2\n\nmaster> ' ;;
         *" <<") payload=1 ;;
@@ -305,4 +306,86 @@ fn an_upload_goes_live_in_its_own_round_trip_in(shell: Shell) {
     assert_eq!(Exit::of(out.status.code()), Some(Exit::Upload));
     assert_eq!((now.as_str(), left), ("old\n", vec![]));
     assert!(!dir.path().join("haproxy.cfg.hafleet-new-t1").exists());
+}
+
+/// A change of certificates goes as any other through swap_runtime: the worker's one crt-list
+/// of hafleet's found in `show ssl crt-list` fills in the session's `{crtlist}`, and each
+/// certificate's payload is read from the file the upload put beside the config, so no key
+/// travels in the session. Not one crt-list of hafleet's: swapped, nothing sent, the caller
+/// reloads.
+#[test]
+fn certificates_go_live_with_the_swap_their_files_read_on_the_host() {
+    in_each_shell(certificates_go_live_with_the_swap_their_files_read_on_the_host_in);
+}
+
+fn certificates_go_live_with_the_swap_their_files_read_on_the_host_in(shell: Shell) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("haproxy.cfg");
+    let master = dir.path().join("master");
+    stand_in_master(&master);
+    let list = format!("hafleet-maps/crtlist-{}.map", "c".repeat(64));
+    let crtlists = master.join("crtlists");
+    std::fs::create_dir(dir.path().join("hafleet-certs")).unwrap();
+    let pem = "-----BEGIN CERTIFICATE-----\nQ0VSVA==\n-----END CERTIFICATE-----\n\
+               -----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n";
+    std::fs::write(dir.path().join("hafleet-certs/ab12.pem"), pem).unwrap();
+    let marker = dir.path().join("haproxy.cfg.hafleet-loaded");
+    let old_sha = hafleet_proto::sha256_hex(b"old\n");
+    let steps = [
+        runtime::Step::AddCert {
+            path: "hafleet-certs/ab12.pem".into(),
+            filters: vec!["www.example.com".into()],
+        },
+        runtime::Step::RemoveCert { path: "hafleet-certs/0ld1.pem".into() },
+    ];
+    let maps = runtime::map_placeholders(&steps);
+    let commands = runtime::commands(&steps, &maps, &runtime::CertInputs::on_host()).unwrap();
+    let session = runtime::session(100, &commands);
+    assert!(!session.contains("S0VZ"), "no key in the session");
+    let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
+    let run = |shown: &str| {
+        std::fs::write(&live, "old\n").unwrap();
+        std::fs::write(dir.path().join("haproxy.cfg.hafleet-new-t1"), "new\n").unwrap();
+        std::fs::write(&marker, format!("{old_sha}\n")).unwrap();
+        std::fs::write(&crtlists, shown).unwrap();
+        let _ = std::fs::remove_file(master.join("sessions"));
+        let args =
+            [live.to_str().unwrap(), "t1", "/fake.sock", "100", &old_sha, &old_sha, "+crtlist"];
+        let mut cmd = fake.command(shell, &SWAP_RUNTIME);
+        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session.as_bytes());
+        let sent = std::fs::read_to_string(master.join("sessions")).unwrap_or_default();
+        (out, std::fs::read_to_string(&live).unwrap(), sent)
+    };
+
+    let (out, now, sent) = run(&format!("# filename\n/etc/ssl/other.list\n{list}\n"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(now, "new\n", "swapped in");
+    let lines: Vec<&str> = sent.lines().collect();
+    let at = lines.iter().position(|l| *l == "@!100 set ssl cert hafleet-certs/ab12.pem <<");
+    let at = at.unwrap_or_else(|| panic!("no set ssl cert in {sent}"));
+    let payload: Vec<&str> = pem.lines().collect();
+    assert_eq!(lines[at + 1..at + 1 + payload.len()], payload[..], "the file, line for line");
+    assert_eq!(lines[at + 1 + payload.len()], "", "then the payload's end");
+    for line in [
+        "@!100 show ssl crt-list".to_owned(),
+        "@!100 new ssl cert hafleet-certs/ab12.pem".to_owned(),
+        format!("@!100 add ssl crt-list {list} <<"),
+        "hafleet-certs/ab12.pem www.example.com".to_owned(),
+        format!("@!100 del ssl crt-list {list} hafleet-certs/0ld1.pem"),
+    ] {
+        assert!(lines.contains(&line.as_str()), "{line:?} not sent in {sent}");
+    }
+    assert!(!sent.contains("{crtlist}") && !sent.contains("{certfile"), "{sent}");
+    let said = answer::SwapRuntime::parse(&String::from_utf8_lossy(&out.stdout), "");
+    let answer::SwapRuntime::Sent(said) = said else { panic!("not sent: {said:?}") };
+    assert_eq!(runtime::answers(&said, commands.len()).len(), commands.len(), "{said:?}");
+
+    // Two crt-lists of hafleet's, or none: swapped, nothing sent, the caller reloads.
+    for shown in [format!("{list}\n{list}\n"), "/etc/ssl/other.list\n".to_owned()] {
+        let (out, now, sent) = run(&shown);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(now, "new\n");
+        assert!(!sent.contains("ssl cert"), "{shown:?}: {sent}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("hafleet-runtime-skipped"));
+    }
 }
