@@ -79,6 +79,12 @@ struct Args {
     /// Ingresses created back to back in the burst.
     #[arg(long, default_value_t = 50)]
     burst: usize,
+    /// Milliseconds without any change before each change timed one at a time (and before its
+    /// Service of its own): each is then a lone change, as a user's edit is, which the watcher
+    /// resolves at once after a second without one. 0: back to back, as the bench did before
+    /// 2026-11-28 (each then waits out the watcher's --quiet).
+    #[arg(long, default_value_t = 1100)]
+    pause_ms: u64,
     /// HAProxy hosts in the fleet.
     #[arg(long, default_value_t = 3)]
     hosts: usize,
@@ -440,14 +446,18 @@ async fn pipeline(args: Args) -> Result<()> {
     }
 
     let (mut known, mut new) = (Measured::default(), Measured::default());
+    let pause = Duration::from_millis(args.pause_ms);
     for i in 0..args.sequential {
         let host = format!("seq-{i}.example.com");
+        tokio::time::sleep(pause).await;
         known.change(&stack, &api, (&format!("seq-{i}"), &host, "web")).await?;
         // A Service of its own, with a backend on every node it is routed to, before its
         // Ingress.
         let service = format!("svc-{i}");
+        tokio::time::sleep(pause).await;
         backends.extend(service_with_backends(&stack, &service, &nodes).await?);
         let host = format!("own-{i}.example.com");
+        tokio::time::sleep(pause).await;
         new.change(&stack, &api, (&format!("own-{i}"), &host, &service)).await?;
     }
 

@@ -15,13 +15,13 @@ pub struct RunArgs {
     #[arg(long, env = "HAFLEET_INGRESS_CLASS")]
     pub ingress_class: Option<String>,
     /// Most time to let a burst of cluster changes settle before resolving: a burst that goes
-    /// on longer is published in steps of this. A change that comes after this long without
-    /// one is resolved at once; only those that follow it closely wait to settle.
+    /// on longer is published in steps of this. A change that comes after a second without
+    /// one is resolved at once; only those that follow within a second wait to settle.
     #[arg(long, env = "HAFLEET_DEBOUNCE", default_value = "100ms",
           value_parser = hafleet_runtime::settings::duration)]
     pub debounce: Duration,
     /// Time without a cluster change after which a burst counts as settled (a burst: changes
-    /// less than --debounce apart; a change after a quieter spell is resolved at once).
+    /// less than a second apart; a change after a quiet second is resolved at once).
     #[arg(long, env = "HAFLEET_QUIET", default_value = "20ms",
           value_parser = hafleet_runtime::settings::duration)]
     pub quiet: Duration,

@@ -1,8 +1,8 @@
 //! The watcher's loop.
 //!
 //! ```text
-//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ at once if none came for
-//!   --debounce before it, else settle (--quiet without a change, at most --debounce)
+//! watches (Ingress, Service, Node, EndpointSlice) ──tick──▶ at once if none came for a
+//!   second before it, else settle (--quiet without a change, at most --debounce)
 //!   ──▶ Ready nodes changed? publish them
 //!   ──▶ resolve every Ingress from the caches (resolve::Memo: anew only where an Ingress, a
 //!   Service it names or their endpoints changed) ──▶ index::diff against what was published
@@ -222,7 +222,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             }
             tick = changes.next() => {
                 if tick.is_none() { break; }
-                if lone_change(last_change.map(|t| t.elapsed()), debounce) {
+                if lone_change(last_change.map(|t| t.elapsed())) {
                     // Nothing else is coming that anything says of: resolved at once, with
                     // whatever else the watches already hold (their caches kept current).
                     while let Some(Some(_)) = changes.next().now_or_never() {}
@@ -298,14 +298,20 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the cluster must have been without a change for the next one to be resolved at
+/// once ([`lone_change`]).
+const LONE_AFTER: Duration = Duration::from_secs(1);
+
 /// Whether a cluster change is resolved at once rather than after a settling window: when
-/// none came for `debounce` before it (`since_last`: how long ago the last one was taken in;
-/// `None`, none since start-up). A lone change (an edit, a rollout's one EndpointSlice update)
-/// has nothing to wait for, and waiting for `--quiet` was a fifth of a change's time at 10
-/// Ingresses; one that follows others closely is part of a burst (an `apply` of many objects,
-/// a namespace created or deleted), which settles first so it is published in few passes.
-fn lone_change(since_last: Option<Duration>, debounce: Duration) -> bool {
-    since_last.is_none_or(|d| d >= debounce)
+/// none came for [`LONE_AFTER`] before it (`since_last`: how long ago the last one was taken
+/// in; `None`, none since start-up). A lone change (a user's edit) has nothing to wait for, and
+/// waiting for `--quiet` was a fifth of a change's time at 10 Ingresses. One that follows
+/// others within a second is taken to be part of a burst (an `apply` of many objects, a
+/// namespace created or deleted, a scale-up) and settles first: the burst's first change
+/// going alone costs its namespace one more pass of its churn budget, which a threshold of
+/// `--debounce` (100 ms) spent often enough on a loaded machine to hold bursts back.
+fn lone_change(since_last: Option<Duration>) -> bool {
+    since_last.is_none_or(|d| d >= LONE_AFTER)
 }
 
 /// Whether the cluster has a Gateway (of any class): only then does what the fleets serve
@@ -657,12 +663,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_change_after_a_quiet_spell_is_resolved_at_once_one_in_a_burst_settles_first() {
-        let debounce = Duration::from_millis(100);
-        assert!(lone_change(None, debounce), "the first change since start-up");
-        assert!(lone_change(Some(Duration::from_millis(100)), debounce));
-        assert!(lone_change(Some(Duration::from_secs(60)), debounce));
-        assert!(!lone_change(Some(Duration::from_millis(99)), debounce));
-        assert!(!lone_change(Some(Duration::ZERO), debounce));
+    fn a_change_after_a_quiet_second_is_resolved_at_once_one_in_a_burst_settles_first() {
+        assert!(lone_change(None), "the first change since start-up");
+        assert!(lone_change(Some(Duration::from_secs(1))));
+        assert!(lone_change(Some(Duration::from_secs(60))));
+        assert!(!lone_change(Some(Duration::from_millis(999))));
+        assert!(!lone_change(Some(Duration::from_millis(100))));
+        assert!(!lone_change(Some(Duration::ZERO)));
     }
 }
