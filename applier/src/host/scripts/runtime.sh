@@ -4,24 +4,26 @@
 # applier/src/host/scripts.rs). Apart from lib.sh so that the scripts that never send runtime
 # commands do not carry them with every command.
 
-# go_live_now PROC SESSION LIVE TOKEN SOCKET LIVE_SHA LOADED_SHA [MAP...]: after an upload
-# passed its check and printed `show proc` (PROC), puts it live in the same round trip with
-# the master CLI session in the file SESSION, as swap_runtime does, for the worker PROC names
-# the one current worker: prints `hafleet-live` (on stdout and stderr: what the check said
-# comes before it), then what swap_runtime prints. Without SESSION, or without one current
-# worker in PROC, prints nothing more: the applier puts the upload live in a round trip of its
-# own.
+# go_live_now PROC SESSION LIVE TOKEN SOCKET SKIP ARG...: after an upload passed its check,
+# prints its `show proc` (PROC) and puts it live in the same round trip with the master CLI
+# session in the file SESSION, as swap_runtime does with the ARGs after the first SKIP (the
+# operation's own: LIVE_SHA LOADED_SHA [MAP...] follow them), for the worker PROC names the
+# one current worker: prints `hafleet-live` (on stdout and stderr: what the check said comes
+# before it), then what swap_runtime prints. Without SESSION, or without one current worker
+# in PROC, prints nothing more: the applier puts the upload live in a round trip of its own.
 go_live_now() {
+  printf '%s\n' "$1"
   gl_pid=$(printf '%s\n' "$1" | awk '$2 == "worker" && $3 == "0" { w++; p = $1 } END { if (w == 1) print p }')
   gl_session=$2
-  shift 2
+  gl_live=$3
+  gl_token=$4
+  gl_sock=$5
+  gl_skip=$6
+  shift 6
   [ -n "$gl_session" ] && [ -n "$gl_pid" ] || return 0
+  shift "$gl_skip"
   echo hafleet-live
   echo hafleet-live >&2
-  gl_live=$1
-  gl_token=$2
-  gl_sock=$3
-  shift 3
   swap_runtime "$gl_live" "$gl_token" "$gl_sock" "$gl_pid" "$@" < "$gl_session"
 }
 

@@ -31,10 +31,4 @@ fi
 unpack "$2" "$3" 1 "$6" "$2.hafleet-mapcheck-$3" "$uc_up" "${7:-0}" "$uf_session"
 uploaded "$2" "$3" "$5"
 uf_proc=$(check_maps "$1" "$2" "$3" "$4") || exit $?
-printf '%s\n' "$uf_proc"
-[ -n "$uf_session" ] || exit 0
-uf_live=$2
-uf_token=$3
-uf_sock=$4
-shift 7
-go_live_now "$uf_proc" "$uf_session" "$uf_live" "$uf_token" "$uf_sock" "$@"
+go_live_now "$uf_proc" "$uf_session" "$2" "$3" "$4" 7 "$@"

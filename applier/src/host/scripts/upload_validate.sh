@@ -18,10 +18,4 @@ sweep_uploads "$1"
 unpack "$1" "$2" 1 "$5" "" "" 0 "$uv_session"
 uploaded "$1" "$2" "$4"
 uv_proc=$(validate "$haproxy_bin" "$1" "$2" "$3") || exit $?
-printf '%s\n' "$uv_proc"
-[ -n "$uv_session" ] || exit 0
-uv_live=$1
-uv_token=$2
-uv_sock=$3
-shift 5
-go_live_now "$uv_proc" "$uv_session" "$uv_live" "$uv_token" "$uv_sock" "$@"
+go_live_now "$uv_proc" "$uv_session" "$1" "$2" "$3" 5 "$@"
