@@ -402,7 +402,7 @@ mod tests {
             fingerprint: sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: crate::tls::certificates_pem([der.as_slice()]),
+            chain_pem: crate::tls::certificates_pem([der.as_slice()]).into(),
             sealed_key:
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
                     .into(),
@@ -434,7 +434,7 @@ mod tests {
             fingerprint: sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: crate::tls::certificates_pem([der]),
+            chain_pem: crate::tls::certificates_pem([der]).into(),
             sealed_key:
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
                     .into(),

@@ -138,8 +138,8 @@ pub(crate) mod testing {
             fingerprint: hafleet_proto::sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: hafleet_proto::tls::certificates_pem([der]),
-            sealed_key: String::from_utf8(out).unwrap(),
+            chain_pem: hafleet_proto::tls::certificates_pem([der]).into(),
+            sealed_key: String::from_utf8(out).unwrap().into(),
             recipient: String::new(),
         }
     }

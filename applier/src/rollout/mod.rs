@@ -469,8 +469,8 @@ mod tests {
             fingerprint: hafleet_proto::sha256_hex(der),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: hafleet_proto::tls::certificates_pem([der]),
-            sealed_key: String::from_utf8_lossy(der).into_owned(),
+            chain_pem: hafleet_proto::tls::certificates_pem([der]).into(),
+            sealed_key: String::from_utf8_lossy(der).into_owned().into(),
             recipient: String::new(),
         };
         let map = |kind: &str, content: &str| hafleet_proto::MapFile {

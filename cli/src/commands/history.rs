@@ -571,7 +571,7 @@ mod tests {
             fingerprint: hafleet_proto::sha256_hex(tag.as_bytes()),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]),
+            chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]).into(),
             sealed_key:
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj\n-----END AGE ENCRYPTED FILE-----\n"
                     .into(),

@@ -91,8 +91,8 @@ pub struct IdMemo {
 
 #[derive(Debug)]
 struct Known {
-    chain_pem: String,
-    sealed_key: String,
+    chain_pem: std::sync::Arc<str>,
+    sealed_key: std::sync::Arc<str>,
     id: String,
     render: u64,
 }
@@ -101,8 +101,13 @@ impl IdMemo {
     /// `cert`'s id: kept, or worked out (and kept).
     pub fn id(&mut self, cert: &SealedCert) -> String {
         let render = self.render;
-        let same =
-            |k: &&mut Known| k.chain_pem == cert.chain_pem && k.sealed_key == cert.sealed_key;
+        // The same shared text is the same text, without comparing 1.5 KB.
+        let same = |k: &&mut Known| {
+            let same_text = |a: &std::sync::Arc<str>, b: &std::sync::Arc<str>| {
+                std::sync::Arc::ptr_eq(a, b) || a == b
+            };
+            same_text(&k.chain_pem, &cert.chain_pem) && same_text(&k.sealed_key, &cert.sealed_key)
+        };
         if let Some(known) = self.by_fingerprint.get_mut(&cert.fingerprint)
             && let Some(k) = known.iter_mut().find(same)
         {
@@ -302,11 +307,12 @@ mod tests {
             fingerprint: hafleet_proto::sha256_hex(der),
             names: names.iter().map(|n| HttpHost::new(*n).unwrap()).collect(),
             not_after_unix: 2_000_000_000,
-            chain_pem: hafleet_proto::tls::certificates_pem([der]),
+            chain_pem: hafleet_proto::tls::certificates_pem([der]).into(),
             sealed_key: format!(
                 "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj{}\n-----END AGE ENCRYPTED FILE-----\n",
                 tag.len()
-            ),
+            )
+            .into(),
             recipient: String::new(),
         }
     }
@@ -320,9 +326,9 @@ mod tests {
         ids.end();
         // Sealed again (the same fingerprint, another key): its own id, not the kept one.
         let mut resealed = a.clone();
-        resealed.sealed_key.push('x');
+        resealed.sealed_key = format!("{}x", resealed.sealed_key).into();
         let mut other_chain = a.clone();
-        other_chain.chain_pem.push('\n');
+        other_chain.chain_pem = format!("{}\n", other_chain.chain_pem).into();
         ids.begin();
         assert_eq!(ids.id(&a), a.id());
         assert_eq!(ids.id(&resealed), resealed.id());

@@ -229,7 +229,7 @@ fn settle_tls(
     if incoming.iter().any(|e| e.cert.is_some()) {
         for e in fleet.values().flat_map(|i| &i.tls) {
             if let Some(c) = &e.cert {
-                known.entry((c.recipient.as_str(), c.chain_pem.as_str())).or_insert(c);
+                known.entry((c.recipient.as_str(), &*c.chain_pem)).or_insert(c);
             }
         }
     }
@@ -244,7 +244,7 @@ fn settle_tls(
         .iter()
         .map(|e| match e.cert.as_ref().filter(|c| c.check().is_ok()) {
             Some(c) => {
-                let key = (c.recipient.as_str(), c.chain_pem.as_str());
+                let key = (c.recipient.as_str(), &*c.chain_pem);
                 let cert = known.get(&key).map_or_else(|| c.clone(), |k| (*k).clone());
                 TlsEntry { cert: Some(cert), ..e.clone() }
             }

@@ -261,8 +261,8 @@ mod tests {
             fingerprint: n.to_string(),
             names: vec![],
             not_after_unix: 0,
-            chain_pem: String::new(),
-            sealed_key: String::new(),
+            chain_pem: "".into(),
+            sealed_key: "".into(),
             recipient: String::new(),
         };
         let mut shelf = CertShelf::default();

@@ -225,8 +225,8 @@ impl CheckedCert {
             fingerprint: self.fingerprint.clone(),
             names: self.names.clone(),
             not_after_unix: self.not_after_unix,
-            chain_pem: self.chain_pem.clone(),
-            sealed_key: String::from_utf8(armored).expect("age armor is ASCII"),
+            chain_pem: self.chain_pem.as_str().into(),
+            sealed_key: String::from_utf8(armored).expect("age armor is ASCII").into(),
             recipient: to.0.to_string(),
         }
     }

@@ -257,8 +257,8 @@ fn sealed(n: u32) -> hafleet_proto::SealedCert {
         fingerprint: hafleet_proto::sha256_hex(der.as_bytes()),
         names: vec![],
         not_after_unix: 0,
-        chain_pem: hafleet_proto::tls::certificates_pem([der.as_bytes()]),
-        sealed_key: format!("-----BEGIN AGE ENCRYPTED FILE-----\nkey {n}\n"),
+        chain_pem: hafleet_proto::tls::certificates_pem([der.as_bytes()]).into(),
+        sealed_key: format!("-----BEGIN AGE ENCRYPTED FILE-----\nkey {n}\n").into(),
         recipient: "age1".into(),
     }
 }

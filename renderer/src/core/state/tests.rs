@@ -446,11 +446,12 @@ fn sealed(tag: &str, names: &[&str], recipient: &str) -> hafleet_proto::SealedCe
         fingerprint: hafleet_proto::sha256_hex(tag.as_bytes()),
         names: names.iter().map(|n| hafleet_proto::HttpHost::new(*n).unwrap()).collect(),
         not_after_unix: 0,
-        chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]),
+        chain_pem: hafleet_proto::tls::certificates_pem([tag.as_bytes()]).into(),
         sealed_key: format!(
             "-----BEGIN AGE ENCRYPTED FILE-----\nYWJj{}\n-----END AGE ENCRYPTED FILE-----\n",
             recipient.len()
-        ),
+        )
+        .into(),
         recipient: recipient.into(),
     }
 }
@@ -478,7 +479,7 @@ fn certificates_keep_their_sealed_bytes_and_a_bad_secret_keeps_only_what_it_serv
     fleet.insert(IngressKey::new("t", "i").unwrap(), old.clone());
     // Sealed anew to the same recipient (a watcher restart): the bytes held stay.
     let mut resealed = held.clone();
-    resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm");
+    resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm").into();
     let got = settle_tls(&fleet, Some(&old), &[tls_entry(&["a.example.com"], Some(resealed))]);
     assert_eq!(got[0].cert.as_ref(), Some(&held));
     // Sealed to a new recipient (the fleet's identity replaced): taken.
@@ -514,7 +515,7 @@ fn a_default_certificate_is_set_kept_across_a_reseal_and_replaced() {
     assert_eq!(d.default_certs.get(&fleet), Some(&first));
     assert_eq!(out.causes[&fleet][0].added, [format!("default {}", first.fingerprint)]);
     let mut resealed = first.clone();
-    resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm");
+    resealed.sealed_key = resealed.sealed_key.replace("YWJj", "ZGVm").into();
     let mut out = Applied::default();
     apply(&mut d, 2, &msg(Some(resealed)), &SweepGuard::default(), &mut out);
     assert!(out.causes.is_empty() && out.writes.is_empty(), "a reseal changes nothing");

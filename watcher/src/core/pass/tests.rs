@@ -256,8 +256,8 @@ fn sealed_cert(fingerprint: &str, not_after_unix: i64) -> Arc<hafleet_proto::Sea
         fingerprint: fingerprint.to_owned(),
         names: vec![hafleet_proto::HttpHost::new("a.com").unwrap()],
         not_after_unix,
-        chain_pem: format!("chain {fingerprint}"),
-        sealed_key: format!("key {fingerprint}"),
+        chain_pem: format!("chain {fingerprint}").into(),
+        sealed_key: format!("key {fingerprint}").into(),
         recipient: "age1".to_owned(),
     })
 }
