@@ -162,8 +162,13 @@ impl HostOps for SshHost {
             args.extend(went.iter().map(String::as_str));
             let ran = self.conn.run(script, &args, Some(stream)).await;
             match ran {
-                // A dropped connection is an upload that may pass, not a refused config.
-                Err(e) => Err(fail(ApplyStage::Upload, ssh_error(&e))),
+                // A dropped connection is an upload that may pass, not a refused config. With
+                // a change going live in the same command it may have come after the swap
+                // (not known): reported as the swap's, as swap_runtime's own would be.
+                Err(e) => {
+                    let stage = if then.is_some() { ApplyStage::Swap } else { ApplyStage::Upload };
+                    Err(fail(stage, ssh_error(&e)))
+                }
                 Ok(out) => match answer::went_live(&out.stdout).filter(|_| then.is_some()) {
                     // Checked, then gone live (or not) in the same round trip.
                     Some((uploaded, after)) => {

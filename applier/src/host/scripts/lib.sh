@@ -300,11 +300,12 @@ uploaded() {
   echo "hafleet-stat $ud_stat"
 }
 
-# sweep_uploads LIVE: deletes uploads that attempts which died left beside LIVE, once an
-# hour old.
+# sweep_uploads LIVE: deletes uploads (and the sessions of changes that go live with them)
+# that attempts which died left beside LIVE, once an hour old.
 sweep_uploads() {
-  find "$(dir_of "$1")" -maxdepth 1 -name "$(basename "$1").hafleet-new-*" -mmin +60 \
-    -delete 2>/dev/null
+  su_b=$(basename "$1")
+  find "$(dir_of "$1")" -maxdepth 1 \( -name "$su_b.hafleet-new-*" -o -name "$su_b.hafleet-session-*" \) \
+    -mmin +60 -delete 2>/dev/null
 }
 
 # validate HAPROXY LIVE TOKEN SOCKET: checks this attempt's upload with `haproxy -c` (its

@@ -172,8 +172,8 @@ swap_runtime() {
     fi
   fi
   # The substitutions go to awk as one `;`-separated value; the session itself is stdin. A
-  # payload line `{certfile:hafleet-certs/<id>.pem}` is that file's lines (chain and key, put
-  # there by the upload): no key travels in a session.
+  # line `{certfile:hafleet-certs/<id>.pem}` in a `set ssl cert` payload (only there) is that
+  # file's lines (chain and key, put there by the upload): no key travels in a session.
   sr_subst=$(printf '{pid}=%s\n%s' "$sr_pid" "$sr_subst")
   awk -v subst="$(printf '%s' "$sr_subst" | tr '\n' ';')" -v dir="$(dir_of "$sr_live")" '
     BEGIN {
@@ -183,7 +183,7 @@ swap_runtime() {
         if (i > 0) to[substr(pairs[j], 1, i - 1)] = substr(pairs[j], i + 1)
       }
     }
-    payload && index($0, "{certfile:") == 1 && substr($0, length($0)) == "}" {
+    payload && cert && index($0, "{certfile:") == 1 && substr($0, length($0)) == "}" {
       f = substr($0, 11, length($0) - 11)
       if (f ~ /^hafleet-certs\/[0-9a-f]+\.pem$/) {
         f = dir "/" f
@@ -198,7 +198,10 @@ swap_runtime() {
         while ((i = index($0, m)) > 0) $0 = substr($0, 1, i - 1) to[m] substr($0, i + length(m))
       }
       print
-      if ($0 ~ / <<$/) payload = 1
+      if ($0 ~ / <<$/) {
+        payload = 1
+        cert = ($0 ~ / set ssl cert [^ ]+ <<$/)
+      }
     }
   ' | socat -T 30 stdio "unix-connect:$sr_sock"
 }

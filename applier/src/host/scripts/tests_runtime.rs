@@ -343,7 +343,7 @@ fn certificates_go_live_with_the_swap_their_files_read_on_the_host_in(shell: She
     let session = runtime::session(100, &commands);
     assert!(!session.contains("S0VZ"), "no key in the session");
     let fake = FakeBin::new(&[("socat", FAKE_SOCAT)]);
-    let run = |shown: &str| {
+    let run_with = |shown: &str, session: &[u8]| {
         std::fs::write(&live, "old\n").unwrap();
         std::fs::write(dir.path().join("haproxy.cfg.hafleet-new-t1"), "new\n").unwrap();
         std::fs::write(&marker, format!("{old_sha}\n")).unwrap();
@@ -352,10 +352,11 @@ fn certificates_go_live_with_the_swap_their_files_read_on_the_host_in(shell: She
         let args =
             [live.to_str().unwrap(), "t1", "/fake.sock", "100", &old_sha, &old_sha, "+crtlist"];
         let mut cmd = fake.command(shell, &SWAP_RUNTIME);
-        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session.as_bytes());
+        let out = fed(cmd.env("FAKE_MASTER", &master).args(args), session);
         let sent = std::fs::read_to_string(master.join("sessions")).unwrap_or_default();
         (out, std::fs::read_to_string(&live).unwrap(), sent)
     };
+    let run = |shown: &str| run_with(shown, session.as_bytes());
 
     let (out, now, sent) = run(&format!("# filename\n/etc/ssl/other.list\n{list}\n"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -379,6 +380,15 @@ fn certificates_go_live_with_the_swap_their_files_read_on_the_host_in(shell: She
     let said = answer::SwapRuntime::parse(&String::from_utf8_lossy(&out.stdout), "");
     let answer::SwapRuntime::Sent(said) = said else { panic!("not sent: {said:?}") };
     assert_eq!(runtime::answers(&said, commands.len()).len(), commands.len(), "{said:?}");
+
+    // Only a `set ssl cert` payload reads a file: the same line in another payload is sent as
+    // it is (no key pulled into a map, where `show map` would show it).
+    let other =
+        "prompt\n@!100 add ssl crt-list {crtlist} <<\n{certfile:hafleet-certs/ab12.pem}\n\nquit\n";
+    let (out, _, sent) = run_with(&format!("{list}\n"), other.as_bytes());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(sent.lines().any(|l| l == "{certfile:hafleet-certs/ab12.pem}"), "{sent}");
+    assert!(!sent.contains("S0VZ"), "{sent}");
 
     // Two crt-lists of hafleet's, or none: swapped, nothing sent, the caller reloads.
     for shown in [format!("{list}\n{list}\n"), "/etc/ssl/other.list\n".to_owned()] {
